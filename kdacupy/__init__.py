@@ -1,0 +1,5 @@
+"""kdacupy: Kimi Delta Attention kernels for CuPy, compiled at run time with NVRTC."""
+from .api import kda_forward
+
+__version__ = "0.1.0"
+__all__ = ["kda_forward", "__version__"]

@@ -1,0 +1,56 @@
+"""``kda_forward``: validation, then dispatch to a backend."""
+from __future__ import annotations
+
+import numpy as np
+
+from .validation import validate
+
+
+def kda_forward(
+    q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False,
+    cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log",
+    A_log=None, dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, out=None,
+    backend=None, state_precision="bf16",
+):
+    """Kimi Delta Attention forward.
+
+    q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K]; beta: [B, T, HV] or None.
+    Returns ``(o, final_state)``: o has v's shape and dtype (written into ``out``
+    when given); final_state is ``[N, HV, K, V]`` (``state_layout="vk"``:
+    ``[N, HV, V, K]``) in ``state_dtype`` when ``output_final_state``, else None.
+
+    backend: None picks by array type (CuPy -> "cuda", NumPy -> "reference");
+    "cuda" (CuPy arrays), "reference" (float64 NumPy), "model" (the NumPy
+    precision model of the CUDA kernels), "emulate" (the CUDA kernels compiled
+    for the CPU). state_precision: "bf16" keeps the recurrent state in bf16
+    between chunks (FlashKDA's contract), "fp32" keeps it in fp32.
+    See DESIGN.md section 1 for the semantics of every option.
+    """
+    problem, a = validate(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
+        gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
+        state_dtype=state_dtype, state_precision=state_precision, out=out, backend=backend)
+    if problem.backend in ("cuda", "emulate"):
+        from .kernels import forward  # launchers import the JIT machinery: load it only when used
+        return forward(problem, a)
+
+    options = dict(
+        scale=problem.scale, initial_state=a["initial_state"], output_final_state=output_final_state,
+        cu_seqlens=a["cu_seqlens"], qk_l2norm=problem.qk_l2norm, beta_sigmoid=beta_sigmoid,
+        allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=a["A_log"], dt_bias=a["dt_bias"],
+        lower_bound=problem.lower_bound, state_layout=problem.state_layout)
+    if problem.backend == "model":
+        from .precision import kda_model
+        o, final = kda_model(a["q"], a["k"], a["v"], a["g"], a["beta"], state_dtype=problem.state_out_dtype,
+                             state_precision=problem.state_precision, **options)
+    else:
+        from .reference import kda_reference
+        o, final = kda_reference(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)
+        o = o.astype(np.float32).astype(problem.dtype)
+        if final is not None:
+            final = final.astype(np.float32).astype(problem.state_out_dtype)
+    if a["out"] is not None:
+        a["out"][...] = o
+        o = a["out"]
+    return o, final

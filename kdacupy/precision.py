@@ -1,0 +1,200 @@
+"""NumPy model of the CUDA kernels' rounding, step for step (DESIGN 2).
+
+``kda_model`` computes what ``kda_forward(backend="cuda")`` computes, with every
+value the kernels hold in bf16 / fp16 / fp32 rounded to that type at the same
+point, and everything in between done in float64. Its default contract follows
+FlashKDA (chunk 16, base-2 gates, bf16 operands, fp16 Neumann inverse, bf16 state
+updated by one fp32 FMA). Rounding points, in kernel order (``r32``/``bf``/``h``:
+round to fp32 / bf16 / fp16; ``ex2`` is 2^x rounded to fp32 and flushed to zero
+below 2^-126, as ``ex2.approx.ftz.f32``):
+
+prepare (token-parallel, per 16-token chunk and value head)
+  1. l2norm:  x <- r32(x * r32(rsqrt(r32(r32(sum x^2) + 1e-6f))))
+  2. gate (base 2, fp32):
+       log       g2 = r32(g * log2e)
+       softplus  g2 = -r32(a * sp),  sp = z if x > 15 else r32(lg2(r32(1 + ex2(z)))),
+                 z = r32(x * log2e), x = r32(g + dt_bias), a = ex2(r32(A_log * log2e))
+       sigmoid   g2 = r32(lb2 * s),  s = r32(rcp(r32(1 + ex2(r32(-y * log2e))))),
+                 y = r32(a * x), lb2 = r32(lower_bound * log2e)
+     then padded rows of a ragged chunk get g2 = 0 (activation comes first).
+  3. beta: logits -> s as for the sigmoid gate (x2 exact for allow_neg_eigval).
+  4. gc = fp32 running sum of g2 over the chunk rows; gt = gc of the last row.
+  5. operands:  q_dec = bf(r32(q * r32(ex2(gc) * scale)))
+                k_dec = bf(r32(k * ex2(gc))),   k_inv = bf(r32(k * ex2(-gc)))
+                k_res = bf(r32(k * ex2(r32(gt - gc))))
+  6. L = r32(k_dec k_inv^T), Mf = r32(q_dec k_inv^T) (fp32 tensor-core accumulate);
+     when some |gc| > 126 (2^-gc would overflow / 2^gc flush), the chunk uses
+     the pair form instead: r32(sum_d k_i k_j ex2(r32(gc_i - gc_j))) (q_i: r32(q_i * scale)).
+  7. Lb = h(r32(L * beta_i)) strictly below the diagonal.
+  8. Neumann, fp16 operands, fp32 accumulate, fp16 results:
+       X = I - Lb; P = h(r32(Lb Lb)); 3 x { X = h(r32(X + X P)); P = h(r32(P P)) }
+     (the last P is not needed) and INV = bf(X).
+  9. Mqk = bf(Mf) on and below the diagonal; gexp = ex2(gt) (fp32, per channel).
+recurrence (sequential over chunks; state H = S^T, [K, V])
+  10. state load: bf16 mode H = bf(S0); fp32 mode H = S0 (as fp32).
+  11. Hop = bf(H) (the state as a bf16 MMA operand)
+  12. W = r32(k_dec Hop);  vsub = bf(r32(beta * r32(v - W)))
+  13. U = bf(r32(INV vsub))
+  14. o = out_dtype(r32(q_dec Hop + Mqk U))           (one fp32 accumulator)
+  15. dS = r32(k_res^T U);  H = fp32(dS + H * gexp)     (fp32 FMA, float64 inside)
+      bf16 mode: H = bf(H)
+  16. final state: cast to state_dtype; a zero-length sequence returns its
+      initial state unchanged (cast only).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .dtypes import F32, ftz_f32, round_bf16, round_f16, round_f32, round_to
+from .reference import pack, sequence_bounds, state_from_kv, state_to_kv, unpack
+
+CHUNK = 16
+LOG2E_F32 = float(np.float32(1.0 / math.log(2.0)))
+EPS_F32 = float(np.float32(1e-6))
+#: |gc| bound (base 2) below which the factored chunk form is exact in fp32
+SAFE_EXPONENT = 126.0
+
+r32, bf, h = round_f32, round_bf16, round_f16
+
+
+def ex2(x):
+    """ex2.approx.ftz.f32 computed exactly: 2^x rounded to fp32, flushed to zero."""
+    with np.errstate(over="ignore"):
+        return ftz_f32(r32(np.exp2(np.asarray(x, dtype=np.float64))))
+
+
+def sigmoid_f32(x):
+    """rcp(1 + ex2(-x log2e)) with fp32 rounding at each step."""
+    with np.errstate(divide="ignore"):
+        return r32(1.0 / r32(1.0 + ex2(r32(-x * LOG2E_F32))))
+
+
+def l2norm_f32(x):
+    ss = r32(np.sum(x * x, axis=-1, keepdims=True))
+    return r32(x * r32(1.0 / np.sqrt(r32(ss + EPS_F32))))
+
+
+def gate_f32(g, gate, A_log, dt_bias, lower_bound):
+    """Base-2 log decay in fp32, per token and channel ([..., HV, K])."""
+    if gate == "log":
+        return r32(g * LOG2E_F32)
+    HV, K = g.shape[-2:]
+    a = np.ones((HV, 1)) if A_log is None else ex2(r32(np.asarray(A_log, np.float64) * LOG2E_F32)).reshape(HV, 1)
+    x = g if dt_bias is None else r32(g + np.asarray(dt_bias, np.float64).reshape(HV, K))
+    if gate == "softplus":
+        z = r32(x * LOG2E_F32)
+        with np.errstate(divide="ignore"):
+            sp = np.where(x > 15.0, z, r32(np.log2(r32(1.0 + ex2(z)))))
+        return -r32(a * sp)
+    if gate == "sigmoid":
+        return r32(r32(lower_bound * (1.0 / math.log(2.0))) * sigmoid_f32(r32(a * x)))
+    raise ValueError(f"gate: unknown mode {gate!r}")
+
+
+def beta_f32(beta, shape, beta_sigmoid, allow_neg_eigval):
+    if beta is None:
+        return np.ones(shape)
+    b = np.asarray(beta, dtype=np.float64)
+    if beta_sigmoid:
+        b = sigmoid_f32(b) * (2.0 if allow_neg_eigval else 1.0)
+    return b
+
+
+def _pair_form(a, b, gc, mask):
+    diff = ex2(r32(gc[..., :, None, :] - gc[..., None, :, :]))
+    return r32(np.where(mask, np.einsum("...id,...jd,...ijd->...ij", a, b, diff), 0.0))
+
+
+def prepare_chunks(qn, kn, g2, beta, scale):
+    """Steps 4-9 on [..., 16, K] chunks (beta [..., 16]). Returns the operands
+    the recurrence reads: q_dec, k_dec, k_res, INV, Mqk (float64 arrays holding
+    bf16 values) and gexp [..., K] (fp32 values)."""
+    C = g2.shape[-2]
+    gc = np.cumsum(g2.astype(np.float32), axis=-2, dtype=np.float32).astype(np.float64)
+    gt = gc[..., -1:, :]
+    e = ex2(gc)
+    q_dec = bf(r32(qn * r32(e * scale)))
+    k_dec = bf(r32(kn * e))
+    with np.errstate(invalid="ignore"):  # inf * 0 only in chunks that take the pair form
+        k_inv = bf(r32(kn * ex2(-gc)))
+    k_res = bf(r32(kn * ex2(r32(gt - gc))))
+    i = np.arange(C)
+    strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
+    k_invT = np.swapaxes(k_inv, -1, -2)
+    with np.errstate(all="ignore"):
+        L = np.where(strict, r32(k_dec @ k_invT), 0.0)
+        Mf = np.where(incl, r32(q_dec @ k_invT), 0.0)
+    unsafe = np.max(np.abs(gc), axis=(-1, -2)) > SAFE_EXPONENT
+    if np.any(unsafe):
+        L[unsafe] = _pair_form(kn[unsafe], kn[unsafe], gc[unsafe], strict)
+        Mf[unsafe] = _pair_form(r32(qn[unsafe] * scale), kn[unsafe], gc[unsafe], incl)
+    Lb = h(np.where(strict, r32(L * beta[..., :, None]), 0.0))
+    X = np.eye(C) - Lb
+    P = h(r32(Lb @ Lb))
+    for step in range(3):  # (I - L)(I + L^2)(I + L^4)(I + L^8) for C = 16
+        X = h(r32(X + X @ P))
+        if step < 2:
+            P = h(r32(P @ P))
+    return dict(q_dec=q_dec, k_dec=k_dec, k_res=k_res, INV=bf(X), Mqk=bf(Mf), gexp=ex2(gt[..., 0, :]))
+
+
+def recurrence_step(H, ops, v, beta, out_dtype, state_precision):
+    """Steps 11-15 for one chunk. H [..., K, V]; v [..., 16, V]; beta [..., 16]."""
+    Hop = bf(H)
+    W = r32(ops["k_dec"] @ Hop)
+    vsub = bf(r32(beta[..., :, None] * r32(v - W)))
+    U = bf(r32(ops["INV"] @ vsub))
+    o = round_to(ops["q_dec"] @ Hop + ops["Mqk"] @ U, out_dtype)
+    dS = r32(np.swapaxes(ops["k_res"], -1, -2) @ U)
+    H = r32(dS + H * ops["gexp"][..., :, None])
+    return (bf(H) if state_precision == "bf16" else H), o
+
+
+def kda_model(
+    q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False,
+    cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False,
+    gate="log", A_log=None, dt_bias=None, lower_bound=None, state_layout="kv",
+    state_dtype=None, state_precision="bf16",
+):
+    """The CUDA kernels' result, modelled in NumPy. Inputs in their storage
+    dtypes; returns ``(o, final_state)`` in v's dtype and ``state_dtype``."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    out_dtype = np.dtype(v.dtype)
+    if state_dtype is None:
+        state_dtype = initial_state.dtype if initial_state is not None else F32
+    f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    qn, kn = f64(q), f64(k)
+    if qk_l2norm:
+        qn, kn = l2norm_f32(qn), l2norm_f32(kn)
+    G = HV // H
+    qn, kn = np.repeat(qn, G, axis=2), np.repeat(kn, G, axis=2)
+    g2 = gate_f32(f64(g), gate, A_log, dt_bias, lower_bound)
+    b = beta_f32(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
+    scale32 = float(np.float32(K ** -0.5 if scale is None else scale))
+
+    bounds = sequence_bounds(B, T, cu_seqlens)
+    N = len(bounds)
+    lengths = np.array([eos - bos for bos, eos in bounds])
+    nchunks = max(1, -(-int(lengths.max(initial=0)) // CHUNK))
+    flat = lambda x: x.reshape((B * T,) + x.shape[2:])  # noqa: E731
+    # [N, HV, chunks, 16, D]: zero padding is exactly neutral in every step
+    heads_first = lambda x: np.moveaxis(  # noqa: E731
+        pack(flat(x), bounds, nchunks * CHUNK).reshape((N, nchunks, CHUNK) + x.shape[2:]), 3, 1)
+    qc, kc, vc, gcn, bc = (heads_first(x) for x in (qn, kn, f64(v), g2, b))
+
+    S0 = np.zeros((N, HV, K, V)) if initial_state is None else state_to_kv(initial_state, state_layout)
+    Hs = bf(S0) if state_precision == "bf16" else r32(S0)
+    o = np.zeros((N, HV, nchunks, CHUNK, V))
+    for c in range(nchunks):
+        ops = prepare_chunks(qc[:, :, c], kc[:, :, c], gcn[:, :, c], bc[:, :, c], scale32)
+        Hs, o[:, :, c] = recurrence_step(Hs, ops, vc[:, :, c], bc[:, :, c], out_dtype, state_precision)
+    o = np.moveaxis(o.reshape(N, HV, nchunks * CHUNK, V), 1, 2)
+    o = unpack(o, bounds, B * T).reshape(B, T, HV, V).astype(out_dtype)
+    final = None
+    if output_final_state:
+        Hs = np.where((lengths == 0)[:, None, None, None], S0, Hs)
+        final = state_from_kv(Hs, state_layout).astype(np.float32).astype(state_dtype)
+    return o, final

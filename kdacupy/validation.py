@@ -1,0 +1,308 @@
+"""Argument checking for ``kda_forward``: every check of DESIGN 1, before any
+work starts, so a failing call writes nothing.
+
+Errors name the argument, what was expected and what was received. Values of
+device arrays are never read (that would synchronise the host): device
+``cu_seqlens`` get their dtype and shape checked here and are clamped in the
+kernels, so bad values cannot touch memory outside the arrays.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .dtypes import F32, INPUT_DTYPES, STATE_DTYPES, as_dtype, dtype_name
+
+SUPPORTED_DIMS = (64, 128, 256)
+GATES = ("log", "softplus", "sigmoid")
+BACKENDS = (None, "cuda", "reference", "model", "emulate")
+LAYOUTS = ("kv", "vk")
+STATE_PRECISIONS = ("bf16", "fp32")
+
+
+def _cupy():
+    try:
+        import cupy
+    except Exception:  # noqa: BLE001  (no CuPy, or CuPy without CUDA libraries)
+        return None
+    return cupy
+
+
+def fail(name, expected, got, exc=ValueError):
+    raise exc(f"{name}: expected {expected}, got {got}")
+
+
+def _desc(x):
+    return f"{type(x).__module__}.{type(x).__name__}"
+
+
+def as_array(name, x):
+    """A NumPy or CuPy array for ``x``; CUDA objects (torch, JAX) through
+    ``__cuda_array_interface__`` / ``__dlpack__``, zero-copy."""
+    cp = _cupy()
+    if isinstance(x, np.ndarray) or (cp is not None and isinstance(x, cp.ndarray)):
+        return x
+    if hasattr(x, "__cuda_array_interface__") and cp is not None:
+        return cp.asarray(x)
+    if hasattr(x, "__dlpack_device__"):
+        dev_type = int(x.__dlpack_device__()[0])
+        if dev_type == 1:  # kDLCPU
+            return np.from_dlpack(x)
+        if dev_type in (2, 3, 13) and cp is not None:  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+            return cp.from_dlpack(x)
+    fail(name, "a NumPy or CuPy array (or a CUDA array through DLPack / __cuda_array_interface__)", _desc(x),
+         TypeError)
+
+
+def is_device(x) -> bool:
+    return not isinstance(x, np.ndarray)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The validated call: sizes, dtypes and options the backends specialise on."""
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    N: int
+    dtype: np.dtype  # q, k, v (and out)
+    g_dtype: np.dtype
+    beta_dtype: Optional[np.dtype]
+    gate: str
+    beta_mode: str  # "none", "raw", "sigmoid", "sigmoid2"
+    qk_l2norm: bool
+    scale: float
+    lower_bound: Optional[float]
+    state_layout: str
+    state_in_dtype: Optional[np.dtype]
+    state_out_dtype: Optional[np.dtype]
+    state_precision: str
+    varlen: bool
+    device: bool  # CuPy arrays (else NumPy)
+    backend: str
+
+
+def _check_bool(name, x):
+    if not isinstance(x, (bool, np.bool_)):
+        fail(name, "a bool", repr(x), TypeError)
+    return bool(x)
+
+
+def _check_dtype(name, x, allowed):
+    if x.dtype not in allowed:
+        fail(name, "dtype " + " or ".join(dtype_name(d) for d in allowed), dtype_name(x.dtype), TypeError)
+
+
+def _check_shape(name, x, shape, what):
+    if tuple(x.shape) != tuple(shape):
+        fail(name, f"shape {tuple(shape)} {what}", tuple(x.shape))
+
+
+def check_kernel_layout(name, x, inner):
+    """The kernels read rows of ``inner`` contiguous elements ([heads, dim]) with
+    16-byte vector loads; the batch and token strides are free."""
+    item = x.dtype.itemsize
+    st = x.strides
+    packed = all(st[i] == item * int(np.prod(x.shape[i + 1:])) for i in range(x.ndim - inner, x.ndim))
+    if x.size and not packed:
+        fail(name, f"the last {inner} dims contiguous (strides {tuple(item * int(np.prod(x.shape[i + 1:])) for i in range(x.ndim - inner, x.ndim))} bytes)",
+             f"strides {st}; make it contiguous first")
+    ptr = x.data.ptr if is_device(x) else x.ctypes.data
+    if x.size and (ptr % 16 or any(s % 16 for s, n in zip(st[: x.ndim - inner], x.shape) if n > 1)):
+        fail(name, "rows starting on 16-byte boundaries", f"data address {ptr:#x} and strides {st}")
+
+
+def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens, qk_l2norm,
+             beta_sigmoid, allow_neg_eigval, gate, A_log, dt_bias, lower_bound, state_layout,
+             state_dtype, state_precision, out, backend) -> tuple[Problem, dict[str, Any]]:
+    """Check every argument; return the Problem and the arrays to use."""
+    if backend not in BACKENDS:
+        fail("backend", "one of " + ", ".join(map(repr, BACKENDS)), repr(backend))
+    arrays = {n: as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g))}
+    for n, x in (("beta", beta), ("initial_state", initial_state), ("A_log", A_log), ("dt_bias", dt_bias),
+                 ("out", out)):
+        arrays[n] = None if x is None else as_array(n, x)
+    device = is_device(arrays["q"])
+    cp = _cupy()
+
+    # one kind of array, one device
+    for n, x in arrays.items():
+        if x is not None and is_device(x) != device:
+            fail(n, f"a {'CuPy (device)' if device else 'NumPy (host)'} array like q",
+                 f"a {'CuPy (device)' if is_device(x) else 'NumPy (host)'} array")
+    if device:
+        current = cp.cuda.Device().id
+        for n, x in arrays.items():
+            if x is not None and x.device.id != current:
+                fail(n, f"an array on the current CUDA device {current}", f"device {x.device.id}")
+
+    if backend is None:
+        backend = "cuda" if device else "reference"
+    if backend == "cuda" and not device:
+        fail("backend", "CuPy arrays (or CUDA arrays through DLPack) for backend='cuda'", "NumPy arrays")
+    if backend != "cuda" and device:
+        fail("backend", f"NumPy arrays for backend={backend!r}", "CuPy arrays")
+
+    q, k, v, g = (arrays[n] for n in "qkvg")
+    for n in "qkvg":
+        if arrays[n].ndim != 4:
+            fail(n, "a 4-D array", f"{arrays[n].ndim}-D array of shape {tuple(arrays[n].shape)}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if B < 1:
+        fail("q", "batch size B >= 1", f"shape {tuple(q.shape)}")
+    _check_shape("k", k, q.shape, "(like q: [B, T, H, K])")
+    if tuple(v.shape[:2]) != (B, T):
+        fail("v", f"shape ({B}, {T}, HV, V) (B, T of q)", tuple(v.shape))
+    if H < 1 or HV % H:
+        fail("v", f"a value-head count HV that is a multiple of H = {H}", f"HV = {HV}")
+    _check_shape("g", g, (B, T, HV, K), "([B, T, HV, K])")
+    if K not in SUPPORTED_DIMS:
+        fail("q", f"head dim K in {SUPPORTED_DIMS}", f"K = {K}")
+    if V not in SUPPORTED_DIMS:
+        fail("v", f"head dim V in {SUPPORTED_DIMS}", f"V = {V}")
+    _check_dtype("q", q, INPUT_DTYPES)
+    for n in "kv":
+        _check_dtype(n, arrays[n], (q.dtype,))
+    _check_dtype("g", g, tuple(dict.fromkeys((q.dtype, F32))))
+
+    b = arrays["beta"]
+    beta_sigmoid = _check_bool("beta_sigmoid", beta_sigmoid)
+    allow_neg_eigval = _check_bool("allow_neg_eigval", allow_neg_eigval)
+    qk_l2norm = _check_bool("qk_l2norm", qk_l2norm)
+    output_final_state = _check_bool("output_final_state", output_final_state)
+    if b is None:
+        if beta_sigmoid:
+            fail("beta", "beta logits with beta_sigmoid=True", "None")
+        beta_mode = "none"
+    else:
+        _check_shape("beta", b, (B, T, HV), "([B, T, HV])")
+        _check_dtype("beta", b, tuple(dict.fromkeys((q.dtype, F32))))
+        beta_mode = ("sigmoid2" if allow_neg_eigval else "sigmoid") if beta_sigmoid else "raw"
+    if allow_neg_eigval and not beta_sigmoid:
+        fail("allow_neg_eigval", "beta_sigmoid=True (it doubles the sigmoid of the beta logits)",
+             "beta_sigmoid=False")
+
+    # gate and its parameters
+    if gate not in GATES:
+        fail("gate", "one of " + ", ".join(map(repr, GATES)), repr(gate))
+    A, dtb = arrays["A_log"], arrays["dt_bias"]
+    if gate == "log":
+        for n, x in (("A_log", A), ("dt_bias", dt_bias), ("lower_bound", lower_bound)):
+            if x is not None:
+                fail(n, "None with gate='log' (g is already the log decay)", _desc(x))
+    if A is not None:
+        _check_shape("A_log", A, (HV,), "([HV])")
+        _check_dtype("A_log", A, (F32,))
+    if dtb is not None:
+        if tuple(dtb.shape) not in ((HV, K), (HV * K,)):
+            fail("dt_bias", f"shape ({HV}, {K}) or ({HV * K},)", tuple(dtb.shape))
+        _check_dtype("dt_bias", dtb, (F32,))
+    if gate == "softplus" and lower_bound is not None:
+        fail("lower_bound", "None with gate='softplus'", repr(lower_bound))
+    if gate == "sigmoid":
+        if lower_bound is None:
+            fail("lower_bound", "a number in [-5, 0) with gate='sigmoid'", "None")
+        if not isinstance(lower_bound, numbers.Real) or isinstance(lower_bound, bool) or not (
+                -5.0 <= float(lower_bound) < 0.0):
+            fail("lower_bound", "a number in [-5, 0)", repr(lower_bound))
+        lower_bound = float(lower_bound)
+
+    if scale is None:
+        scale = K ** -0.5
+    elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not np.isfinite(float(scale)):
+        fail("scale", "a finite real number or None", repr(scale))
+    scale = float(scale)
+
+    # sequences
+    cu = cu_seqlens
+    if cu is None:
+        N = B
+    else:
+        if isinstance(cu, (list, tuple)):
+            cu = np.asarray(cu)
+            if cu.dtype.kind not in "iu":
+                fail("cu_seqlens", "integers", f"values of dtype {cu.dtype}", TypeError)
+            cu = cu.astype(np.int64)
+        cu = as_array("cu_seqlens", cu)
+        if cu.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+            fail("cu_seqlens", "dtype int32 or int64", dtype_name(cu.dtype), TypeError)
+        if cu.ndim != 1 or cu.shape[0] < 2:
+            fail("cu_seqlens", "a 1-D array [N + 1] with N >= 1", f"shape {tuple(cu.shape)}")
+        if B != 1:
+            fail("q", "B == 1 with cu_seqlens (sequences packed in one row)", f"B = {B}")
+        if is_device(cu) and not device:
+            fail("cu_seqlens", "a NumPy array like q", "a CuPy (device) array")
+        if not is_device(cu):
+            if cu[0] != 0:
+                fail("cu_seqlens", "first value 0", int(cu[0]))
+            if cu[-1] != T:
+                fail("cu_seqlens", f"last value T = {T}", int(cu[-1]))
+            if np.any(np.diff(cu) < 0):
+                i = int(np.argmax(np.diff(cu) < 0))
+                fail("cu_seqlens", "non-decreasing values", f"cu_seqlens[{i}] = {int(cu[i])} > "
+                     f"cu_seqlens[{i + 1}] = {int(cu[i + 1])}")
+            if device:
+                cu = cp.asarray(cu)  # host -> device: no device-to-host sync
+        N = cu.shape[0] - 1
+
+    # state
+    if state_layout not in LAYOUTS:
+        fail("state_layout", "'kv' or 'vk'", repr(state_layout))
+    if state_precision not in STATE_PRECISIONS:
+        fail("state_precision", "'bf16' or 'fp32'", repr(state_precision))
+    s0 = arrays["initial_state"]
+    state_shape = (N, HV, K, V) if state_layout == "kv" else (N, HV, V, K)
+    if s0 is not None:
+        _check_shape("initial_state", s0, state_shape, f"([N, HV, {'K, V' if state_layout == 'kv' else 'V, K'}] "
+                     f"for state_layout={state_layout!r})")
+        _check_dtype("initial_state", s0, STATE_DTYPES)
+    if state_dtype is not None:
+        try:
+            sd = as_dtype(state_dtype)
+        except TypeError:
+            sd = None
+        if sd not in STATE_DTYPES:
+            fail("state_dtype", "bfloat16, float32 or None", repr(state_dtype), TypeError)
+        state_dtype = sd
+    state_out = None
+    if output_final_state:
+        state_out = state_dtype or (s0.dtype if s0 is not None else F32)
+
+    o = arrays["out"]
+    if o is not None:
+        _check_shape("out", o, v.shape, "(the shape of v)")
+        _check_dtype("out", o, (v.dtype,))
+        if not device and not o.flags.writeable:
+            fail("out", "a writeable array", "a read-only array")
+        shares = (cp.may_share_memory if device else np.may_share_memory)
+        for n in ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"):
+            x = arrays[n]
+            if x is not None and shares(o, x):
+                fail("out", "memory separate from the inputs", f"an array overlapping {n}")
+
+    if backend in ("cuda", "emulate"):
+        for n, inner in (("q", 2), ("k", 2), ("v", 2), ("g", 2), ("beta", 1), ("out", 2)):
+            if arrays[n] is not None:
+                check_kernel_layout(n, arrays[n], inner)
+        for n in ("initial_state", "A_log", "dt_bias"):
+            x = arrays[n]
+            if x is not None and not x.flags.c_contiguous:
+                fail(n, "a C-contiguous array", f"strides {x.strides}")
+        if device and cu is not None and not cu.flags.c_contiguous:
+            cu = cp.ascontiguousarray(cu)
+
+    problem = Problem(
+        B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, dtype=q.dtype, g_dtype=g.dtype,
+        beta_dtype=None if b is None else b.dtype, gate=gate, beta_mode=beta_mode, qk_l2norm=qk_l2norm,
+        scale=scale, lower_bound=lower_bound, state_layout=state_layout,
+        state_in_dtype=None if s0 is None else s0.dtype, state_out_dtype=state_out,
+        state_precision=state_precision, varlen=cu is not None, device=device, backend=backend)
+    arrays["cu_seqlens"] = cu
+    return problem, arrays
