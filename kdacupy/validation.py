@@ -104,18 +104,16 @@ def _check_shape(name, x, shape, what):
         fail(name, f"shape {tuple(shape)} {what}", tuple(x.shape))
 
 
-def check_kernel_layout(name, x, inner):
-    """The kernels read rows of ``inner`` contiguous elements ([heads, dim]) with
-    16-byte vector loads; the batch and token strides are free."""
+def check_kernel_layout(name, x, align=16):
+    """The kernels read the last dim as contiguous rows (16-byte vectors where
+    ``align`` is 16); batch, token and head strides are free but keep that alignment."""
     item = x.dtype.itemsize
     st = x.strides
-    packed = all(st[i] == item * int(np.prod(x.shape[i + 1:])) for i in range(x.ndim - inner, x.ndim))
-    if x.size and not packed:
-        fail(name, f"the last {inner} dims contiguous (strides {tuple(item * int(np.prod(x.shape[i + 1:])) for i in range(x.ndim - inner, x.ndim))} bytes)",
-             f"strides {st}; make it contiguous first")
+    if x.size and x.shape[-1] > 1 and st[-1] != item:
+        fail(name, f"a contiguous last dim (stride {item} bytes)", f"strides {st}; make it contiguous first")
     ptr = x.data.ptr if is_device(x) else x.ctypes.data
-    if x.size and (ptr % 16 or any(s % 16 for s, n in zip(st[: x.ndim - inner], x.shape) if n > 1)):
-        fail(name, "rows starting on 16-byte boundaries", f"data address {ptr:#x} and strides {st}")
+    if x.size and (ptr % align or any(s % align for s, n in zip(st[:-1], x.shape) if n > 1)):
+        fail(name, f"rows starting on {align}-byte boundaries", f"data address {ptr:#x} and strides {st}")
 
 
 def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens, qk_l2norm,
@@ -288,9 +286,9 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
                 fail("out", "memory separate from the inputs", f"an array overlapping {n}")
 
     if backend in ("cuda", "emulate"):
-        for n, inner in (("q", 2), ("k", 2), ("v", 2), ("g", 2), ("beta", 1), ("out", 2)):
+        for n in ("q", "k", "v", "g", "beta", "out"):
             if arrays[n] is not None:
-                check_kernel_layout(n, arrays[n], inner)
+                check_kernel_layout(n, arrays[n], 16 if n != "beta" else arrays[n].dtype.itemsize)
         for n in ("initial_state", "A_log", "dt_bias"):
             x = arrays[n]
             if x is not None and not x.flags.c_contiguous:

@@ -154,9 +154,12 @@ BAD = {
     "out-overlaps-v": (lambda x, o: with_(x, o, out=x["v"]), ValueError, "out: expected memory separate"),
     "backend-unknown": (lambda x, o: with_(x, o, backend="triton"), ValueError, "backend: expected one of"),
     "backend-cuda-on-numpy": (lambda x, o: with_(x, o, backend="cuda"), ValueError, "backend: expected CuPy"),
-    "emulate-non-contiguous": (lambda x, o: with_(x, o, backend="emulate",
-                                                  q=np.swapaxes(np.swapaxes(x["q"], 2, 3).copy(), 2, 3)),
-                               ValueError, "q: expected the last 2 dims contiguous"),
+    "emulate-strided-last-dim": (lambda x, o: with_(x, o, backend="emulate",
+                                                    q=np.swapaxes(np.swapaxes(x["q"], 2, 3).copy(), 2, 3)),
+                                 ValueError, "q: expected a contiguous last dim"),
+    "emulate-misaligned-rows": (lambda x, o: with_(x, o, backend="emulate",
+                                                   v=np.zeros((1, 20, 4, 65), BF16)[..., 1:]), ValueError,
+                                "v: expected rows starting on 16-byte boundaries"),
 }
 
 

@@ -1,0 +1,109 @@
+"""Compile a rendered kernel source for the CPU emulation (g++/clang++ -> .so), with caching.
+
+Cache key: sha256 of the source with its exports, the emulation headers, the
+compiler (path and --version) and the flags. Files go to
+$KDACUPY_CACHE_DIR/emulate or ~/.cache/kdacupy/emulate, written to a temporary
+name and renamed with os.replace, so concurrent processes never see half a file.
+$KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from .errors import EmulationError
+
+HERE = Path(__file__).resolve().parent
+HEADERS = ("cuda_emu.h", "ptx_twins.h")
+FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-fast-math",
+         "-Wno-unknown-pragmas", "-DKDA_EMULATE")
+NO_COMPILER = "backend='emulate' needs a C++17 compiler (g++ or clang++) on PATH, or set CXX"
+
+# Counters the tests read: compiles run, .so files found on disk, in-process hits.
+stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
+_lock = threading.Lock()
+_versions: dict[str, str] = {}
+
+
+def find_compiler() -> str:
+    """Absolute path of $CXX, else g++, else clang++; EmulationError if none is usable."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        path = shutil.which(cxx)
+        if path is None:
+            raise EmulationError(f"{NO_COMPILER} (CXX={cxx!r} was not found)")
+        return path
+    for name in ("g++", "clang++"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise EmulationError(NO_COMPILER)
+
+
+def _version(cxx: str) -> str:
+    if cxx not in _versions:
+        try:
+            out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+        except OSError as e:
+            raise EmulationError(f"{NO_COMPILER} ({cxx}: {e})") from None
+        _versions[cxx] = out.stdout
+    return _versions[cxx]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KDACUPY_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "kdacupy"
+    return base / "emulate"
+
+
+def full_source(source: str, names: Sequence[str]) -> str:
+    """The translation unit: the kernel source, then one export per kernel name."""
+    for n in names:
+        if not n.isidentifier():
+            raise EmulationError(f"kernel name {n!r} is not a C identifier")
+    exports = "".join(f"KDA_EMU_EXPORT({n})\n" for n in names)
+    return f"{source}\n// ---- emulation exports ----\n{exports}"
+
+
+def build(source: str, names: Sequence[str]) -> Path:
+    """Path of the shared library for (source, names), compiling it if not cached."""
+    cxx = find_compiler()
+    text = full_source(source, names)
+    flags = [*FLAGS, *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
+    h = hashlib.sha256()
+    for part in (text, *((HERE / f).read_text() for f in HEADERS), cxx, _version(cxx), " ".join(flags)):
+        h.update(part.encode())
+        h.update(b"\0")
+    key = h.hexdigest()[:32]
+    out_dir = cache_dir()
+    lib = out_dir / f"{key}.so"
+    with _lock:  # one compile per key in this process; other processes race harmlessly
+        if lib.exists():
+            stats["disk_hits"] += 1
+            return lib
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="kda_emu_") as tmp:
+            src = Path(tmp) / "kernel.cpp"
+            src.write_text(text)
+            fd, tmp_lib = tempfile.mkstemp(suffix=".so.tmp", dir=out_dir)
+            os.close(fd)
+            cmd = [cxx, *flags, "-I", str(HERE), "-include", str(HERE / "cuda_emu.h"), str(src), "-o", tmp_lib]
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:
+                os.unlink(tmp_lib)
+                raise EmulationError(f"{NO_COMPILER} ({cxx}: {e})") from None
+            if res.returncode != 0:
+                os.unlink(tmp_lib)
+                raise EmulationError(f"emulation build failed ({' '.join(cmd)}):\n{res.stderr}{res.stdout}")
+            os.replace(tmp_lib, lib)
+            stats["compiled"] += 1
+    return lib

@@ -1,0 +1,792 @@
+// CPU emulation of the CUDA execution model, force-included (g++ -include)
+// before a rendered kernel source compiled with -DKDA_EMULATE.
+//
+// Model: a launch runs its blocks on a pool of OS threads (KDACUPY_EMULATE_THREADS),
+// one block at a time per OS thread. The threads of a block are fibers on that
+// OS thread (own stack, KDACUPY_EMULATE_STACK_KB, default 256), switched
+// cooperatively only at __syncthreads*, warp collectives (shuffles, votes,
+// __syncwarp, ldmatrix, mma) and exit. Hence, kernel authors:
+//  - between two such points a thread runs alone: races inside a block do not
+//    show by themselves; KDACUPY_EMULATE_ORDER=reverse reorders the threads and
+//    KDACUPY_EMULATE_CP_ASYNC=eager lands cp.async at issue, to expose them;
+//  - spinning on memory another thread of the block writes never ends;
+//  - __shared__ = static thread_local: shared by the block running on this OS
+//    thread, NOT reset between blocks. Dynamic shared memory (dynamic_smem())
+//    is, to 0xFF bytes (reads as NaN); ldmatrix/cp.async must target it;
+//  - warp collectives need full masks (0xffffffff), blocks of whole warps and
+//    no exited lane in the warp; exited threads do count at __syncthreads;
+//  - out-of-bounds accesses and fiber stack overflow are not caught (crash);
+//  - errors (deadlock, __trap, assert, bad ldmatrix/cp.async address) stop the
+//    launch and come back as kdacupy.emulate.EmulationError.
+#pragma once
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <type_traits>
+#include <utility>
+#if !defined(__x86_64__) || defined(KDA_EMU_UCONTEXT)
+#include <ucontext.h>  // portable, slow fallback: swapcontext makes a system call
+#undef KDA_EMU_UCONTEXT
+#define KDA_EMU_UCONTEXT 1
+#endif
+
+// ---- CUDA keywords --------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static thread_local  // one block per OS thread at a time
+// __restrict__ is a g++ keyword already; `#pragma unroll` is ignored (-Wno-unknown-pragmas).
+
+typedef unsigned char u8;  // identical to kernels/types.cuh (repeating a typedef is legal)
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef int i32;
+typedef long long i64;
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct __attribute__((aligned(8))) float2 { float x, y; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+struct __attribute__((aligned(8))) int2 { int x, y; };
+struct __attribute__((aligned(16))) int4 { int x, y, z, w; };
+struct __attribute__((aligned(8))) uint2 { unsigned int x, y; };
+struct __attribute__((aligned(16))) uint4 { unsigned int x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline int2 make_int2(int x, int y) { return {x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+// ---- fibers ----------------------------------------------------------------
+namespace kda_emu {
+struct Fiber;
+}
+extern "C" __attribute__((visibility("hidden"), noreturn, used)) void kda_emu_fiber_main(kda_emu::Fiber* f);
+
+#ifndef KDA_EMU_UCONTEXT
+// kda_emu_swap(&save_sp, load_sp): save the callee-saved registers, MXCSR and
+// the x87 control word on this stack, switch stacks, restore, return. No
+// system call (ucontext's swapcontext saves the signal mask with one).
+extern "C" void kda_emu_swap(void** save_sp, void* load_sp) __attribute__((visibility("hidden")));
+asm(R"(
+  .text
+  .globl kda_emu_swap
+  .hidden kda_emu_swap
+  .type kda_emu_swap, @function
+kda_emu_swap:
+  .cfi_startproc
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .cfi_endproc
+  .size kda_emu_swap, .-kda_emu_swap
+
+  .globl kda_emu_trampoline
+  .hidden kda_emu_trampoline
+  .type kda_emu_trampoline, @function
+kda_emu_trampoline:
+  movq %rbx, %rdi
+  andq $-16, %rsp
+  call kda_emu_fiber_main@PLT
+  ud2
+  .size kda_emu_trampoline, .-kda_emu_trampoline
+)");
+extern "C" void kda_emu_trampoline() __attribute__((visibility("hidden")));
+#endif
+
+namespace kda_emu {
+
+enum State : int { READY, RUNNING, WAIT_BAR, WAIT_WARP, EXITED };
+
+struct Copy { void* dst; const void* src; unsigned bytes, group; };  // one queued cp.async
+
+struct Fiber {
+  uint3 tid;
+  int lin, lane, warp;
+  State st;
+  const char* what;  // what a WAIT_WARP fiber waits in (for error messages)
+#ifdef KDA_EMU_UCONTEXT
+  ucontext_t uc;
+#else
+  void* sp;
+#endif
+  char* stack;  // lowest usable byte; a PROT_NONE guard page lies below
+  Copy* cp;     // cp.async copies not yet performed, in issue order
+  int ncp, capcp;
+  unsigned open_group;  // id of the group new copies join; commit increments it
+};
+
+// Per-warp exchange area. Lanes deposit into slot[buf], meet at the warp
+// barrier, then read slot[buf]; the barrier flips buf, so a lane that runs on
+// to the next collective writes the other half while slow lanes still read.
+struct Warp {
+  int nlanes, arrived, exited, buf;
+  const char* what;
+  alignas(16) unsigned char slot[2][32][32];
+  alignas(16) unsigned char snap[2][32][16];  // ldmatrix rows, read by the last arriver
+};
+
+struct Launch {
+  void (*entry)(void* ctx);
+  void* ctx;
+  dim3 grid, block;
+  size_t smem, stack_bytes;
+  long long nblocks, next;  // next: block counter shared by the workers (atomic)
+  int cp_eager;             // cp.async lands at issue (exposes write-after-read hazards)
+  int reverse;              // run fibers in reverse order (exposes missing barriers)
+  int abort;                // set on the first error: stop everything (atomic)
+  pthread_mutex_t mu;
+  char err[2048];
+};
+
+struct Worker {
+  Launch* L;
+  int n, nwarps, live;
+  Fiber* fibers;
+  Warp* warps;
+  int* ready;  // ring of runnable fiber indices (each at most once)
+  int rhead, rcount;
+  int bar_arrived, bar_exited, bar_gen;
+  int bar_acc[2], bar_res[2], bar_resn[2];  // __syncthreads_count/and/or, by gen parity
+  uint3 bid;
+  dim3 bdim, gdim;
+  unsigned char* smem;
+  size_t smem_size;
+#ifdef KDA_EMU_UCONTEXT
+  ucontext_t sched;
+#else
+  void* sched;
+#endif
+};
+
+static thread_local Fiber* g_cur;      // the running CUDA thread
+static thread_local Worker* g_worker;  // the block this OS thread runs
+
+inline Fiber* cur() { return g_cur; }
+
+// -- error handling: record the first message, stop the launch, never return --
+inline void record_error(Launch* L, const char* msg) {
+  pthread_mutex_lock(&L->mu);
+  if (!L->err[0]) snprintf(L->err, sizeof L->err, "%s", msg);
+  pthread_mutex_unlock(&L->mu);
+  __atomic_store_n(&L->abort, 1, __ATOMIC_RELAXED);
+}
+
+inline void to_sched(Fiber* f) {
+  Worker* w = g_worker;
+  g_cur = nullptr;
+#ifdef KDA_EMU_UCONTEXT
+  swapcontext(&f->uc, &w->sched);
+#else
+  kda_emu_swap(&f->sp, w->sched);
+#endif
+}
+
+[[noreturn]] __attribute__((format(printf, 1, 2))) inline void fail(const char* fmt, ...) {
+  Fiber* f = g_cur;
+  Worker* w = g_worker;
+  char msg[1536];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  char full[2048];
+  snprintf(full, sizeof full, "block (%u,%u,%u) thread (%u,%u,%u): %s", w->bid.x, w->bid.y, w->bid.z,
+           f->tid.x, f->tid.y, f->tid.z, msg);
+  record_error(w->L, full);
+  to_sched(f);  // the scheduler abandons this block: never resumed
+  __builtin_unreachable();
+}
+
+// -- scheduling ----------------------------------------------------------------
+inline void push_ready(Worker* w, Fiber* f) {
+  f->st = READY;
+  w->ready[(w->rhead + w->rcount++) % w->n] = f->lin;
+}
+
+// Front of the queue: the lanes of a warp released by a warp collective run
+// next, so one warp runs ahead until it meets a block barrier (as warps may on
+// a GPU), which opens the windows where missing barriers show.
+inline void push_front(Worker* w, Fiber* f) {
+  f->st = READY;
+  w->rhead = (w->rhead + w->n - 1) % w->n;
+  w->rcount++;
+  w->ready[w->rhead] = f->lin;
+}
+
+// Give up the OS thread: run the next ready fiber, or go back to the scheduler
+// when none is (block done, deadlock, or error). Returns when resumed.
+inline void yield_blocked(Fiber* f) {
+  Worker* w = g_worker;
+  if (w->rcount == 0 || __atomic_load_n(&w->L->abort, __ATOMIC_RELAXED)) {
+    to_sched(f);
+    return;
+  }
+  Fiber* nx = &w->fibers[w->ready[w->rhead]];
+  w->rhead = (w->rhead + 1) % w->n;
+  w->rcount--;
+  nx->st = RUNNING;
+  g_cur = nx;
+#ifdef KDA_EMU_UCONTEXT
+  swapcontext(&f->uc, &nx->uc);
+#else
+  kda_emu_swap(&f->sp, nx->sp);
+#endif
+}
+
+// -- __syncthreads: exited threads count as arrived (as on current GPUs) --------
+inline void bar_release(Worker* w) {
+  int p = w->bar_gen & 1;
+  w->bar_res[p] = w->bar_acc[p];
+  w->bar_resn[p] = w->bar_arrived;
+  w->bar_acc[p] = 0;
+  w->bar_arrived = 0;
+  w->bar_gen++;
+  for (int k = 0; k < w->n; k++) {
+    Fiber* f = &w->fibers[w->L->reverse ? w->n - 1 - k : k];
+    if (f->st == WAIT_BAR) push_ready(w, f);
+  }
+}
+
+// Returns how many arrived threads had pred != 0; *n_arrived = how many arrived.
+inline int block_barrier(int pred, int* n_arrived) {
+  Fiber* f = g_cur;
+  Worker* w = g_worker;
+  int p = w->bar_gen & 1;
+  w->bar_acc[p] += pred != 0;
+  if (++w->bar_arrived + w->bar_exited == w->n) {
+    bar_release(w);  // the last arriver goes on without a switch
+  } else {
+    f->st = WAIT_BAR;
+    yield_blocked(f);
+  }
+  if (n_arrived) *n_arrived = w->bar_resn[p];
+  return w->bar_res[p];
+}
+
+// -- warp barrier with an exchange: on_last runs once, by the last lane to arrive --
+template <class F>
+inline void warp_barrier(Fiber* f, const char* what, F&& on_last) {
+  Worker* w = g_worker;
+  Warp& wp = w->warps[f->warp];
+  if (wp.nlanes != 32)
+    fail("%s in warp %d, which has only %d threads: the emulator needs blocks of whole warps for warp collectives",
+         what, f->warp, wp.nlanes);
+  if (wp.exited)
+    fail("%s in warp %d after %d of its lanes exited (full-warp mask)", what, f->warp, wp.exited);
+  if (wp.arrived == 0) {
+    wp.what = what;
+  } else if (wp.what != what && strcmp(wp.what, what) != 0) {
+    fail("lanes of warp %d meet in different warp collectives: %s and %s", f->warp, wp.what, what);
+  }
+  if (++wp.arrived == 32) {
+    on_last();
+    wp.arrived = 0;
+    wp.buf ^= 1;
+    Fiber* lanes = &w->fibers[f->warp * 32];
+    for (int k = 0; k < 32; k++) {  // pushed to the front last-first: lane 0 (31 if reverse) runs first
+      Fiber* l = &lanes[w->L->reverse ? k : 31 - k];
+      if (l->st == WAIT_WARP) push_front(w, l);
+    }
+  } else {
+    f->st = WAIT_WARP;
+    f->what = what;
+    yield_blocked(f);
+  }
+}
+inline void warp_barrier(Fiber* f, const char* what) {
+  warp_barrier(f, what, [] {});
+}
+
+inline void check_mask(unsigned mask, const char* what) {
+  if (mask != 0xffffffffu) fail("%s with mask 0x%08x: the emulator supports full-warp masks only", what, mask);
+}
+
+// -- thread exit ------------------------------------------------------------------
+[[noreturn]] inline void thread_exit(Fiber* f) {
+  Worker* w = g_worker;
+  Warp& wp = w->warps[f->warp];
+  if (wp.arrived > 0)
+    fail("thread exited while %d lane(s) of its warp %d wait in %s (full-warp mask)", wp.arrived, f->warp, wp.what);
+  f->st = EXITED;
+  f->ncp = 0;  // copies never waited for are dropped (their shared memory dies with the block)
+  w->live--;
+  wp.exited++;
+  w->bar_exited++;
+  if (w->bar_arrived > 0 && w->bar_arrived + w->bar_exited == w->n) bar_release(w);
+  yield_blocked(f);  // never resumed
+  __builtin_unreachable();
+}
+
+// -- shared-memory pointer checks (ldmatrix, cp.async) -------------------------------
+inline void check_smem16(const void* p, const char* what) {
+  Worker* w = g_worker;
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)w->smem;
+  if (a < lo || a + 16 > lo + w->smem_size)
+    fail("%s: shared address %p is not inside the block's dynamic shared memory [%p, +%zu)", what, p, (void*)w->smem,
+         w->smem_size);
+  if (a % 16) fail("%s: shared address %p is not 16-byte aligned", what, p);
+}
+
+// -- blocks -----------------------------------------------------------------------------
+inline void init_fiber_stack(Worker* w, Fiber* f) {
+  char* top = f->stack + w->L->stack_bytes;
+#ifdef KDA_EMU_UCONTEXT
+  getcontext(&f->uc);
+  f->uc.uc_stack.ss_sp = f->stack;
+  f->uc.uc_stack.ss_size = w->L->stack_bytes;
+  f->uc.uc_link = nullptr;
+  makecontext(&f->uc, +[] { kda_emu_fiber_main(g_cur); }, 0);
+  (void)top;
+#else
+  // Frame popped by kda_emu_swap: [mxcsr|fpcw] r15 r14 r13 r12 rbx rbp ret(=trampoline) 0
+  uint64_t* s = (uint64_t*)((uintptr_t)top & ~(uintptr_t)15) - 9;
+  uint32_t csr[2];
+  asm volatile("stmxcsr %0; fnstcw %1" : "=m"(csr[0]), "=m"(csr[1]));
+  memcpy(&s[0], csr, 8);
+  for (int i = 1; i <= 6; i++) s[i] = 0;
+  s[5] = (uint64_t)(uintptr_t)f;  // rbx -> argument of kda_emu_fiber_main
+  s[7] = (uint64_t)(uintptr_t)&kda_emu_trampoline;
+  s[8] = 0;
+  f->sp = s;
+#endif
+}
+
+inline void run_block(Worker* w, long long b) {
+  Launch* L = w->L;
+  w->bid = {(unsigned)(b % L->grid.x), (unsigned)((b / L->grid.x) % L->grid.y),
+            (unsigned)(b / ((long long)L->grid.x * L->grid.y))};
+  memset(w->smem, 0xFF, w->smem_size);  // unwritten shared memory reads as NaN
+  w->live = w->n;
+  w->rhead = w->rcount = 0;
+  w->bar_arrived = w->bar_exited = w->bar_gen = 0;
+  w->bar_acc[0] = w->bar_acc[1] = 0;
+  for (int i = 0; i < w->nwarps; i++) {
+    Warp& wp = w->warps[i];
+    wp.nlanes = w->n - 32 * i < 32 ? w->n - 32 * i : 32;
+    wp.arrived = wp.exited = wp.buf = 0;
+    wp.what = "";
+  }
+  for (int k = 0; k < w->n; k++) {
+    Fiber* f = &w->fibers[L->reverse ? w->n - 1 - k : k];
+    f->ncp = 0;
+    f->open_group = 0;
+    init_fiber_stack(w, f);
+    push_ready(w, f);
+  }
+  Fiber* first = &w->fibers[w->ready[0]];
+  w->rhead = 1 % w->n;
+  w->rcount--;
+  first->st = RUNNING;
+  g_cur = first;
+#ifdef KDA_EMU_UCONTEXT
+  swapcontext(&w->sched, &first->uc);
+#else
+  kda_emu_swap(&w->sched, first->sp);
+#endif
+  g_cur = nullptr;
+  // Back here when no fiber can run: all exited, an error, or a deadlock.
+  if (w->live == 0 || __atomic_load_n(&L->abort, __ATOMIC_RELAXED)) return;
+  char msg[2048];
+  int len = snprintf(msg, sizeof msg, "deadlock in block (%u,%u,%u):", w->bid.x, w->bid.y, w->bid.z);
+  int nbar = 0;
+  for (int i = 0; i < w->n; i++) nbar += w->fibers[i].st == WAIT_BAR;
+  if (nbar)
+    len += snprintf(msg + len, sizeof msg - len, " %d thread(s) wait at __syncthreads;", nbar);
+  for (int k = 0; k < w->nwarps && len < (int)sizeof msg - 128; k++)
+    if (w->warps[k].arrived)
+      len += snprintf(msg + len, sizeof msg - len, " warp %d: %d lane(s) wait in %s;", k, w->warps[k].arrived,
+                      w->warps[k].what);
+  snprintf(msg + len, sizeof msg - len, " %d thread(s) exited, %d in all", w->n - w->live, w->n);
+  record_error(L, msg);
+}
+
+// Fiber stacks of n threads (each above a PROT_NONE guard page), kept across
+// launches: mapping them and faulting their first pages in cost more than a
+// small launch itself. Each guard page splits the mapping, so the cache is capped
+// in stacks (2 mappings each) to stay far below vm.max_map_count (65530).
+struct Stacks { char* base; size_t stride; int n; Stacks* next; };
+static Stacks* g_stack_cache;
+static int g_stack_cached;  // stacks in the cache
+static pthread_mutex_t g_stack_mu = PTHREAD_MUTEX_INITIALIZER;
+
+inline Stacks* get_stacks(int n, size_t stride) {
+  pthread_mutex_lock(&g_stack_mu);
+  for (Stacks** p = &g_stack_cache; *p; p = &(*p)->next)
+    if ((*p)->n == n && (*p)->stride == stride) {
+      Stacks* r = *p;
+      *p = r->next;
+      g_stack_cached -= r->n;
+      pthread_mutex_unlock(&g_stack_mu);
+      return r;
+    }
+  pthread_mutex_unlock(&g_stack_mu);
+  char* base = (char*)mmap(nullptr, stride * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                           -1, 0);
+  if (base == (char*)MAP_FAILED) return nullptr;
+  for (int i = 0; i < n; i++) mprotect(base + stride * i, 4096, PROT_NONE);
+  Stacks* r = (Stacks*)malloc(sizeof(Stacks));
+  if (!r) { munmap(base, stride * n); return nullptr; }
+  *r = Stacks{base, stride, n, nullptr};
+  return r;
+}
+
+inline void put_stacks(Stacks* s) {
+  pthread_mutex_lock(&g_stack_mu);
+  if (g_stack_cached + s->n <= 8192) {
+    s->next = g_stack_cache;
+    g_stack_cache = s;
+    g_stack_cached += s->n;
+    s = nullptr;
+  }
+  pthread_mutex_unlock(&g_stack_mu);
+  if (s) { munmap(s->base, s->stride * s->n); free(s); }
+}
+
+inline void release_stacks() {
+  pthread_mutex_lock(&g_stack_mu);
+  Stacks* s = g_stack_cache;
+  g_stack_cache = nullptr;
+  g_stack_cached = 0;
+  pthread_mutex_unlock(&g_stack_mu);
+  while (s) {
+    Stacks* nx = s->next;
+    munmap(s->base, s->stride * s->n);
+    free(s);
+    s = nx;
+  }
+}
+
+inline void* worker_main(void* arg) {
+  Launch* L = (Launch*)arg;
+  Worker w{};
+  w.L = L;
+  w.bdim = L->block;
+  w.gdim = L->grid;
+  w.n = (int)(L->block.x * L->block.y * L->block.z);
+  w.nwarps = (w.n + 31) / 32;
+  w.fibers = (Fiber*)calloc(w.n, sizeof(Fiber));
+  w.warps = (Warp*)aligned_alloc(64, (sizeof(Warp) * w.nwarps + 63) / 64 * 64);
+  w.ready = (int*)calloc(w.n, sizeof(int));
+  w.smem_size = L->smem;
+  w.smem = (unsigned char*)aligned_alloc(128, (L->smem + 127) / 128 * 128 + 128);
+  Stacks* stacks = get_stacks(w.n, L->stack_bytes + 4096);
+  if (!w.fibers || !w.warps || !w.ready || !w.smem || !stacks) {
+    record_error(L, "emulator: out of memory for a block's fibers");
+  } else {
+    for (int i = 0; i < w.n; i++) {
+      Fiber* f = &w.fibers[i];
+      f->lin = i;
+      f->tid = {(unsigned)(i % w.bdim.x), (unsigned)((i / w.bdim.x) % w.bdim.y),
+                (unsigned)(i / (w.bdim.x * w.bdim.y))};
+      f->lane = i & 31;
+      f->warp = i >> 5;
+      f->stack = stacks->base + stacks->stride * i + 4096;
+    }
+    Worker* saved = g_worker;
+    g_worker = &w;
+    for (;;) {
+      if (__atomic_load_n(&L->abort, __ATOMIC_RELAXED)) break;
+      long long b = __atomic_fetch_add(&L->next, 1, __ATOMIC_RELAXED);
+      if (b >= L->nblocks) break;
+      run_block(&w, b);
+    }
+    g_worker = saved;
+  }
+  if (w.fibers)
+    for (int i = 0; i < w.n; i++) free(w.fibers[i].cp);
+  if (stacks) put_stacks(stacks);
+  free(w.fibers);
+  free(w.warps);
+  free(w.ready);
+  free(w.smem);
+  return nullptr;
+}
+
+// cfg: grid x,y,z, block x,y,z, shared_mem bytes, OS threads, fiber stack bytes,
+// mode bits (1: cp.async eager, 2: reverse fiber order).
+inline int run_launch(void (*entry)(void*), void* ctx, const long long* cfg, char* err, int errlen) {
+  auto bad = [&](const char* m) {
+    snprintf(err, errlen, "%s", m);
+    return 1;
+  };
+  for (int i = 0; i < 6; i++)
+    if (cfg[i] < 1) return bad("grid and block dimensions must be >= 1");
+  if (cfg[0] > 2147483647LL || cfg[1] > 65535 || cfg[2] > 65535) return bad("grid dimensions exceed the CUDA limits");
+  if (cfg[3] > 1024 || cfg[4] > 1024 || cfg[5] > 64 || cfg[3] * cfg[4] * cfg[5] > 1024)
+    return bad("block dimensions exceed the CUDA limits (at most 1024 threads, z <= 64)");
+  if (cfg[6] < 0 || cfg[6] > 232448) return bad("shared_mem exceeds 227 KiB, the per-block limit of a Hopper GPU");
+  Launch L{};
+  L.entry = entry;
+  L.ctx = ctx;
+  L.grid = dim3((unsigned)cfg[0], (unsigned)cfg[1], (unsigned)cfg[2]);
+  L.block = dim3((unsigned)cfg[3], (unsigned)cfg[4], (unsigned)cfg[5]);
+  L.smem = (size_t)cfg[6];
+  L.stack_bytes = ((size_t)(cfg[8] > 16384 ? cfg[8] : 16384) + 4095) / 4096 * 4096;
+  L.nblocks = cfg[0] * cfg[1] * cfg[2];
+  L.cp_eager = (cfg[9] & 1) != 0;
+  L.reverse = (cfg[9] & 2) != 0;
+  pthread_mutex_init(&L.mu, nullptr);
+  long long nw = cfg[7] < 1 ? 1 : cfg[7];
+  if (nw > L.nblocks) nw = L.nblocks;
+  pthread_t* th = (pthread_t*)calloc(nw, sizeof(pthread_t));
+  int started = 0;
+  for (long long i = 1; i < nw; i++)  // the calling thread is worker 0
+    if (pthread_create(&th[started], nullptr, worker_main, &L) == 0) started++;
+  worker_main(&L);
+  for (int i = 0; i < started; i++) pthread_join(th[i], nullptr);
+  free(th);
+  fflush(stdout);  // kernel printf
+  pthread_mutex_destroy(&L.mu);
+  if (L.err[0]) {
+    snprintf(err, errlen, "%s", L.err);
+    return 1;
+  }
+  return 0;
+}
+
+// -- typed entry points: unpack void** args like cuLaunchKernel's kernelParams --
+template <class... A, size_t... I>
+inline void call_kernel(void (*k)(A...), void* const* args, std::index_sequence<I...>) {
+  k(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(args[I])...);
+}
+
+template <class... A>
+inline int launch(void (*k)(A...), const long long* cfg, void** args, int nargs, char* err, int errlen) {
+  if (nargs != (int)sizeof...(A)) {
+    snprintf(err, errlen, "kernel takes %d argument(s), %d given", (int)sizeof...(A), nargs);
+    return 1;
+  }
+  struct Ctx {
+    void (*k)(A...);
+    void** args;
+  } ctx{k, args};
+  auto entry = [](void* c) {
+    Ctx* x = static_cast<Ctx*>(c);
+    call_kernel(x->k, x->args, std::index_sequence_for<A...>{});
+  };
+  return run_launch(entry, &ctx, cfg, err, errlen);
+}
+
+template <class... A>
+inline int arity(void (*)(A...)) {
+  return (int)sizeof...(A);
+}
+
+// sizes[i] = byte size of parameter i; kinds[i] = 1 pointer, 2 floating, 0 other.
+template <class... A>
+inline void params(void (*)(A...), int* sizes, int* kinds) {
+  int i = 0;
+  ((sizes[i] = (int)sizeof(A), kinds[i] = std::is_pointer<A>::value ? 1 : std::is_floating_point<A>::value ? 2 : 0,
+    i++),
+   ...);
+  (void)sizes;
+  (void)kinds;
+  (void)i;
+}
+
+}  // namespace kda_emu
+
+// One per library: the loader calls it when another library launches, so only
+// the most recently used kernel library keeps cached stacks.
+extern "C" __attribute__((visibility("default"))) void kda_emu_release_stacks() { kda_emu::release_stacks(); }
+
+extern "C" void kda_emu_fiber_main(kda_emu::Fiber* f) {
+  kda_emu::Launch* L = kda_emu::g_worker->L;
+  L->entry(L->ctx);
+  kda_emu::thread_exit(f);
+}
+
+#define KDA_EMU_EXPORT(name)                                                                               \
+  extern "C" __attribute__((visibility("default"))) int kda_emu_arity__##name() {                          \
+    return ::kda_emu::arity(&name);                                                                        \
+  }                                                                                                        \
+  extern "C" __attribute__((visibility("default"))) void kda_emu_params__##name(int* sizes, int* kinds) { \
+    ::kda_emu::params(&name, sizes, kinds);                                                                \
+  }                                                                                                        \
+  extern "C" __attribute__((visibility("default"))) int kda_emu_launch__##name(                            \
+      const long long* cfg, void** args, int nargs, char* err, int errlen) {                               \
+    return ::kda_emu::launch(&name, cfg, args, nargs, err, errlen);                                        \
+  }
+
+// ---- built-in variables (per fiber / per block) -------------------------------------
+#define threadIdx (::kda_emu::g_cur->tid)
+#define blockIdx (::kda_emu::g_worker->bid)
+#define blockDim (::kda_emu::g_worker->bdim)
+#define gridDim (::kda_emu::g_worker->gdim)
+constexpr int warpSize = 32;
+
+// ---- synchronisation -----------------------------------------------------------------
+inline void __syncthreads() { ::kda_emu::block_barrier(0, nullptr); }
+inline int __syncthreads_count(int p) { return ::kda_emu::block_barrier(p, nullptr); }
+inline int __syncthreads_or(int p) { return ::kda_emu::block_barrier(p, nullptr) != 0; }
+inline int __syncthreads_and(int p) {
+  int n;
+  int c = ::kda_emu::block_barrier(p, &n);
+  return c == n;
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::kda_emu::check_mask(mask, "__syncwarp");
+  ::kda_emu::warp_barrier(::kda_emu::g_cur, "__syncwarp");
+}
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+[[noreturn]] inline void __trap() { ::kda_emu::fail("__trap() called"); }
+#ifndef assert
+#define assert(e) ((e) ? (void)0 : ::kda_emu::fail("assertion failed: %s (%s:%d)", #e, __FILE__, __LINE__))
+#endif
+
+// ---- warp shuffles and votes -------------------------------------------------------
+namespace kda_emu {
+enum ShflKind { SHFL_IDX, SHFL_XOR, SHFL_DOWN, SHFL_UP };
+template <class T>
+inline T shfl(unsigned mask, T v, int arg, int width, ShflKind kind, const char* what) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a type wider than 8 bytes");
+  check_mask(mask, what);
+  if (width < 1 || width > 32 || (width & (width - 1))) fail("%s: width %d is not a power of two <= 32", what, width);
+  Fiber* f = g_cur;
+  Warp& wp = g_worker->warps[f->warp];
+  int b = wp.buf, lane = f->lane;
+  memcpy(wp.slot[b][lane], &v, sizeof(T));
+  warp_barrier(f, what, [] {});
+  // PTX shfl.sync with CUDA's c operand: segmask = 32 - width, clamp 31 (0 for up).
+  int segmask = 32 - width, bval = arg & 31;
+  int minl = lane & segmask, maxl = minl | ((kind == SHFL_UP ? 0 : 31) & ~segmask), j = lane;
+  bool ok = false;
+  switch (kind) {
+    case SHFL_IDX: j = minl | (bval & ~segmask); ok = j <= maxl; break;
+    case SHFL_XOR: j = lane ^ bval; ok = j <= maxl; break;
+    case SHFL_DOWN: j = lane + bval; ok = j <= maxl; break;
+    case SHFL_UP: j = lane - bval; ok = j >= maxl; break;
+  }
+  int src = ok ? j : lane;
+  T r;
+  memcpy(&r, wp.slot[b][src], sizeof(T));
+  return r;
+}
+inline unsigned ballot(unsigned mask, int pred, const char* what) {
+  check_mask(mask, what);
+  Fiber* f = g_cur;
+  Warp& wp = g_worker->warps[f->warp];
+  int b = wp.buf;
+  wp.slot[b][f->lane][0] = pred != 0;
+  warp_barrier(f, what, [] {});
+  unsigned r = 0;
+  for (int i = 0; i < 32; i++) r |= (unsigned)wp.slot[b][i][0] << i;
+  return r;
+}
+}  // namespace kda_emu
+
+#define KDA_EMU_SHFL(T)                                                                   \
+  inline T __shfl_sync(unsigned m, T v, int s, int w = 32) {                              \
+    return ::kda_emu::shfl(m, v, s, w, ::kda_emu::SHFL_IDX, "__shfl_sync");               \
+  }                                                                                       \
+  inline T __shfl_xor_sync(unsigned m, T v, int s, int w = 32) {                          \
+    return ::kda_emu::shfl(m, v, s, w, ::kda_emu::SHFL_XOR, "__shfl_xor_sync");           \
+  }                                                                                       \
+  inline T __shfl_down_sync(unsigned m, T v, unsigned s, int w = 32) {                    \
+    return ::kda_emu::shfl(m, v, (int)s, w, ::kda_emu::SHFL_DOWN, "__shfl_down_sync");    \
+  }                                                                                       \
+  inline T __shfl_up_sync(unsigned m, T v, unsigned s, int w = 32) {                      \
+    return ::kda_emu::shfl(m, v, (int)s, w, ::kda_emu::SHFL_UP, "__shfl_up_sync");        \
+  }
+KDA_EMU_SHFL(int)
+KDA_EMU_SHFL(unsigned int)
+KDA_EMU_SHFL(long)
+KDA_EMU_SHFL(unsigned long)
+KDA_EMU_SHFL(long long)
+KDA_EMU_SHFL(unsigned long long)
+KDA_EMU_SHFL(float)
+KDA_EMU_SHFL(double)
+#undef KDA_EMU_SHFL
+inline unsigned __ballot_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__ballot_sync"); }
+inline int __any_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__any_sync") != 0; }
+inline int __all_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__all_sync") == 0xffffffffu; }
+
+// ---- math and bit intrinsics -----------------------------------------------------------
+inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
+inline float __uint_as_float(unsigned u) { float x; memcpy(&x, &u, 4); return x; }
+inline int __float_as_int(float x) { int u; memcpy(&u, &x, 4); return u; }
+inline float __int_as_float(int u) { float x; memcpy(&x, &u, 4); return x; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+template <class T> inline T __ldg(const T* p) { return *p; }
+// CUDA's global min/max overloads (int, unsigned, mixed signedness -> unsigned, 64-bit, float).
+#define KDA_EMU_MINMAX(R, A, B)                                  \
+  inline R min(A a, B b) { return (R)a < (R)b ? (R)a : (R)b; }   \
+  inline R max(A a, B b) { return (R)a > (R)b ? (R)a : (R)b; }
+KDA_EMU_MINMAX(int, int, int)
+KDA_EMU_MINMAX(unsigned int, unsigned int, unsigned int)
+KDA_EMU_MINMAX(unsigned int, int, unsigned int)
+KDA_EMU_MINMAX(unsigned int, unsigned int, int)
+KDA_EMU_MINMAX(long, long, long)
+KDA_EMU_MINMAX(unsigned long, unsigned long, unsigned long)
+KDA_EMU_MINMAX(long long, long long, long long)
+KDA_EMU_MINMAX(unsigned long long, unsigned long long, unsigned long long)
+KDA_EMU_MINMAX(unsigned long long, long long, unsigned long long)
+KDA_EMU_MINMAX(unsigned long long, unsigned long long, long long)
+#undef KDA_EMU_MINMAX
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline double min(double a, double b) { return fmin(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+
+// ---- atomics (real atomics: blocks run on several OS threads) -----------------------------
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+inline float atomicAdd(float* p, float v) {
+  unsigned* q = reinterpret_cast<unsigned*>(p);
+  unsigned old = __atomic_load_n(q, __ATOMIC_RELAXED), nv;
+  do nv = __float_as_uint(__uint_as_float(old) + v);
+  while (!__atomic_compare_exchange_n(q, &old, nv, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return __uint_as_float(old);
+}
+inline int atomicMax(int* p, int v) {
+  int old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+
+#include "ptx_twins.h"

@@ -1,0 +1,143 @@
+"""One Python launcher per .cu kernel: variant configuration, grid, arguments.
+
+The same launch code serves the GPU (CuPy arrays, ``kdacupy.jit.CudaLoader``)
+and the CPU emulation (NumPy arrays, ``EmulateLoader``): only the loader and the
+array module differ. Nothing here reads device memory or synchronises.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import layouts
+from .dtypes import BF16, F16, F32
+from .jit import loader
+from .tuning import TileConfig, select_tiles
+
+DTYPE_CODE = {BF16: 0, F16: 1, F32: 2}
+GATE_CODE = {"log": 0, "softplus": 1, "sigmoid": 2}
+BETA_CODE = {"none": 0, "raw": 1, "sigmoid": 2, "sigmoid2": 3}
+STATE_DTYPE_CODE = {None: 0, BF16: 1, F32: 2}
+LOG2E = 1.0 / np.log(2.0)
+
+
+@dataclass(frozen=True)
+class PrepareVariant:
+    K: int
+    dtype: np.dtype
+    g_dtype: np.dtype
+    beta_dtype: np.dtype  # any valid dtype when beta_mode == "none"
+    gate: str
+    beta_mode: str
+    l2norm: bool
+
+    def config(self) -> dict:
+        return dict(KDA_K=self.K, KDA_DT=DTYPE_CODE[self.dtype], KDA_G_DT=DTYPE_CODE[self.g_dtype],
+                    KDA_BETA_DT=DTYPE_CODE[self.beta_dtype], KDA_GATE=GATE_CODE[self.gate],
+                    KDA_BETA_MODE=BETA_CODE[self.beta_mode], KDA_L2NORM=int(self.l2norm),
+                    **layouts.workspace(self.K), **layouts.prepare_smem(self.K))
+
+    @property
+    def smem(self) -> int:
+        return layouts.prepare_smem(self.K)["PSM_TOTAL"]
+
+
+@dataclass(frozen=True)
+class RecurrenceVariant:
+    K: int
+    V: int
+    dtype: np.dtype
+    state_fp32: bool
+    tiles: TileConfig
+
+    def config(self) -> dict:
+        return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_BV=self.tiles.BV,
+                    KDA_STAGES=self.tiles.stages, KDA_STATE_FP32=int(self.state_fp32),
+                    **layouts.workspace(self.K), **self._smem())
+
+    def _smem(self) -> dict:
+        return layouts.recurrence_smem(self.K, self.tiles.BV, self.tiles.stages, np.dtype(self.dtype).itemsize)
+
+    @property
+    def smem(self) -> int:
+        return self._smem()["RSM_TOTAL"]
+
+    @property
+    def threads(self) -> int:
+        return self.tiles.BV // 16 * 32
+
+
+def prepare_variant(p) -> PrepareVariant:
+    return PrepareVariant(p.K, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm)
+
+
+def recurrence_variant(p, tiles: TileConfig) -> RecurrenceVariant:
+    return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles)
+
+
+def slots(p) -> tuple[int, int]:
+    """(workspace chunk slots, chunks per sequence for fixed-length input)."""
+    per_seq = -(-p.T // layouts.CHUNK)
+    return (p.N + per_seq if p.varlen else p.B * per_seq), per_seq
+
+
+def _ptr(x) -> np.uint64:
+    if x is None:
+        return np.uint64(0)
+    return np.uint64(x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr)
+
+
+def _strides(x):
+    """Batch, token and head strides in elements (the last dim is contiguous)."""
+    if x is None:
+        return [np.int64(0)] * 3
+    return [np.int64(s // x.dtype.itemsize) for s in x.strides[:3]]
+
+
+def _cu_args(cu):
+    return [_ptr(cu), np.int32(0 if cu is None else int(cu.dtype == np.int64))]
+
+
+def launch_prepare(run, p, a, ws, nslots, per_seq):
+    var = prepare_variant(p)
+    fn = run.get("kda_prepare", var.config(), "kda_prepare")
+    lb2 = np.float32(p.lower_bound * LOG2E) if p.lower_bound is not None else np.float32(0)
+    args = [_ptr(a["q"]), _ptr(a["k"]), _ptr(a["g"]), _ptr(a["beta"]),
+            *_strides(a["q"]), *_strides(a["k"]), *_strides(a["g"]), *_strides(a["beta"]),
+            _ptr(a["A_log"]), _ptr(a["dt_bias"]), *_cu_args(a["cu_seqlens"]),
+            np.int32(p.T), np.int32(p.H), np.int32(p.HV), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
+            np.float32(p.scale), lb2, _ptr(ws)]
+    run.launch(fn, (nslots, p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
+
+
+def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles):
+    var = recurrence_variant(p, tiles)
+    fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
+    args = [_ptr(ws), _ptr(a["v"]), *_strides(a["v"]), _ptr(o), *_strides(o),
+            _ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
+            _ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
+            *_cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq)]
+    run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
+
+
+def forward(p, a, tiles: TileConfig | None = None):
+    """Both launches of one kda_forward call; returns (o, final_state)."""
+    if p.device:
+        import cupy as xp
+    else:
+        xp = np
+    run = loader("cuda" if p.device else "emulate")
+    tiles = tiles or select_tiles(p)
+    nslots, per_seq = slots(p)
+    o = a["out"] if a["out"] is not None else xp.empty(a["v"].shape, dtype=p.dtype)
+    s_out = None
+    if p.state_out_dtype is not None:
+        shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
+        s_out = xp.empty(shape, dtype=p.state_out_dtype)
+    ws = xp.empty(p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"], dtype=np.uint8)
+    if nslots:
+        launch_prepare(run, p, a, ws, nslots, per_seq)
+    if p.N:
+        launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles)
+    return o, s_out

@@ -1,0 +1,63 @@
+"""Byte layouts shared by the kernels and their launchers.
+
+Python is the single source of these numbers: they are rendered into each
+kernel variant as ``#define``s (see ``kdacupy.jit``), so the launcher's
+allocation sizes and the kernel's offsets cannot disagree.
+"""
+from __future__ import annotations
+
+CHUNK = 16
+PREPARE_THREADS = 128
+SMALL_ROW = 48  # bytes per row of a padded 16x16 16-bit tile (16 B pad: no ldmatrix bank conflicts)
+
+
+def _align(n, a=16):
+    return (n + a - 1) // a * a
+
+
+def _place(parts, align=16):
+    """Sequential offsets for (name, bytes) parts; returns (offsets, total)."""
+    off, out = 0, {}
+    for name, size in parts:
+        off = _align(off, align)
+        out[name] = off
+        off += size
+    return out, _align(off, align)
+
+
+def workspace(K: int) -> dict[str, int]:
+    """What the prepare kernel hands the recurrence, per (value head, chunk):
+    q_dec, k_dec, k_res [16, K] bf16; INV, Mqk [16, 16] bf16; gexp [K] fp32;
+    beta [16] fp32. Contiguous, so the recurrence streams it with 16-byte copies."""
+    parts = [("QDEC", CHUNK * K * 2), ("KDEC", CHUNK * K * 2), ("KRES", CHUNK * K * 2),
+             ("INV", CHUNK * CHUNK * 2), ("MQK", CHUNK * CHUNK * 2), ("GEXP", K * 4), ("BETA", CHUNK * 4)]
+    off, total = _place(parts)
+    return {f"WS_{n}": v for n, v in off.items()} | {"WS_STRIDE": total}
+
+
+def prepare_smem(K: int) -> dict[str, int]:
+    """Shared memory of kda_prepare. The fast path keeps bf16 tiles (padded rows
+    for ldmatrix), the pair path fp32 rows of q*scale and k: they share a region."""
+    tile = CHUNK * (K + 8) * 2
+    parts = [("G", CHUNK * K * 4), ("U", max(3 * tile, 2 * CHUNK * K * 4)), ("LB", CHUNK * SMALL_ROW),
+             ("X", CHUNK * SMALL_ROW), ("P", CHUNK * SMALL_ROW), ("L", CHUNK * CHUNK * 4),
+             ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4)]
+    off, total = _place(parts)
+    return {f"PSM_{n}": v for n, v in off.items()} | {"PSM_TOTAL": total}
+
+
+def recurrence_smem(K: int, BV: int, stages: int, elem_bytes: int) -> dict[str, int]:
+    """Shared memory of kda_recurrence: ``stages`` copies of one chunk's inputs
+    (the workspace block with padded rows, and the [16, BV] value tile), then a
+    per-warp staging tile for the output."""
+    tile = CHUNK * (K + 8) * 2
+    vrow = BV * elem_bytes + 16
+    parts = [("QDEC", tile), ("KDEC", tile), ("KRES", tile), ("INV", CHUNK * SMALL_ROW),
+             ("MQK", CHUNK * SMALL_ROW), ("GEXP", K * 4), ("BETA", CHUNK * 4), ("VT", CHUNK * vrow)]
+    off, stage = _place(parts)
+    warps = BV // 16
+    orow = 16 * elem_bytes + 16
+    out = {f"RSM_{n}": v for n, v in off.items()}
+    out.update(RSM_VROW=vrow, RSM_STAGE=stage, RSM_OT=stages * stage, RSM_OROW=orow,
+               RSM_TOTAL=stages * stage + warps * CHUNK * orow)
+    return out

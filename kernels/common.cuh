@@ -1,0 +1,96 @@
+// Element types and small helpers shared by the KDA kernels. bf16 and fp16
+// travel as raw 16-bit patterns, so no CUDA header is needed (NVRTC runs with
+// no include path, and the CPU emulation compiles the same text with g++).
+#pragma once
+#include "types.cuh"
+#include "ptx.cuh"
+
+#define KDA_BF16 0
+#define KDA_F16 1
+#define KDA_F32 2
+
+namespace kda {
+
+constexpr int CHUNK = 16;
+
+template <int DT> struct Storage { typedef u16 type; };
+template <> struct Storage<KDA_F32> { typedef float type; };
+
+template <int DT> __host__ __device__ constexpr int elem_bytes() { return DT == KDA_F32 ? 4 : 2; }
+
+__device__ __forceinline__ float bf16_bits_to_f32(u32 b) { return __uint_as_float(b << 16); }
+
+// One element of storage type DT at base[idx], as fp32 (exact).
+template <int DT> __device__ __forceinline__ float load_f32(const void* base, i64 idx) {
+  if constexpr (DT == KDA_F32) {
+    return static_cast<const float*>(base)[idx];
+  } else if constexpr (DT == KDA_BF16) {
+    return bf16_bits_to_f32(static_cast<const u16*>(base)[idx]);
+  } else {
+    return f16_to_f32(static_cast<const u16*>(base)[idx]);
+  }
+}
+
+// fp32 -> storage type DT at base[idx], round to nearest even.
+template <int DT> __device__ __forceinline__ void store_f32(void* base, i64 idx, float x) {
+  if constexpr (DT == KDA_F32) {
+    static_cast<float*>(base)[idx] = x;
+  } else if constexpr (DT == KDA_BF16) {
+    static_cast<u16*>(base)[idx] = f32_to_bf16(x);
+  } else {
+    static_cast<u16*>(base)[idx] = f32_to_f16(x);
+  }
+}
+
+struct __align__(16) Vec16 {
+  u32 w[4];
+};
+
+// N consecutive elements of type DT starting at a 16-byte aligned address, as fp32.
+template <int DT, int N> __device__ __forceinline__ void load_row(const void* p, float (&out)[N]) {
+  constexpr int per_vec = 16 / elem_bytes<DT>();
+  static_assert(N % per_vec == 0, "rows are read in 16-byte vectors");
+#pragma unroll
+  for (int i = 0; i < N / per_vec; ++i) {
+    Vec16 v = static_cast<const Vec16*>(p)[i];
+#pragma unroll
+    for (int j = 0; j < per_vec; ++j) {
+      if constexpr (DT == KDA_F32) {
+        out[i * per_vec + j] = __uint_as_float(v.w[j]);
+      } else {
+        u32 bits = (v.w[j / 2] >> (16 * (j % 2))) & 0xffffu;
+        out[i * per_vec + j] = DT == KDA_BF16 ? bf16_bits_to_f32(bits) : f16_to_f32(static_cast<u16>(bits));
+      }
+    }
+  }
+}
+
+// Low and high halves of a packed bf16x2 as fp32.
+__device__ __forceinline__ float bf16_lo(u32 x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
+
+// Sequence of a flattened token range: [bos, bos + len) in token index b*T + t.
+struct Seq {
+  i64 bos;
+  int len;
+};
+
+// cu_seqlens[i], clamped into [0, T]: bad device values cannot reach outside the arrays.
+__device__ __forceinline__ i64 cu_at(const void* cu, int is_i64, int i, int T) {
+  i64 x = is_i64 ? static_cast<const i64*>(cu)[i] : static_cast<i64>(static_cast<const i32*>(cu)[i]);
+  return x < 0 ? 0 : (x > T ? T : x);
+}
+
+__device__ __forceinline__ Seq sequence(const void* cu, int is_i64, int n, int T) {
+  if (cu == nullptr) return Seq{static_cast<i64>(n) * T, T};
+  i64 bos = cu_at(cu, is_i64, n, T), eos = cu_at(cu, is_i64, n + 1, T);
+  return Seq{bos, eos > bos ? static_cast<int>(eos - bos) : 0};
+}
+
+// First workspace slot of sequence n. Varlen: n + bos/16, which never collides
+// between sequences (a ragged tail costs at most one extra slot per sequence).
+__device__ __forceinline__ i64 first_slot(const void* cu, int n, i64 bos, int chunks_per_seq) {
+  return cu == nullptr ? static_cast<i64>(n) * chunks_per_seq : n + bos / CHUNK;
+}
+
+}  // namespace kda

@@ -1,0 +1,312 @@
+// kda_prepare: the token-parallel half of the KDA forward (DESIGN 5).
+// One CTA of 128 threads per (chunk slot, value head): l2norm, gate and beta
+// activation, in-chunk cumulative decay, the decayed bf16 operands, the fp16
+// Neumann inverse of (I + L) and the masked q.k block. Writes one workspace
+// block (layout: kdacupy/layouts.py) that the recurrence streams.
+// The rounding points are those of kdacupy/precision.py, step numbers in [].
+//
+// Rendered configuration: KDA_K, KDA_DT (q, k), KDA_G_DT, KDA_BETA_DT,
+// KDA_GATE (0 log, 1 softplus, 2 sigmoid), KDA_BETA_MODE (0 none, 1 raw,
+// 2 sigmoid, 3 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts.
+#include "common.cuh"
+
+namespace {
+using namespace kda;
+
+constexpr int K = KDA_K;
+constexpr int NT = 128;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr int SEG = K / 8;       // elements of one row per thread (8 threads per row)
+constexpr int TS = K + 8;        // padded bf16 tile row (elements)
+constexpr int SR = 24;           // padded 16x16 16-bit tile row (elements)
+constexpr float SAFE_EXPONENT = 126.0f;  // |gc| above this: 2^-gc overflows or 2^gc flushes
+
+// Base-2 log decay of one element [2]. x_in is the gate input g, in fp32.
+__device__ __forceinline__ float gate2(float x_in, float a, float bias, float lb2) {
+  if constexpr (KDA_GATE == 0) {
+    return x_in * LOG2E;
+  } else {
+    float x = x_in + bias;
+    if constexpr (KDA_GATE == 1) {
+      float z = x * LOG2E;
+      float sp = x > 15.0f ? z : lg2_approx_ftz(1.0f + ex2_approx_ftz(z));
+      return -(a * sp);
+    } else {
+      float y = a * x;
+      float s = rcp_approx_ftz(1.0f + ex2_approx_ftz(-y * LOG2E));
+      return lb2 * s;
+    }
+  }
+}
+
+// 16x16 product of fp16 tiles in shared memory, one warp: D = A B (+ A when add_a),
+// fp32 accumulate, result rounded to fp16 and stored to dst [8].
+__device__ __forceinline__ void f16_product(u16* dst, const u16* a, const u16* b, bool add_a, int lane) {
+  const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
+  u32 af[4], bf[4];
+  ldmatrix_x4(af, a + mrow * SR + mcol);
+  // B[k][n] = b[k][n]: pairs along k are column pairs, so load transposed;
+  // matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
+  ldmatrix_x4_trans(bf, b + ((lane & 7) + 8 * ((lane >> 3) & 1)) * SR + 8 * (lane >> 4));
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    if (add_a) {
+      const int col = nt * 8 + 2 * t;
+      c[0] = f16_to_f32(a[g * SR + col]);
+      c[1] = f16_to_f32(a[g * SR + col + 1]);
+      c[2] = f16_to_f32(a[(g + 8) * SR + col]);
+      c[3] = f16_to_f32(a[(g + 8) * SR + col + 1]);
+    }
+    const u32 bb[2] = {bf[2 * nt], bf[2 * nt + 1]};
+    float d[4];
+    mma_f16_m16n8k16(d, af, bb, c);
+    __syncwarp();  // every lane has read a (dst may alias it) before anyone writes
+    const int col = nt * 8 + 2 * t;
+    dst[g * SR + col] = f32_to_f16(d[0]);
+    dst[g * SR + col + 1] = f32_to_f16(d[1]);
+    dst[(g + 8) * SR + col] = f32_to_f16(d[2]);
+    dst[(g + 8) * SR + col + 1] = f32_to_f16(d[3]);
+  }
+  __syncwarp();
+}
+
+// 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6].
+__device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
+  const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
+  // B operand (k = channel, n = row j of b): row-major rows of b give k-pairs directly;
+  // matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15)
+  const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s) {
+    u32 af[4], bf[4];
+    ldmatrix_x4(af, a + mrow * TS + 16 * s + mcol);
+    ldmatrix_x4(bf, b + brow * TS + 16 * s + bcol);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const u32 bb[2] = {bf[2 * nt], bf[2 * nt + 1]};
+      mma_bf16_m16n8k16(acc[nt], af, bb, acc[nt]);
+    }
+  }
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int col = nt * 8 + 2 * t;
+    dst[g * 16 + col] = acc[nt][0];
+    dst[g * 16 + col + 1] = acc[nt][1];
+    dst[(g + 8) * 16 + col] = acc[nt][2];
+    dst[(g + 8) * 16 + col + 1] = acc[nt][3];
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128) kda_prepare(
+    const void* q, const void* k, const void* g, const void* beta,
+    i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
+    i64 b_sb, i64 b_st, i64 b_sh,
+    const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
+    int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, float scale, float lb2,
+    unsigned char* ws) {
+  const int slot = blockIdx.x, hv = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  // which sequence and chunk this slot is (varlen: the largest n with n + bos_n/16 <= slot)
+  int n = 0;
+  if (cu_seqlens == nullptr) {
+    n = slot / chunks_per_seq;
+  } else {
+    int lo = 0, hi = nseq - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (mid + cu_at(cu_seqlens, cu_is_i64, mid, T) / CHUNK <= slot) lo = mid; else hi = mid - 1;
+    }
+    n = lo;
+  }
+  const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
+  const i64 c0 = (slot - first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * CHUNK;
+  if (c0 < 0 || c0 >= seq.len) return;  // an unused slot (varlen padding)
+  const int rows = seq.len - c0 < CHUNK ? static_cast<int>(seq.len - c0) : CHUNK;
+  const int b = cu_seqlens == nullptr ? n : 0;
+  const i64 t0 = (cu_seqlens == nullptr ? 0 : seq.bos) + c0;  // token index within row b
+
+  unsigned char* sm = dynamic_smem();
+  float* sG = reinterpret_cast<float*>(sm + PSM_G);
+  u16* sQd = reinterpret_cast<u16*>(sm + PSM_U);
+  u16* sKd = sQd + CHUNK * TS;
+  u16* sKi = sKd + CHUNK * TS;
+  float* sQs = reinterpret_cast<float*>(sm + PSM_U);  // pair path: q * scale
+  float* sKn = sQs + CHUNK * K;                       // pair path: k
+  u16* sLb = reinterpret_cast<u16*>(sm + PSM_LB);
+  u16* sX = reinterpret_cast<u16*>(sm + PSM_X);
+  u16* sP = reinterpret_cast<u16*>(sm + PSM_P);
+  float* sL = reinterpret_cast<float*>(sm + PSM_L);
+  float* sM = reinterpret_cast<float*>(sm + PSM_M);
+  float* sBeta = reinterpret_cast<float*>(sm + PSM_BETA);
+
+  unsigned char* blk = ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+  const int r = tid >> 3, col0 = (tid & 7) * SEG;  // this thread's row and first column
+  const bool live = r < rows;
+  const int h = hv / (HV / H);
+
+  // [1] load and l2-normalise q and k; padded rows are zero
+  float qv[SEG], kv[SEG], gv[SEG];
+  if (live) {
+    load_row<KDA_DT>(static_cast<const unsigned char*>(q) +
+                         (b * q_sb + (t0 + r) * q_st + h * q_sh + col0) * elem_bytes<KDA_DT>(), qv);
+    load_row<KDA_DT>(static_cast<const unsigned char*>(k) +
+                         (b * k_sb + (t0 + r) * k_st + h * k_sh + col0) * elem_bytes<KDA_DT>(), kv);
+    load_row<KDA_G_DT>(static_cast<const unsigned char*>(g) +
+                           (b * g_sb + (t0 + r) * g_st + hv * g_sh + col0) * elem_bytes<KDA_G_DT>(), gv);
+  } else {
+#pragma unroll
+    for (int i = 0; i < SEG; ++i) qv[i] = kv[i] = gv[i] = 0.f;
+  }
+  if constexpr (KDA_L2NORM) {
+    float sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int i = 0; i < SEG; ++i) {
+      sq = fmaf(qv[i], qv[i], sq);
+      sk = fmaf(kv[i], kv[i], sk);
+    }
+#pragma unroll
+    for (int m = 4; m >= 1; m >>= 1) {  // the 8 threads of a row are adjacent lanes
+      sq += __shfl_xor_sync(0xffffffffu, sq, m);
+      sk += __shfl_xor_sync(0xffffffffu, sk, m);
+    }
+    const float iq = rsqrt_approx_ftz(sq + 1e-6f), ik = rsqrt_approx_ftz(sk + 1e-6f);
+#pragma unroll
+    for (int i = 0; i < SEG; ++i) {
+      qv[i] *= iq;
+      kv[i] *= ik;
+    }
+  }
+
+  // [2] gate, zero on padded rows (activation first, so padding adds no decay)
+  {
+    float a = 1.f;
+    if (KDA_GATE != 0 && A_log != nullptr) a = ex2_approx_ftz(A_log[hv] * LOG2E);
+#pragma unroll
+    for (int i = 0; i < SEG; ++i) {
+      const float bias = (KDA_GATE != 0 && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + col0 + i] : 0.f;
+      sG[r * K + col0 + i] = live ? gate2(gv[i], a, bias, lb2) : 0.f;
+    }
+  }
+  // [3] beta
+  if (tid < CHUNK) {
+    float bt = 0.f;
+    if (tid < rows) {
+      if constexpr (KDA_BETA_MODE == 0) {
+        bt = 1.f;
+      } else {
+        bt = load_f32<KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh);
+        if constexpr (KDA_BETA_MODE >= 2) {
+          bt = rcp_approx_ftz(1.0f + ex2_approx_ftz(-bt * LOG2E));
+          if constexpr (KDA_BETA_MODE == 3) bt *= 2.f;
+        }
+      }
+    }
+    sBeta[tid] = bt;
+    reinterpret_cast<float*>(blk + WS_BETA)[tid] = bt;
+  }
+  __syncthreads();
+
+  // [4] running sum over the chunk rows, per channel, sequential fp32
+  bool unsafe = false;
+  for (int c = tid; c < K; c += NT) {
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) {
+      acc += sG[i * K + c];
+      sG[i * K + c] = acc;
+      unsafe |= fabsf(acc) > SAFE_EXPONENT;
+    }
+  }
+  unsafe = __syncthreads_or(unsafe);
+
+  // [5] decayed operands, to the workspace (and shared memory for [6]); [9] gexp
+  const i64 row_off = (static_cast<i64>(r) * K + col0) * 2;
+#pragma unroll
+  for (int v8 = 0; v8 < SEG / 8; ++v8) {  // 8 channels = one 16-byte bf16 vector at a time
+    Vec16 vq, vk, vr, vi;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      float qd[2], kd[2], kr[2], ki[2];
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const int i = 8 * v8 + 2 * w + e2;
+        const float gc = sG[r * K + col0 + i], gt = sG[(CHUNK - 1) * K + col0 + i];
+        const float e = ex2_approx_ftz(gc);
+        qd[e2] = qv[i] * (e * scale);
+        kd[e2] = kv[i] * e;
+        ki[e2] = kv[i] * ex2_approx_ftz(-gc);
+        kr[e2] = kv[i] * ex2_approx_ftz(gt - gc);
+        if (r == CHUNK - 1) reinterpret_cast<float*>(blk + WS_GEXP)[col0 + i] = ex2_approx_ftz(gt);
+      }
+      vq.w[w] = pack_bf16x2(qd[0], qd[1]);
+      vk.w[w] = pack_bf16x2(kd[0], kd[1]);
+      vr.w[w] = pack_bf16x2(kr[0], kr[1]);
+      vi.w[w] = pack_bf16x2(ki[0], ki[1]);
+    }
+    reinterpret_cast<Vec16*>(blk + WS_QDEC + row_off)[v8] = vq;
+    reinterpret_cast<Vec16*>(blk + WS_KDEC + row_off)[v8] = vk;
+    reinterpret_cast<Vec16*>(blk + WS_KRES + row_off)[v8] = vr;
+    if (!unsafe) {
+      reinterpret_cast<Vec16*>(sQd + r * TS + col0)[v8] = vq;
+      reinterpret_cast<Vec16*>(sKd + r * TS + col0)[v8] = vk;
+      reinterpret_cast<Vec16*>(sKi + r * TS + col0)[v8] = vi;
+    }
+  }
+  if (unsafe) {
+#pragma unroll
+    for (int i = 0; i < SEG; ++i) {
+      sQs[r * K + col0 + i] = qv[i] * scale;
+      sKn[r * K + col0 + i] = kv[i];
+    }
+  }
+  __syncthreads();
+
+  // [6] L = k_dec k_inv^T and Mf = q_dec k_inv^T
+  if (!unsafe) {
+    if (warp == 0) bf16_abt(sL, sKd, sKi, lane);
+    if (warp == 1) bf16_abt(sM, sQd, sKi, lane);
+  } else {
+    // pair form: every product of two decays taken as one exponent difference
+    for (int p = tid; p < 2 * CHUNK * CHUNK; p += NT) {
+      const bool is_l = p < CHUNK * CHUNK;
+      const int i = (p % (CHUNK * CHUNK)) / CHUNK, j = p % CHUNK;
+      float acc = 0.f;
+      if (is_l ? i > j : i >= j) {
+        const float* a = (is_l ? sKn : sQs) + i * K;
+        for (int c = 0; c < K; ++c) acc = fmaf(a[c] * sKn[j * K + c], ex2_approx_ftz(sG[i * K + c] - sG[j * K + c]), acc);
+      }
+      (is_l ? sL : sM)[i * CHUNK + j] = acc;
+    }
+  }
+  __syncthreads();
+
+  // [7] Lb = fp16(L * beta) strictly lower; X = I - Lb; [9] Mqk = bf16(Mf) on and below the diagonal
+  for (int p = tid; p < CHUNK * CHUNK; p += NT) {
+    const int i = p / CHUNK, j = p % CHUNK;
+    const u16 lb = i > j ? f32_to_f16(sL[p] * sBeta[i]) : u16(0);
+    sLb[i * SR + j] = lb;
+    sP[i * SR + j] = lb;
+    sX[i * SR + j] = i == j ? u16(0x3c00) : static_cast<u16>(lb ^ (lb ? 0x8000u : 0u));  // 1.0, or -Lb
+    reinterpret_cast<u16*>(blk + WS_MQK)[p] = i >= j ? f32_to_bf16(sM[p]) : u16(0);
+  }
+  __syncthreads();
+
+  // [8] (I + Lb)^-1 = (I - Lb)(I + Lb^2)(I + Lb^4)(I + Lb^8), one warp
+  if (warp == 0) {
+    f16_product(sP, sLb, sLb, false, lane);  // P = Lb^2
+#pragma unroll 1
+    for (int step = 0; step < 3; ++step) {
+      f16_product(sX, sX, sP, true, lane);   // X = X + X P
+      if (step < 2) f16_product(sP, sP, sP, false, lane);  // P = P^2
+    }
+    for (int p = lane; p < CHUNK * CHUNK; p += 32) {
+      reinterpret_cast<u16*>(blk + WS_INV)[p] = f32_to_bf16(f16_to_f32(sX[(p / CHUNK) * SR + p % CHUNK]));
+    }
+  }
+}

@@ -1,0 +1,307 @@
+// kda_recurrence: the sequential half of the KDA forward (DESIGN 5).
+// One CTA per (sequence, value head, slice of BV value rows); each warp owns 16
+// value rows of the state S [V, K] and keeps them in registers for the whole
+// sequence, in the mma accumulator layout, which is also the A-operand layout:
+// every state matmul has the state as A (M = value rows), and nothing about the
+// state goes through shared memory. Per 16-token chunk, streamed through a
+// cp.async pipeline of KDA_STAGES stages from the prepare kernel's workspace:
+//   W^T = S k_dec^T;  vsub^T = bf16(beta (v^T - W^T));  U^T = bf16(vsub^T INV^T)
+//   o^T = S q_dec^T + U^T Mqk^T;  S = fma(S, gexp, U^T k_res)   (one fp32 FMA each)
+// Rounding points: kdacupy/precision.py steps [10]-[16].
+//
+// Rendered configuration: KDA_K, KDA_V, KDA_DT (v and o), KDA_BV, KDA_STAGES,
+// KDA_STATE_FP32, WS_* and RSM_* layouts.
+#include "common.cuh"
+
+namespace {
+using namespace kda;
+
+constexpr int K = KDA_K;
+constexpr int V = KDA_V;
+constexpr int BV = KDA_BV;
+constexpr int NW = BV / 16;
+constexpr int NT = NW * 32;
+constexpr int STAGES = KDA_STAGES;
+constexpr bool FP32_STATE = KDA_STATE_FP32;
+constexpr int KS = K / 16;            // k-steps of the state matmuls
+constexpr int TS = K + 8;             // padded bf16 row of a [16, K] tile (elements)
+constexpr int SR = 24;                // padded row of a 16x16 tile (elements)
+constexpr int ES = elem_bytes<KDA_DT>();
+constexpr int QCH = 2 * K / 16;       // 16-byte pieces per [16, K] tile row
+constexpr int TILE_PIECES = 3 * CHUNK * QCH;
+constexpr int VCH = BV * ES / 16;     // 16-byte pieces per value-tile row
+
+static_assert(V % BV == 0 && BV % 16 == 0, "value slices are whole warps");
+static_assert(WS_KDEC == WS_QDEC + CHUNK * K * 2 && WS_KRES == WS_KDEC + CHUNK * K * 2, "workspace tiles");
+static_assert(WS_INV == WS_KRES + CHUNK * K * 2 && WS_MQK == WS_INV + 512 && WS_GEXP == WS_MQK + 512, "workspace");
+static_assert(WS_BETA == WS_GEXP + K * 4 && RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
+static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CHUNK * TS * 2, "smem tiles");
+
+// Queue the copies of one chunk (workspace block + value tile) into a stage.
+__device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
+                                           const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
+  for (int p = tid; p < WS_STRIDE / 16; p += NT) {
+    int dst;
+    if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
+      const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
+      dst = RSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16;
+    } else if (p < TILE_PIECES + 64) {  // INV, Mqk (32-byte rows) -> 48-byte rows
+      const int p2 = p - TILE_PIECES, m = p2 / 32, r = (p2 / 2) % CHUNK, c = p2 % 2;
+      dst = (m ? RSM_MQK : RSM_INV) + r * 48 + c * 16;
+    } else {  // gexp, beta
+      dst = RSM_GEXP + (p - TILE_PIECES - 64) * 16;
+    }
+    cp_async_16(stage + dst, blk + static_cast<i64>(p) * 16);
+  }
+  for (int p = tid; p < CHUNK * VCH; p += NT) {
+    const int r = p / VCH, c = p % VCH;
+    const bool valid = r < rows;  // a ragged tail reads zeros (0 * garbage could be NaN)
+    cp_async_16_zfill(stage + RSM_VT + r * RSM_VROW + c * 16, valid ? vrow0 + r * v_row_bytes + c * 16 : vrow0, valid);
+  }
+}
+
+// State element (value row v, key column kd) of sequence n, head hv, as fp32.
+__device__ __forceinline__ i64 state_index(int layout_vk, i64 nh, int v, int kd) {
+  return layout_vk ? (nh * V + v) * K + kd : (nh * K + kd) * V + v;
+}
+__device__ __forceinline__ float load_state(const void* s, int dtype, i64 idx) {
+  return dtype == 0 ? 0.f : dtype == 1 ? load_f32<KDA_BF16>(s, idx) : load_f32<KDA_F32>(s, idx);
+}
+__device__ __forceinline__ void store_state(void* s, int dtype, i64 idx, float x) {
+  if (dtype == 1) store_f32<KDA_BF16>(s, idx, x); else store_f32<KDA_F32>(s, idx, x);
+}
+
+// Packs two n8 accumulator tiles (token columns 0-7 and 8-15) into an A fragment.
+__device__ __forceinline__ void to_a_frag(u32 (&a)[4], const float (&x)[2][4]) {
+  a[0] = pack_bf16x2(x[0][0], x[0][1]);
+  a[1] = pack_bf16x2(x[0][2], x[0][3]);
+  a[2] = pack_bf16x2(x[1][0], x[1][1]);
+  a[3] = pack_bf16x2(x[1][2], x[1][3]);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT) kda_recurrence(
+    const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
+    const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
+    const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq) {
+  constexpr int VB = V / BV;
+  const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int vw = v0 + 16 * warp;  // first value row of this warp
+  const i64 nh = static_cast<i64>(n) * HV + hv;
+  const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
+
+  if (seq.len == 0) {  // [16] the final state is the initial state, converted only
+    if (s_out != nullptr) {
+      for (int e = lane; e < 16 * K; e += 32) {
+        const i64 idx = state_index(layout_vk, nh, vw + e / K, e % K);
+        store_state(s_out, s_out_dtype, idx, load_state(s_in, s_in_dtype, idx));
+      }
+    }
+    return;
+  }
+
+  // [10] the warp's 16 x K slice of the state: n-tile j holds (row g / g+8, column 8j + 2t, +1)
+  float Sf[FP32_STATE ? K / 8 : 1][4];
+  u32 Sa[FP32_STATE ? 1 : KS][4];
+#pragma unroll
+  for (int j = 0; j < K / 8; ++j) {
+    float x[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[e] = load_state(s_in, s_in_dtype, state_index(layout_vk, nh, vw + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)));
+    }
+    if constexpr (FP32_STATE) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) Sf[j][e] = x[e];
+    } else {
+      Sa[j / 2][2 * (j & 1)] = pack_bf16x2(x[0], x[1]);
+      Sa[j / 2][2 * (j & 1) + 1] = pack_bf16x2(x[2], x[3]);
+    }
+  }
+
+  unsigned char* sm = dynamic_smem();
+  const int b = cu_seqlens == nullptr ? n : 0;
+  const i64 tok0 = cu_seqlens == nullptr ? 0 : seq.bos;
+  const unsigned char* vbase = static_cast<const unsigned char*>(v) +
+                               (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
+  const unsigned char* wsbase = ws + (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * WS_STRIDE;
+  const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
+  auto issue = [&](int c) {
+    if (c < nchunks) {
+      const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
+      load_chunk(sm + (c % STAGES) * RSM_STAGE, wsbase + static_cast<i64>(c) * WS_STRIDE,
+                 vbase + static_cast<i64>(c) * CHUNK * v_st * ES, v_st * ES, rows, tid);
+    }
+    cp_async_commit();  // always, so the group count stays uniform
+  };
+#pragma unroll 1
+  for (int c = 0; c < STAGES - 1; ++c) issue(c);
+
+  // ldmatrix lane addresses in a 16x16 window of a row-major 16-bit tile:
+  const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);  // B = tile^T
+  const int trow = (lane & 7) + 8 * ((lane >> 3) & 1), tcol = 8 * (lane >> 4);  // B = tile, transposed load
+  unsigned char* ot = sm + RSM_OT + warp * CHUNK * RSM_OROW;
+
+#pragma unroll 1
+  for (int c = 0; c < nchunks; ++c) {
+    issue(c + STAGES - 1);
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    const unsigned char* st = sm + (c % STAGES) * RSM_STAGE;
+    const u16* qdec = reinterpret_cast<const u16*>(st + RSM_QDEC);
+    const u16* kdec = reinterpret_cast<const u16*>(st + RSM_KDEC);
+    const u16* kres = reinterpret_cast<const u16*>(st + RSM_KRES);
+    const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
+    const float* bet = reinterpret_cast<const float*>(st + RSM_BETA);
+
+    // [11]-[12] W^T and the state part of o^T, both with the state as A
+    float Wt[2][4] = {}, Ot[2][4] = {};
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      u32 a[4];
+      if constexpr (FP32_STATE) {
+        a[0] = pack_bf16x2(Sf[2 * s][0], Sf[2 * s][1]);
+        a[1] = pack_bf16x2(Sf[2 * s][2], Sf[2 * s][3]);
+        a[2] = pack_bf16x2(Sf[2 * s + 1][0], Sf[2 * s + 1][1]);
+        a[3] = pack_bf16x2(Sf[2 * s + 1][2], Sf[2 * s + 1][3]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = Sa[s][e];
+      }
+      u32 bk[4], bq[4];
+      ldmatrix_x4(bk, kdec + brow * TS + 16 * s + bcol);
+      ldmatrix_x4(bq, qdec + brow * TS + 16 * s + bcol);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const u32 b0[2] = {bk[2 * nt], bk[2 * nt + 1]}, b1[2] = {bq[2 * nt], bq[2 * nt + 1]};
+        mma_bf16_m16n8k16(Wt[nt], a, b0, Wt[nt]);
+        mma_bf16_m16n8k16(Ot[nt], a, b1, Ot[nt]);
+      }
+    }
+
+    // [12] vsub^T = bf16(beta * (v^T - W^T)), the values arriving as (row v, column token)
+    float vt[2][4];
+    if constexpr (ES == 2) {
+      u32 r[4];
+      const int m = lane >> 3;
+      ldmatrix_x4_trans(r, st + RSM_VT + ((lane & 7) + 8 * (m >> 1)) * RSM_VROW + (16 * warp + 8 * (m & 1)) * 2);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const u32 x = r[2 * nt + h2];
+          if constexpr (KDA_DT == KDA_BF16) {
+            vt[nt][2 * h2] = bf16_lo(x);
+            vt[nt][2 * h2 + 1] = bf16_hi(x);
+          } else {
+            vt[nt][2 * h2] = f16_to_f32(static_cast<u16>(x & 0xffffu));
+            vt[nt][2 * h2 + 1] = f16_to_f32(static_cast<u16>(x >> 16));
+          }
+        }
+      }
+    } else {
+      const float* vtile = reinterpret_cast<const float*>(st + RSM_VT);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          vt[nt][e] = vtile[(8 * nt + 2 * t + (e & 1)) * (RSM_VROW / 4) + 16 * warp + g + 8 * (e >> 1)];
+        }
+      }
+    }
+    float vs[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) vs[nt][e] = bet[8 * nt + 2 * t + (e & 1)] * (vt[nt][e] - Wt[nt][e]);
+    }
+    u32 va[4];
+    to_a_frag(va, vs);
+
+    // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j], rows of INV
+    float Ut[2][4] = {};
+    {
+      u32 bi[4];
+      ldmatrix_x4(bi, reinterpret_cast<const u16*>(st + RSM_INV) + brow * SR + bcol);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const u32 bb[2] = {bi[2 * nt], bi[2 * nt + 1]};
+        mma_bf16_m16n8k16(Ut[nt], va, bb, Ut[nt]);
+      }
+    }
+    u32 ua[4];
+    to_a_frag(ua, Ut);
+
+    // [14] o^T += U^T Mqk^T, rounded once to the output dtype, staged per warp, stored by rows
+    {
+      u32 bm[4];
+      ldmatrix_x4(bm, reinterpret_cast<const u16*>(st + RSM_MQK) + brow * SR + bcol);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const u32 bb[2] = {bm[2 * nt], bm[2 * nt + 1]};
+        mma_bf16_m16n8k16(Ot[nt], ua, bb, Ot[nt]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          store_f32<KDA_DT>(ot, (8 * nt + 2 * t + (e & 1)) * (RSM_OROW / ES) + g + 8 * (e >> 1), Ot[nt][e]);
+        }
+      }
+      __syncwarp();
+      constexpr int PIECES = 16 * ES / 16;  // 16-byte pieces per output row of this warp
+      const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
+      for (int p = lane; p < CHUNK * PIECES; p += 32) {
+        const int r = p / PIECES, pc = p % PIECES;
+        if (r < rows) {
+          const i64 off = (b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK + r) * o_st + hv * o_sh + vw) * ES;
+          reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + off)[pc] =
+              reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
+        }
+      }
+      __syncwarp();
+    }
+
+    // [15] S = fp32(dS + S * gexp), dS = U^T k_res: B[k = token][n = key] from rows of k_res, transposed
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      u32 br[4];
+      ldmatrix_x4_trans(br, kres + trow * TS + 16 * s + tcol);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * s + jj;
+        const u32 bb[2] = {br[2 * jj], br[2 * jj + 1]};
+        const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+        float dS[4];
+        mma_bf16_m16n8k16(dS, ua, bb, zero);
+        const float ge0 = gexp[8 * j + 2 * t], ge1 = gexp[8 * j + 2 * t + 1];
+        if constexpr (FP32_STATE) {
+          Sf[j][0] = fmaf(Sf[j][0], ge0, dS[0]);
+          Sf[j][1] = fmaf(Sf[j][1], ge1, dS[1]);
+          Sf[j][2] = fmaf(Sf[j][2], ge0, dS[2]);
+          Sf[j][3] = fmaf(Sf[j][3], ge1, dS[3]);
+        } else {
+          u32& top = Sa[s][2 * jj];
+          u32& bot = Sa[s][2 * jj + 1];
+          top = pack_bf16x2(fmaf(bf16_lo(top), ge0, dS[0]), fmaf(bf16_hi(top), ge1, dS[1]));
+          bot = pack_bf16x2(fmaf(bf16_lo(bot), ge0, dS[2]), fmaf(bf16_hi(bot), ge1, dS[3]));
+        }
+      }
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's issue()
+  }
+  cp_async_wait<0>();
+
+  // [16] final state
+  if (s_out != nullptr) {
+#pragma unroll
+    for (int j = 0; j < K / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = FP32_STATE ? Sf[j][e]
+                                   : ((e & 1) ? bf16_hi(Sa[j / 2][2 * (j & 1) + (e >> 1)])
+                                              : bf16_lo(Sa[j / 2][2 * (j & 1) + (e >> 1)]));
+        store_state(s_out, s_out_dtype, state_index(layout_vk, nh, vw + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)), x);
+      }
+    }
+  }
+}
