@@ -98,6 +98,14 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+def _have_gpu() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001  (no CuPy, no driver)
+        return False
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kdacupy.accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,6 +120,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args(argv)
+    if args.backend == "cuda" and not _have_gpu():
+        print("kdacupy.accuracy: --backend cuda needs a CUDA GPU and driver; the other backends run on the CPU",
+              file=sys.stderr)
+        return 2
     pairs = list(zip(G_REGIMES, BIAS_REGIMES)) if args.quick else None
     print(f"kdacupy accuracy: backend={args.backend} T={args.T} H={args.H} K={args.K} V={args.V} "
           f"state_precision={args.state_precision}; errors against the float64 reference", flush=True)

@@ -1,13 +1,8 @@
 """The CUDA kernels, run on the CPU through the emulation, against the precision model.
 
-Tolerance: the emulation computes every approximate instruction exactly and each
-mma as an exact sum rounded once, so it follows the model's rounding points; what
-is left is fp32 accumulation order (k-steps of the tensor-core chains, the
-l2norm reduction tree, the pair form's FMA chain), which now and then moves a
-value across a bf16 rounding boundary. One such flip is one bf16 unit in one
-intermediate, so we allow an RMS difference of 2^-9 (a bf16 half-ulp, relative)
-and a largest difference of 2^-6 of the output's range; an indexing or
-layout bug shows up as O(1) differences, far outside both.
+Tolerance: ``kdacupy.parity.EMULATE`` (its docstring derives it): the emulation
+computes approximate instructions exactly and each mma as an exact sum, so only
+fp32 accumulation order separates it from the model.
 """
 import numpy as np
 import pytest
@@ -15,9 +10,11 @@ import pytest
 import kdacupy
 from kdacupy.dtypes import BF16, F16, F32
 from kdacupy.emulate import find_compiler
+from kdacupy.parity import EMULATE, mismatch
 from kdacupy.precision import kda_model
 from kdacupy.tuning import TileConfig
 
+from .cases import CASES, case_inputs
 from .inputs import make_inputs, rmse_ratio
 
 try:
@@ -25,56 +22,17 @@ try:
 except Exception as e:  # noqa: BLE001
     pytest.skip(f"no host C++ compiler for the emulation: {e}", allow_module_level=True)
 
-TOL_RMS = 2.0 ** -9
-TOL_MAX = 2.0 ** -6
-
-
 def close(x, ref):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    assert np.isfinite(x).all()
-    scale = np.max(np.abs(ref)) or 1.0
-    assert np.max(np.abs(x - ref)) <= TOL_MAX * scale
-    if np.any(ref):
-        assert rmse_ratio(x, ref) <= TOL_RMS
-
-
-def run_both(case, **kw):
-    x, opts = make_inputs(**case)
-    opts.update(kw)
-    o, s = kdacupy.kda_forward(**x, **opts, backend="emulate")
-    om, sm = kda_model(**x, **{n: v for n, v in opts.items() if n != "out"})
-    return (o, s), (om, sm), (x, opts)
-
-
-CASES = {
-    # name: (input case, options)
-    "fixed-gva-sigmoid": (dict(B=2, T=37, H=1, HV=2, K=64, V=64, state=np.float32), {}),
-    "varlen-ragged-zero-vk-bf16": (dict(cu_seqlens=[5, 0, 21, 16, 3], H=2, K=64, V=64, state=BF16,
-                                        state_layout="vk"), {}),
-    "softplus-raw-beta": (dict(T=33, H=1, K=128, V=128, gate="softplus", beta="raw", state=np.float32), {}),
-    "log-gate-no-beta": (dict(T=20, H=2, HV=4, K=64, V=128, gate="log", beta=None), {}),
-    "fp16-inputs": (dict(T=29, H=1, K=128, V=64, dtype=F16), dict(state_dtype=np.float32)),
-    "fp32-inputs": (dict(T=18, H=1, K=64, V=64, dtype=F32, state=np.float32), {}),
-    "pair-form-extreme-decay": (dict(T=40, H=1, K=64, V=64, gate="log", g_scale=60.0, state=np.float32), {}),
-    "K256": (dict(T=20, H=1, K=256, V=64, state=np.float32), {}),
-    "V256": (dict(T=20, B=2, H=1, K=64, V=256, state=BF16), dict(state_dtype=np.float32)),
-    "no-l2norm-neg-eigval": (dict(T=24, H=1, K=64, V=64), dict(qk_l2norm=False, allow_neg_eigval=True)),
-    "g-and-beta-fp32": (dict(T=24, H=1, K=64, V=64), {}),
-}
+    why = mismatch(x, ref, EMULATE)
+    assert why is None, why
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_emulated_kernels_match_the_model(name, precision):
-    case, extra = CASES[name]
-    opts = dict(output_final_state=True, state_precision=precision, qk_l2norm=True)
-    opts.update(extra)
-    x, o_ = make_inputs(**case)
-    if name == "g-and-beta-fp32":
-        x["g"], x["beta"] = x["g"].astype(np.float32), x["beta"].astype(np.float32)
-    o_.update(opts)
-    o, s = kdacupy.kda_forward(**x, **o_, backend="emulate")
-    om, sm = kda_model(**x, **o_)
+    x, opts = case_inputs(name, precision)
+    o, s = kdacupy.kda_forward(**x, **opts, backend="emulate")
+    om, sm = kda_model(**x, **opts)
     assert o.dtype == x["v"].dtype and o.shape == x["v"].shape
     assert s.dtype == sm.dtype and s.shape == sm.shape
     close(o, om)

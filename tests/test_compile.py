@@ -1,0 +1,87 @@
+"""Every arch compiles the kernels on the CPU (NVRTC), within the resource budgets:
+no spills and no local memory in the recurrence at the default configurations,
+its matmuls on the tensor cores, shared memory within each arch's limit."""
+import subprocess
+import sys
+
+import pytest
+
+from kdacupy import jit
+from kdacupy.compile import ARCHS, SMEM_LIMIT, compile_variant, label, prepare_variants, recurrence_variants
+from kdacupy.dtypes import BF16, F32
+from kdacupy.kernels import PrepareVariant, RecurrenceVariant
+from kdacupy.tuning import TileConfig
+
+try:
+    from kdacupy.compile import _nvrtc
+    _nvrtc()
+except Exception as e:  # noqa: BLE001
+    pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
+
+try:
+    from cuda.pathfinder import find_nvidia_binary_utility
+    HAVE_NVDISASM = find_nvidia_binary_utility("nvdisasm") is not None
+except Exception:  # noqa: BLE001
+    HAVE_NVDISASM = False
+
+# the variants the Kimi shapes run with (the heuristic picks BV 32 or 128 there)
+DEFAULTS = [RecurrenceVariant(128, 128, BF16, fp32, TileConfig(bv, 2)) for bv in (32, 64, 128) for fp32 in (False, True)]
+PREPARE_DEFAULTS = [PrepareVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", True),
+                    PrepareVariant(128, BF16, F32, F32, "softplus", "raw", False)]
+
+# tensor-core MMAs per chunk and warp: W and o (2 x 2 x K/16), U and U Mqk (2 + 2), the state update (K/8)
+HMMA_PER_CHUNK = 2 * 2 * 128 // 16 + 4 + 128 // 8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("var", DEFAULTS, ids=label)
+def test_recurrence_budget(arch, var):
+    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
+    assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
+    if HAVE_NVDISASM:
+        assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
+        assert res.sass["HMMA"] == HMMA_PER_CHUNK  # the chunk loop is not unrolled: one chunk's worth
+        assert res.sass["LDSM"] > 0 and res.sass["LDGSTS"] > 0  # ldmatrix operands, cp.async pipeline
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("var", PREPARE_DEFAULTS, ids=label)
+def test_prepare_budget(arch, var):
+    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads) == (0, 0), res.log
+    assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
+    if HAVE_NVDISASM:
+        assert res.sass["HMMA"] > 0 and res.sass["LDL"] == 0
+
+
+def test_variant_enumeration_covers_the_options():
+    prep = list(prepare_variants())
+    rec = list(recurrence_variants())
+    assert {v.gate for v in prep} == {"log", "softplus", "sigmoid"}
+    assert {v.beta_mode for v in prep} == {"none", "raw", "sigmoid", "sigmoid2"}
+    assert {(v.K, v.V) for v in rec} == {(k, v) for k in (64, 128, 256) for v in (64, 128, 256)}
+    assert all(v.tiles.BV <= v.V for v in rec)
+    assert len(set(map(label, prep + rec))) == len(prep) + len(rec)
+
+
+def test_cli_reports_one_line_per_variant():
+    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "recurrence",
+                          "--match", "K=64 V=64 dt=float16 state=bf16 BV=64"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("kda_recurrence")]
+    assert len(lines) == 2  # stages 2 and 3
+    assert all("regs=" in ln and "spill_stores=0" in ln and "smem=" in ln for ln in lines)
+
+
+def test_render_inlines_headers_and_rejects_non_integers():
+    src = jit.render("kda_recurrence", DEFAULTS[0].config())
+    assert '#include "' not in src and "#define KDA_BV 32" in src
+    assert src.count("namespace kda {") == 1  # common.cuh once, though two files include it
+    with pytest.raises(ValueError, match="config"):
+        jit.render("kda_recurrence", {"KDA_K": "128; system()"})
+    with pytest.raises(ValueError, match="config"):
+        jit.render("kda_recurrence", {"kda_k": 128})

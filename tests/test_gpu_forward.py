@@ -1,0 +1,186 @@
+"""The CUDA kernels on a GPU: parity with the precision model over the option
+matrix (tolerance ``kdacupy.parity.GPU``, derived in its docstring), accuracy
+against the float64 reference, determinism, 64-bit offsets, CUDA graphs,
+streams, torch / JAX inputs and device-side errors. Skipped without a GPU."""
+import numpy as np
+import pytest
+
+import kdacupy
+from kdacupy.dtypes import BF16
+from kdacupy.parity import GPU, mismatch
+from kdacupy.precision import kda_model
+
+from .cases import CASES, case_inputs
+from .inputs import make_inputs, rmse_ratio
+
+cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+try:
+    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
+except Exception:  # noqa: BLE001  (no driver)
+    HAVE_GPU = False
+if not HAVE_GPU:
+    pytest.skip("no CUDA GPU here: these tests run on the lent device (benchmarks/device_check.sh)",
+                allow_module_level=True)
+
+
+def to_dev(d):
+    return {n: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for n, v in d.items()}
+
+
+def gpu_run(x, opts, **kw):
+    o, s = kdacupy.kda_forward(**to_dev(x), **to_dev(opts), **kw)
+    return cp.asnumpy(o), (None if s is None else cp.asnumpy(s))
+
+
+def agree(x, ref):
+    why = mismatch(x, ref, GPU)
+    assert why is None, why
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernels_match_the_model(name, precision):
+    longer = {"cu_seqlens": [150, 0, 77, 300, 1]} if "cu_seqlens" in CASES[name][0] else {"T": 300}
+    for size in ({}, longer):
+        x, opts = case_inputs(name, precision, **size)
+        o, s = gpu_run(x, opts)
+        om, sm = kda_model(**x, **opts)
+        assert o.dtype == om.dtype and s.dtype == sm.dtype
+        agree(o, om)
+        agree(s, sm)
+
+
+def test_every_tail_length_zero_length_and_poisoned_out():
+    lens = list(range(0, 18)) + [0]
+    x, opts = make_inputs(cu_seqlens=lens, H=2, K=128, V=128, state=np.float32)
+    out = cp.full(x["v"].shape, np.nan, dtype=BF16)
+    o, s = kdacupy.kda_forward(**to_dev(x), **to_dev(opts), output_final_state=True, out=out)
+    assert o is out
+    om, sm = kda_model(**x, **opts, output_final_state=True)
+    agree(cp.asnumpy(o), om)
+    agree(cp.asnumpy(s), sm)
+    np.testing.assert_array_equal(cp.asnumpy(s)[[0, -1]], opts["initial_state"][[0, -1]])
+
+
+@pytest.mark.parametrize("seqs", [None, [1300, 547, 2048, 963, 271, 3063]])
+def test_long_sequences_on_the_sweep(seqs):
+    from kdacupy.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs as sweep_inputs
+    from kdacupy.reference import kda_reference
+    for gr, br in zip(G_REGIMES, BIAS_REGIMES):
+        x = sweep_inputs(8192, 4, 128, 128, gr, br, seed=5)
+        opts = dict(OPTIONS)
+        if seqs:
+            opts["cu_seqlens"] = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
+        o, s = gpu_run(x, opts)
+        om, sm = kda_model(**x, **opts)
+        agree(o, om)
+        agree(s, sm)
+        ro, rs = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
+        assert rmse_ratio(o, ro) <= 1.1 * rmse_ratio(om, ro) + 1e-4, (gr, br)
+        assert rmse_ratio(s, rs) <= 1.1 * rmse_ratio(sm, rs) + 1e-4, (gr, br)
+
+
+def test_two_runs_are_bitwise_equal():
+    x, opts = make_inputs(T=4096, H=8, K=128, V=128, state=BF16)
+    a = gpu_run(x, opts, output_final_state=True)
+    b = gpu_run(x, opts, output_final_state=True)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_offsets_beyond_2_to_the_31():
+    # T * H * K = 2^31 + ...: the last sequence sits past every 32-bit offset
+    H, K = 64, 128
+    T = (1 << 31) // (H * K) + 64
+    rng = cp.random.default_rng(7)
+    shape = (1, T, H, K)
+    q, k, v, g = (rng.standard_normal(shape, dtype=cp.float32).astype(BF16) for _ in range(4))
+    beta = rng.standard_normal((1, T, H), dtype=cp.float32).astype(BF16)
+    cu = cp.asarray(np.array([0, T - 100, T], dtype=np.int64))
+    opts = dict(qk_l2norm=True, beta_sigmoid=True, gate="sigmoid", lower_bound=-5.0, cu_seqlens=cu,
+                output_final_state=True)
+    o, s = kdacupy.kda_forward(q, k, v, g, beta, **opts)
+    tail = {n: cp.asnumpy(a[:, T - 100:]) for n, a in dict(q=q, k=k, v=v, g=g, beta=beta).items()}
+    om, sm = kda_model(**tail, **dict(opts, cu_seqlens=None))
+    agree(cp.asnumpy(o[:, T - 100:]), om)
+    agree(cp.asnumpy(s[1:]), sm)
+
+
+def test_cuda_graph_capture_and_replay():
+    x, opts = make_inputs(cu_seqlens=[100, 0, 333], H=4, K=128, V=128, state=BF16)
+    dx, dopts = to_dev(x), to_dev(opts)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ref = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)  # warm: compile, pool blocks
+        stream.begin_capture()
+        o, s = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)
+        graph = stream.end_capture()
+        o.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(o), cp.asnumpy(ref[0]))
+    np.testing.assert_array_equal(cp.asnumpy(s), cp.asnumpy(ref[1]))
+
+
+def test_runs_on_the_current_stream():
+    x, opts = make_inputs(T=1000, H=4, K=128, V=128)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        o, _ = kdacupy.kda_forward(**to_dev(x), **to_dev(opts))
+        stream.synchronize()
+    om, _ = kda_model(**x, **opts)
+    agree(cp.asnumpy(o), om)
+
+
+def test_each_variant_compiles_once_per_process():
+    from kdacupy.jit import loader
+    x, opts = make_inputs(T=64, H=2, K=64, V=64)
+    gpu_run(x, opts)
+    n = len(loader("cuda")._cache)
+    gpu_run(x, opts)
+    assert len(loader("cuda")._cache) == n
+
+
+def test_torch_and_jax_inputs_zero_copy():
+    x, opts = make_inputs(T=200, H=2, K=128, V=128)
+    ref, _ = gpu_run(x, opts)
+    ran = False
+    try:
+        import torch
+        tx = {n: torch.from_dlpack(cp.asarray(a)) for n, a in x.items()}
+        o, _ = kdacupy.kda_forward(**tx, **to_dev(opts))
+        assert isinstance(o, cp.ndarray)
+        np.testing.assert_array_equal(cp.asnumpy(o), ref)
+        ran = True
+    except ImportError:
+        pass
+    try:
+        import jax
+        import jax.numpy as jnp
+        if any(d.platform == "gpu" for d in jax.devices()):
+            jx = {n: jnp.asarray(a) for n, a in x.items()}
+            o, _ = kdacupy.kda_forward(**jx, **to_dev(opts))
+            np.testing.assert_array_equal(cp.asnumpy(o), ref)
+            ran = True
+    except ImportError:
+        pass
+    if not ran:
+        pytest.skip("neither torch nor JAX (with a GPU) is installed")
+
+
+def test_bad_device_input():
+    x, opts = make_inputs(T=32, H=2, K=64, V=64)
+    dx = to_dev(x)
+    with pytest.raises(ValueError, match="v: expected a CuPy"):
+        kdacupy.kda_forward(**dict(dx, v=x["v"]), **to_dev(opts))
+    with pytest.raises(ValueError, match="backend: expected NumPy arrays for backend='emulate'"):
+        kdacupy.kda_forward(**dx, **to_dev(opts), backend="emulate")
+    out = cp.full(x["v"].shape, 7, dtype=BF16)
+    with pytest.raises(ValueError, match="lower_bound"):
+        kdacupy.kda_forward(**dx, **dict(to_dev(opts), lower_bound=1.0), out=out)
+    assert bool((out == 7).all())
+    if cp.cuda.runtime.getDeviceCount() > 1:
+        with cp.cuda.Device(1):
+            v1 = cp.asarray(x["v"])
+        with pytest.raises(ValueError, match="v: expected an array on the current CUDA device"):
+            kdacupy.kda_forward(**dict(dx, v=v1), **to_dev(opts))
