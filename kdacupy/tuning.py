@@ -1,7 +1,55 @@
-"""Tile configurations: the space the tuner searches, and the choice at run time."""
+"""Tile configurations: the space the tuner searches, and the choice at run time.
+
+Where the choice comes from, for a problem on the GPU (``select_tiles``):
+
+1. the user's tuning file ``$KDACUPY_TUNING_DIR/<model>.yaml`` (else
+   ``~/.cache/kdacupy/tuning/<model>.yaml``): what ``python -m kdacupy.tune``
+   writes by default. It comes first on purpose, so a fresh tuning run takes
+   effect at once even for a GPU model the package ships a file for;
+2. the shipped file ``kdacupy.paths.tuning_dir()/<model>.yaml``;
+3. the heuristic below (``heuristic``), marked "heuristic (untuned)".
+
+``<model>`` is the CUDA device name with every character that is not a letter
+or digit replaced by ``-`` (``NVIDIA H200`` -> ``NVIDIA-H200``). A file is
+searched for the problem's shape bucket (``bucket_of``) by exact match; a
+bucket missing from a file falls through to the next source. A file that cannot
+be read, is not valid YAML, does not follow schema 1 exactly, or was tuned on
+another GPU model gives one ``warnings.warn`` (per file, per process) and is
+ignored as a whole: never a crash, never a configuration outside ``TILE_SPACE``.
+CPU problems (the emulation) use the heuristic with ``DEFAULT_SM_COUNT``.
+
+Cost per call: files are parsed once per process; the choice is cached per
+(device, user directory, bucket), so a call computes the bucket (a few integer
+operations) and does one dict lookup. No device memory is read (``cu_seqlens``
+values never are), nothing synchronises, and CuPy is imported only when a
+device problem first asks for the device's name and SM count.
+
+Schema 1 (see tuning/README.md)::
+
+    schema: 1
+    gpu: NVIDIA H200            # cudaDeviceProp.name; must equal the device's
+    sm_count: 132
+    cuda: 13000                 # CUDA runtime version the tuner ran with
+    kdacupy: 0.1.0
+    date: '2025-01-31'
+    buckets:
+    - match: {K: 128, V: 128, dtype: bfloat16, state_precision: bf16, varlen: false,
+              parallelism: '<1', seqlen: '<=8192'}
+      config: {BV: 32, stages: 2}
+      time_ms: 0.812
+      runner_up: {config: {BV: 32, stages: 3}, time_ms: 0.830}    # or null
+      margin: 0.022             # runner_up.time_ms / time_ms - 1; null without a runner-up
+"""
 from __future__ import annotations
 
+import datetime
+import math
+import os
+import re
+import threading
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -16,24 +64,331 @@ class TileConfig:
 
 DEFAULT_SM_COUNT = 132  # an H100 / H200, when no device is at hand (emulation)
 
+#: every tile configuration a kernel variant can be built with
+TILE_SPACE = tuple(TileConfig(bv, st) for bv in (16, 32, 64, 128) for st in (2, 3))
+
+SCHEMA = 1
+HEURISTIC_SOURCE = "heuristic (untuned)"
+
+
+def candidates(V: int) -> list[TileConfig]:
+    """The configurations the tuner tries for value head dim V (BV <= V)."""
+    return [t for t in TILE_SPACE if t.BV <= V]
+
 
 def heuristic(p, sm_count=DEFAULT_SM_COUNT) -> TileConfig:
     """Untuned choice: split V until there are at least two recurrence CTAs per
     SM (the recurrence is latency-bound, so idle SMs cost most), but keep two
-    warps per CTA at least."""
+    warps per CTA at least.
+
+    With CTAs = N * HV * (V / BV): the largest BV in (128, 64, 32), BV <= V,
+    with CTAs >= 2 * sm_count, else BV = min(32, V); always 2 stages. It never
+    picks BV = 16 or 3 stages (the tuner tries them)."""
     for BV in (128, 64, 32):
         if BV <= p.V and p.N * p.HV * (p.V // BV) >= 2 * sm_count:
             return TileConfig(BV, 2)
     return TileConfig(min(32, p.V), 2)
 
 
+# ---------------------------------------------------------------------------
+# shape buckets
+
+#: parallelism classes: N * HV recurrence rows per SM, upper bounds (the last has none)
+PARALLELISM = (("<0.25", 0.25), ("<0.5", 0.5), ("<1", 1.0), ("<2", 2.0), (">=2", math.inf))
+#: length classes: tokens per sequence (T; T / N with cu_seqlens), inclusive upper bounds
+SEQLEN = (("<=1024", 1024), ("<=8192", 8192), (">8192", math.inf))
+DIMS = (64, 128, 256)
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+STATE_PRECISIONS = ("bf16", "fp32")
+BUCKET_FIELDS = ("K", "V", "dtype", "state_precision", "varlen", "parallelism", "seqlen")
+
+
+def parallelism_class(rows: int, sm_count: int) -> str:
+    load = rows / max(1, sm_count)
+    return next(name for name, bound in PARALLELISM if load < bound)
+
+
+def seqlen_class(length: float) -> str:
+    return next(name for name, bound in SEQLEN if length <= bound)
+
+
+def bucket_of(p, sm_count: int = DEFAULT_SM_COUNT) -> dict:
+    """The tuning bucket of a Problem: K, V, dtype name, state precision,
+    varlen, the parallelism class of N * HV against ``sm_count`` and the length
+    class of one sequence (T; T / N for varlen, from shapes only)."""
+    from .dtypes import dtype_name
+
+    length = p.T / max(1, p.N) if p.varlen else p.T
+    return dict(K=int(p.K), V=int(p.V), dtype=dtype_name(p.dtype), state_precision=str(p.state_precision),
+                varlen=bool(p.varlen), parallelism=parallelism_class(p.N * p.HV, sm_count),
+                seqlen=seqlen_class(length))
+
+
+def bucket_key(bucket: dict) -> tuple:
+    return tuple(bucket[f] for f in BUCKET_FIELDS)
+
+
+def bucket_label(bucket: dict) -> str:
+    return (f"K={bucket['K']} V={bucket['V']} {bucket['dtype']} state={bucket['state_precision']} "
+            f"{'varlen' if bucket['varlen'] else 'fixed'} par{bucket['parallelism']} len{bucket['seqlen']}")
+
+
+# ---------------------------------------------------------------------------
+# files
+
+def model_name(device_name: str) -> str:
+    """File stem for a GPU model: non-alphanumerics replaced by '-'."""
+    return re.sub(r"[^A-Za-z0-9]", "-", device_name.strip())
+
+
+def user_dir() -> Path:
+    d = os.environ.get("KDACUPY_TUNING_DIR")
+    return Path(d) if d else Path(os.path.expanduser("~/.cache/kdacupy/tuning"))
+
+
+def shipped_dir() -> Path:
+    from .paths import tuning_dir
+
+    return tuning_dir()
+
+
+class TuningFileError(ValueError):
+    """A tuning file's content does not follow the schema."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    match: dict
+    config: TileConfig
+    time_ms: float
+    runner_up: tuple | None  # (TileConfig, time_ms)
+    margin: float | None
+
+    def to_dict(self) -> dict:
+        ru = None
+        if self.runner_up is not None:
+            ru = dict(config=dict(BV=self.runner_up[0].BV, stages=self.runner_up[0].stages),
+                      time_ms=float(self.runner_up[1]))
+        return dict(match=dict(self.match), config=dict(BV=self.config.BV, stages=self.config.stages),
+                    time_ms=float(self.time_ms), runner_up=ru, margin=None if self.margin is None else float(self.margin))
+
+
+@dataclass(frozen=True)
+class Table:
+    path: str
+    gpu: str
+    sm_count: int
+    cuda: object
+    kdacupy: str
+    date: str
+    entries: dict  # bucket_key -> Entry
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
+
+
+def _keys(where, d, required, optional=()):
+    if not isinstance(d, dict):
+        raise TuningFileError(f"{where}: expected a mapping, got {type(d).__name__}")
+    missing = [k for k in required if k not in d]
+    extra = [k for k in d if k not in required and k not in optional]
+    if missing:
+        raise TuningFileError(f"{where}: missing {', '.join(map(str, missing))}")
+    if extra:
+        raise TuningFileError(f"{where}: unknown key(s) {', '.join(map(repr, extra))}")
+
+
+def _config(where, d, V) -> TileConfig:
+    _keys(where, d, ("BV", "stages"))
+    if not (_is_int(d["BV"]) and _is_int(d["stages"])):
+        raise TuningFileError(f"{where}: BV and stages must be integers, got {d!r}")
+    if not any(t.BV == d["BV"] and t.stages == d["stages"] for t in TILE_SPACE):
+        raise TuningFileError(f"{where}: {d!r} is not in the tile space "
+                              "(BV in 16, 32, 64, 128; stages in 2, 3)")
+    if d["BV"] > V:
+        raise TuningFileError(f"{where}: BV={d['BV']} exceeds V={V}")
+    return TileConfig(d["BV"], d["stages"])
+
+
+def _match(where, d) -> dict:
+    _keys(where, d, BUCKET_FIELDS)
+    for f in ("K", "V"):
+        if not _is_int(d[f]) or d[f] not in DIMS:
+            raise TuningFileError(f"{where}: {f} must be one of {DIMS}, got {d[f]!r}")
+    checks = (("dtype", DTYPE_NAMES), ("state_precision", STATE_PRECISIONS),
+              ("parallelism", tuple(n for n, _ in PARALLELISM)), ("seqlen", tuple(n for n, _ in SEQLEN)))
+    for f, allowed in checks:
+        if not isinstance(d[f], str) or d[f] not in allowed:
+            raise TuningFileError(f"{where}: {f} must be one of {allowed}, got {d[f]!r}")
+    if not isinstance(d["varlen"], bool):
+        raise TuningFileError(f"{where}: varlen must be true or false, got {d['varlen']!r}")
+    return {f: d[f] for f in BUCKET_FIELDS}
+
+
+def parse_table(data, path="<data>") -> Table:
+    """Validate loaded YAML content against schema 1; raise TuningFileError."""
+    _keys("file", data, ("schema", "gpu", "sm_count", "cuda", "kdacupy", "date", "buckets"))
+    if not _is_int(data["schema"]) or data["schema"] != SCHEMA:
+        raise TuningFileError(f"schema: expected {SCHEMA}, got {data['schema']!r}")
+    if not isinstance(data["gpu"], str) or not data["gpu"].strip():
+        raise TuningFileError(f"gpu: expected the device name, got {data['gpu']!r}")
+    if not _is_int(data["sm_count"]) or data["sm_count"] < 1:
+        raise TuningFileError(f"sm_count: expected a positive integer, got {data['sm_count']!r}")
+    if not (_is_int(data["cuda"]) or isinstance(data["cuda"], str)):
+        raise TuningFileError(f"cuda: expected the runtime version, got {data['cuda']!r}")
+    if not isinstance(data["kdacupy"], str):
+        raise TuningFileError(f"kdacupy: expected a version string, got {data['kdacupy']!r}")
+    date = data["date"]
+    if isinstance(date, (datetime.date, datetime.datetime)):
+        date = date.isoformat()
+    if not isinstance(date, str):
+        raise TuningFileError(f"date: expected an ISO date, got {data['date']!r}")
+    if not isinstance(data["buckets"], list):
+        raise TuningFileError(f"buckets: expected a list, got {type(data['buckets']).__name__}")
+    entries = {}
+    for i, b in enumerate(data["buckets"]):
+        where = f"buckets[{i}]"
+        _keys(where, b, ("match", "config", "time_ms", "runner_up", "margin"))
+        match = _match(f"{where}.match", b["match"])
+        cfg = _config(f"{where}.config", b["config"], match["V"])
+        if not _is_num(b["time_ms"]) or b["time_ms"] <= 0:
+            raise TuningFileError(f"{where}.time_ms: expected a positive number, got {b['time_ms']!r}")
+        ru = b["runner_up"]
+        if ru is None:
+            if b["margin"] is not None:
+                raise TuningFileError(f"{where}.margin: expected null without a runner-up, got {b['margin']!r}")
+            runner_up, margin = None, None
+        else:
+            _keys(f"{where}.runner_up", ru, ("config", "time_ms"))
+            rcfg = _config(f"{where}.runner_up.config", ru["config"], match["V"])
+            if not _is_num(ru["time_ms"]) or ru["time_ms"] <= 0:
+                raise TuningFileError(f"{where}.runner_up.time_ms: expected a positive number, "
+                                      f"got {ru['time_ms']!r}")
+            if not _is_num(b["margin"]) or b["margin"] < 0:
+                raise TuningFileError(f"{where}.margin: expected a number >= 0, got {b['margin']!r}")
+            runner_up, margin = (rcfg, float(ru["time_ms"])), float(b["margin"])
+        key = bucket_key(match)
+        if key in entries:
+            raise TuningFileError(f"{where}.match: bucket {bucket_label(match)} appears twice")
+        entries[key] = Entry(match, cfg, float(b["time_ms"]), runner_up, margin)
+    return Table(str(path), data["gpu"], data["sm_count"], data["cuda"], data["kdacupy"], date, entries)
+
+
+def dump_table(gpu: str, sm_count: int, cuda, version: str, date: str, entries) -> str:
+    """YAML text of a schema-1 file (validated before it is returned)."""
+    import yaml
+
+    data = dict(schema=SCHEMA, gpu=gpu, sm_count=int(sm_count), cuda=cuda, kdacupy=version, date=date,
+                buckets=[e.to_dict() for e in entries])
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+    parse_table(yaml.safe_load(text))  # never write what the loader would reject
+    return text
+
+
+_lock = threading.Lock()
+_tables: dict = {}  # path -> Table | None (missing or invalid)
+_selected: dict = {}  # (device id, user dir, bucket key) -> (TileConfig, source)
+_devices: dict = {}  # device id -> (name, sm_count)
+_warned: set = set()
+
+
+def _warn_once(path, why):
+    with _lock:
+        if str(path) in _warned:
+            return
+        _warned.add(str(path))
+    warnings.warn(f"kdacupy: ignoring tuning file {path}: {why}", RuntimeWarning, stacklevel=4)
+
+
+def load_table(path, warn=True) -> Table | None:
+    """The validated table in ``path``, or None when it is missing (silently)
+    or unusable (with one warning per file and process). Cached."""
+    key = str(path)
+    if key in _tables:
+        return _tables[key]
+    table, why = None, None
+    try:
+        import yaml
+
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+        table = parse_table(data, path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # no file: the next source
+    except TuningFileError as e:
+        why = f"not a schema-{SCHEMA} tuning file ({e})"
+    except OSError as e:
+        why = f"unreadable ({e})"
+    except Exception as e:  # noqa: BLE001  (YAML errors, odd content): never a crash
+        why = f"not valid YAML ({type(e).__name__}: {e})"
+    if why and warn:
+        _warn_once(path, why)
+    with _lock:
+        _tables[key] = table
+    return table
+
+
+def clear_cache():
+    """Forget parsed files, choices and warnings (tests; the tuner after writing)."""
+    with _lock:
+        _tables.clear()
+        _selected.clear()
+        _warned.clear()
+
+
+def device_facts() -> tuple[int, str, int]:
+    """(device id, name, SM count) of CuPy's current device; cached per device."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    facts = _devices.get(dev)
+    if facts is None:
+        props = cupy.cuda.runtime.getDeviceProperties(dev)
+        name = props["name"]
+        if isinstance(name, bytes):
+            name = name.split(b"\0", 1)[0].decode(errors="replace")
+        facts = _devices[dev] = (name, int(props["multiProcessorCount"]))
+    return (dev, *facts)
+
+
+def _lookup(bucket: dict, device_name: str, udir: Path):
+    key = bucket_key(bucket)
+    model = model_name(device_name)
+    for path in (udir / f"{model}.yaml", shipped_dir() / f"{model}.yaml"):
+        table = load_table(path)
+        if table is None:
+            continue
+        if table.gpu != device_name:
+            _warn_once(path, f"tuned on {table.gpu!r}, this device is {device_name!r}")
+            continue
+        entry = table.entries.get(key)
+        if entry is not None:
+            return entry.config, str(path)
+    return None
+
+
+def describe_selection(p) -> tuple[TileConfig, str]:
+    """The tile configuration for a Problem and where it comes from: a tuning
+    file's path, or "heuristic (untuned)"."""
+    if not p.device:
+        return heuristic(p, DEFAULT_SM_COUNT), HEURISTIC_SOURCE
+    dev, name, sm = device_facts()
+    udir = user_dir()
+    bucket = bucket_of(p, sm)
+    key = (dev, str(udir), bucket_key(bucket))
+    hit = _selected.get(key, False)
+    if hit is False:
+        hit = _lookup(bucket, name, udir)  # (config, path) or None
+        with _lock:
+            _selected[key] = hit
+    # the heuristic depends on N * HV exactly, not only on the bucket: never cached
+    return hit if hit is not None else (heuristic(p, sm), HEURISTIC_SOURCE)
+
+
 def select_tiles(p) -> TileConfig:
-    sm = DEFAULT_SM_COUNT
-    if p.device:
-        import cupy
-        sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    return heuristic(p, sm)
-
-
-#: every tile configuration a kernel variant can be built with
-TILE_SPACE = tuple(TileConfig(bv, st) for bv in (16, 32, 64, 128) for st in (2, 3))
+    return describe_selection(p)[0]
