@@ -168,9 +168,10 @@ class Entry:
         ru = None
         if self.runner_up is not None:
             ru = dict(config=dict(BV=self.runner_up[0].BV, stages=self.runner_up[0].stages),
-                      time_ms=float(self.runner_up[1]))
+                      time_ms=round(float(self.runner_up[1]), 6))
         return dict(match=dict(self.match), config=dict(BV=self.config.BV, stages=self.config.stages),
-                    time_ms=float(self.time_ms), runner_up=ru, margin=None if self.margin is None else float(self.margin))
+                    time_ms=round(float(self.time_ms), 6), runner_up=ru,
+                    margin=None if self.margin is None else round(float(self.margin), 6))
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,7 @@ def dump_table(gpu: str, sm_count: int, cuda, version: str, date: str, entries) 
 
     data = dict(schema=SCHEMA, gpu=gpu, sm_count=int(sm_count), cuda=cuda, kdacupy=version, date=date,
                 buckets=[e.to_dict() for e in entries])
-    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=200)
     parse_table(yaml.safe_load(text))  # never write what the loader would reject
     return text
 
@@ -386,7 +387,7 @@ def describe_selection(p) -> tuple[TileConfig, str]:
         hit = _lookup(bucket, name, udir)  # (config, path) or None
         with _lock:
             _selected[key] = hit
-    # the heuristic depends on N * HV exactly, not only on the bucket: never cached
+    # the heuristic costs a few integer operations: computed per call, not cached
     return hit if hit is not None else (heuristic(p, sm), HEURISTIC_SOURCE)
 
 

@@ -45,14 +45,15 @@ def as_array(name, x):
     cp = _cupy()
     if isinstance(x, np.ndarray) or (cp is not None and isinstance(x, cp.ndarray)):
         return x
-    if hasattr(x, "__cuda_array_interface__") and cp is not None:
-        return cp.asarray(x)
+    # DLPack first: torch's __cuda_array_interface__ raises for bfloat16, DLPack carries it
     if hasattr(x, "__dlpack_device__"):
         dev_type = int(x.__dlpack_device__()[0])
         if dev_type == 1:  # kDLCPU
             return np.from_dlpack(x)
         if dev_type in (2, 3, 13) and cp is not None:  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
             return cp.from_dlpack(x)
+    elif cp is not None and hasattr(type(x), "__cuda_array_interface__"):
+        return cp.asarray(x)
     fail(name, "a NumPy or CuPy array (or a CUDA array through DLPack / __cuda_array_interface__)", _desc(x),
          TypeError)
 

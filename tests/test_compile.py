@@ -25,7 +25,8 @@ except Exception:  # noqa: BLE001
     HAVE_NVDISASM = False
 
 # the variants the Kimi shapes run with (the heuristic picks BV 32 or 128 there)
-DEFAULTS = [RecurrenceVariant(128, 128, BF16, fp32, TileConfig(bv, 2)) for bv in (32, 64, 128) for fp32 in (False, True)]
+DEFAULTS = [RecurrenceVariant(128, 128, BF16, fp32, TileConfig(bv, 2))
+            for bv in (32, 64, 128) for fp32 in (False, True)]
 PREPARE_DEFAULTS = [PrepareVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", True),
                     PrepareVariant(128, BF16, F32, F32, "softplus", "raw", False)]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.dtypes import BF16, F16, F32
+from kdacupy.dtypes import BF16
 from kdacupy.emulate import find_compiler
 from kdacupy.parity import EMULATE, mismatch
 from kdacupy.precision import kda_model
