@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, tuning
+from . import timing, tuning
+from .shapes import Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, shape_problem, validated
 from .tuning import TileConfig
 
 # ---------------------------------------------------------------------------
@@ -50,7 +51,7 @@ from .tuning import TileConfig
 @dataclass
 class Bucket:
     match: dict
-    shape: bench.Shape  # the shape it is tuned on (the first that maps to it)
+    shape: Shape  # the shape it is tuned on (the first that maps to it)
     shapes: list = field(default_factory=list)
 
     @property
@@ -69,7 +70,7 @@ class Bucket:
 def group_buckets(shapes, sm_count) -> list[Bucket]:
     out = {}
     for s in shapes:
-        match = tuning.bucket_of(bench.shape_problem(s), sm_count)
+        match = tuning.bucket_of(shape_problem(s), sm_count)
         b = out.setdefault(tuning.bucket_key(match), Bucket(match, s))
         b.shapes.append(s.name)
     return list(out.values())
@@ -161,7 +162,7 @@ class Sidecar:
 
 
 def gpu_available() -> bool:
-    return bench.gpu_available()
+    return timing.gpu_available()
 
 
 def device() -> dict:
@@ -182,7 +183,7 @@ def load_variants(bucket: Bucket, cfgs, jobs: int) -> dict:
     from .jit import loader
     from .kernels import prepare_variant, recurrence_variant
 
-    p = bench.shape_problem(bucket.shape)
+    p = shape_problem(bucket.shape)
     dev = cupy.cuda.runtime.getDevice()
     run = loader("cuda")
 
@@ -206,14 +207,14 @@ def load_variants(bucket: Bucket, cfgs, jobs: int) -> dict:
     return errors
 
 
-def parity_shape(bucket: Bucket) -> bench.Shape:
+def parity_shape(bucket: Bucket) -> Shape:
     """A small input of the bucket's kind: same K, V, dtype, state precision and
     varlen; ragged last chunks, and a zero-length sequence when varlen."""
     m = bucket.match
     common = dict(H=2, K=m["K"], V=m["V"], dtype=bucket.shape.dtype, state_precision=m["state_precision"])
     if m["varlen"]:
-        return bench.Shape("parity-varlen", 103, lens=(37, 0, 50, 16), **common)
-    return bench.Shape("parity-fixed", 75, B=2, **common)
+        return Shape("parity-varlen", 103, lens=(37, 0, 50, 16), **common)
+    return Shape("parity-fixed", 75, B=2, **common)
 
 
 def parity_reference(bucket: Bucket, device: bool = True):
@@ -222,7 +223,7 @@ def parity_reference(bucket: Bucket, device: bool = True):
     from .precision import kda_model
 
     shape = parity_shape(bucket)
-    arrays, options = bench.make_inputs(shape, seed=7)
+    arrays, options = make_inputs(shape, seed=7)
     ref_o, ref_s = kda_model(**arrays, **options)
     if device:
         import cupy
@@ -240,7 +241,7 @@ def check_parity(ref, bucket: Bucket, cfg: TileConfig, backend: str = "cuda") ->
 
     arrays, options, ref_o, ref_s = ref
     try:
-        p, a = bench.validated(arrays, options, backend)
+        p, a = validated(arrays, options, backend)
         o, s = forward(p, a, cfg)
         if backend == "cuda":
             import cupy
@@ -262,8 +263,8 @@ def timing_inputs(bucket: Bucket, l2_bytes: int):
     import cupy
 
     shape = bucket.shape
-    rotate = bench.compulsory_bytes(shape)["total"] < 3 * l2_bytes
-    return [bench.validated(*bench.make_inputs(shape, cupy, seed), "cuda") for seed in ((0, 1) if rotate else (0,))]
+    rotate = compulsory_bytes(shape)["total"] < 3 * l2_bytes
+    return [validated(*make_inputs(shape, cupy, seed), "cuda") for seed in ((0, 1) if rotate else (0,))]
 
 
 def measure(inputs, cfg: TileConfig, warmup: int, iters: int) -> float:
@@ -271,7 +272,7 @@ def measure(inputs, cfg: TileConfig, warmup: int, iters: int) -> float:
     from .kernels import forward
 
     calls = [lambda p=p, a=a: forward(p, a, cfg) for p, a in inputs]
-    return bench.time_calls(calls, warmup, iters)[0]
+    return timing.time_calls(calls, warmup, iters)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -327,7 +328,7 @@ def tune_bucket(bucket: Bucket, sidecar: Sidecar, args, dev: dict, progress: Pro
             sidecar.put(bucket, c, dict(time_ms=ms))
             progress.step(f"{bucket.label} {cfg_label(c)}: {ms:.3f} ms")
         del ref, inputs
-        bench.free_memory()
+        timing.free_memory()
     times, failures = {}, {}
     for c in cands:
         rec = sidecar.get(bucket, c) or dict(fail=transient.get(c))
@@ -377,7 +378,7 @@ def report(results, sm_count) -> str:
         e = r.entry
         ru = f"; runner-up {cfg_label(e.runner_up[0])} {e.runner_up[1]:.4f} ms, margin {100 * e.margin:.1f}%" \
             if e.runner_up else ""
-        h = tuning.heuristic(bench.shape_problem(b.shape), sm_count)
+        h = tuning.heuristic(shape_problem(b.shape), sm_count)
         vs = f"; heuristic {cfg_label(h)}" + (f" {r.times[h]:.4f} ms ({r.times[h] / e.time_ms:.2f}x)"
                                                if h in r.times else "")
         lines.append(f"    -> {cfg_label(e.config)} {e.time_ms:.4f} ms{ru}{vs}")
@@ -394,7 +395,7 @@ def dry_run(buckets, arch: str, jobs: int) -> int:
 
     work = {}
     for b in buckets:
-        p = bench.shape_problem(b.shape)
+        p = shape_problem(b.shape)
         work[b.key] = (prepare_variant(p), [recurrence_variant(p, c) for c in b.candidates])
     variants = list(dict.fromkeys(v for prep, recs in work.values() for v in (prep, *recs)))
     try:
@@ -436,7 +437,7 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(prog="python -m kdacupy.tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", type=bench.shape_arg, default=["all"], metavar="SET|SPEC",
+    ap.add_argument("--shapes", nargs="+", type=shape_arg, default=["all"], metavar="SET|SPEC",
                     help="named sets (kimi, fewhead, all; default all) and/or specs like "
                          "T=8192,H=96,K=128,V=128 or varlen=1300:547:2048,H=64 (also varlen=1024x8; keys "
                          "B, T, H, HV, K, V, varlen, dtype=bf16|fp16|fp32, state=bf16|fp32)")
@@ -457,12 +458,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.jobs < 1 or args.sm_count < 1:
         ap.error("--iters, --jobs and --sm-count must be >= 1, --warmup >= 0")
-    shapes = bench.resolve_shapes(args.shapes)
+    shapes = resolve_shapes(args.shapes)
 
     if args.dry_run:
         return dry_run(group_buckets(shapes, args.sm_count), args.arch, args.jobs)
     if not gpu_available():
-        print(bench.no_gpu_message(ap.prog, " Use --dry-run to list the buckets and compile every candidate "
+        print(timing.no_gpu_message(ap.prog, " Use --dry-run to list the buckets and compile every candidate "
                                             "through NVRTC without one."), file=sys.stderr)
         return 2
 

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 import kdacupy.bench as bench
-from kdacupy.bench import Shape, compulsory_bytes, make_inputs
+import kdacupy.peers as peers
+import kdacupy.timing as timing
+from kdacupy.shapes import (KIMI_VARLEN, Shape, compulsory_bytes, fewhead_shapes, kimi_shapes, make_inputs, parse_shape,
+                            shape_problem)
 from kdacupy.tuning import TileConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,13 +29,13 @@ def test_help_works_without_a_gpu():
 
 
 def test_without_a_gpu_it_says_so(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "gpu_available", lambda: False)
+    monkeypatch.setattr(timing, "gpu_available", lambda: False)
     assert bench.main(["--shapes", "kimi"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
 
 
 def test_kimi_shapes():
-    shapes = bench.kimi_shapes()
+    shapes = kimi_shapes()
     assert len(shapes) == 6
     assert sorted((s.H, s.N, s.lens is not None, s.B) for s in shapes) == [
         (64, 1, False, 1), (64, 6, True, 1), (64, 8, True, 1), (96, 1, False, 1), (96, 6, True, 1), (96, 8, True, 1)]
@@ -40,12 +43,12 @@ def test_kimi_shapes():
     for s in shapes:
         assert s.T == 8192 and (s.lens is None or sum(s.lens) == 8192)
         assert (s.K, s.V, s.hv, s.dtype, s.state_precision) == (128, 128, s.H, "bf16", "bf16")
-    assert sum(bench.KIMI_VARLEN) == 8192 and bench.KIMI_VARLEN == (1300, 547, 2048, 963, 271, 3063)
+    assert sum(KIMI_VARLEN) == 8192 and KIMI_VARLEN == (1300, 547, 2048, 963, 271, 3063)
     assert all(s.name.startswith("kimi-") for s in shapes)
 
 
 def test_fewhead_shapes():
-    got = sorted((s.H, s.T, s.B, s.lens) for s in bench.fewhead_shapes())
+    got = sorted((s.H, s.T, s.B, s.lens) for s in fewhead_shapes())
     assert got == [(12, 8192, 1, None), (12, 32768, 1, None), (12, 65536, 1, None), (16, 16384, 1, None)]
 
 
@@ -98,9 +101,9 @@ def test_the_benchmark_inputs_run_through_kda_forward():
 
 
 def test_shape_problem_sizes():
-    p = bench.shape_problem(Shape("x", T=65536, H=12))
+    p = shape_problem(Shape("x", T=65536, H=12))
     assert (p.T, p.H, p.HV, p.N, p.varlen, p.device) == (65536, 12, 12, 1, False, True)
-    p = bench.shape_problem(Shape("y", T=8192, H=64, lens=bench.KIMI_VARLEN))
+    p = shape_problem(Shape("y", T=8192, H=64, lens=KIMI_VARLEN))
     assert (p.N, p.varlen) == (6, True)
 
 
@@ -142,14 +145,14 @@ def fake_gpu(monkeypatch):
             return "o", "s"
         return [run for _ in sets]
 
-    monkeypatch.setattr(bench, "gpu_available", lambda: True)
-    monkeypatch.setattr(bench, "device_info", lambda: dict(INFO))
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda: 4000.0)
+    monkeypatch.setattr(timing, "gpu_available", lambda: True)
+    monkeypatch.setattr(timing, "device_info", lambda: dict(INFO))
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda: 4000.0)
     monkeypatch.setattr(bench, "device_inputs", lambda shape, seed: ("arrays", "options"))
     monkeypatch.setattr(bench, "selection", lambda a, o: (TileConfig(32, 2), "heuristic (untuned)"))
     monkeypatch.setattr(bench, "kdacupy_calls", fake_calls)
-    monkeypatch.setattr(bench, "finite", lambda x: True)
-    monkeypatch.setattr(bench, "time_calls", fake_time)
+    monkeypatch.setattr(timing, "finite", lambda x: True)
+    monkeypatch.setattr(timing, "time_calls", fake_time)
     monkeypatch.setenv("KDACUPY_COMMIT", "cafe" * 10)
     return calls
 
@@ -167,7 +170,7 @@ def test_json_without_fla(fake_gpu, tmp_path, capsys):
         k = r["kdacupy"]
         assert (k["median_ms"], k["min_ms"], k["tiles"], k["tiles_source"]) == (
             0.5, 0.45, dict(BV=32, stages=2), "heuristic (untuned)")
-        assert r["bytes"]["total"] == compulsory_bytes(bench.parse_shape(
+        assert r["bytes"]["total"] == compulsory_bytes(parse_shape(
             f"T=8192,H={r['shape']['H']}" if r["shape"]["lens"] is None else
             f"varlen={':'.join(map(str, r['shape']['lens']))},H={r['shape']['H']}"))["total"]
         assert r["achieved_gbps"] == pytest.approx(r["bytes"]["total"] / 0.5e-3 / 1e9)
@@ -185,8 +188,8 @@ class FakeFLA:
 
 
 def test_json_with_fla_ratios_errors_and_geomean(fake_gpu, tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "fla_importable", lambda: None)
-    monkeypatch.setattr(bench, "FLA", FakeFLA)
+    monkeypatch.setattr(peers, "fla_importable", lambda: None)
+    monkeypatch.setattr(peers, "FLA", FakeFLA)
 
     def fake_run_fla(fla, sets, o, s, warmup, iters):
         assert isinstance(fla, FakeFLA) and (o, s) == ("o", "s")
@@ -197,8 +200,8 @@ def test_json_with_fla_ratios_errors_and_geomean(fake_gpu, tmp_path, monkeypatch
         return dict(median_ms=ms, min_ms=ms, rms_ratio_o=1e-3, rms_ratio_state=2e-3, state_dtype="float32",
                     backend="fused_infer")
 
-    fake_run_fla.names = [s.name for s in bench.kimi_shapes()]
-    monkeypatch.setattr(bench, "run_fla", fake_run_fla)
+    fake_run_fla.names = [s.name for s in kimi_shapes()]
+    monkeypatch.setattr(peers, "run_fla", fake_run_fla)
     path = tmp_path / "r.json"
     assert bench.main(["--shapes", "kimi", "--json", str(path)]) == 0
     doc = json.loads(path.read_text())
@@ -232,7 +235,7 @@ def test_small_inputs_rotate_two_sets(fake_gpu, tmp_path, monkeypatch):
 
 
 def test_no_fla_when_not_importable(fake_gpu, tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "fla_importable", lambda: "fla is not installed")
+    monkeypatch.setattr(peers, "fla_importable", lambda: "fla is not installed")
     path = tmp_path / "r.json"
     assert bench.main(["--shapes", "T=64,H=2", "--json", str(path)]) == 0
     assert json.loads(path.read_text())["fla_status"] == "fla is not installed"
@@ -259,7 +262,7 @@ def test_fla_state_layout_keyword_follows_the_signature():
 
     for fn, want in ((new, "state_v_first"), (old, "transpose_state_layout"), (older, None),
                      (decorated, "state_v_first")):
-        assert bench.layout_keyword(bench.signature_params(fn)) == want
+        assert peers.layout_keyword(peers.signature_params(fn)) == want
 
 
 def test_a_failing_shape_is_recorded_and_the_rest_run(fake_gpu, tmp_path, monkeypatch, capsys):

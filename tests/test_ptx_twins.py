@@ -149,7 +149,8 @@ GEMM(k_gemm_no_end_sync, 0, false)
 NAMES = ["k_ldmatrix", "k_mma", "k_unary", "k_cp_async", "k_gemm", "k_gemm_short_wait", "k_gemm_no_end_sync"]
 
 
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast", "ignore:invalid value encountered in cast")
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast",
+                                        "ignore:invalid value encountered in cast")
 
 
 @pytest.fixture(scope="module")

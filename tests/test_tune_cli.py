@@ -7,7 +7,7 @@ import pytest
 
 import kdacupy.tune as tune
 import kdacupy.tuning as tuning
-from kdacupy.bench import Shape, parse_shape, resolve_shapes, shape_problem
+from kdacupy.shapes import Shape, parse_shape, resolve_shapes, shape_problem
 from kdacupy.tuning import TileConfig
 
 H200 = "NVIDIA H200"

@@ -1,0 +1,232 @@
+"""Benchmark and tuning shapes: the named sets (kimi, fewhead), shape specs
+(``T=8192,H=96``), FlashKDA-style random inputs for a shape, its Problem and its
+compulsory HBM traffic. NumPy only; CuPy is imported when inputs are made on
+the device."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dtypes import BF16, F16, F32, dtype_name
+
+LOWER_BOUND = -5.0
+DTYPES = {"bf16": BF16, "bfloat16": BF16, "fp16": F16, "float16": F16, "fp32": F32, "float32": F32}
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    T: int
+    H: int
+    HV: int | None = None
+    K: int = 128
+    V: int = 128
+    B: int = 1
+    lens: tuple | None = None  # varlen sequence lengths (B == 1, T == sum)
+    dtype: str = "bf16"
+    state_precision: str = "bf16"
+
+    @property
+    def hv(self) -> int:
+        return self.HV or self.H
+
+    @property
+    def N(self) -> int:
+        return len(self.lens) if self.lens is not None else self.B
+
+    @property
+    def np_dtype(self):
+        return DTYPES[self.dtype]
+
+    def to_dict(self) -> dict:
+        return dict(name=self.name, B=self.B, T=self.T, H=self.H, HV=self.hv, K=self.K, V=self.V,
+                    N=self.N, lens=None if self.lens is None else list(self.lens),
+                    dtype=dtype_name(self.np_dtype), state_precision=self.state_precision)
+
+
+KIMI_VARLEN = (1300, 547, 2048, 963, 271, 3063)
+
+
+def kimi_shapes():
+    out = []
+    for H in (96, 64):
+        out += [Shape(f"kimi-T8192-H{H}", 8192, H),
+                Shape(f"kimi-varlen6-H{H}", 8192, H, lens=KIMI_VARLEN),
+                Shape(f"kimi-varlen8x1024-H{H}", 8192, H, lens=(1024,) * 8)]
+    return out
+
+
+def fewhead_shapes():
+    return [Shape("fewhead-T8192-H12", 8192, 12), Shape("fewhead-T32768-H12", 32768, 12),
+            Shape("fewhead-T65536-H12", 65536, 12), Shape("fewhead-T16384-H16", 16384, 16)]
+
+
+SHAPE_SETS = {"kimi": kimi_shapes, "fewhead": fewhead_shapes, "all": lambda: kimi_shapes() + fewhead_shapes()}
+SPEC_KEYS = ("B", "T", "H", "HV", "K", "V", "varlen", "dtype", "state")
+
+
+def parse_shape(spec: str) -> Shape:
+    """``T=8192,H=96,K=128,V=128`` or ``varlen=1300:547:2048,H=64`` (also
+    ``varlen=1024x8``); keys B, T, H, HV, K, V, varlen, dtype (bf16/fp16/fp32),
+    state (state precision bf16/fp32). Defaults: B=1, HV=H, K=V=128, bf16."""
+    kv = {}
+    for part in spec.split(","):
+        if "=" not in part:
+            raise ValueError(f"shape {spec!r}: expected KEY=VALUE items separated by ',', got {part!r}")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key not in SPEC_KEYS:
+            raise ValueError(f"shape {spec!r}: unknown key {key!r} (keys: {', '.join(SPEC_KEYS)})")
+        if key in kv:
+            raise ValueError(f"shape {spec!r}: {key} given twice")
+        kv[key] = value
+    try:
+        ints = {k: int(kv[k]) for k in ("B", "T", "H", "HV", "K", "V") if k in kv}
+        lens = None
+        if "varlen" in kv:
+            m = re.fullmatch(r"(\d+)x(\d+)", kv["varlen"])
+            lens = (int(m.group(1)),) * int(m.group(2)) if m else tuple(int(x) for x in kv["varlen"].split(":"))
+    except ValueError:
+        raise ValueError(f"shape {spec!r}: sizes must be integers") from None
+    if "H" not in ints:
+        raise ValueError(f"shape {spec!r}: H is required")
+    if lens is not None:
+        if not lens or min(lens) < 0:
+            raise ValueError(f"shape {spec!r}: varlen needs lengths >= 0")
+        if ints.get("B", 1) != 1:
+            raise ValueError(f"shape {spec!r}: varlen needs B=1")
+        if "T" in ints and ints["T"] != sum(lens):
+            raise ValueError(f"shape {spec!r}: T={ints['T']} but the varlen lengths sum to {sum(lens)}")
+        ints["T"] = sum(lens)
+    if "T" not in ints:
+        raise ValueError(f"shape {spec!r}: T (or varlen) is required")
+    for k in ("K", "V"):
+        if ints.get(k, 128) not in (64, 128, 256):
+            raise ValueError(f"shape {spec!r}: {k} must be 64, 128 or 256")
+    if min(ints.values()) < 0 or ints["H"] < 1 or ints.get("B", 1) < 1:
+        raise ValueError(f"shape {spec!r}: sizes must be positive")
+    if ints.get("HV", ints["H"]) % ints["H"]:
+        raise ValueError(f"shape {spec!r}: HV must be a multiple of H")
+    dt = kv.get("dtype", "bf16")
+    if dt not in DTYPES:
+        raise ValueError(f"shape {spec!r}: dtype must be bf16, fp16 or fp32")
+    st = kv.get("state", "bf16")
+    if st not in ("bf16", "fp32"):
+        raise ValueError(f"shape {spec!r}: state must be bf16 or fp32")
+    return Shape(spec, ints["T"], ints["H"], ints.get("HV"), ints.get("K", 128), ints.get("V", 128),
+                 ints.get("B", 1), lens, "bf16" if DTYPES[dt] == BF16 else "fp16" if DTYPES[dt] == F16 else "fp32",
+                 st)
+
+
+def resolve_shapes(items) -> list[Shape]:
+    """Named sets and explicit specs, in order, without duplicates."""
+    out = []
+    for item in items:
+        for s in (SHAPE_SETS[item]() if item in SHAPE_SETS else [parse_shape(item)]):
+            if s not in out:
+                out.append(s)
+    return out
+
+
+def shape_arg(text):
+    """argparse type: a comma-free set name or a spec; errors become usage errors."""
+    if text in SHAPE_SETS:
+        return text
+    try:
+        parse_shape(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+# ---------------------------------------------------------------------------
+# inputs and traffic
+
+
+def _cast(x, dt):
+    try:
+        return x.astype(dt)
+    except Exception:  # noqa: BLE001  (a CuPy without this cast: through the host)
+        import cupy
+
+        return cupy.asarray(cupy.asnumpy(x).astype(dt))
+
+
+def make_inputs(shape: Shape, xp=np, seed=0):
+    """Random inputs for ``kda_forward(**arrays, **options)`` (and ``kda_model``):
+    FlashKDA-style, nothing zero. ``xp``: numpy, or cupy (generated on the device)."""
+    B, T, H, HV, K, V, N = shape.B, shape.T, shape.H, shape.hv, shape.K, shape.V, shape.N
+    if xp is np:
+        rng = np.random.default_rng(seed)
+        normal = lambda s: rng.standard_normal(s, dtype=np.float32)  # noqa: E731
+        uniform = lambda s: rng.random(s, dtype=np.float32)  # noqa: E731
+    else:
+        rs = xp.random.RandomState(seed)
+        normal = lambda s: rs.standard_normal(s, dtype=np.float32)  # noqa: E731
+        uniform = lambda s: rs.random_sample(s, dtype=np.float32)  # noqa: E731
+    dt = shape.np_dtype
+
+    def unit(x):
+        return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True))
+
+    arrays = dict(q=_cast(unit(normal((B, T, H, K))), dt), k=_cast(unit(normal((B, T, H, K))), dt),
+                  v=_cast(normal((B, T, HV, V)), dt), g=_cast(normal((B, T, HV, K)), dt),
+                  beta=_cast(normal((B, T, HV)), dt))
+    options = dict(qk_l2norm=True, beta_sigmoid=True, gate="sigmoid", lower_bound=LOWER_BOUND,
+                   A_log=uniform((HV,)), dt_bias=normal((HV, K)),
+                   initial_state=_cast(0.5 * normal((N, HV, V, K)), BF16), state_layout="vk",
+                   output_final_state=True, state_dtype=BF16, state_precision=shape.state_precision)
+    if shape.lens is not None:
+        options["cu_seqlens"] = xp.asarray(np.concatenate([[0], np.cumsum(shape.lens)]).astype(np.int64))
+    return arrays, options
+
+
+def validated(arrays, options, backend):
+    """``kdacupy.validation.validate`` with kda_forward's defaults filled in."""
+    from .api import kda_forward
+    from .validation import validate
+
+    defaults = {n: p.default for n, p in inspect.signature(kda_forward).parameters.items()}
+    names = [n for n, p in inspect.signature(validate).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    kw = {n: options.get(n, defaults.get(n)) for n in names}
+    kw["backend"] = backend
+    return validate(arrays["q"], arrays["k"], arrays["v"], arrays["g"], arrays.get("beta"), **kw)
+
+
+def shape_problem(shape: Shape):
+    """The Problem of a shape without allocating it (zero-stride NumPy views,
+    validated as for the "model" backend); ``device`` is True, as on the GPU."""
+    import dataclasses
+
+    def fake(shp, dt):
+        return np.broadcast_to(np.ones((), dtype=dt), shp)
+
+    B, T, H, HV, K, V, N = shape.B, shape.T, shape.H, shape.hv, shape.K, shape.V, shape.N
+    dt = shape.np_dtype
+    arrays = dict(q=fake((B, T, H, K), dt), k=fake((B, T, H, K), dt), v=fake((B, T, HV, V), dt),
+                  g=fake((B, T, HV, K), dt), beta=fake((B, T, HV), dt))
+    options = dict(qk_l2norm=True, beta_sigmoid=True, gate="sigmoid", lower_bound=LOWER_BOUND,
+                   A_log=fake((HV,), F32), dt_bias=fake((HV, K), F32), initial_state=fake((N, HV, V, K), BF16),
+                   state_layout="vk", output_final_state=True, state_dtype=BF16,
+                   state_precision=shape.state_precision)
+    if shape.lens is not None:
+        options["cu_seqlens"] = np.concatenate([[0], np.cumsum(shape.lens)]).astype(np.int64)
+    p, _ = validated(arrays, options, "model")
+    return dataclasses.replace(p, device=True, backend="cuda")
+
+
+def compulsory_bytes(shape: Shape) -> dict:
+    """HBM traffic no implementation can avoid: each input read once, each
+    output written once (bf16 initial state in, bf16 final state out)."""
+    B, T, H, HV, K, V, N = shape.B, shape.T, shape.H, shape.hv, shape.K, shape.V, shape.N
+    e = np.dtype(shape.np_dtype).itemsize
+    state = N * HV * K * V * 2
+    reads = dict(q=B * T * H * K * e, k=B * T * H * K * e, v=B * T * HV * V * e, g=B * T * HV * K * e,
+                 beta=B * T * HV * e, A_log=HV * 4, dt_bias=HV * K * 4,
+                 cu_seqlens=(N + 1) * 8 if shape.lens is not None else 0, initial_state=state)
+    writes = dict(o=B * T * HV * V * e, final_state=state)
+    return dict(read=sum(reads.values()), written=sum(writes.values()),
+                total=sum(reads.values()) + sum(writes.values()), parts={**reads, **writes})
