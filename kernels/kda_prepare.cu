@@ -103,7 +103,10 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(128) kda_prepare(
+// Four CTAs per SM keep ~48 KB of loads in flight per SM (the kernel is
+// bandwidth-bound) and let ptxas use 128 registers: no spills on any arch
+// (a bare __launch_bounds__(128) made it settle for 64 and spill on sm_80/sm_100a).
+extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     const void* q, const void* k, const void* g, const void* beta,
     i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
     i64 b_sb, i64 b_st, i64 b_sh,

@@ -81,7 +81,15 @@ __device__ __forceinline__ void to_a_frag(u32 (&a)[4], const float (&x)[2][4]) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT) kda_recurrence(
+// fp32 state (twice the registers): a minimum-blocks figure that allows 256
+// registers per thread makes ptxas use what it needs; left to itself it settles
+// at 128 and spills a few bytes.
+#if KDA_STATE_FP32
+#define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
+#else
+#define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)
+#endif
+extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
     const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
     const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq) {
