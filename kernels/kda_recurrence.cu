@@ -79,6 +79,18 @@ __device__ __forceinline__ void to_a_frag(u32 (&a)[4], const float (&x)[2][4]) {
   a[3] = pack_bf16x2(x[1][2], x[1][3]);
 }
 
+// acc[2] += a (16 value rows x 16 tokens) times a 16x16 token block B read as
+// B[k = j][n = i] = tile[i][j] (INV, Mqk); ``row`` is this lane's ldmatrix row.
+__device__ __forceinline__ void mma_token_block(float (&acc)[2][4], const u32 (&a)[4], const u16* row) {
+  u32 b[4];
+  ldmatrix_x4(b, row);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const u32 bb[2] = {b[2 * nt], b[2 * nt + 1]};
+    mma_bf16_m16n8k16(acc[nt], a, bb, acc[nt]);
+  }
+}
+
 }  // namespace
 
 // fp32 state (twice the registers): a minimum-blocks figure that allows 256
@@ -230,26 +242,15 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 
     // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j], rows of INV
     float Ut[2][4] = {};
-    {
-      u32 bi[4];
-      ldmatrix_x4(bi, reinterpret_cast<const u16*>(st + RSM_INV) + brow * SR + bcol);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const u32 bb[2] = {bi[2 * nt], bi[2 * nt + 1]};
-        mma_bf16_m16n8k16(Ut[nt], va, bb, Ut[nt]);
-      }
-    }
+    mma_token_block(Ut, va, reinterpret_cast<const u16*>(st + RSM_INV) + brow * SR + bcol);
     u32 ua[4];
     to_a_frag(ua, Ut);
 
     // [14] o^T += U^T Mqk^T, rounded once to the output dtype, staged per warp, stored by rows
     {
-      u32 bm[4];
-      ldmatrix_x4(bm, reinterpret_cast<const u16*>(st + RSM_MQK) + brow * SR + bcol);
+      mma_token_block(Ot, ua, reinterpret_cast<const u16*>(st + RSM_MQK) + brow * SR + bcol);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const u32 bb[2] = {bm[2 * nt], bm[2 * nt + 1]};
-        mma_bf16_m16n8k16(Ot[nt], ua, bb, Ot[nt]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           store_f32<KDA_DT>(ot, (8 * nt + 2 * t + (e & 1)) * (RSM_OROW / ES) + g + 8 * (e >> 1), Ot[nt][e]);
