@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from .dtypes import BF16
+from .timing import gpu_available
 
 G_REGIMES = ("-8", "-4", "0", "8", "U(-8,8)", "N(0,8)")
 BIAS_REGIMES = ("+4", "-4", "+8", "-8", "U(-8,8)", "N(0,8)")
@@ -98,14 +99,6 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-def _have_gpu() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001  (no CuPy, no driver)
-        return False
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kdacupy.accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,7 +113,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args(argv)
-    if args.backend == "cuda" and not _have_gpu():
+    if args.backend == "cuda" and not gpu_available():
         print("kdacupy.accuracy: --backend cuda needs a CUDA GPU and driver; the other backends run on the CPU",
               file=sys.stderr)
         return 2

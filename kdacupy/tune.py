@@ -161,20 +161,6 @@ class Sidecar:
 # the GPU steps (module functions, so tests can replace them)
 
 
-def gpu_available() -> bool:
-    return timing.gpu_available()
-
-
-def device() -> dict:
-    """name, sm_count, cuda (runtime version) and l2_bytes of the current device."""
-    import cupy
-
-    dev, name, sm = tuning.device_facts()
-    props = cupy.cuda.runtime.getDeviceProperties(dev)
-    return dict(id=dev, name=name, sm_count=sm, cuda=int(cupy.cuda.runtime.runtimeGetVersion()),
-                l2_bytes=int(props.get("l2CacheSize", 0)))
-
-
 def load_variants(bucket: Bucket, cfgs, jobs: int) -> dict:
     """Compile (and load) the prepare kernel and each candidate's recurrence
     kernel through the JIT, in threads; {cfg: error text} for failures."""
@@ -353,7 +339,7 @@ def merged_entries(output: Path, gpu: str, new_entries) -> list:
 def write_yaml(output: Path, dev: dict, entries) -> None:
     from . import __version__
 
-    text = tuning.dump_table(dev["name"], dev["sm_count"], dev["cuda"], __version__,
+    text = tuning.dump_table(dev["name"], dev["sm_count"], dev["cuda_runtime"], __version__,
                              datetime.date.today().isoformat(), entries)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(output.name + ".tmp")
@@ -462,12 +448,12 @@ def main(argv=None):
 
     if args.dry_run:
         return dry_run(group_buckets(shapes, args.sm_count), args.arch, args.jobs)
-    if not gpu_available():
+    if not timing.gpu_available():
         print(timing.no_gpu_message(ap.prog, " Use --dry-run to list the buckets and compile every candidate "
                                             "through NVRTC without one."), file=sys.stderr)
         return 2
 
-    dev = device()
+    dev = timing.device_info()
     buckets = group_buckets(shapes, dev["sm_count"])
     output = args.output or tuning.user_dir() / f"{tuning.model_name(dev['name'])}.yaml"
     fingerprint = dict(gpu=dev["name"], sm_count=dev["sm_count"], kernels=kernels_hash(), kdacupy=_version())

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+import kdacupy.timing as timing
 import kdacupy.tune as tune
 import kdacupy.tuning as tuning
 from kdacupy.shapes import Shape, parse_shape, resolve_shapes, shape_problem
@@ -126,7 +127,7 @@ def test_named_sets_and_duplicates():
 
 
 def test_without_a_gpu_it_says_so(capsys, monkeypatch):
-    monkeypatch.setattr(tune, "gpu_available", lambda: False)
+    monkeypatch.setattr(timing, "gpu_available", lambda: False)
     assert tune.main(["--shapes", "T=64,H=2"]) == 2
     err = capsys.readouterr().err
     assert "no CUDA GPU" in err and "--dry-run" in err
@@ -136,7 +137,7 @@ def test_without_a_gpu_it_says_so(capsys, monkeypatch):
 # the measuring loop, GPU steps replaced
 
 
-FAKE_DEVICE = dict(id=0, name=H200, sm_count=132, cuda=13000, l2_bytes=50 * 2 ** 20)
+FAKE_DEVICE = dict(device_id=0, name=H200, sm_count=132, cuda_runtime=13000, l2_bytes=50 * 2 ** 20)
 # made-up times: BV=64 stages=3 fastest, BV=16 stages=2 faster still but failing parity
 TIMES = {TileConfig(bv, st): 1.0 + 0.01 * i for i, (bv, st) in
          enumerate([(64, 3), (64, 2), (128, 2), (32, 3), (128, 3), (32, 2), (16, 3)])}
@@ -148,8 +149,8 @@ class Fake:
         self.measured, self.checked, self.interrupt_after, self.fail = [], [], interrupt_after, set(fail)
 
     def install(self, monkeypatch):
-        monkeypatch.setattr(tune, "gpu_available", lambda: True)
-        monkeypatch.setattr(tune, "device", lambda: dict(FAKE_DEVICE))
+        monkeypatch.setattr(timing, "gpu_available", lambda: True)
+        monkeypatch.setattr(timing, "device_info", lambda: dict(FAKE_DEVICE))
         monkeypatch.setattr(tune, "load_variants", lambda bucket, cfgs, jobs: {})
         monkeypatch.setattr(tune, "parity_reference", lambda bucket: "reference")
         monkeypatch.setattr(tune, "check_parity", self.check)
