@@ -27,7 +27,7 @@ stamp() { echo "== $1 ($((SECONDS - start)) s)"; }
 cat "$OUT/device.txt"
 
 stamp "GPU parity suite"
-timeout 210 python3 -m pytest -q -x -rs tests/test_gpu_forward.py > "$OUT/gpu_tests.log" 2>&1
+timeout 210 python3 -m pytest -q -x -rs tests/gpu/test_gpu_forward.py > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit $?"; tail -n 15 "$OUT/gpu_tests.log"
 
 stamp "accuracy on the GPU, T=8192"

@@ -32,7 +32,7 @@ def kda_forward(
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
         state_dtype=state_dtype, state_precision=state_precision, out=out, backend=backend)
     if problem.backend in ("cuda", "emulate"):
-        from .kernels import forward  # launchers import the JIT machinery: load it only when used
+        from .ops.forward.kernels import forward  # launchers import the JIT machinery: load it only when used
         return forward(problem, a)
 
     options = dict(
@@ -41,11 +41,11 @@ def kda_forward(
         allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=a["A_log"], dt_bias=a["dt_bias"],
         lower_bound=problem.lower_bound, state_layout=problem.state_layout)
     if problem.backend == "model":
-        from .precision import kda_model
+        from .numerics.precision import kda_model
         o, final = kda_model(a["q"], a["k"], a["v"], a["g"], a["beta"], state_dtype=problem.state_out_dtype,
                              state_precision=problem.state_precision, **options)
     else:
-        from .reference import kda_reference
+        from .numerics.reference import kda_reference
         o, final = kda_reference(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)
         o = o.astype(np.float32).astype(problem.dtype)
         if final is not None:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .dtypes import F32, INPUT_DTYPES, STATE_DTYPES, as_dtype, dtype_name
+from .numerics.dtypes import F32, INPUT_DTYPES, STATE_DTYPES, as_dtype, dtype_name
 
 SUPPORTED_DIMS = (64, 128, 256)
 GATES = ("log", "softplus", "sigmoid")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdacupy.dtypes import BF16
+from kdacupy.numerics.dtypes import BF16
 
 
 def make_inputs(B=1, T=37, H=2, HV=None, K=64, V=64, dtype=BF16, seed=0, gate="sigmoid", beta="logits",

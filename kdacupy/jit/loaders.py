@@ -14,7 +14,7 @@ import sys
 import time
 from functools import lru_cache
 
-from .paths import kernels_dir
+from ..paths import kernels_dir
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
 _NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -68,7 +68,7 @@ class CudaLoader:
             fn = cupy.RawModule(code=source, options=NVRTC_OPTIONS).get_function(name)
             fn.compile()  # compile now, not at the first launch
             if _verbose():
-                from .compile import arch_of_device, nvrtc_compile
+                from ..cli.compile import arch_of_device, nvrtc_compile
                 res = nvrtc_compile(source, arch_of_device())
                 print(f"[kdacupy.jit] {kernel} {config_label(config)}: {time.perf_counter() - t0:.2f} s; "
                       f"{res.resources}", file=sys.stderr)
@@ -89,7 +89,7 @@ class EmulateLoader:
         self._cache = {}
 
     def get(self, kernel: str, config: dict, name: str):
-        from .emulate import EmulatedModule
+        from ..emulate import EmulatedModule
 
         key = (kernel, tuple(sorted(config.items())))
         fn = self._cache.get(key)

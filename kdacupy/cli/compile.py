@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from . import jit
-from .dtypes import BF16, F16, F32, dtype_name
-from .kernels import BETA_CODE, GATE_CODE, PrepareVariant, RecurrenceVariant
-from .tuning import TILE_SPACE
+from ..jit import loaders as jit
+from ..numerics.dtypes import BF16, F16, F32, dtype_name
+from ..ops.forward.kernels import BETA_CODE, GATE_CODE, PrepareVariant, RecurrenceVariant
+from ..ops.forward.tuning import TILE_SPACE
 
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
 #: shared memory a block may use, per arch (opt-in maximum)

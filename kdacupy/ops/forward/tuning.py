@@ -116,7 +116,7 @@ def bucket_of(p, sm_count: int = DEFAULT_SM_COUNT) -> dict:
     """The tuning bucket of a Problem: K, V, dtype name, state precision,
     varlen, the parallelism class of N * HV against ``sm_count`` and the length
     class of one sequence (T; T / N for varlen, from shapes only)."""
-    from .dtypes import dtype_name
+    from ...numerics.dtypes import dtype_name
 
     length = p.T / max(1, p.N) if p.varlen else p.T
     return dict(K=int(p.K), V=int(p.V), dtype=dtype_name(p.dtype), state_precision=str(p.state_precision),
@@ -147,7 +147,7 @@ def user_dir() -> Path:
 
 
 def shipped_dir() -> Path:
-    from .paths import tuning_dir
+    from ...paths import tuning_dir
 
     return tuning_dir()
 

@@ -14,7 +14,7 @@ from kdacupy.emulate import EmulatedModule, EmulationError, find_compiler
 from kdacupy.emulate import build as emu_build
 from kdacupy.emulate import loader as emu_loader
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FULL = np.uint32(0xFFFFFFFF)
 
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import yaml
 
-import kdacupy.tuning as tuning
-from kdacupy.tuning import TILE_SPACE, TileConfig, bucket_of, describe_selection, heuristic, select_tiles
+import kdacupy.ops.forward.tuning as tuning
+from kdacupy.ops.forward.tuning import TILE_SPACE, TileConfig, bucket_of, describe_selection, heuristic, select_tiles
 from kdacupy.validation import validate
 
-from .inputs import make_inputs
+from ..inputs import make_inputs
 
 H200 = "NVIDIA H200"
 
@@ -263,7 +263,7 @@ def test_user_dir_default_and_env(tmp_path, monkeypatch):
 
 
 def test_shipped_dir_is_the_package_tuning_dir():
-    assert tuning.shipped_dir() == Path(tuning.__file__).resolve().parent.parent / "tuning"
+    assert tuning.shipped_dir() == Path(tuning.__file__).resolve().parents[3] / "tuning"
 
 
 def test_files_are_parsed_once_per_process(dirs):

@@ -10,18 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kdacupy.bench as bench
-import kdacupy.peers as peers
-import kdacupy.timing as timing
-from kdacupy.shapes import (KIMI_VARLEN, Shape, compulsory_bytes, fewhead_shapes, kimi_shapes, make_inputs, parse_shape,
+import kdacupy.cli.bench as bench
+import kdacupy.cli.peers as peers
+import kdacupy.cli.timing as timing
+from kdacupy.cli.shapes import (KIMI_VARLEN, Shape, compulsory_bytes, fewhead_shapes, kimi_shapes, make_inputs, parse_shape,
                             shape_problem)
-from kdacupy.tuning import TileConfig
+from kdacupy.ops.forward.tuning import TileConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_help_works_without_a_gpu():
-    out = subprocess.run([sys.executable, "-m", "kdacupy.bench", "--help"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "kdacupy.cli.bench", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for word in ("--shapes", "--json", "--iters", "--warmup", "--no-fla", "FLA_FLASH_KDA", "copy bandwidth"):

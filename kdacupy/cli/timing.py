@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dtypes import BF16
+from ..numerics.dtypes import BF16
 
 NO_GPU = ("{prog}: no CUDA GPU is available (CuPy found none); timing needs a GPU.{hint}")
 
@@ -32,8 +32,8 @@ def no_gpu_message(prog: str, hint: str = "") -> str:
 def device_info() -> dict:
     import cupy
 
-    from . import __version__
-    from .tuning import device_facts, model_name
+    from .. import __version__
+    from ..ops.forward.tuning import device_facts, model_name
 
     dev, name, sm = device_facts()
     props = cupy.cuda.runtime.getDeviceProperties(dev)

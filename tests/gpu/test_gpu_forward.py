@@ -1,17 +1,17 @@
 """The CUDA kernels on a GPU: parity with the precision model over the option
-matrix (tolerance ``kdacupy.parity.GPU``, derived in its docstring), accuracy
+matrix (tolerance ``kdacupy.numerics.parity.GPU``, derived in its docstring), accuracy
 against the float64 reference, determinism, 64-bit offsets, CUDA graphs,
 streams, torch / JAX inputs and device-side errors. Skipped without a GPU."""
 import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.dtypes import BF16
-from kdacupy.parity import GPU, mismatch
-from kdacupy.precision import kda_model
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.numerics.parity import GPU, mismatch
+from kdacupy.numerics.precision import kda_model
 
-from .cases import CASES, case_inputs
-from .inputs import make_inputs, rmse_ratio
+from ..cases import CASES, case_inputs
+from ..inputs import make_inputs, rmse_ratio
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 try:
@@ -64,8 +64,8 @@ def test_every_tail_length_zero_length_and_poisoned_out():
 
 @pytest.mark.parametrize("seqs", [None, [1300, 547, 2048, 963, 271, 3063]])
 def test_long_sequences_on_the_sweep(seqs):
-    from kdacupy.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs as sweep_inputs
-    from kdacupy.reference import kda_reference
+    from kdacupy.cli.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs as sweep_inputs
+    from kdacupy.numerics.reference import kda_reference
     for gr, br in zip(G_REGIMES, BIAS_REGIMES):
         x = sweep_inputs(8192, 4, 128, 128, gr, br, seed=5)
         opts = dict(OPTIONS)
@@ -133,7 +133,7 @@ def test_runs_on_the_current_stream():
 
 
 def test_each_variant_compiles_once_per_process():
-    from kdacupy.jit import loader
+    from kdacupy.jit.loaders import loader
     x, opts = make_inputs(T=64, H=2, K=64, V=64)
     gpu_run(x, opts)
     n = len(loader("cuda")._cache)

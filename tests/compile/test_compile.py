@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from kdacupy import jit
-from kdacupy.compile import ARCHS, SMEM_LIMIT, compile_variant, label, prepare_variants, recurrence_variants
-from kdacupy.dtypes import BF16, F32
-from kdacupy.kernels import PrepareVariant, RecurrenceVariant
-from kdacupy.tuning import TileConfig
+from kdacupy.jit import loaders as jit
+from kdacupy.cli.compile import ARCHS, SMEM_LIMIT, compile_variant, label, prepare_variants, recurrence_variants
+from kdacupy.numerics.dtypes import BF16, F32
+from kdacupy.ops.forward.kernels import PrepareVariant, RecurrenceVariant
+from kdacupy.ops.forward.tuning import TileConfig
 
 try:
-    from kdacupy.compile import _nvrtc
+    from kdacupy.cli.compile import _nvrtc
     _nvrtc()
 except Exception as e:  # noqa: BLE001
     pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
@@ -69,7 +69,7 @@ def test_variant_enumeration_covers_the_options():
 
 
 def test_cli_reports_one_line_per_variant():
-    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "recurrence",
+    out = subprocess.run([sys.executable, "-m", "kdacupy.cli.compile", "--arch", "sm_80", "--kernel", "recurrence",
                           "--match", "K=64 V=64 dt=float16 state=bf16 BV=64"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.dtypes import BF16
-from kdacupy.precision import kda_model
-from kdacupy.reference import kda_reference
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.numerics.precision import kda_model
+from kdacupy.numerics.reference import kda_reference
 
-from .inputs import make_inputs
+from ..inputs import make_inputs
 
 
 def base(**kw):

@@ -43,7 +43,7 @@ from .shapes import LOWER_BOUND, Shape, compulsory_bytes, make_inputs, resolve_s
 
 def kdacupy_calls(sets):
     """Closures running ``kda_forward`` on each input set."""
-    from .api import kda_forward
+    from ..api import kda_forward
 
     return [lambda a=a, o=o: kda_forward(**a, **o, backend="cuda") for a, o in sets]
 
@@ -70,7 +70,7 @@ def device_inputs(shape: Shape, seed: int):
 
 def selection(arrays, options):
     """(TileConfig, source) kda_forward will use for these inputs."""
-    from .tuning import describe_selection
+    from ..ops.forward.tuning import describe_selection
 
     return describe_selection(validated(arrays, options, "cuda")[0])
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import layouts
-from .dtypes import BF16, F16, F32
-from .jit import loader
+from ...numerics.dtypes import BF16, F16, F32
+from ...jit.loaders import loader
 from .tuning import TileConfig, select_tiles
 
 DTYPE_CODE = {BF16: 0, F16: 1, F32: 2}

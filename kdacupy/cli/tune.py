@@ -40,9 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import timing, tuning
+from . import timing
+from ..ops.forward import tuning
 from .shapes import Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, shape_problem, validated
-from .tuning import TileConfig
+from ..ops.forward.tuning import TileConfig
 
 # ---------------------------------------------------------------------------
 # buckets
@@ -111,7 +112,7 @@ class Progress:
 
 
 def kernels_hash() -> str:
-    from .paths import kernels_dir
+    from ..paths import kernels_dir
 
     h = hashlib.sha256()
     for f in sorted(kernels_dir().glob("*.cu*")):
@@ -166,8 +167,8 @@ def load_variants(bucket: Bucket, cfgs, jobs: int) -> dict:
     kernel through the JIT, in threads; {cfg: error text} for failures."""
     import cupy
 
-    from .jit import loader
-    from .kernels import prepare_variant, recurrence_variant
+    from ..jit.loaders import loader
+    from ..ops.forward.kernels import prepare_variant, recurrence_variant
 
     p = shape_problem(bucket.shape)
     dev = cupy.cuda.runtime.getDevice()
@@ -206,7 +207,7 @@ def parity_shape(bucket: Bucket) -> Shape:
 def parity_reference(bucket: Bucket, device: bool = True):
     """(inputs, options, model output, model final state) for the bucket's
     parity input; inputs on the GPU unless ``device`` is False (emulation)."""
-    from .precision import kda_model
+    from ..numerics.precision import kda_model
 
     shape = parity_shape(bucket)
     arrays, options = make_inputs(shape, seed=7)
@@ -222,8 +223,8 @@ def parity_reference(bucket: Bucket, device: bool = True):
 def check_parity(ref, bucket: Bucket, cfg: TileConfig, backend: str = "cuda") -> str | None:
     """None when the candidate matches the precision model within
     ``parity.GPU`` (``parity.EMULATE`` for backend="emulate", on the CPU)."""
-    from .kernels import forward
-    from .parity import EMULATE, GPU, mismatch
+    from ..ops.forward.kernels import forward
+    from ..numerics.parity import EMULATE, GPU, mismatch
 
     arrays, options, ref_o, ref_s = ref
     try:
@@ -255,7 +256,7 @@ def timing_inputs(bucket: Bucket, l2_bytes: int):
 
 def measure(inputs, cfg: TileConfig, warmup: int, iters: int) -> float:
     """Median milliseconds of one forward call with this configuration."""
-    from .kernels import forward
+    from ..ops.forward.kernels import forward
 
     calls = [lambda p=p, a=a: forward(p, a, cfg) for p, a in inputs]
     return timing.time_calls(calls, warmup, iters)[0]
@@ -337,7 +338,7 @@ def merged_entries(output: Path, gpu: str, new_entries) -> list:
 
 
 def write_yaml(output: Path, dev: dict, entries) -> None:
-    from . import __version__
+    from .. import __version__
 
     text = tuning.dump_table(dev["name"], dev["sm_count"], dev["cuda_runtime"], __version__,
                              datetime.date.today().isoformat(), entries)
@@ -377,7 +378,7 @@ def report(results, sm_count) -> str:
 
 def dry_run(buckets, arch: str, jobs: int) -> int:
     from .compile import SMEM_LIMIT, compile_variant
-    from .kernels import prepare_variant, recurrence_variant
+    from ..ops.forward.kernels import prepare_variant, recurrence_variant
 
     work = {}
     for b in buckets:
@@ -482,7 +483,7 @@ def main(argv=None):
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

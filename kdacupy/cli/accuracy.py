@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from .dtypes import BF16
+from ..numerics.dtypes import BF16
 from .timing import gpu_available
 
 G_REGIMES = ("-8", "-4", "0", "8", "U(-8,8)", "N(0,8)")
@@ -58,7 +58,7 @@ def errors(x, ref):
 
 
 def run_backend(backend, inputs, state_precision):
-    from . import kda_forward
+    from .. import kda_forward
     if backend == "cuda":
         import cupy as cp
         dev = {n: cp.asarray(x) for n, x in inputs.items()}
@@ -68,7 +68,7 @@ def run_backend(backend, inputs, state_precision):
 
 
 def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pairs=None, seed=0):
-    from .reference import kda_reference
+    from ..numerics.reference import kda_reference
     rows = []
     for gr, br in pairs or itertools.product(G_REGIMES, BIAS_REGIMES):
         inputs = make_inputs(T, H, K, V, gr, br, seed)

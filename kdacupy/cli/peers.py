@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from . import timing
-from .dtypes import BF16
+from ..numerics.dtypes import BF16
 
 
 def fla_importable() -> str | None:

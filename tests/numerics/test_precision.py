@@ -18,12 +18,12 @@ import itertools
 import numpy as np
 import pytest
 
-from kdacupy.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs as sweep_inputs
-from kdacupy.dtypes import BF16
-from kdacupy.precision import kda_model, prepare_chunks, recurrence_step
-from kdacupy.reference import kda_reference
+from kdacupy.cli.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs as sweep_inputs
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.numerics.precision import kda_model, prepare_chunks, recurrence_step
+from kdacupy.numerics.reference import kda_reference
 
-from .inputs import make_inputs, rmse_ratio
+from ..inputs import make_inputs, rmse_ratio
 
 U_BF16 = 2.0 ** -9
 REF_OPTS = {n: x for n, x in OPTIONS.items() if n != "state_dtype"}

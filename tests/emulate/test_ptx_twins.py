@@ -13,7 +13,7 @@ import pytest
 
 from kdacupy.emulate import EmulatedModule, EmulationError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 F32 = np.float32
 
 

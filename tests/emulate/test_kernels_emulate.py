@@ -1,6 +1,6 @@
 """The CUDA kernels, run on the CPU through the emulation, against the precision model.
 
-Tolerance: ``kdacupy.parity.EMULATE`` (its docstring derives it): the emulation
+Tolerance: ``kdacupy.numerics.parity.EMULATE`` (its docstring derives it): the emulation
 computes approximate instructions exactly and each mma as an exact sum, so only
 fp32 accumulation order separates it from the model.
 """
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.dtypes import BF16
+from kdacupy.numerics.dtypes import BF16
 from kdacupy.emulate import find_compiler
-from kdacupy.parity import EMULATE, mismatch
-from kdacupy.precision import kda_model
-from kdacupy.tuning import TileConfig
+from kdacupy.numerics.parity import EMULATE, mismatch
+from kdacupy.numerics.precision import kda_model
+from kdacupy.ops.forward.tuning import TileConfig
 
-from .cases import CASES, case_inputs
-from .inputs import make_inputs, rmse_ratio
+from ..cases import CASES, case_inputs
+from ..inputs import make_inputs, rmse_ratio
 
 try:
     find_compiler()
@@ -41,7 +41,7 @@ def test_emulated_kernels_match_the_model(name, precision):
 
 @pytest.mark.parametrize("tiles", [TileConfig(16, 2), TileConfig(32, 3), TileConfig(64, 2), TileConfig(128, 3)])
 def test_every_tile_configuration_computes_the_same(tiles, monkeypatch):
-    import kdacupy.kernels as kernels
+    import kdacupy.ops.forward.kernels as kernels
     monkeypatch.setattr(kernels, "select_tiles", lambda p: tiles)
     x, opts = make_inputs(cu_seqlens=[19, 0, 33], H=1, HV=2, K=64, V=128, state=np.float32)
     o, s = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend="emulate")
@@ -92,8 +92,8 @@ def test_empty_sequence_batch():
 
 
 def test_emulation_accuracy_against_the_reference():
-    from kdacupy.accuracy import OPTIONS, make_inputs as sweep_inputs
-    from kdacupy.reference import kda_reference
+    from kdacupy.cli.accuracy import OPTIONS, make_inputs as sweep_inputs
+    from kdacupy.numerics.reference import kda_reference
     x = sweep_inputs(256, 2, 128, 128, "N(0,8)", "U(-8,8)", seed=3)
     ref_o, ref_s = kda_reference(**x, **{n: v for n, v in OPTIONS.items() if n != "state_dtype"})
     o, s = kdacupy.kda_forward(**x, **OPTIONS, backend="emulate")

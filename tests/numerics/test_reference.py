@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from kdacupy.reference import kda_reference
+from kdacupy.numerics.reference import kda_reference
 
-from .inputs import make_inputs
+from ..inputs import make_inputs
 
 
 def both_forms(x, opts, chunk_size):

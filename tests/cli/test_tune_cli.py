@@ -5,18 +5,18 @@ import json
 
 import pytest
 
-import kdacupy.timing as timing
-import kdacupy.tune as tune
-import kdacupy.tuning as tuning
-from kdacupy.shapes import Shape, parse_shape, resolve_shapes, shape_problem
-from kdacupy.tuning import TileConfig
+import kdacupy.cli.timing as timing
+import kdacupy.cli.tune as tune
+import kdacupy.ops.forward.tuning as tuning
+from kdacupy.cli.shapes import Shape, parse_shape, resolve_shapes, shape_problem
+from kdacupy.ops.forward.tuning import TileConfig
 
 H200 = "NVIDIA H200"
 
 
 def nvrtc_available():
     try:
-        from kdacupy.compile import _nvrtc
+        from kdacupy.cli.compile import _nvrtc
         _nvrtc()
         return True
     except Exception:  # noqa: BLE001
@@ -46,7 +46,7 @@ def test_dry_run_compiles_every_candidate(capsys):
 
 
 def test_dry_run_reports_a_failing_compile(capsys, monkeypatch):
-    from kdacupy import compile as comp
+    from kdacupy.cli import compile as comp
 
 
     def flaky(var, arch, sass=False):
@@ -63,7 +63,7 @@ def test_dry_run_reports_a_failing_compile(capsys, monkeypatch):
 
 
 def test_dry_run_without_nvrtc(capsys, monkeypatch):
-    from kdacupy import compile as comp
+    from kdacupy.cli import compile as comp
 
     def missing(var, arch, sass=False):
         raise OSError("libnvrtc.so.13: cannot open shared object file")
@@ -74,7 +74,7 @@ def test_dry_run_without_nvrtc(capsys, monkeypatch):
 
 
 def test_dry_run_groups_shapes_into_buckets(capsys, monkeypatch):
-    from kdacupy import compile as comp
+    from kdacupy.cli import compile as comp
 
     monkeypatch.setattr(comp, "compile_variant", lambda var, arch, sass=False: comp.CompileResult(
         True, "", regs=1, spill_stores=0, spill_loads=0, stack=0))
@@ -308,7 +308,7 @@ def test_parity_check_through_the_emulation(monkeypatch):
     CPU: the real kernels pass, a kernel with a wrong output or state does not."""
     import numpy as np
 
-    import kdacupy.kernels as kernels
+    import kdacupy.ops.forward.kernels as kernels
 
     for shape in (Shape("x", 4096, 8, K=64, V=64), Shape("y", 4096, 8, K=64, V=64, lens=(4000, 96))):
         b = tune.group_buckets([shape], 132)[0]

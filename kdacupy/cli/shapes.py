@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dtypes import BF16, F16, F32, dtype_name
+from ..numerics.dtypes import BF16, F16, F32, dtype_name
 
 LOWER_BOUND = -5.0
 DTYPES = {"bf16": BF16, "bfloat16": BF16, "fp16": F16, "float16": F16, "fp32": F32, "float32": F32}
@@ -186,8 +186,8 @@ def make_inputs(shape: Shape, xp=np, seed=0):
 
 def validated(arrays, options, backend):
     """``kdacupy.validation.validate`` with kda_forward's defaults filled in."""
-    from .api import kda_forward
-    from .validation import validate
+    from ..api import kda_forward
+    from ..validation import validate
 
     defaults = {n: p.default for n, p in inspect.signature(kda_forward).parameters.items()}
     names = [n for n, p in inspect.signature(validate).parameters.items() if p.kind == p.KEYWORD_ONLY]

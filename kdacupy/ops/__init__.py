@@ -1,0 +1,1 @@
+"""Kernel families: one subpackage per family, each with its launchers, layouts and tile lookup."""
