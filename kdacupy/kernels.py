@@ -82,10 +82,13 @@ def slots(p) -> tuple[int, int]:
     return (p.N + per_seq if p.varlen else p.B * per_seq), per_seq
 
 
-def _ptr(x) -> np.uint64:
+def _ptr(x):
     if x is None:
         return np.uint64(0)
-    return np.uint64(x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr)
+    if isinstance(x, np.ndarray):  # the emulation: the array's extent goes along (memcheck)
+        from .emulate import pointer
+        return pointer(x)
+    return np.uint64(x.data.ptr)
 
 
 def _strides(x):

@@ -38,7 +38,7 @@ inline double h2d(unsigned bits16) { return (double)h2f((u16)bits16); }
 // mma.m16n8k16: lanes deposit their A/B fragments; each lane then computes its
 // own 4 outputs from the warp's fragments, reading them by the ISA layout.
 template <bool BF16>
-inline void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4],
+KDA_EMU_RT inline void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4],
                          const char* what) {
   Fiber* f = g_cur;
   Warp& wp = g_worker->warps[f->warp];
@@ -48,15 +48,15 @@ inline void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], co
   mine[4] = b[0];
   mine[5] = b[1];
   warp_barrier(f, what, [] {});
-  auto half = [](u32 w, int k) -> double {
+  auto half = [](u32 w, int k) KDA_EMU_RT -> double {
     unsigned h = (k & 1) ? w >> 16 : w & 0xffffu;
     return BF16 ? bf2d(h) : h2d(h);
   };
-  auto A = [&](int row, int k) {  // a[r]: r bit0 = row >= 8, bit1 = k >= 8
+  auto A = [&](int row, int k) KDA_EMU_RT {  // a[r]: r bit0 = row >= 8, bit1 = k >= 8
     const u32* s = reinterpret_cast<const u32*>(wp.slot[buf][(row & 7) * 4 + ((k & 7) >> 1)]);
     return half(s[(row >> 3) | ((k >> 3) << 1)], k);
   };
-  auto B = [&](int k, int n) {  // b[r]: r = k >= 8
+  auto B = [&](int k, int n) KDA_EMU_RT {  // b[r]: r = k >= 8
     const u32* s = reinterpret_cast<const u32*>(wp.slot[buf][n * 4 + ((k & 7) >> 1)]);
     return half(s[4 + (k >> 3)], k);
   };
@@ -73,19 +73,26 @@ inline void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], co
 
 // ldmatrix: lanes 0..8*NM-1 give row addresses; the last lane to arrive reads
 // all rows at once (as the instruction does), then each lane takes its part.
+// pc: the caller's code address (checked builds: racecheck messages).
 template <int NM, bool TRANS>
-inline void ldmatrix(u32* r, const void* smem_row, const char* what) {
+KDA_EMU_RT inline void ldmatrix(u32* r, const void* smem_row, const char* what, uintptr_t pc) {
   Fiber* f = g_cur;
   Warp& wp = g_worker->warps[f->warp];
   int buf = wp.buf, lane = f->lane;
   if (lane < 8 * NM) {
     check_smem16(smem_row, what);
     memcpy(wp.slot[buf][lane], &smem_row, sizeof(void*));
+    memcpy(wp.slot[buf][lane] + 8, &pc, sizeof pc);
   }
-  warp_barrier(f, what, [&wp, buf] {
+  warp_barrier(f, what, [&wp, buf]() KDA_EMU_RT {
     for (int i = 0; i < 8 * NM; i++) {
       const void* p;
       memcpy(&p, wp.slot[buf][i], sizeof(void*));
+#ifdef KDA_EMU_CHECK
+      uintptr_t lane_pc;
+      memcpy(&lane_pc, wp.slot[buf][i] + 8, sizeof lane_pc);
+      ldmatrix_row(p, i, lane_pc);
+#endif
       memcpy(wp.snap[buf][i], p, 16);
     }
   });
@@ -107,29 +114,44 @@ inline void ldmatrix(u32* r, const void* smem_row, const char* what) {
 // cp_async_wait covers their (committed) group: a missing wait shows as 0xFF.
 // In eager mode they land at once instead: a copy into a buffer that another
 // warp still reads (missing __syncthreads before refilling a stage) shows.
-inline void cp_async_push(void* dst, const void* src, unsigned bytes) {
+// Checked builds (racecheck) queue eager copies too, done, for the wait to land them.
+KDA_EMU_RT inline void cp_async_push(void* dst, const void* src, unsigned bytes, uintptr_t pc) {
   Fiber* f = g_cur;
   check_smem16(dst, "cp.async");
   if (bytes && ((uintptr_t)src % 16 || !src)) fail("cp.async: global address %p is not 16-byte aligned", src);
+  bool queue = !g_worker->L->cp_eager;
+#ifdef KDA_EMU_CHECK
+  if (g_worker->L->check) cp_issue(dst, src, bytes, pc);
+  queue |= (g_worker->L->check & CK_RACE) != 0;
+#endif
+  (void)pc;
   if (g_worker->L->cp_eager) {
     if (bytes) memcpy(dst, src, 16);
     else memset(dst, 0, 16);
-    return;
   }
+  if (!queue) return;
   if (f->ncp == f->capcp) {
     f->capcp = f->capcp ? 2 * f->capcp : 64;
     f->cp = (Copy*)realloc(f->cp, sizeof(Copy) * f->capcp);
     if (!f->cp) fail("cp.async: out of memory");
   }
-  f->cp[f->ncp++] = Copy{dst, src, bytes, f->open_group};
+  f->cp[f->ncp++] = Copy{dst, src, bytes, f->open_group, (unsigned)g_worker->L->cp_eager};
 }
-inline void cp_async_wait_n(unsigned n) {
+KDA_EMU_RT inline void cp_async_wait_n(unsigned n, uintptr_t pc) {
   Fiber* f = g_cur;
   int k = 0;  // groups are in issue order: perform the prefix of groups < open_group - n
+  (void)pc;
   while (k < f->ncp && f->cp[k].group + n < f->open_group) {
     Copy& c = f->cp[k++];
-    if (c.bytes) memcpy(c.dst, c.src, 16);
-    else memset(c.dst, 0, 16);
+    if (c.done) {
+    } else if (c.bytes) {
+      memcpy(c.dst, c.src, 16);
+    } else {
+      memset(c.dst, 0, 16);
+    }
+#ifdef KDA_EMU_CHECK
+    cp_land(c.dst, pc);
+#endif
   }
   memmove(f->cp, f->cp + k, sizeof(Copy) * (f->ncp - k));
   f->ncp -= k;
@@ -152,10 +174,19 @@ inline float rsqrt_approx_ftz(float x) { return ::kda_emu::ftz((float)(1.0 / sqr
 inline float rcp_approx_ftz(float x) { return ::kda_emu::ftz((float)(1.0 / (double)::kda_emu::ftz(x))); }
 inline float tanh_approx(float x) { return (float)tanh((double)x); }
 
-inline void ldmatrix_x4(u32 (&r)[4], const void* p) { ::kda_emu::ldmatrix<4, false>(r, p, "ldmatrix.x4"); }
-inline void ldmatrix_x4_trans(u32 (&r)[4], const void* p) { ::kda_emu::ldmatrix<4, true>(r, p, "ldmatrix.x4.trans"); }
-inline void ldmatrix_x2(u32 (&r)[2], const void* p) { ::kda_emu::ldmatrix<2, false>(r, p, "ldmatrix.x2"); }
-inline void ldmatrix_x2_trans(u32 (&r)[2], const void* p) { ::kda_emu::ldmatrix<2, true>(r, p, "ldmatrix.x2.trans"); }
+// KDA_EMU_RT + KDA_EMU_PC: in checked builds these stay calls, so the return address is the kernel's.
+KDA_EMU_RT inline void ldmatrix_x4(u32 (&r)[4], const void* p) {
+  ::kda_emu::ldmatrix<4, false>(r, p, "ldmatrix.x4", KDA_EMU_PC);
+}
+KDA_EMU_RT inline void ldmatrix_x4_trans(u32 (&r)[4], const void* p) {
+  ::kda_emu::ldmatrix<4, true>(r, p, "ldmatrix.x4.trans", KDA_EMU_PC);
+}
+KDA_EMU_RT inline void ldmatrix_x2(u32 (&r)[2], const void* p) {
+  ::kda_emu::ldmatrix<2, false>(r, p, "ldmatrix.x2", KDA_EMU_PC);
+}
+KDA_EMU_RT inline void ldmatrix_x2_trans(u32 (&r)[2], const void* p) {
+  ::kda_emu::ldmatrix<2, true>(r, p, "ldmatrix.x2.trans", KDA_EMU_PC);
+}
 
 inline void mma_bf16_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4]) {
   ::kda_emu::mma_m16n8k16<true>(d, a, b, c, "mma.m16n8k16.bf16");
@@ -164,14 +195,14 @@ inline void mma_f16_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]
   ::kda_emu::mma_m16n8k16<false>(d, a, b, c, "mma.m16n8k16.f16");
 }
 
-inline void cp_async_16(void* dst, const void* src) { ::kda_emu::cp_async_push(dst, src, 16); }
-inline void cp_async_16_zfill(void* dst, const void* src, bool valid) {
-  ::kda_emu::cp_async_push(dst, src, valid ? 16 : 0);
+KDA_EMU_RT inline void cp_async_16(void* dst, const void* src) { ::kda_emu::cp_async_push(dst, src, 16, KDA_EMU_PC); }
+KDA_EMU_RT inline void cp_async_16_zfill(void* dst, const void* src, bool valid) {
+  ::kda_emu::cp_async_push(dst, src, valid ? 16 : 0, KDA_EMU_PC);
 }
-inline void cp_async_commit() { ::kda_emu::g_cur->open_group++; }
+KDA_EMU_RT inline void cp_async_commit() { ::kda_emu::g_cur->open_group++; }
 template <int N>
-inline void cp_async_wait() {
+KDA_EMU_RT inline void cp_async_wait() {
   static_assert(N >= 0, "cp.async.wait_group N needs N >= 0");
-  ::kda_emu::cp_async_wait_n((unsigned)N);
+  ::kda_emu::cp_async_wait_n((unsigned)N, KDA_EMU_PC);
 }
-inline unsigned char* dynamic_smem() { return ::kda_emu::g_worker->smem; }
+KDA_EMU_RT inline unsigned char* dynamic_smem() { return ::kda_emu::g_worker->smem; }
