@@ -212,7 +212,8 @@ KDA_EMU_RT inline void race(Shadow* sh, const char* region, size_t off, unsigned
 }
 
 // The shadow, region name and offset of a shared address, or nullptr.
-KDA_EMU_RT inline Shadow* shared_shadow(uintptr_t a, const char** region, size_t* off, size_t* size) {
+KDA_EMU_RT inline Shadow* shared_shadow(uintptr_t a, const char** region, size_t* off, size_t* size,
+                                        unsigned n = 1) {
   Worker* w = g_worker;
   Checks* c = w->ck;
   uintptr_t d = (uintptr_t)w->smem;
@@ -221,6 +222,8 @@ KDA_EMU_RT inline Shadow* shared_shadow(uintptr_t a, const char** region, size_t
     return c->dyn;
   }
   if (a - c->tls_lo < c->tls_size) {
+    uintptr_t cur = (uintptr_t)&g_cur, wk = (uintptr_t)&g_worker;  // the emulator's: out of bounds
+    if ((a < cur + sizeof g_cur && cur < a + n) || (a < wk + sizeof g_worker && wk < a + n)) return nullptr;
     *region = "the static __shared__ variables", *off = a - c->tls_lo, *size = c->tls_size;
     return c->stat;
   }
@@ -243,7 +246,7 @@ KDA_EMU_RT inline void access(uintptr_t a, unsigned n, unsigned fl, uintptr_t pc
   }
   const char* region;
   size_t off, size;
-  if (Shadow* sh = shared_shadow(a, &region, &off, &size)) {
+  if (Shadow* sh = shared_shadow(a, &region, &off, &size, n)) {
     if (off + n > size) {
       if (ck & CK_MEM) out_of_bounds(a, n, fl, pc);
       n = (unsigned)(size - off);
@@ -305,7 +308,10 @@ KDA_EMU_RT inline void ldmatrix_row(const void* p, int lane, uintptr_t pc) {
   const char* region;
   size_t off, size;
   Shadow* sh = shared_shadow((uintptr_t)p, &region, &off, &size);
-  race(sh, region, off, 16, false, g_cur->warp * 32 + lane, pc_off(pc));
+  int t = g_cur->warp * 32 + lane;
+  w->blame = &w->fibers[t];
+  race(sh, region, off, 16, false, t, pc_off(pc));
+  w->blame = nullptr;
 }
 }  // namespace kda_emu
 

@@ -206,6 +206,7 @@ struct Worker {
   unsigned char* smem;
   size_t smem_size;
   unsigned epoch, epoch0;  // barrier intervals of this OS thread (monotonic); epoch0: this block's first
+  Fiber* blame;            // set while the last lane of a warp collective acts for another lane
 #ifdef KDA_EMU_CHECK
   struct Checks* ck;
 #endif
@@ -248,8 +249,9 @@ KDA_EMU_RT inline void to_sched(Fiber* f) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   char full[2048];
+  const Fiber* who = w->blame ? w->blame : f;  // a lane whose part of a warp collective failed
   snprintf(full, sizeof full, "block (%u,%u,%u) thread (%u,%u,%u): %s", w->bid.x, w->bid.y, w->bid.z,
-           f->tid.x, f->tid.y, f->tid.z, msg);
+           who->tid.x, who->tid.y, who->tid.z, msg);
   record_error(w->L, full);
   to_sched(f);  // the scheduler abandons this block: never resumed
   __builtin_unreachable();

@@ -191,7 +191,12 @@ class EmulatedFunction:
             return f"argument {i} ({names[i]})" if i < len(names) else m.group(0)
 
         msg = re.sub(r"argument (\d+)", arg, msg)
-        return re.sub(r"\{pc:([0-9a-f]+)\}", lambda m: _source_location(path, m.group(1)), msg)
+        if "{pc:" not in msg:
+            return msg
+        src = path.with_suffix(".cpp")
+        text = src.read_text(errors="replace").split("\n") if src.is_file() else []
+        msg = re.sub(r"\{pc:([0-9a-f]+)\}", lambda m: _source_location(path, m.group(1), text), msg)
+        return f"{msg} [rendered source: {src}]" if text else msg
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         g, b = _dims(grid, "grid"), _dims(block, "block")
@@ -224,26 +229,36 @@ class EmulatedFunction:
             raise EmulationError(f"{self.name}: {self._explain(err.value.decode(errors='replace'), path)}")
 
 
-def _source_location(lib: Path, offset: str) -> str:
-    """'at kernel (file:line: `code`), inlined ...' for a code offset in ``lib``, via addr2line."""
+def _source_location(lib: Path, offset: str, text: list[str]) -> str:
+    """'at file:line `code`, inlined at ...' for a code offset in ``lib`` (addr2line);
+    ``text``: the rendered source, whose lines map back to kernels/ where they occur once."""
     tool = shutil.which("addr2line")
-    if tool is None:
-        return f"at code offset 0x{offset} of {lib} (addr2line not found)"
     try:
         out = subprocess.run([tool, "-f", "-C", "-i", "-e", str(lib), f"0x{offset}"], capture_output=True,
-                             text=True, timeout=60).stdout.split("\n")
+                             text=True, timeout=60).stdout.split("\n") if tool else []
     except (OSError, subprocess.SubprocessError):
-        return f"at code offset 0x{offset} of {lib}"
+        out = []
     frames = []
     for func, loc in zip(out[0::2], out[1::2]):
-        file, _, line = loc.rpartition(":")
-        line = line.split(" ")[0]
-        code = ""
-        if file and line.isdigit() and Path(file).is_file():
-            lines = Path(file).read_text(errors="replace").split("\n")
-            if 0 < int(line) <= len(lines):
-                code = f": `{lines[int(line) - 1].strip()[:100]}`"
-        frames.append(f"{func.split('(')[0]} ({file}:{line}{code})")
-    if not frames or frames[0].startswith("??"):
-        return f"at code offset 0x{offset} of {lib}"
-    return "at " + ", inlined in ".join(frames)
+        line = loc.rpartition(":")[2].split(" ")[0]
+        if func.startswith("??") or not line.isdigit() or not 0 < int(line) <= len(text):
+            continue
+        code = text[int(line) - 1].strip()
+        frames.append(f"{_origin(code, text[0]) or f'rendered line {line}'} `{code[:100]}`")
+    if not frames:
+        return f"at code offset 0x{offset} of {lib}" + ("" if tool else " (addr2line not found)")
+    return "at " + ", inlined at ".join(frames)
+
+
+def _origin(code: str, first_line: str) -> str | None:
+    """'kernels/x.cu:N' when ``code`` is one line of kernels/ (the rendered .cu or a header) exactly once."""
+    from ..paths import kernels_dir
+    m = re.match(r"// kdacupy variant of (\w+\.cu)$", first_line)
+    if not m or len(code) < 8:
+        return None
+    d = kernels_dir()
+    hits = []
+    for f in [d / m.group(1), *sorted(d.glob("*.cuh"))]:
+        if f.is_file():
+            hits += [f"kernels/{f.name}:{i + 1}" for i, x in enumerate(f.read_text().split("\n")) if x.strip() == code]
+    return hits[0] if len(hits) == 1 else None
