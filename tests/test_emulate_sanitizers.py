@@ -331,3 +331,29 @@ def test_deleted_recurrence_barrier_is_caught_by_racecheck(monkeypatch):
     assert refill, msg
     other = set(re.findall(r"kernels/kda_recurrence.cu:(\d+) `", msg)) - {refill.group(1)}
     assert other, msg  # ... and where another thread reads the stage
+
+
+def test_kernels_hand_the_launch_their_arrays(monkeypatch):
+    """kdacupy.kernels passes every array with its extent: a workspace 16 bytes short is caught
+    where kda_prepare writes past its end."""
+    import kdacupy
+    import kdacupy.kernels as kernels
+
+    from .inputs import make_inputs
+
+    class ShortWorkspace:  # numpy, except that the uint8 workspace loses its last 16 bytes
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def empty(shape, dtype):
+            a = np.empty(shape, dtype)
+            return a[:-16] if np.dtype(dtype) == np.uint8 else a
+
+    x, opts = make_inputs(T=32, H=1, K=64, V=64)
+    monkeypatch.setenv("KDACUPY_EMULATE_CHECK", "memcheck")
+    kdacupy.kda_forward(**x, **opts, backend="emulate")
+    monkeypatch.setattr(kernels, "np", ShortWorkspace())
+    with pytest.raises(EmulationError, match=r"^kda_prepare: block \(1,0,0\) thread \(\d+,0,0\): out of bounds: "
+                       r"write of \d+ bytes at byte offset \d+ of argument 28 \(ws\) .* at kernels/kda_prepare.cu:"):
+        kdacupy.kda_forward(**x, **opts, backend="emulate")
