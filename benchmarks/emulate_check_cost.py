@@ -1,7 +1,6 @@
 """Cost of the emulation's checks (KDACUPY_EMULATE_CHECK): one kda_forward on the CPU per
-check mode, and a shared-memory-bound probe (DESIGN.md section 4's fiber workload: rounds of
-shared stores and loads, 2 __syncthreads and a 5-step shuffle reduction), best of a few runs
-after a warm-up (which builds the variants), on one OS thread.
+check mode, and a probe that does nothing but global and shared loads and stores (the checks'
+worst case), best of a few runs after a warm-up (which builds the variants), on one OS thread.
 
     PYTHONPATH=. python benchmarks/emulate_check_cost.py [--T 256] [--reps 3]
 """
@@ -21,6 +20,17 @@ import kdacupy  # noqa: E402
 from tests.inputs import make_inputs  # noqa: E402
 
 MODES = ["", "memcheck", "racecheck", "aligncheck", "all"]
+PROBE = r"""
+extern "C" __global__ void stream(const float* x, float* y, int n, int reps) {
+  float* s = reinterpret_cast<float*>(dynamic_smem());
+  for (int r = 0; r < reps; r++) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = x[blockIdx.x * n + i] * 2.0f + r;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[blockIdx.x * n + i] = s[n - 1 - i];
+    __syncthreads();
+  }
+}
+"""
 
 
 def main() -> None:
@@ -33,17 +43,18 @@ def main() -> None:
     os.environ["KDACUPY_EMULATE_THREADS"] = "1"
     x, opts = make_inputs(T=args.T, H=2, K=args.K, V=args.V, state=np.float32)
     from kdacupy.emulate import EmulatedModule
-    from tests.test_emulate_runtime import KERNELS, NAMES, kernel_source
-    probe = EmulatedModule(kernel_source(KERNELS), NAMES)
+    from tests.test_emulate_runtime import kernel_source
+    fn = EmulatedModule(kernel_source(PROBE), ["stream"]).get_function("stream")
+    n = 4096
+    xs, ys = np.arange(16 * n, dtype=np.float32), np.zeros(16 * n, np.float32)
     times, ref = {}, None
     for mode in MODES:
         os.environ["KDACUPY_EMULATE_CHECK"] = mode
-        w = np.zeros((32, 128), np.float32)
-        probe.get_function("workload")(32, 128, (w, np.int32(20)))
+        fn(16, 128, (xs, ys, np.int32(n), np.int32(1)), shared_mem=4 * n)
         best = float("inf")
         for _ in range(args.reps):
             t0 = time.perf_counter()
-            probe.get_function("workload")(32, 128, (w, np.int32(50)))
+            fn(16, 128, (xs, ys, np.int32(n), np.int32(20)), shared_mem=4 * n)
             best = min(best, time.perf_counter() - t0)
         times[mode] = best
         print(f"probe {mode or 'off':>10}: {best:7.3f} s  x{best / times['']:.2f}")
