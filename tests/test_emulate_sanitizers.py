@@ -108,6 +108,12 @@ def mod():
     return EmulatedModule(kernel_source(PROBES), NAMES)
 
 
+@pytest.fixture(autouse=True)
+def default_modes(monkeypatch):  # the messages below name the first thread in the default order
+    monkeypatch.delenv("KDACUPY_EMULATE_CP_ASYNC", raising=False)
+    monkeypatch.delenv("KDACUPY_EMULATE_ORDER", raising=False)
+
+
 @pytest.fixture
 def checks(monkeypatch):
     def set_to(value):

@@ -556,7 +556,6 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
 #ifdef KDA_EMU_CHECK
     if (L->check && !checks_begin(&w)) {
       record_error(L, "emulator: out of memory for the checks' shadow memory");
-      L->abort = 1;
     }
 #endif
     for (;;) {
