@@ -6,7 +6,11 @@ point, and everything in between done in float64. Its default contract follows
 FlashKDA (chunk 16, base-2 gates, bf16 operands, fp16 Neumann inverse, bf16 state
 updated by one fp32 FMA). Rounding points, in kernel order (``r32``/``bf``/``h``:
 round to fp32 / bf16 / fp16; ``ex2`` is 2^x rounded to fp32 and flushed to zero
-below 2^-126, as ``ex2.approx.ftz.f32``):
+below 2^-126, as ``ex2.approx.ftz.f32``). FTZ: CuPy compiles every kernel with
+``-ftz=true``, so all fp32 arithmetic in the kernels (mul, add, fma, the state
+FMA included) flushes subnormal inputs and results to sign-preserving zero; the
+model flushes only where it says so. The difference matters only for values
+below 2^-126, far under a bf16 unit of any output (DESIGN.md section 2):
 
 prepare (token-parallel, per 16-token chunk and value head)
   1. l2norm:  x <- r32(x * r32(rsqrt(r32(r32(sum x^2) + 1e-6f))))
