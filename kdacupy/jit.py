@@ -95,8 +95,9 @@ class EmulateLoader:
 
     def get(self, kernel: str, config: dict, name: str):
         from .emulate import EmulatedModule
+        from .emulate.numerics import mode
 
-        key = (kernel, tuple(sorted(config.items())))
+        key = (kernel, tuple(sorted(config.items())), mode())  # KDACUPY_EMULATE_NUMERICS builds differ
         fn = self._cache.get(key)
         if fn is None:
             t0 = time.perf_counter()

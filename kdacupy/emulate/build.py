@@ -4,7 +4,8 @@ Cache key: sha256 of the source with its exports, the emulation headers, the
 compiler (path and --version) and the flags. Files go to
 $KDACUPY_CACHE_DIR/emulate or ~/.cache/kdacupy/emulate, written to a temporary
 name and renamed with os.replace, so concurrent processes never see half a file.
-$KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb).
+$KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb);
+$KDACUPY_EMULATE_NUMERICS (exact|hardware, see numerics.py) adds -DKDA_EMU_NUMERICS.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from . import numerics
 from .errors import EmulationError
 
 HERE = Path(__file__).resolve().parent
@@ -77,7 +79,7 @@ def build(source: str, names: Sequence[str]) -> Path:
     """Path of the shared library for (source, names), compiling it if not cached."""
     cxx = find_compiler()
     text = full_source(source, names)
-    flags = [*FLAGS, *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
+    flags = [*FLAGS, numerics.define(), *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
     h = hashlib.sha256()
     for part in (text, *((HERE / f).read_text() for f in HEADERS), cxx, _version(cxx), " ".join(flags)):
         h.update(part.encode())

@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import numerics
 from .build import build, stats
 from .errors import EmulationError
 
@@ -35,7 +36,7 @@ class EmulatedModule:
 
     def __init__(self, source: str, names: Sequence[str]):
         self.names = tuple(names)
-        key = (source, self.names)
+        key = (source, self.names, numerics.mode())  # the mode is a build flag
         with _lock:
             lib = _loaded.get(key)
             if lib is None:
