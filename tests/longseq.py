@@ -65,18 +65,43 @@ def model_chain(x, opts, lengths, seg=SEGMENT):
     return np.concatenate(o_parts, axis=1), np.stack(starts), np.stack(ends)
 
 
-def check_long(run, x, opts, tol, seqs=None, seg=SEGMENT):
-    """``run(x, opts) -> (o, final_state)`` as NumPy arrays. Asserts both checks and returns
-    the measurements."""
-    T = x["q"].shape[1]
-    lengths = list(seqs) if seqs else [T]
-    full_opts = dict(opts)
-    if seqs:
-        full_opts["cu_seqlens"] = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
-    o, s = run(x, full_opts)
+def _full_opts(opts, seqs):
+    if not seqs:
+        return dict(opts)
+    return dict(opts, cu_seqlens=np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32))
+
+
+def expected(x, opts, seqs=None, seg=SEGMENT):
+    """What the check compares with (NumPy only, the slow part): the model chained segment by
+    segment and the float64 reference."""
+    lengths = list(seqs) if seqs else [x["q"].shape[1]]
     om, starts, ends = model_chain(x, opts, lengths, seg)
-    ref_opts = {n: v for n, v in full_opts.items() if n != "state_dtype"}
+    ref_opts = {n: v for n, v in _full_opts(opts, seqs).items() if n not in ("state_dtype", "state_precision")}
     ro, rs = kda_reference(**x, **ref_opts)
+    return dict(om=om, starts=starts, ends=ends, ro=ro, rs=rs)
+
+
+def single_threaded():
+    """Pool initializer: one BLAS thread per worker (the workers run side by side)."""
+    import os
+    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def sweep_expected(g_regime, bias_regime, seqs, T=8192, H=4, seed=5, state_precision="bf16"):
+    """``expected`` for one input of the accuracy sweep, rebuilt from its description (for a
+    process pool: the arrays need not travel to the worker)."""
+    from kdacupy.accuracy import OPTIONS, make_inputs
+    x = make_inputs(T, H, 128, 128, g_regime, bias_regime, seed=seed)
+    return expected(x, dict(OPTIONS, state_precision=state_precision), seqs)
+
+
+def check_long(run, x, opts, tol, seqs=None, seg=SEGMENT, exp=None):
+    """``run(x, opts) -> (o, final_state)`` as NumPy arrays. Asserts both checks and returns
+    the measurements; ``exp``: ``expected(x, opts, seqs, seg)`` if already computed."""
+    lengths = list(seqs) if seqs else [x["q"].shape[1]]
+    o, s = run(x, _full_opts(opts, seqs))
+    exp = exp or expected(x, opts, seqs, seg)
+    om, starts, ends, ro, rs = (exp[n] for n in ("om", "starts", "ends", "ro", "rs"))
     seg_lens = cut(lengths, seg)
     last = np.cumsum([len(range(0, n, seg)) for n in lengths]) - 1  # each sequence's last segment
     m = dict(o_ref=rmse_ratio(o, ro), om_ref=rmse_ratio(om, ro), s_ref=rmse_ratio(s, rs),
