@@ -145,3 +145,17 @@ def test_ftz_during_a_launch_and_not_after(mods):
     hw_mod.get_function("k_mul")(1, 32, (a, b, out, np.int32(4)))
     assert list(out) == [0.0, 0.0, 6.0, 0.0] and np.signbit(out[3])  # flushed, sign kept
     assert np.float32(1e-20) * np.float32(1e-20) != 0  # the caller's thread got its mode back
+
+
+def test_the_mode_is_part_of_the_build_key(monkeypatch, tmp_path):
+    monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
+    src = kernel_source(FTZ_KERNEL) + "\n// build-key test\n"
+    a = np.array([1e-20], F32)
+    outs = []
+    for mode in ("exact", "hardware"):
+        monkeypatch.setenv(VARIABLE, mode)
+        out = np.zeros(1, F32)
+        EmulatedModule(src, ["k_mul"]).get_function("k_mul")(1, 1, (a, a, out, np.int32(1)))
+        outs.append(out[0])
+    assert len(list((tmp_path / "emulate").glob("*.so"))) == 2  # two builds, not one reused
+    assert outs[0] != 0 and outs[1] == 0
