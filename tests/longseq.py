@@ -20,11 +20,12 @@ from kdacupy.parity import mismatch
 from kdacupy.precision import kda_model
 from kdacupy.reference import kda_reference
 
-SEGMENT = 512  # tokens, a multiple of the 16-token chunk: chaining the model is exact
+SEGMENT = 256  # tokens, a multiple of the 16-token chunk: chaining the model is exact
 #: the kernels' RMSE ratio against the reference may exceed the model's by this factor (plus 1e-4):
-#: both are the same kind of rounding noise, different draws (measured under the hardware
-#: emulation: within 3% of each other at T = 8192; kdacupy/parity.py)
-REF_FACTOR = 1.15
+#: both are the same kind of rounding noise, different draws. Measured under the hardware emulation
+#: at T = 8192 over the sweep: within 0.3% of each other (benchmarks/parity-sizing.txt); the
+#: subnormal-flush bug this check found (pair-form threshold) showed as +27%.
+REF_FACTOR = 1.1
 
 
 def rmse_ratio(x, ref):
