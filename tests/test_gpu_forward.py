@@ -148,15 +148,16 @@ def test_graph_replay_survives_allocations_between_capture_and_replay():
 
 def test_host_cu_seqlens_is_refused_during_capture():
     x, opts = make_inputs(cu_seqlens=[10, 20], H=2, K=64, V=64)
-    dx = to_dev(x)
+    dx, dopts = to_dev(x), to_dev(opts)
+    host = dict(dopts, cu_seqlens=opts["cu_seqlens"])  # every copy to the device made before the capture
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        kdacupy.kda_forward(**dx, **to_dev(opts))  # warm
+        kdacupy.kda_forward(**dx, **dopts)  # warm
         stream.begin_capture()
         try:
             with pytest.raises(ValueError, match="cu_seqlens: expected a device .CuPy. array while the current "
                                                  "stream is capturing"):
-                kdacupy.kda_forward(**dx, **dict(to_dev(opts), cu_seqlens=opts["cu_seqlens"]))
+                kdacupy.kda_forward(**dx, **host)
         finally:
             stream.end_capture()
 
