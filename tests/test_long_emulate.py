@@ -4,7 +4,7 @@ KDACUPY_EMULATE_NUMERICS=hardware (.approx results perturbed within the PTX ISA
 bounds, tensor-core truncated sums, FTZ), with parity.GPU. One head and the
 slowest-decay regime of the sweep (g = -8, dt_bias = +4: the state remembers
 longest, so one-ulp differences travel furthest): T = 8192 fixed-length, and the
-first three sequences of the varlen sweep (~20 s each on one core)."""
+first two sequences of the varlen sweep (~30 s and ~15 s on one core)."""
 import numpy as np
 import pytest
 
@@ -24,7 +24,7 @@ def emulate(x, opts):
     return kdacupy.kda_forward(**x, **opts, backend="emulate")
 
 
-@pytest.mark.parametrize("T, seqs", [(8192, None), (3895, [1300, 547, 2048])], ids=["fixed-8192", "varlen"])
+@pytest.mark.parametrize("T, seqs", [(8192, None), (1847, [1300, 547])], ids=["fixed-8192", "varlen"])
 def test_long_sequence_check_passes_under_hardware_numerics(T, seqs, monkeypatch):
     from kdacupy.accuracy import OPTIONS, make_inputs
     monkeypatch.setenv("KDACUPY_EMULATE_NUMERICS", "hardware")
