@@ -2,13 +2,14 @@
 # The one prepared call for a lent GPU (DESIGN.md section 4.5), in this order, every step
 # time-boxed (timeout), all within 8 minutes, each step's output kept even when an earlier
 # step fails (no `set -e`, no `pytest -x`):
-#   1 device info                                                 15 s
-#   2 PTX conformance (tests/test_gpu_ptx.py)                     40 s
-#   3 GPU suite (tests/test_gpu_forward.py), then the T=8192 sweep last (test_gpu_long.py)   125 + 100 s
+#   1 device info                                                 10 s
+#   2 PTX conformance (tests/test_gpu_ptx.py)                     35 s
+#   3 GPU suite (tests/test_gpu_forward.py), then the T=8192 sweep last (test_gpu_long.py:
+#     bf16 state, every regime, fixed and varlen, against the reference and segment-wise)   120 + 100 s
 #   4 compute-sanitizer memcheck / racecheck / synccheck on small forwards   3 x 25 s
-#   5 accuracy on the GPU, T=8192                                 30 s
-#   6 tuning (Kimi shapes)                                        35 s
-#   7 benchmark against FLA                                       45 s
+#   5 accuracy on the GPU, T=8192, fp32 state (bf16 is in step 3's log), one head   35 s
+#   6 tuning (Kimi shapes; a cut-off run keeps its sidecar, in the archive)       40 s
+#   7 benchmark against FLA                                       50 s
 # (boxes sum to 465 s; the rest of the 8 minutes is pip, tar and Python start-up)
 #
 #   device run:  KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh     (carry .whl for FLA)
@@ -50,7 +51,7 @@ step() {
 }
 
 # 1 device info
-step "device info" 15 device.txt bash -c '
+step "device info" 10 device.txt bash -c '
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total,memory.used --format=csv
   echo "commit: ${KDACUPY_COMMIT:-unknown}"; uname -r; nproc
   python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"cuda runtime\", cupy.cuda.runtime.runtimeGetVersion(), \"nvrtc\", cupy.cuda.nvrtc.getVersion()); print(\"cc\", cupy.cuda.Device().compute_capability, \"SMs\", cupy.cuda.Device().attributes[\"MultiProcessorCount\"])"
@@ -59,11 +60,11 @@ step "device info" 15 device.txt bash -c '
 
 # 2 PTX conformance: the twin tests' kernels on the GPU (bit-exact cvt/ldmatrix/cp.async/integer mma,
 #   .approx within the ISA bounds, the mma accumulation probe's table with -s)
-step "PTX conformance" 40 ptx.log python3 -m pytest -q -rs -s tests/test_gpu_ptx.py
+step "PTX conformance" 35 ptx.log python3 -m pytest -q -rs -s tests/test_gpu_ptx.py
 
 # 3 the GPU suite without -x, the long sweep last
-step "GPU suite" 125 gpu_tests.log python3 -m pytest -q -rs tests/test_gpu_forward.py
-step "GPU long sweep (T=8192)" 100 gpu_long.log python3 -m pytest -q -rs -s tests/test_gpu_long.py
+step "GPU suite" 120 gpu_tests.log python3 -m pytest -q -rs --durations=15 tests/test_gpu_forward.py
+step "GPU long sweep (T=8192)" 100 gpu_long.log python3 -m pytest -q -rs -s --durations=5 tests/test_gpu_long.py
 
 # 4 compute-sanitizer on small forwards (CuPy's pool off: every array its own allocation)
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
@@ -77,10 +78,10 @@ else
 fi
 
 # 5-7 accuracy, tuning, benchmark
-step "accuracy on the GPU, T=8192" 30 accuracy.txt python3 -m kdacupy.accuracy --backend cuda --T 8192 --quick \
-  --json "$WORK/accuracy.json"
-step "tuning (Kimi shapes)" 35 tune.log python3 -m kdacupy.tune --shapes kimi --output "$WORK/tuning/tuned.yaml"
-step "benchmark against FLA" 45 bench.txt python3 -m kdacupy.bench --shapes all --json "$WORK/bench.json"
+step "accuracy on the GPU, T=8192" 35 accuracy.txt python3 -m kdacupy.accuracy --backend cuda --T 8192 --H 1 --quick \
+  --state-precision fp32 --json "$WORK/accuracy.json"
+step "tuning (Kimi shapes)" 40 tune.log python3 -m kdacupy.tune --shapes kimi --output "$WORK/tuning/tuned.yaml"
+step "benchmark against FLA" 50 bench.txt python3 -m kdacupy.bench --shapes all --json "$WORK/bench.json"
 
 for f in accuracy.json tuning/tuned.yaml bench.json; do
   [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/$(basename "$f")"
