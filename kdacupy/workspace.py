@@ -85,7 +85,10 @@ def _cupy_cache() -> WorkspaceCache:
         return cupy.empty(nbytes, dtype=cupy.uint8)
 
     def capturing(key):
-        return cupy.cuda.get_current_stream().is_capturing()
+        try:
+            return bool(cupy.cuda.get_current_stream().is_capturing())
+        except Exception:  # noqa: BLE001  (legacy stream while another captures: keep the buffer)
+            return True
 
     return WorkspaceCache(alloc, capturing)
 
