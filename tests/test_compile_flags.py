@@ -45,3 +45,14 @@ def test_report_binary_flushes_subnormals():
                               text=True, check=True).stdout
     assert re.search(r"\bF(MUL|ADD|FMA)\.FTZ\b", text), text  # -ftz=true, as at run time
     assert "FFMA" not in text  # --fmad=false: the product and the sum stay two roundings
+
+
+def test_the_gpu_conformance_kernels_compile_as_the_runtime_builds_them():
+    # tests/test_gpu_ptx.py runs these on the device through cupy.RawModule: find a compile
+    # error here, not in the device's time
+    from kdacupy.compile import nvrtc_compile
+
+    from .test_ptx_twins import TEST_KERNELS, kernel_source
+    for arch in ("sm_90", "sm_100"):
+        res = nvrtc_compile(kernel_source(TEST_KERNELS), arch)
+        assert res.ok, res.log
