@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared call for a lent GPU (DESIGN.md section 4.5), in this order, every step
+# The one prepared run on a GPU machine (DESIGN.md section 4.5), in this order, every step
 # time-boxed (timeout), all within 8 minutes, each step's output kept even when an earlier
 # step fails (no `set -e`, no `pytest -x`):
 #   1 device info                                                 10 s
@@ -12,12 +12,12 @@
 #   7 benchmark against FLA                                       50 s
 # (boxes sum to 465 s; the rest of the 8 minutes is pip, tar and Python start-up)
 #
-#   device run:  KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh     (carry .whl for FLA)
+#   on the GPU machine:  KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh   (with .whl/ for FLA)
 #
 # What comes back: $OUT/summary.txt (device, then one line per step: exit status, seconds,
 # the log's last lines), $OUT/logs.tar.gz (every step's full log, re-made after each step),
 # and $OUT/tuned.yaml, $OUT/bench.json, $OUT/accuracy.json when those steps got that far.
-# (The device tool returns at most 8 files, hence the archive.) Exit status 124 in a step's
+# (One archive: few files to bring back.) Exit status 124 in a step's
 # line means its time box ran out.
 #
 # FLA travels as wheels in .whl/ (ignored by git), made on the dev machine with

@@ -28,7 +28,7 @@ try:
 except Exception:  # noqa: BLE001
     HAVE_GPU = False
 if not HAVE_GPU:
-    pytest.skip("no CUDA GPU here: these tests run on the lent device (benchmarks/device_check.sh)",
+    pytest.skip("no CUDA GPU here: benchmarks/device_check.sh runs these on a GPU machine",
                 allow_module_level=True)
 
 F32 = np.float32
