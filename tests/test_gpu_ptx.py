@@ -224,9 +224,9 @@ def mma_trials(f16, n=60, seed=50):
 
 @pytest.mark.parametrize("f16", [0, 1], ids=["bf16", "f16"])
 def test_mma_accumulation_probe(gpu, f16):
-    models = {f"block={b} guard={g} {r}": (b, g, r)
-              for b, g, r in itertools.product((4, 8, 16), (0, 1, 2, 3, 4, 5, 8), ("rz", "rn"))}
-    models["exact sum, rn"] = (16, None, "rn")
+    models = {f"block={b} guard={g} {r}{' C-last' if c else ''}": (b, g, r, c)
+              for b, g, r, c in itertools.product((4, 8, 16), (0, 1, 2, 3, 4, 5, 8), ("rz", "rn"), (False, True))}
+    models["exact sum, rn"] = (16, None, "rn", False)
     hits = dict.fromkeys(models, 0)
     total = 0
     worst = 0.0
@@ -235,8 +235,8 @@ def test_mma_accumulation_probe(gpu, f16):
         total += D.size
         big = np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)) + np.abs(C)
         worst = max(worst, float((np.abs(D - (A.astype(np.float64) @ B.astype(np.float64) + C)) / big).max()))
-        for name, (b, g, r) in models.items():
-            hits[name] += int(np.sum(mma_dot(A, B, C, block=b, guard=g, final=r) == D))
+        for name, (b, g, r, c) in models.items():
+            hits[name] += int(np.sum(mma_dot(A, B, C, block=b, guard=g, final=r, c_last=c) == D))
     table = sorted(((h / total, name) for name, h in hits.items()), reverse=True)
     print("mma accumulation: fraction of outputs each model reproduces bit for bit")
     for frac, name in table[:12]:

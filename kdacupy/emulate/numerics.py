@@ -45,17 +45,20 @@ def _trunc_f32(s: np.ndarray) -> np.ndarray:
     return f
 
 
-def mma_dot(A, B, C, block: int = MMA_BLOCK, guard: int = MMA_GUARD, final: str = "rz") -> np.ndarray:
+def mma_dot(A, B, C, block: int = MMA_BLOCK, guard: int = MMA_GUARD, final: str = "rz",
+            c_last: bool = False) -> np.ndarray:
     """D = A @ B + C (A [M, K], B [K, N] 16-bit floats, C fp32) as the hardware twin sums it:
     per block of ``block`` products, the running sum and the exact products are truncated to
     24 + ``guard`` bits below the largest exponent among them, added exactly, and the sum
     rounded to fp32 (``final``: "rz" truncates, "rn" rounds to nearest). ``guard=None``:
-    no alignment (exact sum)."""
+    no alignment (exact sum). ``c_last``: a variant for the GPU probe, the products summed
+    alone and C added after in fp32 (round to nearest)."""
     P = A.astype(np.float64)[:, :, None] * B.astype(np.float64)[None, :, :]  # [M, K, N], exact
     acc = np.asarray(C, np.float32).copy()
     K = P.shape[1]
     for k0 in range(0, K, block):
-        t = np.concatenate([acc.astype(np.float64)[:, None, :], P[:, k0:k0 + block]], axis=1)
+        start = np.zeros_like(acc) if c_last and k0 == 0 else acc
+        t = np.concatenate([start.astype(np.float64)[:, None, :], P[:, k0:k0 + block]], axis=1)
         if guard is not None:
             _, e = np.frexp(t)
             e = np.where(t == 0, -100000, e).max(axis=1, keepdims=True)
@@ -63,4 +66,6 @@ def mma_dot(A, B, C, block: int = MMA_BLOCK, guard: int = MMA_GUARD, final: str 
             t = np.trunc(t / q) * q
         s = t.sum(axis=1)  # exact: each term has at most 24 + guard bits at a shared scale
         acc = _trunc_f32(s) if final == "rz" else s.astype(np.float32)
+    if c_last:
+        acc = (acc.astype(np.float64) + np.asarray(C, np.float64)).astype(np.float32)
     return acc
