@@ -19,7 +19,7 @@ except Exception as e:  # noqa: BLE001
 F32 = np.float32
 FTZ_KERNEL = r"""
 extern "C" __global__ void k_mul(const float* a, const float* b, float* out, int n) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = a[i] * b[i];
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) out[i] = a[i] * b[i];
 }
 """
 
@@ -145,6 +145,15 @@ def test_ftz_during_a_launch_and_not_after(mods):
     hw_mod.get_function("k_mul")(1, 32, (a, b, out, np.int32(4)))
     assert list(out) == [0.0, 0.0, 6.0, 0.0] and np.signbit(out[3])  # flushed, sign kept
     assert np.float32(1e-20) * np.float32(1e-20) != 0  # the caller's thread got its mode back
+
+
+def test_ftz_on_every_worker_thread(mods, monkeypatch):
+    monkeypatch.setenv("KDACUPY_EMULATE_THREADS", "4")  # blocks spread over 4 OS threads
+    n = 64 * 32
+    a = np.full(n, 1e-20, F32)
+    out = np.ones(n, F32)
+    mods[1].get_function("k_mul")(64, 32, (a, a, out, np.int32(n)))
+    assert not out.any()
 
 
 def test_the_mode_is_part_of_the_build_key(monkeypatch, tmp_path):
