@@ -94,6 +94,7 @@ def test_approx_special_values_keep_their_meaning(mods):
     assert np.isnan(approx(hw, [-1.0], 6)[0]) and approx(hw, [0.0], 6)[0] == -np.inf
     assert list(approx(hw, [4.0, 0.0], 7)) == [0.5, np.inf] and list(approx(hw, [2.0, 0.0], 8)) == [0.5, np.inf]
     assert abs(approx(hw, [20.0], 9)[0]) <= 1.0
+    assert approx(hw, [1e-40], 9)[0] == F32(1e-40)  # tanh passes subnormals through
 
 
 def run_mma(mod, A, B, C, f16=0):

@@ -243,8 +243,9 @@ inline u16 f32_to_bf16(float x) { return ::kda_emu::f2bf(x); }
 inline u16 f32_to_f16(float x) { return ::kda_emu::f2h(x); }
 inline float f16_to_f32(u16 h) { return ::kda_emu::h2f(h); }
 #if KDA_EMU_NUMERICS == 1
-// PTX ISA error bounds: ex2 2 ulp of the correctly rounded result; lg2 2^-22 absolute in (0.5, 2),
-// else 2^-22 relative; rsqrt 2^-22.9 relative; rcp 1 ulp; tanh 2^-11 relative. Inputs whose
+// PTX ISA error bounds (Floating Point Instructions: ex2, lg2, rsqrt, rcp, tanh): ex2 2 ulp of the
+// correctly rounded result; lg2 2^-22 absolute in (0.5, 2), else 2^-22 relative; rsqrt 2^-22.9
+// relative; rcp.approx 1 ulp; tanh 2^-11 relative (subnormal inputs passed through). Inputs whose
 // exact result is a power of two (ex2 of an integer, lg2 of a power of two, ...) stay exact.
 inline float ex2_approx_ftz(float x) {
   float xf = ::kda_emu::ftz(x);
@@ -276,6 +277,7 @@ inline float rcp_approx_ftz(float x) {
   return ::kda_emu::ftz(r);
 }
 inline float tanh_approx(float x) {
+  if (::kda_emu::is_subnormal(x)) return x;  // passed through (no ftz on tanh), not flushed by FTZ here
   double y = tanh((double)x);
   if (x == 0 || !isfinite(x)) return (float)y;
   float r = ::kda_emu::hw::rel(y, x, 5, 0x1p-11);
