@@ -3,7 +3,9 @@ launch, through NVRTC, without a GPU.
 
 One line per variant: ``regs=N spill_stores=N spill_loads=N smem=N`` (shared
 memory = the variant's dynamic shared memory plus any static), from ptxas'
-``-v`` report; with ``--sass`` the cubin is disassembled (pip's
+``-v`` report, built with exactly the options the runtime uses (``jit.NVRTC_OPTIONS``
+plus what CuPy adds, ``jit.CUPY_ADDED_OPTIONS``: ``-ftz=true`` among them; CuPy
+targets ``sm_90`` / ``sm_100`` on Hopper / Blackwell, also accepted here); with ``--sass`` the cubin is disassembled (pip's
 nvidia-cuda-nvdisasm) and the instruction mix that matters is added: tensor-core
 MMAs (HMMA), LDSM, local memory (LDL/STL), global loads/stores (LDG/STG).
 Exit status 1 if any variant fails to compile.
@@ -31,8 +33,11 @@ from .kernels import BETA_CODE, GATE_CODE, PrepareVariant, RecurrenceVariant
 from .tuning import TILE_SPACE
 
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
+#: the targets CuPy itself builds for on Hopper / Blackwell (it never adds the "a" suffix)
+RUNTIME_ARCHS = ("sm_90", "sm_100")
 #: shared memory a block may use, per arch (opt-in maximum)
-SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 1024}
+SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 1024, "sm_90": 227 * 1024,
+              "sm_100": 227 * 1024}
 DIMS = (64, 128, 256)
 DTYPES = (BF16, F16, F32)
 
@@ -73,7 +78,8 @@ def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
     check = lambda rc, what: rc == 0 or (_ for _ in ()).throw(  # noqa: E731
         RuntimeError(f"{what}: {lib.nvrtcGetErrorString(rc).decode()}"))
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None), "create")
-    opts = [*jit.NVRTC_OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v", *options]
+    opts = [*jit.NVRTC_OPTIONS, *jit.CUPY_ADDED_OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v",
+            *options]
     argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     try:
         rc = lib.nvrtcCompileProgram(prog, len(opts), argv)
@@ -119,10 +125,10 @@ def sass_mix(cubin: bytes) -> dict:
 
 
 def arch_of_device() -> str:
+    """The target cupy.RawModule compiles for on this device: sm_<cc>, no "a" suffix."""
     import cupy
 
-    major, minor = cupy.cuda.Device().compute_capability[:-1], cupy.cuda.Device().compute_capability[-1]
-    return f"sm_{major}{minor}" + ("a" if major in ("9", "10") else "")
+    return f"sm_{cupy.cuda.Device().compute_capability}"
 
 
 # ---------------------------------------------------------------------------
@@ -163,7 +169,7 @@ def compile_variant(var, arch: str, sass: bool = False) -> CompileResult:
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kdacupy.compile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", default="sm_90a", choices=ARCHS)
+    ap.add_argument("--arch", default="sm_90a", choices=ARCHS + RUNTIME_ARCHS)
     ap.add_argument("--sass", action="store_true", help="disassemble and count HMMA/LDSM/LDL/STL/LDG/STG")
     ap.add_argument("--kernel", choices=("prepare", "recurrence", "all"), default="all")
     ap.add_argument("--match", metavar="TEXT", action="append", default=[],

@@ -124,6 +124,29 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles):
     run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 
+def workspace(p, a, nslots, xp):
+    """The kernels' scratch memory, and ``a`` with a strided ``cu_seqlens``
+    replaced by its copy at the workspace's end (a device copy kernel: capturable,
+    and a graph's replay re-reads the caller's array). On the GPU the workspace
+    persists per (device, stream) (kdacupy.workspace: a captured graph keeps its
+    pointer); the CPU emulation takes a fresh one."""
+    nbytes = p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"]
+    cu = a["cu_seqlens"]
+    copy_cu = cu is not None and not cu.flags.c_contiguous
+    cu_at = -(-nbytes // 8) * 8
+    total = cu_at + (cu.nbytes if copy_cu else 0)
+    if p.device:
+        from .workspace import device_workspace
+        ws = device_workspace(total)
+    else:
+        ws = xp.empty(total, dtype=np.uint8)
+    if copy_cu:
+        dense = ws[cu_at:].view(cu.dtype)
+        dense[...] = cu
+        a = dict(a, cu_seqlens=dense)
+    return ws, a
+
+
 def forward(p, a, tiles: TileConfig | None = None):
     """Both launches of one kda_forward call; returns (o, final_state)."""
     if p.device:
@@ -138,7 +161,7 @@ def forward(p, a, tiles: TileConfig | None = None):
     if p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = xp.empty(shape, dtype=p.state_out_dtype)
-    ws = xp.empty(p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"], dtype=np.uint8)
+    ws, a = workspace(p, a, nslots, xp)
     if nslots:
         launch_prepare(run, p, a, ws, nslots, per_seq)
     if p.N:

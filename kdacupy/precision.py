@@ -6,7 +6,11 @@ point, and everything in between done in float64. Its default contract follows
 FlashKDA (chunk 16, base-2 gates, bf16 operands, fp16 Neumann inverse, bf16 state
 updated by one fp32 FMA). Rounding points, in kernel order (``r32``/``bf``/``h``:
 round to fp32 / bf16 / fp16; ``ex2`` is 2^x rounded to fp32 and flushed to zero
-below 2^-126, as ``ex2.approx.ftz.f32``):
+below 2^-126, as ``ex2.approx.ftz.f32``). FTZ: CuPy compiles every kernel with
+``-ftz=true``, so all fp32 arithmetic in the kernels (mul, add, fma, the state
+FMA included) flushes subnormal inputs and results to sign-preserving zero; the
+model flushes only where it says so. The difference matters only for values
+below 2^-126, far under a bf16 unit of any output (DESIGN.md section 2):
 
 prepare (token-parallel, per 16-token chunk and value head)
   1. l2norm:  x <- r32(x * r32(rsqrt(r32(r32(sum x^2) + 1e-6f))))
@@ -23,7 +27,8 @@ prepare (token-parallel, per 16-token chunk and value head)
                 k_dec = bf(r32(k * ex2(gc))),   k_inv = bf(r32(k * ex2(-gc)))
                 k_res = bf(r32(k * ex2(r32(gt - gc))))
   6. L = r32(k_dec k_inv^T), Mf = r32(q_dec k_inv^T) (fp32 tensor-core accumulate);
-     when some |gc| > 126 (2^-gc would overflow / 2^gc flush), the chunk uses
+     when some |gc| > 100 (2^gc * scale * q would go subnormal, which the kernels'
+     FTZ flushes, or 2^-gc overflow with large keys), the chunk uses
      the pair form instead: r32(sum_d k_i k_j ex2(r32(gc_i - gc_j))) (q_i: r32(q_i * scale)).
   7. Lb = h(r32(L * beta_i)) strictly below the diagonal.
   8. Neumann, fp16 operands, fp32 accumulate, fp16 results:
@@ -53,8 +58,8 @@ from .reference import pack, sequence_bounds, state_from_kv, state_to_kv, unpack
 CHUNK = 16
 LOG2E_F32 = float(np.float32(1.0 / math.log(2.0)))
 EPS_F32 = float(np.float32(1e-6))
-#: |gc| bound (base 2) below which the factored chunk form is exact in fp32
-SAFE_EXPONENT = 126.0
+#: |gc| bound (base 2) below which the factored chunk form stays in normal fp32 (kda_prepare.cu)
+SAFE_EXPONENT = 100.0
 
 r32, bf, h = round_f32, round_bf16, round_f16
 

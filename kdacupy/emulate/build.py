@@ -4,7 +4,8 @@ Cache key: sha256 of the source with its exports, the emulation headers, the
 compiler (path and --version) and the flags. Files go to
 $KDACUPY_CACHE_DIR/emulate or ~/.cache/kdacupy/emulate, written to a temporary
 name and renamed with os.replace, so concurrent processes never see half a file.
-$KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb).
+$KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb);
+$KDACUPY_EMULATE_NUMERICS (exact|hardware, see numerics.py) adds -DKDA_EMU_NUMERICS.
 
 Checked builds (KDACUPY_EMULATE_CHECK, checks.h) compile the kernel with
 -fsanitize=thread and line tables, then link it with tsan_hooks.cpp instead of
@@ -23,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from . import numerics
 from .errors import EmulationError
 
 HERE = Path(__file__).resolve().parent
@@ -86,7 +88,7 @@ def build(source: str, names: Sequence[str], checked: bool = False) -> Path:
     ``checked``: instrumented for the checks (the key differs)."""
     cxx = find_compiler()
     text = full_source(source, names)
-    flags = [*FLAGS, *(CHECK_FLAGS if checked else ()), *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
+    flags = [*FLAGS, *(CHECK_FLAGS if checked else ()), numerics.define(), *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
     files = HEADERS + (CHECK_FILES if checked else ())
     h = hashlib.sha256()
     for part in (text, *((HERE / f).read_text() for f in files), cxx, _version(cxx), " ".join(flags)):

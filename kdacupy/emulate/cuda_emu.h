@@ -635,6 +635,24 @@ KDA_EMU_RT inline void call_kernel(void (*k)(A...), void* const* args, std::inde
   k(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(args[I])...);
 }
 
+// KDA_EMU_NUMERICS=1 (hardware): fp32 arithmetic flushes subnormal inputs and results to
+// zero for the launch, as CuPy's -ftz=true build does on the GPU (x86 MXCSR FTZ|DAZ, Arm
+// FPCR.FZ); worker threads inherit it from the launching thread, which gets its mode back.
+#ifndef KDA_EMU_NUMERICS
+#define KDA_EMU_NUMERICS 0
+#endif
+struct FtzScope {
+#if KDA_EMU_NUMERICS == 1 && (defined(__x86_64__) || defined(__i386__))
+  unsigned saved = __builtin_ia32_stmxcsr();
+  FtzScope() { __builtin_ia32_ldmxcsr(saved | 0x8040u); }
+  ~FtzScope() { __builtin_ia32_ldmxcsr(saved); }
+#elif KDA_EMU_NUMERICS == 1 && defined(__aarch64__)
+  unsigned long saved;
+  FtzScope() { __asm__ volatile("mrs %0, fpcr" : "=r"(saved)); __asm__ volatile("msr fpcr, %0" ::"r"(saved | (1ul << 24))); }
+  ~FtzScope() { __asm__ volatile("msr fpcr, %0" ::"r"(saved)); }
+#endif
+};
+
 template <class... A>
 KDA_EMU_RT inline int launch(void (*k)(A...), const long long* cfg, void** args, int nargs, const long long* ext,
                              int next, char* err, int errlen) {
@@ -650,6 +668,7 @@ KDA_EMU_RT inline int launch(void (*k)(A...), const long long* cfg, void** args,
     Ctx* x = static_cast<Ctx*>(c);
     call_kernel(x->k, x->args, std::index_sequence_for<A...>{});
   };
+  FtzScope ftz;
   return run_launch(entry, &ctx, cfg, ext, next, err, errlen);
 }
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import numerics
 from .build import build, stats
 from .errors import EmulationError
 
@@ -102,7 +103,7 @@ class EmulatedModule:
         self._functions: dict[str, EmulatedFunction] = {}
 
     def _lib(self, checked: bool) -> tuple[ctypes.CDLL, Path]:
-        key = (self._source, self.names, checked)
+        key = (self._source, self.names, checked, numerics.mode())  # the mode is a build flag
         with _lock:
             hit = _loaded.get(key)
             if hit is None:
