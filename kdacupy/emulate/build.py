@@ -83,12 +83,13 @@ def full_source(source: str, names: Sequence[str]) -> str:
     return f"{source}\n// ---- emulation exports ----\n{exports}"
 
 
-def build(source: str, names: Sequence[str], checked: bool = False) -> Path:
+def build(source: str, names: Sequence[str], checked: bool = False, numerics_mode: str | None = None) -> Path:
     """Path of the shared library for (source, names), compiling it if not cached;
-    ``checked``: instrumented for the checks (the key differs)."""
+    ``checked``: instrumented for the checks; ``numerics_mode``: the twins'
+    arithmetic (default: $KDACUPY_EMULATE_NUMERICS); both are in the key."""
     cxx = find_compiler()
     text = full_source(source, names)
-    flags = [*FLAGS, *(CHECK_FLAGS if checked else ()), numerics.define(), *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
+    flags = [*FLAGS, *(CHECK_FLAGS if checked else ()), numerics.define(numerics_mode), *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
     files = HEADERS + (CHECK_FILES if checked else ())
     h = hashlib.sha256()
     for part in (text, *((HERE / f).read_text() for f in files), cxx, _version(cxx), " ".join(flags)):

@@ -99,15 +99,16 @@ class EmulatedModule:
     def __init__(self, source: str, names: Sequence[str]):
         self.names = tuple(names)
         self._source = source
+        self._numerics = numerics.mode()  # fixed at construction: a later build of this module agrees
         self._lib(checks() != 0)
         self._functions: dict[str, EmulatedFunction] = {}
 
     def _lib(self, checked: bool) -> tuple[ctypes.CDLL, Path]:
-        key = (self._source, self.names, checked, numerics.mode())  # the mode is a build flag
+        key = (self._source, self.names, checked, self._numerics)
         with _lock:
             hit = _loaded.get(key)
             if hit is None:
-                path = build(self._source, self.names, checked)
+                path = build(self._source, self.names, checked, self._numerics)
                 hit = _loaded[key] = (ctypes.CDLL(str(path)), path)
             else:
                 stats["memory_hits"] += 1

@@ -34,8 +34,8 @@ def mode() -> str:
     return value
 
 
-def define() -> str:
-    return f"-DKDA_EMU_NUMERICS={MODES[mode()]}"
+def define(which: str | None = None) -> str:
+    return f"-DKDA_EMU_NUMERICS={MODES[which or mode()]}"
 
 
 def _trunc_f32(s: np.ndarray) -> np.ndarray:
