@@ -1,0 +1,121 @@
+"""Launcher of ``kernels/kda_decode.cu``: variant configuration, grid, arguments.
+
+The same code serves the GPU (CuPy arrays, ``kdacupy.jit.CudaLoader``) and the
+CPU emulation (NumPy arrays): only the loader and the array module differ.
+Nothing here reads device memory or synchronises, so a decode step with device
+indices captures into a CUDA graph. What depends only on shapes, dtypes and
+options (the variant, its compiled function, the grid) is cached per call key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .jit import loader
+from .kernels import BETA_CODE, DTYPE_CODE, GATE_CODE, LOG2E, _ptr, _strides
+from .tuning import DEFAULT_SM_COUNT
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    BV: int = 16  # value rows per CTA: V / BV CTAs per (sequence, head)
+    warps: int = 4  # warps per CTA; each owns BV / warps value rows
+
+    def valid_for(self, K: int, V: int) -> bool:
+        rv = self.BV // self.warps
+        return self.BV <= V and V % self.BV == 0 and self.BV % self.warps == 0 and 1 <= rv <= 16 and \
+            (K // 32) * rv <= 64
+
+
+#: every decode tile configuration a variant can be built with (the tuner's space)
+DECODE_TILE_SPACE = tuple(DecodeTiles(bv, w) for bv in (8, 16, 32, 64) for w in (1, 2, 4, 8) if bv % w == 0
+                          and bv // w <= 16)
+
+
+def decode_candidates(K: int, V: int) -> list[DecodeTiles]:
+    return [t for t in DECODE_TILE_SPACE if t.valid_for(K, V)]
+
+
+def decode_heuristic(K: int, V: int, rows: int, sm_count: int = 132) -> DecodeTiles:
+    """Untuned choice: 4 value rows per warp, 4 warps; halve the CTA's rows while
+    the grid (rows = N * HV heads, V / BV CTAs each) has fewer than 4 CTAs per SM."""
+    for t in (DecodeTiles(16, 4), DecodeTiles(8, 4), DecodeTiles(8, 8)):
+        if t.valid_for(K, V) and rows * (V // t.BV) >= 4 * sm_count:
+            return t
+    best = DecodeTiles(8, 4)
+    return best if best.valid_for(K, V) else DecodeTiles(8, 8)
+
+
+@dataclass(frozen=True)
+class DecodeVariant:
+    K: int
+    V: int
+    dtype: np.dtype
+    g_dtype: np.dtype
+    beta_dtype: np.dtype  # any valid dtype when beta_mode == "none"
+    gate: str
+    beta_mode: str
+    l2norm: bool
+    pool_dtype: np.dtype
+    layout: str
+    tiles: DecodeTiles
+
+    def config(self) -> dict:
+        return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_G_DT=DTYPE_CODE[self.g_dtype],
+                    KDA_BETA_DT=DTYPE_CODE[self.beta_dtype], KDA_GATE=GATE_CODE[self.gate],
+                    KDA_BETA_MODE=BETA_CODE[self.beta_mode], KDA_L2NORM=int(self.l2norm),
+                    KDA_POOL_DT=DTYPE_CODE[self.pool_dtype], KDA_LAYOUT_VK=int(self.layout == "vk"),
+                    KDA_BV=self.tiles.BV, KDA_WARPS=self.tiles.warps)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.tiles.warps
+
+    smem = 0
+
+
+def decode_variant(p, pool, tiles: DecodeTiles) -> DecodeVariant:
+    return DecodeVariant(p.K, p.V, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm,
+                         pool.dtype, pool.layout, tiles)
+
+
+def select_decode_tiles(p) -> DecodeTiles:
+    sm = DEFAULT_SM_COUNT
+    if p.device:
+        import cupy
+        sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    return decode_heuristic(p.K, p.V, p.N * p.HV, sm)
+
+
+@lru_cache(maxsize=256)
+def _launch_plan(p, pool, device: bool, tiles: DecodeTiles | None):
+    """(compiled function, grid, block, constant scalars) of one call key."""
+    tiles = tiles or select_decode_tiles(p)
+    var = decode_variant(p, pool, tiles)
+    fn = loader("cuda" if device else "emulate").get("kda_decode", var.config(), "kda_decode")
+    lb2 = np.float32(p.lower_bound * LOG2E) if p.lower_bound is not None else np.float32(0)
+    return fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), lb2
+
+
+def decode(p, pool, a, pool_arr, idx, acc, tiles: DecodeTiles | None = None):
+    """The one launch of a kda_decode call; returns o."""
+    if p.device:
+        import cupy as xp
+    else:
+        xp = np
+    run = loader("cuda" if p.device else "emulate")
+    fn, grid, block, lb2 = _launch_plan(p, pool, p.device, tiles)
+    o = a["out"] if a["out"] is not None else xp.empty(a["v"].shape, dtype=p.dtype)
+    if p.N == 0 or p.T == 0:
+        return o
+    args = (_ptr(a["q"]), _ptr(a["k"]), _ptr(a["v"]), _ptr(a["g"]), _ptr(a["beta"]),
+            *_strides(a["q"]), *_strides(a["k"]), *_strides(a["v"]), *_strides(a["g"]), *_strides(a["beta"]),
+            _ptr(o), *_strides(o), _ptr(a["A_log"]), _ptr(a["dt_bias"]), _ptr(pool_arr), np.int64(pool.P),
+            _ptr(idx), np.int32(idx.dtype == np.int64), np.int32(pool.per_token),
+            _ptr(acc), np.int32(acc is not None and acc.dtype == np.int64),
+            np.int32(p.T), np.int32(p.H), np.int32(p.HV), np.float32(p.scale), lb2)
+    run.launch(fn, grid, block, args, 0)
+    return o
+
