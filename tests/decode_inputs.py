@@ -12,6 +12,8 @@ def make_decode(N=3, T=1, H=2, HV=None, K=64, V=64, P=None, pool_dtype=np.float3
     of P = 2N + 1 slots (so neighbouring slots are never touched)."""
     kw = dict(kw, dtype=dtype) if dtype is not None else kw
     x, opts = make_inputs(B=N, T=T, H=H, HV=HV, K=K, V=V, seed=seed, gate=gate, beta=beta, **kw)
+    if beta is None:
+        opts.pop("beta_sigmoid", None)
     HV = HV or H
     P = P or 2 * N + 1
     rng = np.random.default_rng(seed + 1000)
