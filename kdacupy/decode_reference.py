@@ -73,3 +73,16 @@ def kda_decode_reference(
             if write[n, t] >= 0:
                 store_state(state_pool, write[n, t], S, state_layout)
     return o
+
+
+def forward_through_pool(kda_forward, problem, a, **kwargs):
+    """``kda_forward`` with a state pool on the NumPy backends ("reference",
+    "model"): initial states gathered from the pool (zeros for negative slots),
+    final states scattered back. (The kernels read and write the pool in place.)"""
+    pool, idx = a["state_pool"], np.asarray(a["state_indices"]).astype(np.int64)
+    live = idx >= 0
+    init = np.zeros((len(idx),) + pool.shape[1:], dtype=pool.dtype)
+    init[live] = pool[idx[live]]
+    o, final = kda_forward(**kwargs, initial_state=init, output_final_state=True)
+    pool[idx[live]] = final[live]
+    return o, None

@@ -137,3 +137,26 @@ def validate_pool(state_pool, state_indices, num_accepted_tokens, problem, array
                              device=problem.device, allow_per_token=allow_per_token)
     check_pool_overlap(pool, arrays, ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out"))
     return Pool(int(pool.shape[0]), pool.dtype, problem.state_layout, idx.ndim == 2, acc is not None), idx, acc, pool
+
+
+def validate_forward_pool(problem, arrays, state_pool, state_indices, *, initial_state, output_final_state,
+                          state_dtype):
+    """``kda_forward(..., state_pool=, state_indices=)`` (idx [N]): returns the
+    Problem with the pool's dtype as the state's, and the arrays with
+    ``state_pool`` and ``state_indices`` added."""
+    from dataclasses import replace
+
+    if state_pool is None:
+        fail("state_pool", "a state pool with state_indices", "None", TypeError)
+    if initial_state is not None:
+        fail("initial_state", "None with state_pool (initial states come from the pool)", "an array")
+    if output_final_state:
+        fail("output_final_state", "False with state_pool (final states are written to the pool)", "True")
+    if state_dtype is not None:
+        fail("state_dtype", "None with state_pool (states keep the pool's dtype)", repr(state_dtype))
+    _, idx, _, pool = validate_pool(state_pool, state_indices, None, problem, arrays, T=problem.T,
+                                    allow_per_token=False)
+    arrays = dict(arrays, state_pool=pool, state_indices=idx, initial_state=pool)  # the kernels read it in place
+    if is_device(pool) and arrays.get("cu_seqlens") is not None:
+        check_pool_overlap(pool, arrays, ("cu_seqlens",))
+    return replace(problem, state_in_dtype=pool.dtype, state_out_dtype=pool.dtype), arrays
