@@ -90,32 +90,33 @@ def select_decode_tiles(p) -> DecodeTiles:
 
 
 @lru_cache(maxsize=256)
-def _launch_plan(p, pool, device: bool, tiles: DecodeTiles | None):
-    """(compiled function, grid, block, constant scalars) of one call key."""
+def launch_plan(p, pool, device: bool, tiles: DecodeTiles | None = None):
+    """(compiled function, grid, block) of a validated problem and pool."""
     tiles = tiles or select_decode_tiles(p)
     var = decode_variant(p, pool, tiles)
     fn = loader("cuda" if device else "emulate").get("kda_decode", var.config(), "kda_decode")
+    return fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,)
+
+
+def stride_args(arrays):
+    """Stride arguments of q, k, v, g, beta and out (``arrays`` in kdacupy.decode_fastpath.NAMES order)."""
+    return tuple(tuple(_strides(arrays[i])) for i in (0, 1, 2, 3, 4, 8))
+
+
+def scalar_args(p, pool, arrays):
+    """The arguments after the pointers that depend only on the call's key."""
+    idx, acc = arrays[6], arrays[7]
     lb2 = np.float32(p.lower_bound * LOG2E) if p.lower_bound is not None else np.float32(0)
-    return fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), lb2
+    return (np.int64(pool.P), np.int32(idx.dtype == np.int64), np.int32(pool.per_token),
+            np.int32(acc is not None and acc.dtype == np.int64), np.int32(p.T), np.int32(p.H), np.int32(p.HV),
+            np.float32(p.scale), lb2)
 
 
-def decode(p, pool, a, pool_arr, idx, acc, tiles: DecodeTiles | None = None):
-    """The one launch of a kda_decode call; returns o."""
-    if p.device:
-        import cupy as xp
-    else:
-        xp = np
-    run = loader("cuda" if p.device else "emulate")
-    fn, grid, block, lb2 = _launch_plan(p, pool, p.device, tiles)
-    o = a["out"] if a["out"] is not None else xp.empty(a["v"].shape, dtype=p.dtype)
-    if p.N == 0 or p.T == 0:
-        return o
-    args = (_ptr(a["q"]), _ptr(a["k"]), _ptr(a["v"]), _ptr(a["g"]), _ptr(a["beta"]),
-            *_strides(a["q"]), *_strides(a["k"]), *_strides(a["v"]), *_strides(a["g"]), *_strides(a["beta"]),
-            _ptr(o), *_strides(o), _ptr(a["A_log"]), _ptr(a["dt_bias"]), _ptr(pool_arr), np.int64(pool.P),
-            _ptr(idx), np.int32(idx.dtype == np.int64), np.int32(pool.per_token),
-            _ptr(acc), np.int32(acc is not None and acc.dtype == np.int64),
-            np.int32(p.T), np.int32(p.H), np.int32(p.HV), np.float32(p.scale), lb2)
-    run.launch(fn, grid, block, args, 0)
-    return o
-
+def decode_args(ptrs, strides, scalars):
+    """The kernel's argument tuple from the 11 data pointers (ints, 0 for none)."""
+    u = np.uint64
+    sq, sk, sv, sg, sb, so = strides
+    P, idx64, per_token, acc64, T, H, HV, scale, lb2 = scalars
+    return (u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), *sq, *sk, *sv, *sg, *sb,
+            u(ptrs[8]), *so, u(ptrs[9]), u(ptrs[10]), u(ptrs[5]), P, u(ptrs[6]), idx64, per_token,
+            u(ptrs[7]), acc64, T, H, HV, scale, lb2)

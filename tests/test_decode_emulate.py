@@ -54,13 +54,16 @@ def test_emulated_decode_matches_the_model(name):
 
 @pytest.mark.parametrize("tiles", [DecodeTiles(8, 1), DecodeTiles(16, 2), DecodeTiles(32, 8), DecodeTiles(64, 4)])
 def test_every_tile_configuration_computes_the_same(tiles, monkeypatch):
+    import kdacupy.decode_fastpath as fp
     import kdacupy.decode_kernels as dk
     assert tiles in decode_candidates(64, 64)
     monkeypatch.setattr(dk, "select_decode_tiles", lambda p: tiles)
-    dk._launch_plan.cache_clear()
+    dk.launch_plan.cache_clear()
+    fp.clear()
     x, opts, pool = make_decode(N=2, T=2, H=1, HV=2, K=64, V=64, pool_dtype=BF16)
     oe, om, pe, pm = run_both(x, opts, pool)
-    dk._launch_plan.cache_clear()
+    dk.launch_plan.cache_clear()
+    fp.clear()
     close(oe, om)
     close(pe, pm)
 
@@ -96,7 +99,7 @@ def test_device_style_out_of_range_indices_are_padding():
     """Device indices are not validated by the host: the kernel treats a slot
     >= P like a negative one (launcher called directly, as the host checks
     would reject these)."""
-    from kdacupy.decode_kernels import decode
+    from kdacupy.decode_fastpath import DecodeCall
     from kdacupy.decode_validation import Pool
     from kdacupy.validation import validate
     x, opts, pool = make_decode(N=2, T=1, H=1, K=64, V=64, P=3)
@@ -107,7 +110,10 @@ def test_device_style_out_of_range_indices_are_padding():
                     beta_sigmoid=kw.pop("beta_sigmoid"), allow_neg_eigval=False, **kw, state_layout="vk",
                     state_dtype=None, state_precision="fp32", out=None, backend="emulate")
     before = pool.copy()
-    o = decode(p, Pool(3, pool.dtype, "vk", False, False), a, pool, idx, None)
+    arrays = (a["q"], a["k"], a["v"], a["g"], a["beta"], pool, idx, None, None, a["A_log"], a["dt_bias"])
+    call = DecodeCall(p, Pool(3, pool.dtype, "vk", False, False), arrays)
+    assert call.checked(arrays) is None  # the host check refuses slot 99; the kernel is launched regardless
+    o = call.launch(arrays, [call._ptr(x) for x in arrays])
     assert not np.any(o[0].astype(np.float32)) and np.any(o[1].astype(np.float32))
     assert untouched(pool, before, {1})
 
