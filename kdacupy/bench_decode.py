@@ -252,8 +252,9 @@ def run(args) -> int:
     from . import timing
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    host = host_overhead()
-    fwd = forward_validation_us()
+    calls = max(50, 20 * args.iters)  # --iters 100 (the default): 2000 calls per host measurement
+    host = host_overhead(calls)
+    fwd = forward_validation_us(calls // 4)
     print("host overhead of kda_decode (null launcher, NumPy arrays, this CPU):")
     for r in host:
         print(f"  N={r['N']} HV={r['HV']} T={r['T']} out {'given' if r['out_given'] else 'allocated'}: "
