@@ -68,9 +68,12 @@ def make_case(s, xp=np, seed=0):
 
 def pool_of(s, P, xp):
     """A random pool on the GPU (up to 4 GiB at N = 512, T = 4: drawn there, not on the host);
-    zeros for NumPy (the host-overhead runs never read it)."""
+    on the host random when small (parity checks), else zeros (host-overhead runs never read it)."""
     if xp is np:
-        return np.zeros((P, s["HV"], V, K), dtype=s["pool"])
+        shape = (P, s["HV"], V, K)
+        if np.prod(shape) > 2e7:
+            return np.zeros(shape, dtype=s["pool"])
+        return (0.1 * np.random.default_rng(P).standard_normal(shape, dtype=np.float32)).astype(s["pool"])
     pool = xp.empty((P, s["HV"], V, K), dtype=s["pool"])
     pool[...] = (0.1 * xp.random.standard_normal(pool.shape, dtype=np.float32)).astype(s["pool"])
     return pool

@@ -15,7 +15,6 @@ import numpy as np
 
 from .jit import loader
 from .kernels import BETA_CODE, DTYPE_CODE, GATE_CODE, LOG2E, _ptr, _strides
-from .tuning import DEFAULT_SM_COUNT
 
 
 @dataclass(frozen=True)
@@ -81,18 +80,16 @@ def decode_variant(p, pool, tiles: DecodeTiles) -> DecodeVariant:
                          pool.dtype, pool.layout, tiles)
 
 
-def select_decode_tiles(p) -> DecodeTiles:
-    sm = DEFAULT_SM_COUNT
-    if p.device:
-        import cupy
-        sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    return decode_heuristic(p.K, p.V, p.N * p.HV, sm)
+def select_decode_tiles(p, pool) -> DecodeTiles:
+    """Tuning file for this GPU, else the heuristic (kdacupy/decode_tuning.py)."""
+    from .decode_tuning import select
+    return select(p, pool.dtype)
 
 
 @lru_cache(maxsize=256)
 def launch_plan(p, pool, device: bool, tiles: DecodeTiles | None = None):
     """(compiled function, grid, block) of a validated problem and pool."""
-    tiles = tiles or select_decode_tiles(p)
+    tiles = tiles or select_decode_tiles(p, pool)
     var = decode_variant(p, pool, tiles)
     fn = loader("cuda" if device else "emulate").get("kda_decode", var.config(), "kda_decode")
     return fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,)

@@ -57,7 +57,7 @@ def test_every_tile_configuration_computes_the_same(tiles, monkeypatch):
     import kdacupy.decode_fastpath as fp
     import kdacupy.decode_kernels as dk
     assert tiles in decode_candidates(64, 64)
-    monkeypatch.setattr(dk, "select_decode_tiles", lambda p: tiles)
+    monkeypatch.setattr(dk, "select_decode_tiles", lambda p, pool: tiles)
     dk.launch_plan.cache_clear()
     fp.clear()
     x, opts, pool = make_decode(N=2, T=2, H=1, HV=2, K=64, V=64, pool_dtype=BF16)

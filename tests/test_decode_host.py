@@ -112,3 +112,48 @@ def test_bench_cli_measures_host_overhead_without_a_gpu(tmp_path):
     assert "host overhead of kda_decode" in out.stdout
     if "shapes" not in doc:
         assert out.returncode == 2 and "no CUDA GPU" in out.stderr
+
+
+def test_decode_tuning_file_lookup(tmp_path, monkeypatch):
+    import yaml
+
+    from kdacupy import decode_tuning as dt
+    from kdacupy.decode_kernels import DecodeTiles
+    from kdacupy.validation import Problem
+
+    p = Problem(B=64, T=1, H=32, HV=32, K=128, V=128, N=64, dtype=BF16, g_dtype=BF16, beta_dtype=BF16,
+                gate="sigmoid", beta_mode="sigmoid", qk_l2norm=True, scale=1.0, lower_bound=-5.0,
+                state_layout="vk", state_in_dtype=None, state_out_dtype=None, state_precision="fp32",
+                varlen=False, device=True, backend="cuda")
+    monkeypatch.setattr(dt, "_device", lambda: ("NVIDIA H200", 132))
+    monkeypatch.setenv("KDACUPY_TUNING_DIR", str(tmp_path))
+    dt.clear_cache()
+    tiles, source = dt.describe(p, np.dtype(np.float32))
+    assert source == "heuristic (untuned)" and tiles == dt.decode_heuristic(128, 128, 64 * 32, 132)
+    b = dt.bucket_of(p, np.dtype(np.float32), 132)
+    assert b == dict(K=128, V=128, pool="float32", tokens="1", parallelism=">=2")
+    doc = dict(schema=1, kind="decode", gpu="NVIDIA H200", sm_count=132,
+               buckets=[dict(match=b, config=dict(BV=32, warps=8), time_us=9.5)])
+    (tmp_path / "NVIDIA-H200.decode.yaml").write_text(yaml.safe_dump(doc))
+    dt.clear_cache()
+    tiles, source = dt.describe(p, np.dtype(np.float32))
+    assert tiles == DecodeTiles(32, 8) and source.endswith("NVIDIA-H200.decode.yaml")
+    assert dt.describe(p, np.dtype(BF16))[1] == "heuristic (untuned)"  # another bucket
+    doc["buckets"][0]["config"] = dict(BV=48, warps=8)  # not a tile configuration: the file is ignored
+    (tmp_path / "NVIDIA-H200.decode.yaml").write_text(yaml.safe_dump(doc))
+    dt.clear_cache()
+    with pytest.warns(UserWarning, match="ignoring decode tuning file"):
+        assert dt.describe(p, np.dtype(np.float32))[1] == "heuristic (untuned)"
+    dt.clear_cache()
+
+
+def test_decode_heuristic_and_tile_space():
+    from kdacupy.decode_kernels import DECODE_TILE_SPACE, DecodeTiles, decode_candidates, decode_heuristic
+    for K in (64, 128, 256):
+        for V in (64, 128, 256):
+            assert decode_candidates(K, V) and all(t.valid_for(K, V) for t in decode_candidates(K, V))
+            for rows in (1, 16, 4096):
+                assert decode_heuristic(K, V, rows).valid_for(K, V)
+    assert decode_heuristic(128, 128, 16, 132) == DecodeTiles(8, 4)  # few heads: more, smaller CTAs
+    assert decode_heuristic(128, 128, 64 * 32, 132) == DecodeTiles(16, 4)
+    assert len(set(DECODE_TILE_SPACE)) == len(DECODE_TILE_SPACE)
