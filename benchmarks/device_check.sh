@@ -42,3 +42,23 @@ stamp "benchmark against FLA"
 timeout 150 python3 -m kdacupy.bench --shapes all --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 echo "bench exit $?"; tail -n 25 "$OUT/bench.txt"
 stamp "done"
+
+# ---------------------------------------------------------------------------
+# kda_decode on a state pool (DESIGN.md section 7.1): GPU tests incl. CUDA-graph
+# capture, decode tuning, decode benchmark. Each step gets what is left of a
+# 470 s budget for the whole script (skipped when under 20 s remain).
+decode_left() { echo $(( 470 - (SECONDS - start) )); }
+decode_step() {  # decode_step SECONDS_CAP NAME LOG command...
+  local cap=$1 name=$2 log=$3; shift 3
+  local t; t=$(decode_left); (( t > cap )) && t=$cap
+  if (( t < 20 )); then echo "== $name skipped: $(decode_left) s left"; return; fi
+  stamp "$name (limit $t s)"
+  timeout "$t" "$@" > "$OUT/$log" 2>&1
+  echo "$name exit $?"; tail -n 12 "$OUT/$log"
+}
+decode_step 90 "decode: GPU tests" gpu_decode_tests.log python3 -m pytest -q -x -rs tests/test_gpu_decode.py
+decode_step 90 "decode: tuning" tune_decode.log \
+  python3 -m kdacupy.tune --decode --iters 20 --warmup 3 --output "$OUT/tuning/NVIDIA-H200.decode.yaml"
+decode_step 120 "decode: benchmark" bench_decode.txt \
+  python3 -m kdacupy.bench --shapes decode --iters 50 --warmup 5 --json "$OUT/bench_decode.json"
+stamp "decode done"

@@ -220,7 +220,7 @@ def fla_decode(s, a, o):
         return f"{type(e).__name__}: {e}"[:300]
 
 
-def bench_gpu(shapes, warmup, iters, fla_on=True) -> tuple[dict, list]:
+def bench_gpu(shapes, warmup, iters, fla_on=True, on_row=None) -> tuple[dict, list]:
     import cupy
 
     from . import timing
@@ -253,6 +253,8 @@ def bench_gpu(shapes, warmup, iters, fla_on=True) -> tuple[dict, list]:
             else:
                 row["fla"] = dict(error=f)
         rows.append(row)
+        if on_row is not None:
+            on_row(dict(device=info, copy_bandwidth_gbps=copy_gbps), rows)
         print(f"  {label(s):34s} {med * 1e3:8.2f} us  {gbps:7.0f} GB/s  {gbps / copy_gbps:5.2f} of copy  "
               f"host {host_us:6.1f} us" + (f"  FLA {row['fla'].get('median_us', float('nan')):8.2f} us"
                                            if row["fla"] else ""), flush=True)
@@ -274,17 +276,21 @@ def run(args) -> int:
     print(f"  for scale, kda_forward's validation alone: {fwd:.1f} us per call")
     doc = dict(kind="kdacupy.bench.decode", date=now.isoformat(timespec="seconds"), commit=timing.git_commit(),
                host_overhead=host, forward_validation_us=fwd)
-    code = 0
-    if timing.gpu_available():
-        head, rows = bench_gpu(decode_shapes(), args.warmup, args.iters, not args.no_fla)
-        doc.update(head, shapes=rows)
-    else:
+    path = Path(args.json) if args.json else Path(f"benchmarks/decode_{now.strftime('%Y%m%d-%H%M%S')}.json")
+
+    def write(head=None, rows=None):  # after every shape: a run stopped by a time limit keeps what it measured
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(doc, **(head or {}), **({"shapes": rows} if rows is not None else {})),
+                                   indent=1, default=str))
+
+    if not timing.gpu_available():
         print(timing.no_gpu_message("python -m kdacupy.bench --shapes decode", " (host overhead measured above)"),
               file=sys.stderr)
-        code = 2
-    path = Path(args.json) if args.json else Path(f"benchmarks/decode_{now.strftime('%Y%m%d-%H%M%S')}.json")
-    if args.json or code == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=1))
-        print(f"wrote {path}")
-    return code
+        if args.json:
+            write()
+            print(f"wrote {path}")
+        return 2
+    write()
+    bench_gpu(decode_shapes(), args.warmup, args.iters, not args.no_fla, on_row=write)
+    print(f"wrote {path}")
+    return 0
