@@ -80,25 +80,27 @@ def test_negative_slot_starts_from_zeros_and_never_wraps(backend):
     assert np.array_equal(p.view(np.uint8), pool.view(np.uint8))
 
 
+@pytest.mark.parametrize("layout", ["vk", "kv"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_decode_after_prefill_equals_one_forward_over_all_tokens(backend):
+def test_decode_after_prefill_equals_one_forward_over_all_tokens(backend, layout):
     """Prefill T0 tokens into the pool, then decode 3 single tokens and one
     2-token verify step: the outputs are those of one kda_forward over the
     concatenated tokens from the same initial states (float64 reference)."""
     N, T0, steps = 2, 20, [1, 1, 1, 2]
     T = T0 + sum(steps)
     x, opts = make_inputs(B=N, T=T, H=1, HV=2, K=64, V=64, seed=3)
-    pool = (0.5 * np.random.default_rng(5).standard_normal((5, 2, 64, 64))).astype(np.float32)
+    kv = (0.5 * np.random.default_rng(5).standard_normal((5, 2, 64, 64))).astype(np.float32)  # [P, HV, K, V]
     idx = np.array([3, 1], np.int32)
-    ref_o, _ = kda_reference(**x, **opts, initial_state=np.swapaxes(pool[idx], -1, -2).astype(np.float64))
-    p = pool.copy()
+    ref_o, _ = kda_reference(**x, **opts, initial_state=kv[idx].astype(np.float64))
+    p = kv.copy() if layout == "kv" else np.ascontiguousarray(np.swapaxes(kv, -1, -2))
     pre = {n: a[:, :T0] for n, a in x.items()}
-    outs = [kdacupy.kda_forward(**pre, **opts, state_layout="vk", state_pool=p, state_indices=idx,
+    outs = [kdacupy.kda_forward(**pre, **opts, state_layout=layout, state_pool=p, state_indices=idx,
                                 backend=backend)[0]]
     t = T0
-    for s in steps:
+    for s in steps:  # the anchor bug of a [K, V] vs [V, K] mix-up in one path: prefill and decode share p
         step = {n: a[:, t:t + s] for n, a in x.items()}
-        outs.append(kdacupy.kda_decode(**step, **opts, state_pool=p, state_indices=idx, backend=backend))
+        outs.append(kdacupy.kda_decode(**step, **opts, state_pool=p, state_indices=idx, state_layout=layout,
+                                       backend=backend))
         t += s
     o = np.concatenate(outs, axis=1)
     err = rmse_ratio(o[:, T0:], ref_o[:, T0:])
@@ -130,3 +132,18 @@ def test_validation_of_the_pool_keywords():
         with pytest.raises(exc, match=match):
             kdacupy.kda_forward(**x, **opts, **kw, **extra)
     np.testing.assert_array_equal(pool, before)
+
+
+@pytest.mark.skipif("emulate" not in BACKENDS, reason="no host C++ compiler for the emulation")
+def test_one_token_tail_prefill_then_decode():
+    """The anchor bug of a one-token tail sequence reading out of bounds: a
+    1-token last sequence of a packed batch, exactly sized inputs, into the pool."""
+    x, opts = make_inputs(cu_seqlens=[21, 1], H=1, K=64, V=64, seed=2)
+    pool = (0.5 * np.random.default_rng(3).standard_normal((3, 1, 64, 64))).astype(BF16)
+    idx = np.array([2, 0], np.int32)
+    pe, pm = pool.copy(), pool.copy()
+    oe, _ = kdacupy.kda_forward(**x, **opts, state_layout="vk", state_pool=pe, state_indices=idx, backend="emulate")
+    om, _ = kdacupy.kda_forward(**x, **opts, state_layout="vk", state_pool=pm, state_indices=idx, backend="model")
+    close(oe, om)
+    close(pe, pm)
+    np.testing.assert_array_equal(pe[1], pool[1])

@@ -87,9 +87,10 @@ def test_decode_step_captures_into_a_cuda_graph_and_replays():
     for step in range(3):
         nx, _, _ = make_decode(N=N, T=1, H=2, HV=4, K=128, V=128, seed=100 + step)
         new_idx = np.roll(opts["state_indices"], step).astype(np.int32)
-        for n in bufs:
-            bufs[n][...] = cp.asarray(nx[n])
-        idx[...] = cp.asarray(new_idx)
+        with stream:  # the new step's inputs, ordered before the replay on the same stream
+            for n in bufs:
+                bufs[n][...] = cp.asarray(nx[n])
+            idx[...] = cp.asarray(new_idx)
         graph.launch(stream)
         stream.synchronize()
         om = kdacupy.kda_decode(**nx, state_pool=pm, **dict(opts, state_indices=new_idx), backend="model")
