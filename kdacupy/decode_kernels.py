@@ -38,13 +38,13 @@ def decode_candidates(K: int, V: int) -> list[DecodeTiles]:
 
 
 def decode_heuristic(K: int, V: int, rows: int, sm_count: int = 132) -> DecodeTiles:
-    """Untuned choice: 4 value rows per warp, 4 warps; halve the CTA's rows while
-    the grid (rows = N * HV heads, V / BV CTAs each) has fewer than 4 CTAs per SM."""
-    for t in (DecodeTiles(16, 4), DecodeTiles(8, 4), DecodeTiles(8, 8)):
-        if t.valid_for(K, V) and rows * (V // t.BV) >= 4 * sm_count:
-            return t
-    best = DecodeTiles(8, 4)
-    return best if best.valid_for(K, V) else DecodeTiles(8, 8)
+    """Untuned choice: 4 warps of 4 value rows (BV = 16) when the grid (rows =
+    N * HV heads, V / BV CTAs each) has at least 4 CTAs per SM, else 4 warps of
+    2 rows (BV = 8): twice the CTAs, for small batches."""
+    wide = DecodeTiles(16, 4)
+    if wide.valid_for(K, V) and rows * (V // wide.BV) >= 4 * sm_count:
+        return wide
+    return DecodeTiles(8, 4)
 
 
 @dataclass(frozen=True)
