@@ -215,6 +215,7 @@ def fla_decode(s, a, o):
             with torch.inference_mode():
                 return fused_recurrent_kda(**kw)
         call()
+        call.keywords = sorted(kw)  # what this fla accepted (gate options missing: its math differs)
         return call
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"[:300]
@@ -249,7 +250,8 @@ def bench_gpu(shapes, warmup, iters, fla_on=True, on_row=None) -> tuple[dict, li
             f = fla_decode(s, a, o)
             if callable(f):
                 fm, fmin = timing.time_calls([f], warmup, iters, "torch")
-                row["fla"] = dict(median_us=fm * 1e3, min_us=fmin * 1e3, ratio_fla_over_kdacupy=fm / med)
+                row["fla"] = dict(median_us=fm * 1e3, min_us=fmin * 1e3, ratio_fla_over_kdacupy=fm / med,
+                                  keywords=f.keywords)
             else:
                 row["fla"] = dict(error=f)
         rows.append(row)
