@@ -104,7 +104,8 @@ def check_indices(state_indices, num_accepted_tokens, *, N, T, P, device, allow_
             fail("state_indices", f"slots < P = {P} (negative for padding)",
                  f"state_indices[{', '.join(map(str, where))}] = {int(idx[where])}")
         if acc is None or not is_device(acc):
-            check_host_plan(decode_plan(idx, acc, N, T, P)[1])
+            # [N]: every live slot is written (once per call, whatever T is)
+            check_host_plan(idx if idx.ndim == 1 else decode_plan(idx, acc, N, T, P)[1])
         if device:
             idx = _cupy().asarray(idx)  # host -> device copy: no device-to-host sync
     if acc is not None and device and not is_device(acc):
