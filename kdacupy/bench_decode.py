@@ -74,9 +74,13 @@ def pool_of(s, P, xp):
         if np.prod(shape) > 2e7:
             return np.zeros(shape, dtype=s["pool"])
         return (0.1 * np.random.default_rng(P).standard_normal(shape, dtype=np.float32)).astype(s["pool"])
-    pool = xp.empty((P, s["HV"], V, K), dtype=s["pool"])
-    pool[...] = (0.1 * xp.random.standard_normal(pool.shape, dtype=np.float32)).astype(s["pool"])
-    return pool
+    x = 0.1 * xp.random.standard_normal((P, s["HV"], V, K), dtype=np.float32)
+    if s["pool"] == F32:
+        return x
+    try:
+        return x.astype(s["pool"])
+    except Exception:  # noqa: BLE001  (a CuPy without bf16 casts: truncate the fp32 bits)
+        return (x.view(xp.uint32) >> 16).astype(xp.uint16).view(s["pool"])
 
 
 def step_bytes(s) -> dict:
