@@ -50,11 +50,13 @@ def make_case(s, xp=np, seed=0):
     """(arrays, options) for kda_decode; ``xp`` NumPy or CuPy."""
     rng = np.random.default_rng(seed)
     N, HV, T = s["N"], s["HV"], s["T"]
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    a = dict(q=unit(rng.standard_normal((N, T, HV, K))), k=unit(rng.standard_normal((N, T, HV, K))),
-             v=rng.standard_normal((N, T, HV, V)), g=rng.standard_normal((N, T, HV, K)),
-             beta=rng.standard_normal((N, T, HV)))
-    a = {n: xp.asarray(x.astype(np.float32).astype(BF16)) for n, x in a.items()}
+    # drawn where they are used (up to 8 M elements per array): xp's generator, fp32, then bf16
+    draw = (lambda shape: rng.standard_normal(shape, dtype=np.float32)) if xp is np else \
+        (lambda shape: xp.random.standard_normal(shape, dtype=np.float32))
+    unit = lambda x: x / xp.sqrt((x * x).sum(axis=-1, keepdims=True))  # noqa: E731
+    a = dict(q=unit(draw((N, T, HV, K))), k=unit(draw((N, T, HV, K))), v=draw((N, T, HV, V)),
+             g=draw((N, T, HV, K)), beta=draw((N, T, HV)))
+    a = {n: to_bf16(x, xp) for n, x in a.items()}
     P = N * T + 1
     slots = rng.permutation(P)[: N * T].astype(np.int32)
     idx = slots if T == 1 else slots.reshape(N, T)
@@ -75,12 +77,14 @@ def pool_of(s, P, xp):
             return np.zeros(shape, dtype=s["pool"])
         return (0.1 * np.random.default_rng(P).standard_normal(shape, dtype=np.float32)).astype(s["pool"])
     x = 0.1 * xp.random.standard_normal((P, s["HV"], V, K), dtype=np.float32)
-    if s["pool"] == F32:
-        return x
+    return x if s["pool"] == F32 else to_bf16(x, xp)
+
+
+def to_bf16(x, xp):
     try:
-        return x.astype(s["pool"])
+        return x.astype(BF16)
     except Exception:  # noqa: BLE001  (a CuPy without bf16 casts: truncate the fp32 bits)
-        return (x.view(xp.uint32) >> 16).astype(xp.uint16).view(s["pool"])
+        return (x.view(xp.uint32) >> 16).astype(xp.uint16).view(BF16)
 
 
 def step_bytes(s) -> dict:
