@@ -85,7 +85,8 @@ class DecodeCall:
         self.host_idx = not self.device
         self.rows = np.arange(problem.N)
         # the pool and out against the inputs, and each other, where both hold memory
-        self.pairs = [(i, j) for i in (5, 8) for j in _INPUTS + ((8,) if i == 5 else ())
+        self.pairs = [(i, j, self.spans[i][0], self.spans[i][1], self.spans[j][0], self.spans[j][1])
+                      for i in (5, 8) for j in _INPUTS + ((8,) if i == 5 else ())
                       if self.spans[i] is not None and self.spans[j] is not None]
         self.out_shape, self.out_dtype = arrays[2].shape, problem.dtype
         self.strides = stride_args(arrays)
@@ -98,12 +99,6 @@ class DecodeCall:
         if x is None:
             return 0
         return x.data.ptr if self.device else x.ctypes.data
-
-    def _overlaps(self, ptrs, a, b):
-        sa, sb = self.spans[a], self.spans[b]
-        if sa is None or sb is None:
-            return False
-        return ptrs[a] + sa[0] < ptrs[b] + sb[1] and ptrs[b] + sb[0] < ptrs[a] + sa[1]
 
     def _host_indices_ok(self, idx, acc) -> bool:
         """The host checks of decode_validation.check_indices, in few NumPy calls."""
@@ -126,12 +121,15 @@ class DecodeCall:
 
     def checked(self, arrays):
         """The data pointers when every per-call check passes, else None."""
-        ptrs = [self._ptr(x) for x in arrays]
+        if self.device:
+            ptrs = [0 if x is None else x.data.ptr for x in arrays]
+        else:
+            ptrs = [0 if x is None else x.ctypes.data for x in arrays]
         for i, a in self.align:
             if ptrs[i] % a:
                 return None
-        for i, j in self.pairs:
-            if self._overlaps(ptrs, i, j):
+        for i, j, lo_i, hi_i, lo_j, hi_j in self.pairs:  # bounds overlap, as may_share_memory
+            if ptrs[i] + lo_i < ptrs[j] + hi_j and ptrs[j] + lo_j < ptrs[i] + hi_i:
                 return None
         if self.host_idx:
             pool, out = arrays[5], arrays[8]
