@@ -153,3 +153,17 @@ def test_two_runs_are_bitwise_equal():
     ob = kdacupy.kda_decode(**x, state_pool=b, **opts, backend="emulate")
     np.testing.assert_array_equal(oa, ob)
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("accepted", [1, 2, 3])
+def test_verify_with_every_num_accepted_tokens(accepted):
+    """T = 3 draft window: the kernel starts from idx[n, a - 1] and stores every token's state."""
+    x, opts, pool = decode_case("vk-bf16-pool-verify", accepted=[accepted, 4 - accepted])
+    oe, om, pe, pm = run_both(x, opts, pool)
+    close(oe, om)
+    close(pe, pm)
+    # the first sequence started from its accepted draft: its outputs differ from a start at draft 1
+    if accepted > 1:
+        o1 = kdacupy.kda_decode(**x, state_pool=pool.copy(), **dict(opts, num_accepted_tokens=None),
+                                backend="emulate")
+        assert not np.array_equal(o1[0], oe[0])
