@@ -157,3 +157,12 @@ def test_decode_heuristic_and_tile_space():
     assert decode_heuristic(128, 128, 16, 132) == DecodeTiles(8, 4)  # few heads: more, smaller CTAs
     assert decode_heuristic(128, 128, 64 * 32, 132) == DecodeTiles(16, 4)
     assert len(set(DECODE_TILE_SPACE)) == len(DECODE_TILE_SPACE)
+
+
+def test_tune_decode_cli_without_a_gpu():
+    from kdacupy import timing
+    if timing.gpu_available():
+        pytest.skip("a GPU is present: the tuner would run")
+    out = subprocess.run([sys.executable, "-m", "kdacupy.tune", "--decode"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2 and "--dry-run" in out.stderr
