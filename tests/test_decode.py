@@ -11,7 +11,7 @@ from kdacupy.dtypes import BF16, F16
 from kdacupy.reference import kda_reference
 
 from .decode_inputs import gather_kv, make_decode
-from .inputs import rmse_ratio
+from .inputs import make_inputs, rmse_ratio
 
 
 def pool_opts(opts):
@@ -201,3 +201,23 @@ def test_out_and_inputs_may_not_overlap_the_pool():
     with pytest.raises(ValueError, match="v: expected memory separate from state_pool"):
         kdacupy.kda_decode(**dict(x, v=v), state_pool=pool, **pool_opts(opts))
     np.testing.assert_array_equal(pool, before)
+
+
+def test_decode_accuracy_against_the_reference_over_many_steps():
+    """64 single-token steps through the pool (model backend) against one float64
+    forward: an fp32 pool reaches the bf16 output's rounding floor; a bf16 pool,
+    rounded after every step, stays within a few times that."""
+    N, T = 2, 64
+    x, opts = make_inputs(B=N, T=T, H=2, HV=2, K=128, V=128, seed=1)
+    s0 = 0.5 * np.random.default_rng(2).standard_normal((N, 2, 128, 128))
+    ref_o, ref_s = kda_reference(**x, **opts, qk_l2norm=True, initial_state=s0, output_final_state=True)
+    floor = rmse_ratio(ref_o.astype(np.float32).astype(BF16), ref_o)
+    for pool_dtype, bound in ((np.float32, 1.02 * floor), (BF16, 3 * floor)):
+        pool = np.ascontiguousarray(np.swapaxes(s0, -1, -2)).astype(pool_dtype)
+        outs = [kdacupy.kda_decode(**{n: a[:, t:t + 1] for n, a in x.items()}, **opts, qk_l2norm=True,
+                                   state_pool=pool, state_indices=np.arange(N, dtype=np.int32), backend="model")
+                for t in range(T)]
+        err = rmse_ratio(np.concatenate(outs, 1), ref_o)
+        assert err < bound, (pool_dtype, err, floor)
+        assert rmse_ratio(np.swapaxes(pool.astype(np.float64), -1, -2), ref_s) < (1e-6 if pool_dtype == np.float32
+                                                                                   else 2.0 ** -7)
