@@ -146,10 +146,12 @@ def recurrence_variants():
 
 
 def decode_variants():
-    """Decode: every shape, dtype, pool and layout with every tile configuration at
-    the Kimi options; every gate / beta / l2norm / input-dtype option at K = V = 128."""
+    """Decode: every shape, dtype, pool and layout at the Kimi options, with every
+    tile configuration at K = V = 128 (what the tuner tries) and the heuristic's
+    two elsewhere; every gate / beta / l2norm / input-dtype option at K = V = 128."""
     for K, V, dt, pool, layout in itertools.product(DIMS, DIMS, DTYPES, (BF16, F32), ("vk", "kv")):
-        for tiles in decode_candidates(K, V):
+        tried = decode_candidates(K, V) if (K, V) == (128, 128) else [DecodeTiles(16, 4), DecodeTiles(8, 4)]
+        for tiles in tried:
             yield DecodeVariant(K, V, dt, dt, dt, "sigmoid", "sigmoid", True, pool, layout, tiles)
     for dt, gate, l2 in itertools.product(DTYPES, GATE_CODE, (False, True)):
         for gdt in dict.fromkeys((dt, F32)):
