@@ -202,9 +202,10 @@ def tune(args) -> int:
             entries.append(dict(match=b, config=dict(BV=best.BV, warps=best.warps), time_us=round(times[best], 3)))
             print(f"  {label(s)}: BV={best.BV} warps={best.warps} {times[best]:.2f} us "
                   f"({len(times)} candidates)", flush=True)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(yaml.safe_dump(dict(schema=1, kind="decode", gpu=name, sm_count=sm, buckets=entries),
-                                       sort_keys=False))
+            # after every bucket: a run stopped by a time limit keeps what it tuned
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.write_text(yaml.safe_dump(dict(schema=1, kind="decode", gpu=name, sm_count=sm,
+                                                    buckets=entries), sort_keys=False))
     clear_cache()
     print(f"wrote {out_path} ({len(entries)} buckets in {_time.perf_counter() - t0:.0f} s)")
     return 0
