@@ -30,6 +30,7 @@ import sys
 import warnings
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 
 from .decode_kernels import DecodeTiles, decode_candidates, decode_heuristic
 from .dtypes import BF16, dtype_name
@@ -161,17 +162,12 @@ def tune(args) -> int:
     entries, done = [], set()
     t0 = _time.perf_counter()
     for s in shapes:
-        a, o = make_case(s, cupy)
-        from .validation import validate
-        p, _ = validate(a["q"], a["k"], a["v"], a["g"], a["beta"], scale=None, initial_state=None,
-                        output_final_state=False, cu_seqlens=None, qk_l2norm=True, beta_sigmoid=True,
-                        allow_neg_eigval=False, gate="sigmoid", A_log=o["A_log"], dt_bias=o["dt_bias"],
-                        lower_bound=-5.0, state_layout="vk", state_dtype=None, state_precision="fp32", out=None,
-                        backend="cuda")
-        b = bucket_of(p, s["pool"], sm)
-        if bucket_key(b) in done:
+        shape = SimpleNamespace(K=128, V=128, T=s["T"], N=s["N"], HV=s["HV"])
+        b = bucket_of(shape, s["pool"], sm)
+        if bucket_key(b) in done:  # tuned on an earlier shape of the bucket
             continue
         done.add(bucket_key(b))
+        a, o = make_case(s, cupy)
         small = dict(s, N=min(s["N"], 8))
         sa, so = make_case(small)
         pm = so["state_pool"].copy()
