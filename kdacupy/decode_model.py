@@ -12,10 +12,12 @@ in kernel order, per sequence, value head and token:
   3. a  = ex2(g2)                      per-channel decay, fp32
      qs = r32(q * scale)               (scale rounded to fp32 once)
      kd = r32(k * a)                   the decayed key
-  4. w  = r32(sum_k kd_k S_kv)          fp32 accumulation (order: the kernel's)
+  4. w  = r32(sum_k kd_k S_kv)          the kernel accumulates in fp32 (per-lane FMA chain,
+                                        then a xor-shuffle tree); the model sums exactly and
+                                        rounds once, so they differ by fp32 ulps (parity.EMULATE)
   5. u  = r32(beta * r32(v - w))
   6. S  = fp32(r32(k_k u_v) + S_kv a_k) one fp32 FMA per element, rounded once
-  7. o  = out_dtype(r32(sum_k qs_k S_kv))
+  7. o  = out_dtype(r32(sum_k qs_k S_kv))   (summed as in 4)
   8. when token t's state is stored: pool[slot] = pool_dtype(S) (S stays fp32).
 Padded sequences (negative start slot) give o = 0 and touch no slot.
 """
