@@ -29,6 +29,7 @@ from functools import lru_cache
 
 from . import jit
 from .dtypes import BF16, F16, F32, dtype_name
+from .decode_kernels import DecodeTiles, DecodeVariant, decode_candidates
 from .kernels import BETA_CODE, GATE_CODE, PrepareVariant, RecurrenceVariant
 from .tuning import TILE_SPACE
 
@@ -150,7 +151,28 @@ def recurrence_variants():
                 yield RecurrenceVariant(K, V, dt, fp32, tiles)
 
 
+def decode_variants():
+    """Decode: every shape, dtype, pool and layout at the Kimi options, with every
+    tile configuration at K = V = 128 (what the tuner tries) and the heuristic's
+    two elsewhere; every gate / beta / l2norm / input-dtype option at K = V = 128."""
+    for K, V, dt, pool, layout in itertools.product(DIMS, DIMS, DTYPES, (BF16, F32), ("vk", "kv")):
+        tried = decode_candidates(K, V) if (K, V) == (128, 128) else [DecodeTiles(16, 4), DecodeTiles(8, 4)]
+        for tiles in tried:
+            yield DecodeVariant(K, V, dt, dt, dt, "sigmoid", "sigmoid", True, pool, layout, tiles)
+    for dt, gate, l2 in itertools.product(DTYPES, GATE_CODE, (False, True)):
+        for gdt in dict.fromkeys((dt, F32)):
+            for beta_mode in BETA_CODE:
+                for bdt in ((dt,) if beta_mode == "none" else dict.fromkeys((dt, F32))):
+                    if (gate, beta_mode, l2, gdt, bdt) != ("sigmoid", "sigmoid", True, dt, dt):
+                        yield DecodeVariant(128, 128, dt, gdt, bdt, gate, beta_mode, l2, BF16, "vk",
+                                            DecodeTiles())
+
+
 def label(var) -> str:
+    if isinstance(var, DecodeVariant):
+        return (f"kda_decode K={var.K} V={var.V} dt={dtype_name(var.dtype)} g={dtype_name(var.g_dtype)} "
+                f"beta={var.beta_mode}:{dtype_name(var.beta_dtype)} gate={var.gate} l2norm={int(var.l2norm)} "
+                f"pool={dtype_name(var.pool_dtype)} layout={var.layout} BV={var.tiles.BV} warps={var.tiles.warps}")
     if isinstance(var, PrepareVariant):
         return (f"kda_prepare K={var.K} dt={dtype_name(var.dtype)} g={dtype_name(var.g_dtype)} "
                 f"beta={var.beta_mode}:{dtype_name(var.beta_dtype)} gate={var.gate} l2norm={int(var.l2norm)}")
@@ -159,7 +181,8 @@ def label(var) -> str:
 
 
 def compile_variant(var, arch: str, sass: bool = False) -> CompileResult:
-    kernel = "kda_prepare" if isinstance(var, PrepareVariant) else "kda_recurrence"
+    kernel = ("kda_prepare" if isinstance(var, PrepareVariant) else
+              "kda_decode" if isinstance(var, DecodeVariant) else "kda_recurrence")
     res = nvrtc_compile(jit.render(kernel, var.config()), arch)
     if res.ok and sass:
         res.sass = sass_mix(res.cubin)
@@ -171,7 +194,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_90a", choices=ARCHS + RUNTIME_ARCHS)
     ap.add_argument("--sass", action="store_true", help="disassemble and count HMMA/LDSM/LDL/STL/LDG/STG")
-    ap.add_argument("--kernel", choices=("prepare", "recurrence", "all"), default="all")
+    ap.add_argument("--kernel", choices=("prepare", "recurrence", "decode", "all"), default="all")
     ap.add_argument("--match", metavar="TEXT", action="append", default=[],
                     help="only variants whose line contains TEXT (e.g. 'K=128'); may repeat")
     ap.add_argument("--jobs", type=int, default=0, help="parallel compiles (default: CPU count)")
@@ -181,6 +204,8 @@ def main(argv=None):
         variants += list(prepare_variants())
     if args.kernel in ("recurrence", "all"):
         variants += list(recurrence_variants())
+    if args.kernel in ("decode", "all"):
+        variants += list(decode_variants())
     variants = [v for v in variants if all(m in label(v) + " " for m in args.match)]
     import os
     jobs = args.jobs or os.cpu_count() or 1

@@ -102,6 +102,14 @@ def _cu_args(cu):
     return [_ptr(cu), np.int32(0 if cu is None else int(cu.dtype == np.int64))]
 
 
+def _pool_args(a):
+    """State pool of kda_forward (DESIGN.md section 7.1): slot indices, their width, the pool's size."""
+    idx = a.get("state_indices")
+    if idx is None:
+        return [np.uint64(0), np.int32(0), np.int64(0)]
+    return [_ptr(idx), np.int32(idx.dtype == np.int64), np.int64(a["state_pool"].shape[0])]
+
+
 def launch_prepare(run, p, a, ws, nslots, per_seq):
     var = prepare_variant(p)
     fn = run.get("kda_prepare", var.config(), "kda_prepare")
@@ -120,7 +128,8 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles):
     args = [_ptr(ws), _ptr(a["v"]), *_strides(a["v"]), _ptr(o), *_strides(o),
             _ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             _ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
-            *_cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq)]
+            *_cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
+            *_pool_args(a)]
     run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 
@@ -157,8 +166,8 @@ def forward(p, a, tiles: TileConfig | None = None):
     tiles = tiles or select_tiles(p)
     nslots, per_seq = slots(p)
     o = a["out"] if a["out"] is not None else xp.empty(a["v"].shape, dtype=p.dtype)
-    s_out = None
-    if p.state_out_dtype is not None:
+    s_out = a.get("state_pool")  # a pool is read and written in place
+    if s_out is None and p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = xp.empty(shape, dtype=p.state_out_dtype)
     ws, a = workspace(p, a, nslots, xp)
@@ -166,4 +175,4 @@ def forward(p, a, tiles: TileConfig | None = None):
         launch_prepare(run, p, a, ws, nslots, per_seq)
     if p.N:
         launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles)
-    return o, s_out
+    return o, (None if a.get("state_pool") is not None else s_out)
