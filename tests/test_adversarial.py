@@ -19,9 +19,9 @@ never overwritten, so the bf16 rounding of the state after every chunk
 random-walks there, u/sqrt(3) per chunk over sqrt(T/16) chunks (x2 margin).
 
 Measured (``python -m kdacupy.accuracy --adversarial``, T = 2048, K = V = 128)
-the output is at most 8.4e-3 (beta ~ 2: 5.5e-2) and the state 3.8e-2 at
-T = 8192 (beta ~ 2: 8.3e-2), 2.5-5x inside; one token repeated with fresh values
-reaches 1.8e-2. The fp16 Neumann inverse this replaced gave 2-40x the output's size.
+the output is at most 8.4e-3 (beta ~ 2: 5.9e-2) and the state 3.8e-2 at
+T = 8192 (beta ~ 2: 5.8e-2), 4-5x inside; one token repeated with fresh values
+reaches 1.8e-2 at T = 96. The fp16 Neumann inverse this replaced gave 2-40x the output's size.
 
 The emulation is compared with the model over 4 chunks: a bf16 rounding tipped
 by fp32 accumulation order is carried for as long as the gate remembers, and
