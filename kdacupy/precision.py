@@ -3,10 +3,10 @@
 ``kda_model`` computes what ``kda_forward(backend="cuda")`` computes, with every
 value the kernels hold in bf16 / fp16 / fp32 rounded to that type at the same
 point, and everything in between done in float64. Its default contract follows
-FlashKDA (chunk 16, base-2 gates, bf16 operands, the intra-chunk system solved in
-fp32 by forward substitution, bf16 state updated by one fp32 FMA). Rounding points, in kernel order (``r32``/``bf``/``h``:
-round to fp32 / bf16 / fp16; ``ex2`` is 2^x rounded to fp32 and flushed to zero
-below 2^-126, as ``ex2.approx.ftz.f32``):
+FlashKDA (chunk 16, base-2 gates, bf16 operands, the intra-chunk system solved
+in fp32 by forward substitution, bf16 state updated by one fp32 FMA). Rounding
+points, in kernel order (``r32``/``bf``: round to fp32 / bf16; ``ex2`` is 2^x
+rounded to fp32 and flushed to zero below 2^-126, as ``ex2.approx.ftz.f32``):
 
 prepare (token-parallel, per 16-token chunk and value head)
   1. l2norm:  x <- r32(x * r32(rsqrt(r32(r32(sum x^2) + 1e-6f))))
@@ -48,7 +48,7 @@ import math
 
 import numpy as np
 
-from .dtypes import F32, ftz_f32, round_bf16, round_f16, round_f32, round_to
+from .dtypes import F32, ftz_f32, round_bf16, round_f32, round_to
 from .reference import pack, sequence_bounds, state_from_kv, state_to_kv, unpack
 
 CHUNK = 16
@@ -57,7 +57,7 @@ EPS_F32 = float(np.float32(1e-6))
 #: |gc| bound (base 2) below which the factored chunk form is exact in fp32
 SAFE_EXPONENT = 126.0
 
-r32, bf, h = round_f32, round_bf16, round_f16
+r32, bf = round_f32, round_bf16
 
 
 def ex2(x):

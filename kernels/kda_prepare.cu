@@ -1,8 +1,8 @@
 // kda_prepare: the token-parallel half of the KDA forward (DESIGN 5).
 // One CTA of 128 threads per (chunk slot, value head): l2norm, gate and beta
 // activation, in-chunk cumulative decay, the decayed bf16 operands, the fp32
-// forward-substitution inverse of (I + L) and the masked q.k block. Writes one workspace
-// block (layout: kdacupy/layouts.py) that the recurrence streams.
+// forward-substitution inverse of (I + L) and the masked q.k block. Writes one
+// workspace block (layout: kdacupy/layouts.py) that the recurrence streams.
 // The rounding points are those of kdacupy/precision.py, step numbers in [].
 //
 // Rendered configuration: KDA_K, KDA_DT (q, k), KDA_G_DT, KDA_BETA_DT,
@@ -18,7 +18,6 @@ constexpr int NT = 128;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr int SEG = K / 8;       // elements of one row per thread (8 threads per row)
 constexpr int TS = K + 8;        // padded bf16 tile row (elements)
-constexpr int SR = 24;           // padded 16x16 16-bit tile row (elements)
 constexpr float SAFE_EXPONENT = 126.0f;  // |gc| above this: 2^-gc overflows or 2^gc flushes
 
 // Base-2 log decay of one element [2]. x_in is the gate input g, in fp32.
