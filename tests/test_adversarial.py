@@ -124,3 +124,16 @@ def test_one_token_repeated(backend, beta, bounds_of):
     ref_o, ref_s = kda_reference(**x, **opts)
     o, s = kda_model(**x, **opts) if backend == "model" else kdacupy.kda_forward(**x, **opts, backend="emulate")
     check(bounds_of, x, o, s, ref_o, ref_s)
+
+
+def test_cli_sweeps_every_case(tmp_path, capsys):
+    import json
+
+    from kdacupy.accuracy import main
+    path = tmp_path / "adv.json"
+    assert main(["--adversarial", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["case"] for r in rows] == list(ADVERSARIAL)
+    assert all(r["finite"] for r in rows) and {r["T"] for r in rows} == {64, 8192}
+    assert all(name in out for name in ADVERSARIAL) and "worst o rmse" in out
