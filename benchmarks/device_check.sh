@@ -34,6 +34,11 @@ stamp "accuracy on the GPU, T=8192"
 timeout 60 python3 -m kdacupy.accuracy --backend cuda --T 8192 --quick --json "$OUT/accuracy.json" > "$OUT/accuracy.txt" 2>&1
 tail -n 9 "$OUT/accuracy.txt"
 
+stamp "adversarial accuracy on the GPU"
+timeout 90 python3 -m kdacupy.accuracy --backend cuda --adversarial --json "$OUT/accuracy-adversarial.json" \
+  > "$OUT/accuracy-adversarial.txt" 2>&1
+tail -n 19 "$OUT/accuracy-adversarial.txt"
+
 stamp "tuning (Kimi shapes)"
 timeout 100 python3 -m kdacupy.tune --shapes kimi --output "$OUT/tuning/NVIDIA-H200.yaml" > "$OUT/tune.log" 2>&1
 echo "tune exit $?"; tail -n 8 "$OUT/tune.log"
