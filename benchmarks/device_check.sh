@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
-# The one prepared call for a lent GPU (DESIGN 4.5): GPU parity suite, accuracy
-# on the GPU, a pruned tuning run, and the benchmark against FLA; well under
-# 8 minutes. Results land in $OUT (the device tool brings them back).
+# The one prepared run on a GPU machine (DESIGN.md section 4.5), in this order, every step
+# time-boxed (timeout), all within 8 minutes, each step's output kept even when an earlier
+# step fails (no `set -e`, no `pytest -x`):
+#   1 device info                                                 10 s
+#   2 PTX conformance (tests/test_gpu_ptx.py)                     35 s
+#   3 GPU suite (tests/test_gpu_forward.py), then the T=8192 sweep last (test_gpu_long.py:
+#     bf16 state, every regime, fixed and varlen, against the reference and segment-wise)   120 + 100 s
+#   4 compute-sanitizer memcheck / racecheck / synccheck on small forwards   3 x 25 s
+#   5 accuracy on the GPU, T=8192, fp32 state (bf16 is in step 3's log), one head   35 s
+#   6 tuning (Kimi shapes; a cut-off run keeps its sidecar, in the archive)       40 s
+#   7 benchmark against FLA                                       50 s
+# (boxes sum to 465 s; the rest of the 8 minutes is pip, tar and Python start-up)
 #
-#   device run:  KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh     (carry .whl for FLA)
+#   on the GPU machine:  KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh   (with .whl/ for FLA)
+#
+# What comes back: $OUT/summary.txt (device, then one line per step: exit status, seconds,
+# the log's last lines), $OUT/logs.tar.gz (every step's full log, re-made after each step),
+# and $OUT/tuned.yaml, $OUT/bench.json, $OUT/accuracy.json when those steps got that far.
+# (One archive: few files to bring back.) Exit status 124 in a step's
+# line means its time box ran out.
 #
 # FLA travels as wheels in .whl/ (ignored by git), made on the dev machine with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -11,34 +26,65 @@
 #     -d .whl flash-linear-attention fla-core
 set -uo pipefail
 OUT=${OUT:-/tmp/kdacupy-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KDACUPY_TUNING_DIR=$OUT/tuning
+WORK=$(mktemp -d /tmp/kdacupy-run.XXXXXX)
+mkdir -p "$OUT" "$WORK/tuning"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KDACUPY_TUNING_DIR=$WORK/tuning
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX (torch/JAX input test) takes memory as needed
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+    > "$WORK/pip.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+SUMMARY=$OUT/summary.txt
 start=$SECONDS
-stamp() { echo "== $1 ($((SECONDS - start)) s)"; }
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
-  echo "commit: ${KDACUPY_COMMIT:-unknown}"
-  python3 -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__, "cuda runtime", cupy.cuda.runtime.runtimeGetVersion())'
-} > "$OUT/device.txt" 2>&1
-cat "$OUT/device.txt"
+: > "$SUMMARY"
+pack() { tar czf "$OUT/logs.tar.gz" -C "$WORK" . 2>/dev/null; }
+# step NAME SECONDS LOG CMD...: runs CMD under `timeout`, records status and time, echoes the tail
+step() {
+  local name=$1 box=$2 log=$WORK/$3 t0=$SECONDS rc
+  shift 3
+  echo "== $name (at $((SECONDS - start)) s, box $box s)"
+  timeout -k 5 "$box" "$@" > "$log" 2>&1
+  rc=$?
+  printf '%-34s rc=%-3s %4d s  %s\n' "$name" "$rc" $((SECONDS - t0)) "$(basename "$log")" >> "$SUMMARY"
+  tail -n 12 "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  pack
+}
 
-stamp "GPU parity suite"
-timeout 210 python3 -m pytest -q -x -rs tests/gpu/test_gpu_forward.py > "$OUT/gpu_tests.log" 2>&1
-echo "pytest exit $?"; tail -n 15 "$OUT/gpu_tests.log"
+# 1 device info
+step "device info" 10 device.txt bash -c '
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total,memory.used --format=csv
+  echo "commit: ${KDACUPY_COMMIT:-unknown}"; uname -r; nproc
+  python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"cuda runtime\", cupy.cuda.runtime.runtimeGetVersion(), \"nvrtc\", cupy.cuda.nvrtc.getVersion()); print(\"cc\", cupy.cuda.Device().compute_capability, \"SMs\", cupy.cuda.Device().attributes[\"MultiProcessorCount\"])"
+  command -v g++ c++ || echo "no host C++ compiler (emulation-based checks skip)"
+  command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null || echo "compute-sanitizer: not found"'
 
-stamp "accuracy on the GPU, T=8192"
-timeout 60 python3 -m kdacupy.accuracy --backend cuda --T 8192 --quick --json "$OUT/accuracy.json" > "$OUT/accuracy.txt" 2>&1
-tail -n 9 "$OUT/accuracy.txt"
+# 2 PTX conformance: the twin tests' kernels on the GPU (bit-exact cvt/ldmatrix/cp.async/integer mma,
+#   .approx within the ISA bounds, the mma accumulation probe's table with -s)
+step "PTX conformance" 35 ptx.log python3 -m pytest -q -rs -s tests/test_gpu_ptx.py
 
-stamp "tuning (Kimi shapes)"
-timeout 100 python3 -m kdacupy.tune --shapes kimi --output "$OUT/tuning/NVIDIA-H200.yaml" > "$OUT/tune.log" 2>&1
-echo "tune exit $?"; tail -n 8 "$OUT/tune.log"
+# 3 the GPU suite without -x, the long sweep last
+step "GPU suite" 120 gpu_tests.log python3 -m pytest -q -rs --durations=15 tests/test_gpu_forward.py
+step "GPU long sweep (T=8192)" 100 gpu_long.log python3 -m pytest -q -rs -s --durations=5 tests/test_gpu_long.py
 
-stamp "benchmark against FLA"
-timeout 150 python3 -m kdacupy.bench --shapes all --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
-echo "bench exit $?"; tail -n 25 "$OUT/bench.txt"
-stamp "done"
+# 4 compute-sanitizer on small forwards (CuPy's pool off: every array its own allocation)
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if [ -n "$SAN" ]; then
+  for tool in memcheck racecheck synccheck; do
+    step "compute-sanitizer $tool" 25 "sanitize-$tool.log" "$SAN" --tool "$tool" --error-exitcode 9 \
+      python3 benchmarks/sanitize_forward.py
+  done
+else
+  echo "compute-sanitizer                  skipped: not installed on this machine" | tee -a "$SUMMARY"
+fi
+
+# 5-7 accuracy, tuning, benchmark
+step "accuracy on the GPU, T=8192" 35 accuracy.txt python3 -m kdacupy.accuracy --backend cuda --T 8192 --H 1 --quick \
+  --state-precision fp32 --json "$WORK/accuracy.json"
+step "tuning (Kimi shapes)" 40 tune.log python3 -m kdacupy.tune --shapes kimi --output "$WORK/tuning/tuned.yaml"
+step "benchmark against FLA" 50 bench.txt python3 -m kdacupy.bench --shapes all --json "$WORK/bench.json"
+
+for f in accuracy.json tuning/tuned.yaml bench.json; do
+  [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/$(basename "$f")"
+done
+echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
+pack

@@ -10,7 +10,7 @@ def kda_forward(
     q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False,
     cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log",
     A_log=None, dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, out=None,
-    backend=None, state_precision="bf16",
+    backend=None, state_precision="bf16", state_pool=None, state_indices=None,
 ):
     """Kimi Delta Attention forward.
 
@@ -25,12 +25,28 @@ def kda_forward(
     for the CPU). state_precision: "bf16" keeps the recurrent state in bf16
     between chunks (FlashKDA's contract), "fp32" keeps it in fp32.
     See DESIGN.md section 1 for the semantics of every option.
+    state_pool, state_indices (chunked prefill, DESIGN.md section 7.1): the pool
+    of ``kda_decode`` and int32/int64 slots [N]; sequence n starts from
+    ``state_pool[idx[n]]`` and its final state is written back there in place
+    (a negative slot starts from zeros and writes nothing); final_state is then
+    None. Excludes initial_state, output_final_state and state_dtype.
     """
     problem, a = validate(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
         state_dtype=state_dtype, state_precision=state_precision, out=out, backend=backend)
+    if state_pool is not None or state_indices is not None:
+        from .decode_validation import validate_forward_pool
+        problem, a = validate_forward_pool(problem, a, state_pool, state_indices, initial_state=initial_state,
+                                           output_final_state=output_final_state, state_dtype=state_dtype)
+        if problem.backend not in ("cuda", "emulate"):
+            from .decode_reference import forward_through_pool
+            return forward_through_pool(kda_forward, problem, a, q=q, k=k, v=v, g=g, beta=beta, scale=scale,
+                                        cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid,
+                                        allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=A_log,
+                                        dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
+                                        out=out, backend=problem.backend, state_precision=state_precision)
     if problem.backend in ("cuda", "emulate"):
         from .ops.forward.kernels import forward  # launchers import the JIT machinery: load it only when used
         return forward(problem, a)

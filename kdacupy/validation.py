@@ -21,6 +21,7 @@ GATES = ("log", "softplus", "sigmoid")
 BACKENDS = (None, "cuda", "reference", "model", "emulate")
 LAYOUTS = ("kv", "vk")
 STATE_PRECISIONS = ("bf16", "fp32")
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y; both kernels put the value head there
 
 
 def _cupy():
@@ -29,6 +30,15 @@ def _cupy():
     except Exception:  # noqa: BLE001  (no CuPy, or CuPy without CUDA libraries)
         return None
     return cupy
+
+
+def capturing(cp) -> bool:
+    """Whether the current stream is capturing a CUDA graph. Asking the legacy stream while
+    another stream captures raises: a host copy there would break that capture too."""
+    try:
+        return bool(cp.cuda.get_current_stream().is_capturing())
+    except Exception:  # noqa: BLE001
+        return True
 
 
 def fail(name, expected, got, exc=ValueError):
@@ -41,7 +51,14 @@ def _desc(x):
 
 def as_array(name, x):
     """A NumPy or CuPy array for ``x``; CUDA objects (torch, JAX) through
-    ``__cuda_array_interface__`` / ``__dlpack__``, zero-copy."""
+    ``__cuda_array_interface__`` / ``__dlpack__``, zero-copy.
+
+    Streams: ``cupy.from_dlpack`` passes CuPy's current stream to the
+    producer's ``__dlpack__(stream=...)`` (the DLPack protocol), so the
+    producer's pending writes are ordered before our kernels. The producer's
+    allocator does not learn that CuPy's stream reads the memory: the caller
+    keeps the inputs alive until the forward has run on that stream (or runs
+    both on one stream, e.g. ``cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)``)."""
     cp = _cupy()
     if isinstance(x, np.ndarray) or (cp is not None and isinstance(x, cp.ndarray)):
         return x
@@ -162,6 +179,8 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
     if H < 1 or HV % H:
         fail("v", f"a value-head count HV that is a multiple of H = {H}", f"HV = {HV}")
     _check_shape("g", g, (B, T, HV, K), "([B, T, HV, K])")
+    if HV > MAX_GRID_Y:
+        fail("v", f"at most {MAX_GRID_Y} value heads (the kernels' gridDim.y)", f"HV = {HV}")
     if K not in SUPPORTED_DIMS:
         fail("q", f"head dim K in {SUPPORTED_DIMS}", f"K = {K}")
     if V not in SUPPORTED_DIMS:
@@ -248,6 +267,9 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
                 fail("cu_seqlens", "non-decreasing values", f"cu_seqlens[{i}] = {int(cu[i])} > "
                      f"cu_seqlens[{i + 1}] = {int(cu[i + 1])}")
             if device:
+                if capturing(cp):
+                    fail("cu_seqlens", "a device (CuPy) array while the current stream is capturing a CUDA "
+                         "graph (a graph cannot hold a copy from host memory)", "a host (NumPy) array or list")
                 cu = cp.asarray(cu)  # host -> device: no device-to-host sync
         N = cu.shape[0] - 1
 
@@ -294,8 +316,8 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
             x = arrays[n]
             if x is not None and not x.flags.c_contiguous:
                 fail(n, "a C-contiguous array", f"strides {x.strides}")
-        if device and cu is not None and not cu.flags.c_contiguous:
-            cu = cp.ascontiguousarray(cu)
+        # a strided device cu_seqlens is copied into the persistent workspace by the launcher
+        # (kernels.forward), never into a per-call temporary a captured graph would keep
 
     problem = Problem(
         B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, dtype=q.dtype, g_dtype=g.dtype,

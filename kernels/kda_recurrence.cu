@@ -104,12 +104,22 @@ __device__ __forceinline__ void mma_token_block(float (&acc)[2][4], const u32 (&
 extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
     const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
-    const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq) {
+    const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq,
+    const void* pool_idx, int pool_idx_i64, i64 pool_slots) {
   constexpr int VB = V / BV;
   const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int vw = v0 + 16 * warp;  // first value row of this warp
-  const i64 nh = static_cast<i64>(n) * HV + hv;
+  i64 nh = static_cast<i64>(n) * HV + hv;
+  if (pool_idx != nullptr) {  // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
+    const i64 slot = pool_idx_i64 ? static_cast<const i64*>(pool_idx)[n] : static_cast<const i32*>(pool_idx)[n];
+    if (slot < 0 || slot >= pool_slots) {
+      s_in_dtype = 0;
+      s_out = nullptr;
+    } else {
+      nh = slot * HV + hv;
+    }
+  }
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
 
   if (seq.len == 0) {  // [16] the final state is the initial state, converted only

@@ -6,6 +6,10 @@ state, next to the bf16 rounding floor of the output (the error of rounding
 the exact output to bf16). Inputs follow FlashKDA's tests: l2-normalised bf16
 q/k, bf16 v, bf16 gate logits g and beta logits, sigmoid gate with
 lower_bound = -5, A_log ~ U(0, 1), no initial state, fp32 final state.
+
+``--adversarial`` sweeps the inputs that random keys never produce but real
+text does (repeated and near-collinear keys, no or saturated decay, beta at 0,
+1 and 2, zero keys, extreme softplus gates, long sequences): see ADVERSARIAL.
 """
 from __future__ import annotations
 
@@ -57,14 +61,14 @@ def errors(x, ref):
     return float(np.max(np.abs(x - ref))), float(np.linalg.norm(x - ref) / nref) if nref else 0.0
 
 
-def run_backend(backend, inputs, state_precision):
+def run_backend(backend, inputs, state_precision, options=OPTIONS):
     from .. import kda_forward
     if backend == "cuda":
         import cupy as cp
-        dev = {n: cp.asarray(x) for n, x in inputs.items()}
-        o, s = kda_forward(**dev, backend="cuda", state_precision=state_precision, **OPTIONS)
+        dev = {n: cp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in inputs.items()}
+        o, s = kda_forward(**dev, backend="cuda", state_precision=state_precision, **options)
         return cp.asnumpy(o), cp.asnumpy(s)
-    return kda_forward(**inputs, backend=backend, state_precision=state_precision, **OPTIONS)
+    return kda_forward(**inputs, backend=backend, state_precision=state_precision, **options)
 
 
 def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pairs=None, seed=0):
@@ -76,24 +80,114 @@ def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pa
         ref_o, ref_s = kda_reference(**inputs, **ref_opts)
         t0 = time.perf_counter()
         o, s = run_backend(backend, inputs, state_precision)
-        seconds = time.perf_counter() - t0
-        o_max, o_rmse = errors(o, ref_o)
-        s_max, s_rmse = errors(s, ref_s)
-        _, floor = errors(ref_o.astype(np.float32).astype(BF16), ref_o)
-        rows.append(dict(g=gr, dt_bias=br, o_max=o_max, o_rmse=o_rmse, state_max=s_max, state_rmse=s_rmse,
-                         o_bf16_floor=floor, finite=bool(np.isfinite(np.asarray(o, np.float64)).all()),
-                         seconds=seconds))
+        rows.append(_row(dict(g=gr, dt_bias=br), o, s, ref_o, ref_s, time.perf_counter() - t0))
     return rows
 
 
+# ---------------------------------------------------------------------------
+# adversarial inputs: what real text produces and random keys never do
+
+#: name -> (keys, key noise, gate, beta logit (None: raw beta 0.999), allow_neg_eigval, T (None: the sweep's))
+#: keys: "token" repeats one (q, k, v) token; "collinear" one key per head plus a
+#: perturbation of relative size ``noise`` per token (0: repeated keys; 1e-3 is below
+#: bf16's resolution), q alike, v random; "zeros" is "collinear" with a quarter of the
+#: keys and one whole chunk zero. Gates: "g0" no decay (log gate, g = 0); "slow"
+#: sigmoid, dt_bias = -8 (decay ~1e-3 per token); "fast" sigmoid saturated at
+#: lower_bound = -5 per token; "softplus" softplus with g ~ N(0, 20) (pair form and x > 15).
+#: Beta logits +-12 put beta within 1e-5 of 0 or 1; near 2 is 2 sigmoid(4) ~ 1.96: closer
+#: to 2 the recurrence along a repeated key stops contracting (|1 - beta| -> 1) and
+#: the bf16 rounding of the keys alone moves the exact result by ~10% (README, Numerics).
+ADVERSARIAL = {
+    "repeat-token g=0 beta=.999": ("token", 0.0, "g0", None, False, None),
+    "repeat-key g=0": ("collinear", 0.0, "g0", 4.0, False, None),
+    "collinear 1e-3 g=0": ("collinear", 1e-3, "g0", 4.0, False, None),
+    "collinear 1e-2 g=0": ("collinear", 1e-2, "g0", 4.0, False, None),
+    "repeat-key slow": ("collinear", 0.0, "slow", 4.0, False, None),
+    "collinear 1e-3 slow": ("collinear", 1e-3, "slow", 4.0, False, None),
+    "collinear 1e-2 slow": ("collinear", 1e-2, "slow", 4.0, False, None),
+    "collinear 1e-3 fast": ("collinear", 1e-3, "fast", 4.0, False, None),
+    "collinear 1e-3 beta~0": ("collinear", 1e-3, "g0", -12.0, False, None),
+    "collinear 1e-3 beta~1": ("collinear", 1e-3, "g0", 12.0, False, None),
+    "collinear 1e-3 beta~2": ("collinear", 1e-3, "g0", 4.0, True, None),
+    "repeat-key slow beta~2": ("collinear", 0.0, "slow", 4.0, True, None),
+    "zero-keys slow": ("zeros", 1e-2, "slow", 4.0, False, None),
+    "collinear 1e-3 softplus": ("collinear", 1e-3, "softplus", 4.0, False, None),
+    "repeat-key g=0 T=8192": ("collinear", 0.0, "g0", 4.0, False, 8192),
+    "collinear 1e-3 slow T=8192": ("collinear", 1e-3, "slow", 4.0, False, 8192),
+}
+
+
+def adversarial_inputs(name, T, H, K, V, seed=0):
+    """Inputs and options of one ADVERSARIAL case (its own T where it names one)."""
+    keys, noise, gate, beta_logit, neg, T_case = ADVERSARIAL[name]
+    T = T_case or T
+    rng = np.random.default_rng(seed)
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-30)  # noqa: E731
+    near = lambda base: unit(base + noise * unit(rng.standard_normal((1, T, H, K))))  # noqa: E731
+    if keys == "token":
+        tok = rng.standard_normal((1, 1, H, K + V))
+        q = k = np.broadcast_to(unit(tok[..., :K]), (1, T, H, K))
+        v = np.broadcast_to(tok[..., K:], (1, T, H, V))
+    else:
+        base = unit(rng.standard_normal((1, 1, H, K)))
+        q, k, v = near(base), near(base), rng.standard_normal((1, T, H, V))
+        if keys == "zeros":
+            k = np.where(rng.uniform(size=(1, T, H, 1)) < 0.25, 0.0, k)
+            k[:, 32:48] = 0.0
+    opts = dict(qk_l2norm=True, output_final_state=True, state_dtype=np.float32)
+    x = dict(q=q.astype(BF16), k=k.astype(BF16), v=np.ascontiguousarray(v).astype(BF16))
+    if gate == "g0":
+        x["g"] = np.zeros((1, T, H, K), BF16)
+        opts["gate"] = "log"
+    elif gate == "softplus":
+        x["g"] = rng.normal(0.0, 20.0, (1, T, H, K)).astype(BF16)
+        opts.update(gate="softplus", A_log=rng.uniform(0.0, 1.0, H).astype(np.float32))
+    else:
+        x["g"] = (rng.standard_normal((1, T, H, K)) + (8.0 if gate == "fast" else 0.0)).astype(BF16)
+        opts.update(gate="sigmoid", lower_bound=LOWER_BOUND, A_log=rng.uniform(0.0, 1.0, H).astype(np.float32),
+                    dt_bias=np.full((H, K), 8.0 if gate == "fast" else -8.0, np.float32))
+    if beta_logit is None:
+        x["beta"] = np.full((1, T, H), 0.999, np.float32)
+    else:
+        x["beta"] = (beta_logit + 0.1 * rng.standard_normal((1, T, H))).astype(BF16)
+        opts.update(beta_sigmoid=True, allow_neg_eigval=neg)
+    x = {n: np.ascontiguousarray(a) for n, a in x.items()}
+    return x, opts
+
+
+def adversarial_sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", names=None, seed=0):
+    from .reference import kda_reference
+    rows = []
+    for name in names or ADVERSARIAL:
+        x, opts = adversarial_inputs(name, T, H, K, V, seed)
+        ref_o, ref_s = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
+        t0 = time.perf_counter()
+        o, s = run_backend(backend, x, state_precision, opts)
+        rows.append(_row(dict(case=name, T=x["q"].shape[1]), o, s, ref_o, ref_s, time.perf_counter() - t0))
+    return rows
+
+
+def _row(key, o, s, ref_o, ref_s, seconds):
+    o_max, o_rmse = errors(o, ref_o)
+    s_max, s_rmse = errors(s, ref_s)
+    _, floor = errors(ref_o.astype(np.float32).astype(BF16), ref_o)
+    finite = bool(np.isfinite(np.asarray(o, np.float64)).all() and np.isfinite(np.asarray(s, np.float64)).all())
+    return key | dict(o_max=o_max, o_rmse=o_rmse, state_max=s_max, state_rmse=s_rmse, o_bf16_floor=floor,
+                      finite=finite, seconds=seconds)
+
+
 def format_table(rows):
-    head = f"{'g':>8} {'dt_bias':>8} | {'o max':>9} {'o rmse':>9} {'bf16 floor':>10} | {'S max':>9} {'S rmse':>9}"
+    what = (lambda r: f"{r['case']:>28} {r['T']:>5}") if "case" in rows[0] else (
+        lambda r: f"{r['g']:>8} {r['dt_bias']:>8}")
+    cols = f"{'case':>28} {'T':>5}" if "case" in rows[0] else f"{'g':>8} {'dt_bias':>8}"
+    head = f"{cols} | {'o max':>9} {'o rmse':>9} {'bf16 floor':>10} | {'S max':>9} {'S rmse':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['g']:>8} {r['dt_bias']:>8} | {r['o_max']:9.2e} {r['o_rmse']:9.2e} {r['o_bf16_floor']:10.2e}"
-                     f" | {r['state_max']:9.2e} {r['state_rmse']:9.2e}")
-    worst = max(rows, key=lambda r: r["o_rmse"])
-    lines.append(f"worst o rmse {worst['o_rmse']:.2e} (g={worst['g']}, dt_bias={worst['dt_bias']}); "
+        lines.append(f"{what(r)} | {r['o_max']:9.2e} {r['o_rmse']:9.2e} {r['o_bf16_floor']:10.2e}"
+                     f" | {r['state_max']:9.2e} {r['state_rmse']:9.2e}" + ("" if r["finite"] else "  NON-FINITE"))
+    worst = max(rows, key=lambda r: r["o_rmse"] if np.isfinite(r["o_rmse"]) else np.inf)
+    where = f"case={worst['case']}" if "case" in worst else f"g={worst['g']}, dt_bias={worst['dt_bias']}"
+    lines.append(f"worst o rmse {worst['o_rmse']:.2e} ({where}); "
                  f"median {np.median([r['o_rmse'] for r in rows]):.2e}; "
                  f"median bf16 floor {np.median([r['o_bf16_floor'] for r in rows]):.2e}")
     return "\n".join(lines)
@@ -111,6 +205,8 @@ def main(argv=None):
     p.add_argument("--state-precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--quick", action="store_true", help="pair each g regime with one dt_bias regime only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adversarial", action="store_true",
+                   help="sweep the adversarial cases (ADVERSARIAL) instead of the gate/bias regimes")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args(argv)
     if args.backend == "cuda" and not gpu_available():
@@ -119,13 +215,18 @@ def main(argv=None):
         return 2
     pairs = list(zip(G_REGIMES, BIAS_REGIMES)) if args.quick else None
     print(f"kdacupy accuracy: backend={args.backend} T={args.T} H={args.H} K={args.K} V={args.V} "
-          f"state_precision={args.state_precision}; errors against the float64 reference", flush=True)
-    rows = sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, pairs, args.seed)
+          f"state_precision={args.state_precision}{' adversarial' if args.adversarial else ''}; "
+          "errors against the float64 reference", flush=True)
+    if args.adversarial:
+        rows = adversarial_sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, seed=args.seed)
+    else:
+        rows = sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, pairs, args.seed)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(backend=args.backend, T=args.T, H=args.H, K=args.K, V=args.V,
-                           state_precision=args.state_precision, rows=rows), f, indent=1)
+                           state_precision=args.state_precision, adversarial=args.adversarial, rows=rows),
+                      f, indent=1)
     return 0 if all(r["finite"] for r in rows) else 1
 
 

@@ -145,8 +145,9 @@ def write_json(path, doc):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kdacupy.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", type=shape_arg, default=["all"], metavar="SET|SPEC",
-                    help="kimi, fewhead, all (default) or explicit shape specs")
+    ap.add_argument("--shapes", nargs="+", type=lambda t: t if t == "decode" else shape_arg(t), default=["all"],
+                    metavar="SET|SPEC", help="kimi, fewhead, all (default) or explicit shape specs; "
+                    "decode: the decode kernel on a state pool (kdacupy/bench_decode.py)")
     ap.add_argument("--json", metavar="PATH", help="where to write the results "
                     "(default benchmarks/<model>_<date>.json)")
     ap.add_argument("--iters", type=int, default=100, help="timed calls per measurement (default 100)")
@@ -155,6 +156,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         ap.error("--iters must be >= 1 and --warmup >= 0")
+    if "decode" in args.shapes:
+        if args.shapes != ["decode"]:
+            ap.error("--shapes decode runs alone")
+        from .bench_decode import run
+        return run(args)
     if not timing.gpu_available():
         print(timing.no_gpu_message(ap.prog), file=sys.stderr)
         return 2

@@ -3,7 +3,9 @@ launch, through NVRTC, without a GPU.
 
 One line per variant: ``regs=N spill_stores=N spill_loads=N smem=N`` (shared
 memory = the variant's dynamic shared memory plus any static), from ptxas'
-``-v`` report; with ``--sass`` the cubin is disassembled (pip's
+``-v`` report, built with exactly the options the runtime uses (``jit.NVRTC_OPTIONS``
+plus what CuPy adds, ``jit.CUPY_ADDED_OPTIONS``: ``-ftz=true`` among them; CuPy
+targets ``sm_90`` / ``sm_100`` on Hopper / Blackwell, also accepted here); with ``--sass`` the cubin is disassembled (pip's
 nvidia-cuda-nvdisasm) and the instruction mix that matters is added: tensor-core
 MMAs (HMMA), LDSM, local memory (LDL/STL), global loads/stores (LDG/STG).
 Exit status 1 if any variant fails to compile.
@@ -27,12 +29,16 @@ from functools import lru_cache
 
 from ..jit import loaders as jit
 from ..numerics.dtypes import BF16, F16, F32, dtype_name
+from ..decode_kernels import DecodeTiles, DecodeVariant, decode_candidates
 from ..ops.forward.kernels import BETA_CODE, GATE_CODE, PrepareVariant, RecurrenceVariant
 from ..ops.forward.tuning import TILE_SPACE
 
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
+#: the targets CuPy itself builds for on Hopper / Blackwell (it never adds the "a" suffix)
+RUNTIME_ARCHS = ("sm_90", "sm_100")
 #: shared memory a block may use, per arch (opt-in maximum)
-SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 1024}
+SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 1024, "sm_90": 227 * 1024,
+              "sm_100": 227 * 1024}
 DIMS = (64, 128, 256)
 DTYPES = (BF16, F16, F32)
 
@@ -73,7 +79,8 @@ def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
     check = lambda rc, what: rc == 0 or (_ for _ in ()).throw(  # noqa: E731
         RuntimeError(f"{what}: {lib.nvrtcGetErrorString(rc).decode()}"))
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None), "create")
-    opts = [*jit.NVRTC_OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v", *options]
+    opts = [*jit.NVRTC_OPTIONS, *jit.CUPY_ADDED_OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v",
+            *options]
     argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     try:
         rc = lib.nvrtcCompileProgram(prog, len(opts), argv)
@@ -119,10 +126,10 @@ def sass_mix(cubin: bytes) -> dict:
 
 
 def arch_of_device() -> str:
+    """The target cupy.RawModule compiles for on this device: sm_<cc>, no "a" suffix."""
     import cupy
 
-    major, minor = cupy.cuda.Device().compute_capability[:-1], cupy.cuda.Device().compute_capability[-1]
-    return f"sm_{major}{minor}" + ("a" if major in ("9", "10") else "")
+    return f"sm_{cupy.cuda.Device().compute_capability}"
 
 
 # ---------------------------------------------------------------------------
@@ -144,7 +151,28 @@ def recurrence_variants():
                 yield RecurrenceVariant(K, V, dt, fp32, tiles)
 
 
+def decode_variants():
+    """Decode: every shape, dtype, pool and layout at the Kimi options, with every
+    tile configuration at K = V = 128 (what the tuner tries) and the heuristic's
+    two elsewhere; every gate / beta / l2norm / input-dtype option at K = V = 128."""
+    for K, V, dt, pool, layout in itertools.product(DIMS, DIMS, DTYPES, (BF16, F32), ("vk", "kv")):
+        tried = decode_candidates(K, V) if (K, V) == (128, 128) else [DecodeTiles(16, 4), DecodeTiles(8, 4)]
+        for tiles in tried:
+            yield DecodeVariant(K, V, dt, dt, dt, "sigmoid", "sigmoid", True, pool, layout, tiles)
+    for dt, gate, l2 in itertools.product(DTYPES, GATE_CODE, (False, True)):
+        for gdt in dict.fromkeys((dt, F32)):
+            for beta_mode in BETA_CODE:
+                for bdt in ((dt,) if beta_mode == "none" else dict.fromkeys((dt, F32))):
+                    if (gate, beta_mode, l2, gdt, bdt) != ("sigmoid", "sigmoid", True, dt, dt):
+                        yield DecodeVariant(128, 128, dt, gdt, bdt, gate, beta_mode, l2, BF16, "vk",
+                                            DecodeTiles())
+
+
 def label(var) -> str:
+    if isinstance(var, DecodeVariant):
+        return (f"kda_decode K={var.K} V={var.V} dt={dtype_name(var.dtype)} g={dtype_name(var.g_dtype)} "
+                f"beta={var.beta_mode}:{dtype_name(var.beta_dtype)} gate={var.gate} l2norm={int(var.l2norm)} "
+                f"pool={dtype_name(var.pool_dtype)} layout={var.layout} BV={var.tiles.BV} warps={var.tiles.warps}")
     if isinstance(var, PrepareVariant):
         return (f"kda_prepare K={var.K} dt={dtype_name(var.dtype)} g={dtype_name(var.g_dtype)} "
                 f"beta={var.beta_mode}:{dtype_name(var.beta_dtype)} gate={var.gate} l2norm={int(var.l2norm)}")
@@ -153,7 +181,8 @@ def label(var) -> str:
 
 
 def compile_variant(var, arch: str, sass: bool = False) -> CompileResult:
-    kernel = "kda_prepare" if isinstance(var, PrepareVariant) else "kda_recurrence"
+    kernel = ("kda_prepare" if isinstance(var, PrepareVariant) else
+              "kda_decode" if isinstance(var, DecodeVariant) else "kda_recurrence")
     res = nvrtc_compile(jit.render(kernel, var.config()), arch)
     if res.ok and sass:
         res.sass = sass_mix(res.cubin)
@@ -163,9 +192,9 @@ def compile_variant(var, arch: str, sass: bool = False) -> CompileResult:
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kdacupy.compile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", default="sm_90a", choices=ARCHS)
+    ap.add_argument("--arch", default="sm_90a", choices=ARCHS + RUNTIME_ARCHS)
     ap.add_argument("--sass", action="store_true", help="disassemble and count HMMA/LDSM/LDL/STL/LDG/STG")
-    ap.add_argument("--kernel", choices=("prepare", "recurrence", "all"), default="all")
+    ap.add_argument("--kernel", choices=("prepare", "recurrence", "decode", "all"), default="all")
     ap.add_argument("--match", metavar="TEXT", action="append", default=[],
                     help="only variants whose line contains TEXT (e.g. 'K=128'); may repeat")
     ap.add_argument("--jobs", type=int, default=0, help="parallel compiles (default: CPU count)")
@@ -175,6 +204,8 @@ def main(argv=None):
         variants += list(prepare_variants())
     if args.kernel in ("recurrence", "all"):
         variants += list(recurrence_variants())
+    if args.kernel in ("decode", "all"):
+        variants += list(decode_variants())
     variants = [v for v in variants if all(m in label(v) + " " for m in args.match)]
     import os
     jobs = args.jobs or os.cpu_count() or 1

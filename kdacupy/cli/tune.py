@@ -442,9 +442,15 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=30, help="timed calls per candidate (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: CPUs)")
+    ap.add_argument("--decode", action="store_true",
+                    help="tune the decode kernel's BV and warps on the decode bench shapes instead "
+                         "(writes <model>.decode.yaml; see kdacupy/decode_tuning.py); --shapes is ignored")
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.jobs < 1 or args.sm_count < 1:
         ap.error("--iters, --jobs and --sm-count must be >= 1, --warmup >= 0")
+    if args.decode:
+        from .decode_tuning import tune as tune_decode
+        return tune_decode(args)
     shapes = resolve_shapes(args.shapes)
 
     if args.dry_run:

@@ -3,6 +3,6 @@ emulation of blocks, threads (fibers), warps and the PTX wrappers of kernels/ptx
 
 from .build import find_compiler
 from .errors import EmulationError
-from .loader import EmulatedModule
+from .loader import EmulatedModule, pointer
 
-__all__ = ["EmulatedModule", "EmulationError", "find_compiler"]
+__all__ = ["EmulatedModule", "EmulationError", "find_compiler", "pointer"]

@@ -4,7 +4,12 @@ Cache key: sha256 of the source with its exports, the emulation headers, the
 compiler (path and --version) and the flags. Files go to
 $KDACUPY_CACHE_DIR/emulate or ~/.cache/kdacupy/emulate, written to a temporary
 name and renamed with os.replace, so concurrent processes never see half a file.
-$KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb).
+$KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb);
+$KDACUPY_EMULATE_NUMERICS (exact|hardware, see numerics.py) adds -DKDA_EMU_NUMERICS.
+
+Checked builds (KDACUPY_EMULATE_CHECK, checks.h) compile the kernel with
+-fsanitize=thread and line tables, then link it with tsan_hooks.cpp instead of
+libtsan; their source stays next to the library (<key>.cpp) for addr2line.
 """
 
 from __future__ import annotations
@@ -19,10 +24,15 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from . import numerics
 from .errors import EmulationError
 
 HERE = Path(__file__).resolve().parent
 HEADERS = ("cuda_emu.h", "ptx_twins.h")
+CHECK_FILES = ("checks.h", "tsan_hooks.cpp")
+#: compile-only flags of checked builds (the link gets none: no libtsan); -fno-tree-sra keeps a
+#: vector load one access (scalarised, its alignment would go unchecked)
+CHECK_FLAGS = ("-fsanitize=thread", "-g1", "-DKDA_EMU_CHECK=1", "-fno-tree-sra")
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-fast-math",
          "-Wno-unknown-pragmas", "-DKDA_EMULATE")
 NO_COMPILER = "backend='emulate' needs a C++17 compiler (g++ or clang++) on PATH, or set CXX"
@@ -73,13 +83,16 @@ def full_source(source: str, names: Sequence[str]) -> str:
     return f"{source}\n// ---- emulation exports ----\n{exports}"
 
 
-def build(source: str, names: Sequence[str]) -> Path:
-    """Path of the shared library for (source, names), compiling it if not cached."""
+def build(source: str, names: Sequence[str], checked: bool = False, numerics_mode: str | None = None) -> Path:
+    """Path of the shared library for (source, names), compiling it if not cached;
+    ``checked``: instrumented for the checks; ``numerics_mode``: the twins'
+    arithmetic (default: $KDACUPY_EMULATE_NUMERICS); both are in the key."""
     cxx = find_compiler()
     text = full_source(source, names)
-    flags = [*FLAGS, *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
+    flags = [*FLAGS, *(CHECK_FLAGS if checked else ()), numerics.define(numerics_mode), *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
+    files = HEADERS + (CHECK_FILES if checked else ())
     h = hashlib.sha256()
-    for part in (text, *((HERE / f).read_text() for f in HEADERS), cxx, _version(cxx), " ".join(flags)):
+    for part in (text, *((HERE / f).read_text() for f in files), cxx, _version(cxx), " ".join(flags)):
         h.update(part.encode())
         h.update(b"\0")
     key = h.hexdigest()[:32]
@@ -92,18 +105,42 @@ def build(source: str, names: Sequence[str]) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="kda_emu_") as tmp:
             src = Path(tmp) / "kernel.cpp"
-            src.write_text(text)
+            if checked:  # kept: the line tables name it
+                src = out_dir / f"{key}.cpp"
+                _write_atomic(src, text, out_dir)
+            else:
+                src.write_text(text)
             fd, tmp_lib = tempfile.mkstemp(suffix=".so.tmp", dir=out_dir)
             os.close(fd)
-            cmd = [cxx, *flags, "-I", str(HERE), "-include", str(HERE / "cuda_emu.h"), str(src), "-o", tmp_lib]
-            try:
-                res = subprocess.run(cmd, capture_output=True, text=True)
-            except OSError as e:
-                os.unlink(tmp_lib)
-                raise EmulationError(f"{NO_COMPILER} ({cxx}: {e})") from None
-            if res.returncode != 0:
-                os.unlink(tmp_lib)
-                raise EmulationError(f"emulation build failed ({' '.join(cmd)}):\n{res.stderr}{res.stdout}")
+            inc = ["-I", str(HERE), "-include", str(HERE / "cuda_emu.h")]
+            if checked:
+                compile_flags = [f for f in flags if f != "-shared"]
+                obj, hooks = str(Path(tmp) / "kernel.o"), str(Path(tmp) / "hooks.o")
+                cmds = [[cxx, *compile_flags, *inc, "-c", str(src), "-o", obj],
+                        [cxx, "-O2", "-fPIC", "-c", str(HERE / "tsan_hooks.cpp"), "-o", hooks],
+                        [cxx, "-shared", "-pthread", obj, hooks, "-o", tmp_lib, "-Wl,-z,defs", "-ldl"]]
+            else:
+                cmds = [[cxx, *flags, *inc, str(src), "-o", tmp_lib]]
+            for cmd in cmds:
+                try:
+                    res = subprocess.run(cmd, capture_output=True, text=True)
+                except OSError as e:
+                    os.unlink(tmp_lib)
+                    if checked:
+                        src.unlink(missing_ok=True)
+                    raise EmulationError(f"{NO_COMPILER} ({cxx}: {e})") from None
+                if res.returncode != 0:
+                    os.unlink(tmp_lib)
+                    if checked:
+                        src.unlink(missing_ok=True)
+                    raise EmulationError(f"emulation build failed ({' '.join(cmd)}):\n{res.stderr}{res.stdout}")
             os.replace(tmp_lib, lib)
             stats["compiled"] += 1
     return lib
+
+
+def _write_atomic(path: Path, text: str, out_dir: Path) -> None:
+    fd, tmp = tempfile.mkstemp(suffix=".cpp.tmp", dir=out_dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -15,9 +15,11 @@
 //    is, to 0xFF bytes (reads as NaN); ldmatrix/cp.async must target it;
 //  - warp collectives need full masks (0xffffffff), blocks of whole warps and
 //    no exited lane in the warp; exited threads do count at __syncthreads;
-//  - out-of-bounds accesses and fiber stack overflow are not caught (crash);
-//  - errors (deadlock, __trap, assert, bad ldmatrix/cp.async address) stop the
-//    launch and come back as kdacupy.emulate.EmulationError.
+//  - out-of-bounds accesses, shared-memory races and misaligned accesses are
+//    caught only in checked builds (KDACUPY_EMULATE_CHECK, checks.h); fiber
+//    stack overflow is not caught (crash);
+//  - errors (deadlock, __trap, assert, bad ldmatrix/cp.async address, checks)
+//    stop the launch and come back as kdacupy.emulate.EmulationError.
 #pragma once
 #include <math.h>
 #include <pthread.h>
@@ -30,6 +32,19 @@
 #include <sys/mman.h>
 #include <type_traits>
 #include <utility>
+#ifdef KDA_EMU_CHECK
+// Checked build: the kernel is compiled with -fsanitize=thread, which calls a
+// hook before every load and store (checks.h). The emulator's own code is
+// excluded from that instrumentation (KDA_EMU_RT), so every hooked access is
+// the kernel's; KDA_EMU_PC is the kernel's return address (for messages).
+#include <dlfcn.h>
+#include <link.h>
+#define KDA_EMU_RT __attribute__((no_sanitize("thread")))
+#define KDA_EMU_PC ((uintptr_t)__builtin_return_address(0))
+#else
+#define KDA_EMU_RT
+#define KDA_EMU_PC ((uintptr_t)0)
+#endif
 #if !defined(__x86_64__) || defined(KDA_EMU_UCONTEXT)
 #include <ucontext.h>  // portable, slow fallback: swapcontext makes a system call
 #undef KDA_EMU_UCONTEXT
@@ -132,7 +147,7 @@ namespace kda_emu {
 
 enum State : int { READY, RUNNING, WAIT_BAR, WAIT_WARP, EXITED };
 
-struct Copy { void* dst; const void* src; unsigned bytes, group; };  // one queued cp.async
+struct Copy { void* dst; const void* src; unsigned bytes, group, done; };  // one queued cp.async (done: eager)
 
 struct Fiber {
   uint3 tid;
@@ -155,6 +170,7 @@ struct Fiber {
 // to the next collective writes the other half while slow lanes still read.
 struct Warp {
   int nlanes, arrived, exited, buf;
+  unsigned sync;  // __syncwarp calls completed (racecheck: orders the lanes' accesses)
   const char* what;
   alignas(16) unsigned char slot[2][32][32];
   alignas(16) unsigned char snap[2][32][16];  // ldmatrix rows, read by the last arriver
@@ -169,6 +185,9 @@ struct Launch {
   int cp_eager;             // cp.async lands at issue (exposes write-after-read hazards)
   int reverse;              // run fibers in reverse order (exposes missing barriers)
   int abort;                // set on the first error: stop everything (atomic)
+  unsigned check;           // KDACUPY_EMULATE_CHECK bits (checks.h)
+  const long long* ext;     // launch arrays: (first byte, end, argument index) triples
+  int n_ext;
   pthread_mutex_t mu;
   char err[2048];
 };
@@ -186,6 +205,11 @@ struct Worker {
   dim3 bdim, gdim;
   unsigned char* smem;
   size_t smem_size;
+  unsigned epoch, epoch0;  // barrier intervals of this OS thread (monotonic); epoch0: this block's first
+  Fiber* blame;            // set while the last lane of a warp collective acts for another lane
+#ifdef KDA_EMU_CHECK
+  struct Checks* ck;
+#endif
 #ifdef KDA_EMU_UCONTEXT
   ucontext_t sched;
 #else
@@ -196,17 +220,17 @@ struct Worker {
 static thread_local Fiber* g_cur;      // the running CUDA thread
 static thread_local Worker* g_worker;  // the block this OS thread runs
 
-inline Fiber* cur() { return g_cur; }
+KDA_EMU_RT inline Fiber* cur() { return g_cur; }
 
 // -- error handling: record the first message, stop the launch, never return --
-inline void record_error(Launch* L, const char* msg) {
+KDA_EMU_RT inline void record_error(Launch* L, const char* msg) {
   pthread_mutex_lock(&L->mu);
   if (!L->err[0]) snprintf(L->err, sizeof L->err, "%s", msg);
   pthread_mutex_unlock(&L->mu);
   __atomic_store_n(&L->abort, 1, __ATOMIC_RELAXED);
 }
 
-inline void to_sched(Fiber* f) {
+KDA_EMU_RT inline void to_sched(Fiber* f) {
   Worker* w = g_worker;
   g_cur = nullptr;
 #ifdef KDA_EMU_UCONTEXT
@@ -216,7 +240,7 @@ inline void to_sched(Fiber* f) {
 #endif
 }
 
-[[noreturn]] __attribute__((format(printf, 1, 2))) inline void fail(const char* fmt, ...) {
+[[noreturn]] KDA_EMU_RT __attribute__((format(printf, 1, 2))) inline void fail(const char* fmt, ...) {
   Fiber* f = g_cur;
   Worker* w = g_worker;
   char msg[1536];
@@ -225,15 +249,16 @@ inline void to_sched(Fiber* f) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   char full[2048];
+  const Fiber* who = w->blame ? w->blame : f;  // a lane whose part of a warp collective failed
   snprintf(full, sizeof full, "block (%u,%u,%u) thread (%u,%u,%u): %s", w->bid.x, w->bid.y, w->bid.z,
-           f->tid.x, f->tid.y, f->tid.z, msg);
+           who->tid.x, who->tid.y, who->tid.z, msg);
   record_error(w->L, full);
   to_sched(f);  // the scheduler abandons this block: never resumed
   __builtin_unreachable();
 }
 
 // -- scheduling ----------------------------------------------------------------
-inline void push_ready(Worker* w, Fiber* f) {
+KDA_EMU_RT inline void push_ready(Worker* w, Fiber* f) {
   f->st = READY;
   w->ready[(w->rhead + w->rcount++) % w->n] = f->lin;
 }
@@ -241,7 +266,7 @@ inline void push_ready(Worker* w, Fiber* f) {
 // Front of the queue: the lanes of a warp released by a warp collective run
 // next, so one warp runs ahead until it meets a block barrier (as warps may on
 // a GPU), which opens the windows where missing barriers show.
-inline void push_front(Worker* w, Fiber* f) {
+KDA_EMU_RT inline void push_front(Worker* w, Fiber* f) {
   f->st = READY;
   w->rhead = (w->rhead + w->n - 1) % w->n;
   w->rcount++;
@@ -250,7 +275,7 @@ inline void push_front(Worker* w, Fiber* f) {
 
 // Give up the OS thread: run the next ready fiber, or go back to the scheduler
 // when none is (block done, deadlock, or error). Returns when resumed.
-inline void yield_blocked(Fiber* f) {
+KDA_EMU_RT inline void yield_blocked(Fiber* f) {
   Worker* w = g_worker;
   if (w->rcount == 0 || __atomic_load_n(&w->L->abort, __ATOMIC_RELAXED)) {
     to_sched(f);
@@ -269,13 +294,14 @@ inline void yield_blocked(Fiber* f) {
 }
 
 // -- __syncthreads: exited threads count as arrived (as on current GPUs) --------
-inline void bar_release(Worker* w) {
+KDA_EMU_RT inline void bar_release(Worker* w) {
   int p = w->bar_gen & 1;
   w->bar_res[p] = w->bar_acc[p];
   w->bar_resn[p] = w->bar_arrived;
   w->bar_acc[p] = 0;
   w->bar_arrived = 0;
   w->bar_gen++;
+  w->epoch++;
   for (int k = 0; k < w->n; k++) {
     Fiber* f = &w->fibers[w->L->reverse ? w->n - 1 - k : k];
     if (f->st == WAIT_BAR) push_ready(w, f);
@@ -283,7 +309,7 @@ inline void bar_release(Worker* w) {
 }
 
 // Returns how many arrived threads had pred != 0; *n_arrived = how many arrived.
-inline int block_barrier(int pred, int* n_arrived) {
+KDA_EMU_RT inline int block_barrier(int pred, int* n_arrived) {
   Fiber* f = g_cur;
   Worker* w = g_worker;
   int p = w->bar_gen & 1;
@@ -300,7 +326,7 @@ inline int block_barrier(int pred, int* n_arrived) {
 
 // -- warp barrier with an exchange: on_last runs once, by the last lane to arrive --
 template <class F>
-inline void warp_barrier(Fiber* f, const char* what, F&& on_last) {
+KDA_EMU_RT inline void warp_barrier(Fiber* f, const char* what, F&& on_last) {
   Worker* w = g_worker;
   Warp& wp = w->warps[f->warp];
   if (wp.nlanes != 32)
@@ -328,16 +354,16 @@ inline void warp_barrier(Fiber* f, const char* what, F&& on_last) {
     yield_blocked(f);
   }
 }
-inline void warp_barrier(Fiber* f, const char* what) {
+KDA_EMU_RT inline void warp_barrier(Fiber* f, const char* what) {
   warp_barrier(f, what, [] {});
 }
 
-inline void check_mask(unsigned mask, const char* what) {
+KDA_EMU_RT inline void check_mask(unsigned mask, const char* what) {
   if (mask != 0xffffffffu) fail("%s with mask 0x%08x: the emulator supports full-warp masks only", what, mask);
 }
 
 // -- thread exit ------------------------------------------------------------------
-[[noreturn]] inline void thread_exit(Fiber* f) {
+[[noreturn]] KDA_EMU_RT inline void thread_exit(Fiber* f) {
   Worker* w = g_worker;
   Warp& wp = w->warps[f->warp];
   if (wp.arrived > 0)
@@ -353,7 +379,7 @@ inline void check_mask(unsigned mask, const char* what) {
 }
 
 // -- shared-memory pointer checks (ldmatrix, cp.async) -------------------------------
-inline void check_smem16(const void* p, const char* what) {
+KDA_EMU_RT inline void check_smem16(const void* p, const char* what) {
   Worker* w = g_worker;
   uintptr_t a = (uintptr_t)p, lo = (uintptr_t)w->smem;
   if (a < lo || a + 16 > lo + w->smem_size)
@@ -361,16 +387,23 @@ inline void check_smem16(const void* p, const char* what) {
          w->smem_size);
   if (a % 16) fail("%s: shared address %p is not 16-byte aligned", what, p);
 }
+}  // namespace kda_emu
+
+#ifdef KDA_EMU_CHECK
+#include "checks.h"
+#endif
+
+namespace kda_emu {
 
 // -- blocks -----------------------------------------------------------------------------
-inline void init_fiber_stack(Worker* w, Fiber* f) {
+KDA_EMU_RT inline void init_fiber_stack(Worker* w, Fiber* f) {
   char* top = f->stack + w->L->stack_bytes;
 #ifdef KDA_EMU_UCONTEXT
   getcontext(&f->uc);
   f->uc.uc_stack.ss_sp = f->stack;
   f->uc.uc_stack.ss_size = w->L->stack_bytes;
   f->uc.uc_link = nullptr;
-  makecontext(&f->uc, +[] { kda_emu_fiber_main(g_cur); }, 0);
+  makecontext(&f->uc, +[]() KDA_EMU_RT { kda_emu_fiber_main(g_cur); }, 0);
   (void)top;
 #else
   // Frame popped by kda_emu_swap: [mxcsr|fpcw] r15 r14 r13 r12 rbx rbp ret(=trampoline) 0
@@ -386,11 +419,12 @@ inline void init_fiber_stack(Worker* w, Fiber* f) {
 #endif
 }
 
-inline void run_block(Worker* w, long long b) {
+KDA_EMU_RT inline void run_block(Worker* w, long long b) {
   Launch* L = w->L;
   w->bid = {(unsigned)(b % L->grid.x), (unsigned)((b / L->grid.x) % L->grid.y),
             (unsigned)(b / ((long long)L->grid.x * L->grid.y))};
   memset(w->smem, 0xFF, w->smem_size);  // unwritten shared memory reads as NaN
+  w->epoch0 = ++w->epoch;                 // racecheck: nothing of an earlier block conflicts
   w->live = w->n;
   w->rhead = w->rcount = 0;
   w->bar_arrived = w->bar_exited = w->bar_gen = 0;
@@ -444,7 +478,7 @@ static Stacks* g_stack_cache;
 static int g_stack_cached;  // stacks in the cache
 static pthread_mutex_t g_stack_mu = PTHREAD_MUTEX_INITIALIZER;
 
-inline Stacks* get_stacks(int n, size_t stride) {
+KDA_EMU_RT inline Stacks* get_stacks(int n, size_t stride) {
   pthread_mutex_lock(&g_stack_mu);
   for (Stacks** p = &g_stack_cache; *p; p = &(*p)->next)
     if ((*p)->n == n && (*p)->stride == stride) {
@@ -465,7 +499,7 @@ inline Stacks* get_stacks(int n, size_t stride) {
   return r;
 }
 
-inline void put_stacks(Stacks* s) {
+KDA_EMU_RT inline void put_stacks(Stacks* s) {
   pthread_mutex_lock(&g_stack_mu);
   if (g_stack_cached + s->n <= 8192) {
     s->next = g_stack_cache;
@@ -477,7 +511,7 @@ inline void put_stacks(Stacks* s) {
   if (s) { munmap(s->base, s->stride * s->n); free(s); }
 }
 
-inline void release_stacks() {
+KDA_EMU_RT inline void release_stacks() {
   pthread_mutex_lock(&g_stack_mu);
   Stacks* s = g_stack_cache;
   g_stack_cache = nullptr;
@@ -491,7 +525,7 @@ inline void release_stacks() {
   }
 }
 
-inline void* worker_main(void* arg) {
+KDA_EMU_RT inline void* worker_main(void* arg) {
   Launch* L = (Launch*)arg;
   Worker w{};
   w.L = L;
@@ -519,6 +553,11 @@ inline void* worker_main(void* arg) {
     }
     Worker* saved = g_worker;
     g_worker = &w;
+#ifdef KDA_EMU_CHECK
+    if (L->check && !checks_begin(&w)) {
+      record_error(L, "emulator: out of memory for the checks' shadow memory");
+    }
+#endif
     for (;;) {
       if (__atomic_load_n(&L->abort, __ATOMIC_RELAXED)) break;
       long long b = __atomic_fetch_add(&L->next, 1, __ATOMIC_RELAXED);
@@ -530,6 +569,9 @@ inline void* worker_main(void* arg) {
   if (w.fibers)
     for (int i = 0; i < w.n; i++) free(w.fibers[i].cp);
   if (stacks) put_stacks(stacks);
+#ifdef KDA_EMU_CHECK
+  checks_end(&w);
+#endif
   free(w.fibers);
   free(w.warps);
   free(w.ready);
@@ -538,8 +580,10 @@ inline void* worker_main(void* arg) {
 }
 
 // cfg: grid x,y,z, block x,y,z, shared_mem bytes, OS threads, fiber stack bytes,
-// mode bits (1: cp.async eager, 2: reverse fiber order).
-inline int run_launch(void (*entry)(void*), void* ctx, const long long* cfg, char* err, int errlen) {
+// mode bits (1: cp.async eager, 2: reverse fiber order), check bits (checks.h;
+// checked builds only). ext: next (first byte, end, argument) triples.
+KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long long* cfg, const long long* ext,
+                                 int next, char* err, int errlen) {
   auto bad = [&](const char* m) {
     snprintf(err, errlen, "%s", m);
     return 1;
@@ -560,6 +604,12 @@ inline int run_launch(void (*entry)(void*), void* ctx, const long long* cfg, cha
   L.nblocks = cfg[0] * cfg[1] * cfg[2];
   L.cp_eager = (cfg[9] & 1) != 0;
   L.reverse = (cfg[9] & 2) != 0;
+  L.check = (unsigned)cfg[10];
+  L.ext = ext;
+  L.n_ext = next;
+#ifndef KDA_EMU_CHECK
+  if (L.check) return bad("KDACUPY_EMULATE_CHECK needs a checked build (the loader makes one)");
+#endif
   pthread_mutex_init(&L.mu, nullptr);
   long long nw = cfg[7] < 1 ? 1 : cfg[7];
   if (nw > L.nblocks) nw = L.nblocks;
@@ -581,12 +631,31 @@ inline int run_launch(void (*entry)(void*), void* ctx, const long long* cfg, cha
 
 // -- typed entry points: unpack void** args like cuLaunchKernel's kernelParams --
 template <class... A, size_t... I>
-inline void call_kernel(void (*k)(A...), void* const* args, std::index_sequence<I...>) {
+KDA_EMU_RT inline void call_kernel(void (*k)(A...), void* const* args, std::index_sequence<I...>) {
   k(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(args[I])...);
 }
 
+// KDA_EMU_NUMERICS=1 (hardware): fp32 arithmetic flushes subnormal inputs and results to
+// zero for the launch, as CuPy's -ftz=true build does on the GPU (x86 MXCSR FTZ|DAZ, Arm
+// FPCR.FZ); worker threads inherit it from the launching thread, which gets its mode back.
+#ifndef KDA_EMU_NUMERICS
+#define KDA_EMU_NUMERICS 0
+#endif
+struct FtzScope {
+#if KDA_EMU_NUMERICS == 1 && (defined(__x86_64__) || defined(__i386__))
+  unsigned saved = __builtin_ia32_stmxcsr();
+  FtzScope() { __builtin_ia32_ldmxcsr(saved | 0x8040u); }
+  ~FtzScope() { __builtin_ia32_ldmxcsr(saved); }
+#elif KDA_EMU_NUMERICS == 1 && defined(__aarch64__)
+  unsigned long saved;
+  FtzScope() { __asm__ volatile("mrs %0, fpcr" : "=r"(saved)); __asm__ volatile("msr fpcr, %0" ::"r"(saved | (1ul << 24))); }
+  ~FtzScope() { __asm__ volatile("msr fpcr, %0" ::"r"(saved)); }
+#endif
+};
+
 template <class... A>
-inline int launch(void (*k)(A...), const long long* cfg, void** args, int nargs, char* err, int errlen) {
+KDA_EMU_RT inline int launch(void (*k)(A...), const long long* cfg, void** args, int nargs, const long long* ext,
+                             int next, char* err, int errlen) {
   if (nargs != (int)sizeof...(A)) {
     snprintf(err, errlen, "kernel takes %d argument(s), %d given", (int)sizeof...(A), nargs);
     return 1;
@@ -595,21 +664,22 @@ inline int launch(void (*k)(A...), const long long* cfg, void** args, int nargs,
     void (*k)(A...);
     void** args;
   } ctx{k, args};
-  auto entry = [](void* c) {
+  auto entry = [](void* c) KDA_EMU_RT {
     Ctx* x = static_cast<Ctx*>(c);
     call_kernel(x->k, x->args, std::index_sequence_for<A...>{});
   };
-  return run_launch(entry, &ctx, cfg, err, errlen);
+  FtzScope ftz;
+  return run_launch(entry, &ctx, cfg, ext, next, err, errlen);
 }
 
 template <class... A>
-inline int arity(void (*)(A...)) {
+KDA_EMU_RT inline int arity(void (*)(A...)) {
   return (int)sizeof...(A);
 }
 
 // sizes[i] = byte size of parameter i; kinds[i] = 1 pointer, 2 floating, 0 other.
 template <class... A>
-inline void params(void (*)(A...), int* sizes, int* kinds) {
+KDA_EMU_RT inline void params(void (*)(A...), int* sizes, int* kinds) {
   int i = 0;
   ((sizes[i] = (int)sizeof(A), kinds[i] = std::is_pointer<A>::value ? 1 : std::is_floating_point<A>::value ? 2 : 0,
     i++),
@@ -623,49 +693,63 @@ inline void params(void (*)(A...), int* sizes, int* kinds) {
 
 // One per library: the loader calls it when another library launches, so only
 // the most recently used kernel library keeps cached stacks.
-extern "C" __attribute__((visibility("default"))) void kda_emu_release_stacks() { kda_emu::release_stacks(); }
+extern "C" __attribute__((visibility("default"))) KDA_EMU_RT void kda_emu_release_stacks() { kda_emu::release_stacks(); }
 
-extern "C" void kda_emu_fiber_main(kda_emu::Fiber* f) {
+extern "C" KDA_EMU_RT void kda_emu_fiber_main(kda_emu::Fiber* f) {
   kda_emu::Launch* L = kda_emu::g_worker->L;
   L->entry(L->ctx);
   kda_emu::thread_exit(f);
 }
 
 #define KDA_EMU_EXPORT(name)                                                                               \
-  extern "C" __attribute__((visibility("default"))) int kda_emu_arity__##name() {                          \
+  extern "C" __attribute__((visibility("default"))) KDA_EMU_RT int kda_emu_arity__##name() {               \
     return ::kda_emu::arity(&name);                                                                        \
   }                                                                                                        \
-  extern "C" __attribute__((visibility("default"))) void kda_emu_params__##name(int* sizes, int* kinds) { \
+  extern "C" __attribute__((visibility("default"))) KDA_EMU_RT void kda_emu_params__##name(int* sizes,      \
+                                                                                         int* kinds) {     \
     ::kda_emu::params(&name, sizes, kinds);                                                                \
   }                                                                                                        \
-  extern "C" __attribute__((visibility("default"))) int kda_emu_launch__##name(                            \
-      const long long* cfg, void** args, int nargs, char* err, int errlen) {                               \
-    return ::kda_emu::launch(&name, cfg, args, nargs, err, errlen);                                        \
+  extern "C" __attribute__((visibility("default"))) KDA_EMU_RT int kda_emu_launch__##name(                 \
+      const long long* cfg, void** args, int nargs, const long long* ext, int next, char* err, int errlen) {  \
+    return ::kda_emu::launch(&name, cfg, args, nargs, ext, next, err, errlen);                             \
   }
 
 // ---- built-in variables (per fiber / per block) -------------------------------------
+#ifdef KDA_EMU_CHECK  // through uninstrumented calls: the emulator's state is not the kernel's memory
+namespace kda_emu {
+KDA_EMU_RT inline uint3 tid_now() { return g_cur->tid; }
+KDA_EMU_RT inline uint3 bid_now() { return g_worker->bid; }
+KDA_EMU_RT inline dim3 bdim_now() { return g_worker->bdim; }
+KDA_EMU_RT inline dim3 gdim_now() { return g_worker->gdim; }
+}  // namespace kda_emu
+#define threadIdx (::kda_emu::tid_now())
+#define blockIdx (::kda_emu::bid_now())
+#define blockDim (::kda_emu::bdim_now())
+#define gridDim (::kda_emu::gdim_now())
+#else
 #define threadIdx (::kda_emu::g_cur->tid)
 #define blockIdx (::kda_emu::g_worker->bid)
 #define blockDim (::kda_emu::g_worker->bdim)
 #define gridDim (::kda_emu::g_worker->gdim)
+#endif
 constexpr int warpSize = 32;
 
 // ---- synchronisation -----------------------------------------------------------------
-inline void __syncthreads() { ::kda_emu::block_barrier(0, nullptr); }
-inline int __syncthreads_count(int p) { return ::kda_emu::block_barrier(p, nullptr); }
-inline int __syncthreads_or(int p) { return ::kda_emu::block_barrier(p, nullptr) != 0; }
-inline int __syncthreads_and(int p) {
+KDA_EMU_RT inline void __syncthreads() { ::kda_emu::block_barrier(0, nullptr); }
+KDA_EMU_RT inline int __syncthreads_count(int p) { return ::kda_emu::block_barrier(p, nullptr); }
+KDA_EMU_RT inline int __syncthreads_or(int p) { return ::kda_emu::block_barrier(p, nullptr) != 0; }
+KDA_EMU_RT inline int __syncthreads_and(int p) {
   int n;
   int c = ::kda_emu::block_barrier(p, &n);
   return c == n;
 }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
+KDA_EMU_RT inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::kda_emu::check_mask(mask, "__syncwarp");
-  ::kda_emu::warp_barrier(::kda_emu::g_cur, "__syncwarp");
+  ::kda_emu::warp_barrier(::kda_emu::g_cur, "__syncwarp", [] KDA_EMU_RT { ::kda_emu::g_worker->warps[::kda_emu::g_cur->warp].sync++; });
 }
-inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-[[noreturn]] inline void __trap() { ::kda_emu::fail("__trap() called"); }
+KDA_EMU_RT inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+KDA_EMU_RT inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+[[noreturn]] KDA_EMU_RT inline void __trap() { ::kda_emu::fail("__trap() called"); }
 #ifndef assert
 #define assert(e) ((e) ? (void)0 : ::kda_emu::fail("assertion failed: %s (%s:%d)", #e, __FILE__, __LINE__))
 #endif
@@ -674,7 +758,7 @@ inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 namespace kda_emu {
 enum ShflKind { SHFL_IDX, SHFL_XOR, SHFL_DOWN, SHFL_UP };
 template <class T>
-inline T shfl(unsigned mask, T v, int arg, int width, ShflKind kind, const char* what) {
+KDA_EMU_RT inline T shfl(unsigned mask, T v, int arg, int width, ShflKind kind, const char* what) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a type wider than 8 bytes");
   check_mask(mask, what);
   if (width < 1 || width > 32 || (width & (width - 1))) fail("%s: width %d is not a power of two <= 32", what, width);
@@ -698,7 +782,7 @@ inline T shfl(unsigned mask, T v, int arg, int width, ShflKind kind, const char*
   memcpy(&r, wp.slot[b][src], sizeof(T));
   return r;
 }
-inline unsigned ballot(unsigned mask, int pred, const char* what) {
+KDA_EMU_RT inline unsigned ballot(unsigned mask, int pred, const char* what) {
   check_mask(mask, what);
   Fiber* f = g_cur;
   Warp& wp = g_worker->warps[f->warp];
@@ -712,16 +796,16 @@ inline unsigned ballot(unsigned mask, int pred, const char* what) {
 }  // namespace kda_emu
 
 #define KDA_EMU_SHFL(T)                                                                   \
-  inline T __shfl_sync(unsigned m, T v, int s, int w = 32) {                              \
+  KDA_EMU_RT inline T __shfl_sync(unsigned m, T v, int s, int w = 32) {                              \
     return ::kda_emu::shfl(m, v, s, w, ::kda_emu::SHFL_IDX, "__shfl_sync");               \
   }                                                                                       \
-  inline T __shfl_xor_sync(unsigned m, T v, int s, int w = 32) {                          \
+  KDA_EMU_RT inline T __shfl_xor_sync(unsigned m, T v, int s, int w = 32) {                          \
     return ::kda_emu::shfl(m, v, s, w, ::kda_emu::SHFL_XOR, "__shfl_xor_sync");           \
   }                                                                                       \
-  inline T __shfl_down_sync(unsigned m, T v, unsigned s, int w = 32) {                    \
+  KDA_EMU_RT inline T __shfl_down_sync(unsigned m, T v, unsigned s, int w = 32) {                    \
     return ::kda_emu::shfl(m, v, (int)s, w, ::kda_emu::SHFL_DOWN, "__shfl_down_sync");    \
   }                                                                                       \
-  inline T __shfl_up_sync(unsigned m, T v, unsigned s, int w = 32) {                      \
+  KDA_EMU_RT inline T __shfl_up_sync(unsigned m, T v, unsigned s, int w = 32) {                      \
     return ::kda_emu::shfl(m, v, (int)s, w, ::kda_emu::SHFL_UP, "__shfl_up_sync");        \
   }
 KDA_EMU_SHFL(int)
@@ -733,9 +817,9 @@ KDA_EMU_SHFL(unsigned long long)
 KDA_EMU_SHFL(float)
 KDA_EMU_SHFL(double)
 #undef KDA_EMU_SHFL
-inline unsigned __ballot_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__ballot_sync"); }
-inline int __any_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__any_sync") != 0; }
-inline int __all_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__all_sync") == 0xffffffffu; }
+KDA_EMU_RT inline unsigned __ballot_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__ballot_sync"); }
+KDA_EMU_RT inline int __any_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__any_sync") != 0; }
+KDA_EMU_RT inline int __all_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__all_sync") == 0xffffffffu; }
 
 // ---- math and bit intrinsics -----------------------------------------------------------
 inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
@@ -770,19 +854,33 @@ inline double min(double a, double b) { return fmin(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
 
 // ---- atomics (real atomics: blocks run on several OS threads) -----------------------------
-inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+#ifdef KDA_EMU_CHECK  // memcheck and aligncheck (not racecheck: atomics do not race with each other)
+#define KDA_EMU_ATOMIC(p) ::kda_emu::on_atomic(p, sizeof *(p), KDA_EMU_PC)
+#else
+#define KDA_EMU_ATOMIC(p) (void)0
+#endif
+KDA_EMU_RT inline int atomicAdd(int* p, int v) {
+  KDA_EMU_ATOMIC(p);
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
-inline float atomicAdd(float* p, float v) {
+KDA_EMU_RT inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  KDA_EMU_ATOMIC(p);
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+KDA_EMU_RT inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  KDA_EMU_ATOMIC(p);
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+KDA_EMU_RT inline float atomicAdd(float* p, float v) {
+  KDA_EMU_ATOMIC(p);
   unsigned* q = reinterpret_cast<unsigned*>(p);
   unsigned old = __atomic_load_n(q, __ATOMIC_RELAXED), nv;
   do nv = __float_as_uint(__uint_as_float(old) + v);
   while (!__atomic_compare_exchange_n(q, &old, nv, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   return __uint_as_float(old);
 }
-inline int atomicMax(int* p, int v) {
+KDA_EMU_RT inline int atomicMax(int* p, int v) {
+  KDA_EMU_ATOMIC(p);
   int old = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }

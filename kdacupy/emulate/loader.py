@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import shutil
+import subprocess
 import threading
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from . import numerics
 from .build import build, stats
 from .errors import EmulationError
 
 MAX_SHARED = 227 * 1024  # per-block dynamic shared memory of a Hopper GPU
-_loaded: dict[tuple[str, tuple[str, ...]], ctypes.CDLL] = {}
+_loaded: dict[tuple[str, tuple[str, ...], bool], tuple[ctypes.CDLL, Path]] = {}
 _lock = threading.Lock()
 _launch_lock = threading.Lock()  # not _lock: that one is held during compiles
 _last_launched: list = [None]  # the library whose launch came last keeps its cached fiber stacks
@@ -30,27 +35,90 @@ def _mode() -> int:
     return (cp == "eager") | (order == "reverse") << 1
 
 
+CHECKS = {"memcheck": 1, "racecheck": 2, "aligncheck": 4}
+
+
+def checks() -> int:
+    """KDACUPY_EMULATE_CHECK: a comma list of memcheck, racecheck, aligncheck, or all
+    (empty: off) -> bits; launches then run a checked build (checks.h)."""
+    raw = os.environ.get("KDACUPY_EMULATE_CHECK", "")
+    bits = 0
+    for item in raw.split(","):
+        name = item.strip()
+        if name == "all":
+            bits |= sum(CHECKS.values())
+        elif name in CHECKS:
+            bits |= CHECKS[name]
+        elif name:
+            raise EmulationError(f"KDACUPY_EMULATE_CHECK={raw!r}: unknown check {name!r}; expected a comma list "
+                                 "of memcheck, racecheck, aligncheck, or all (empty: off)")
+    return bits
+
+
+class ArrayPointer:
+    """A pointer argument that memcheck knows the array of: the address of ``array``'s first
+    element, and the bytes its elements span (a strided view spans its base's bytes between)."""
+
+    __slots__ = ("array", "address", "lo", "hi")
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self.address = array.ctypes.data if array.size else array.__array_interface__["data"][0]
+        lo = hi = self.address
+        if array.size:
+            for n, st in zip(array.shape, array.strides):
+                lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
+            hi += array.itemsize
+        self.lo, self.hi = lo, hi
+
+
+def pointer(array: np.ndarray) -> ArrayPointer:
+    """``array``'s data pointer as a kernel argument, with its extent for memcheck
+    (any layout; the kernel gets the strides separately)."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"pointer: expected a numpy array, got {type(array).__name__}")
+    return ArrayPointer(array)
+
+
+def _param_names(source: str, name: str) -> list[str]:
+    """Parameter names of kernel ``name`` in ``source`` (for messages; [] if not found)."""
+    m = re.search(r"__global__\s+void\s+(?:\w+(?:\([^)]*\))?\s+)*" + re.escape(name) + r"\s*\(([^)]*)\)", source)
+    if not m:
+        return []
+    out = []
+    for p in m.group(1).split(","):
+        ident = re.search(r"(\w+)\s*(?:\[[^\]]*\])?\s*$", p.strip())
+        out.append(ident.group(1) if ident else "?")
+    return out
+
+
 class EmulatedModule:
-    """The kernels `names` of a rendered source, compiled for the CPU (built once per process)."""
+    """The kernels `names` of a rendered source, compiled for the CPU (built once per process,
+    and once more, instrumented, when KDACUPY_EMULATE_CHECK asks for checks)."""
 
     def __init__(self, source: str, names: Sequence[str]):
         self.names = tuple(names)
-        key = (source, self.names)
+        self._source = source
+        self._numerics = numerics.mode()  # fixed at construction: a later build of this module agrees
+        self._lib(checks() != 0)
+        self._functions: dict[str, EmulatedFunction] = {}
+
+    def _lib(self, checked: bool) -> tuple[ctypes.CDLL, Path]:
+        key = (self._source, self.names, checked, self._numerics)
         with _lock:
-            lib = _loaded.get(key)
-            if lib is None:
-                lib = ctypes.CDLL(str(build(source, self.names)))
-                _loaded[key] = lib
+            hit = _loaded.get(key)
+            if hit is None:
+                path = build(self._source, self.names, checked, self._numerics)
+                hit = _loaded[key] = (ctypes.CDLL(str(path)), path)
             else:
                 stats["memory_hits"] += 1
-        self._lib = lib
-        self._functions: dict[str, EmulatedFunction] = {}
+        return hit
 
     def get_function(self, name: str) -> "EmulatedFunction":
         if name not in self.names:
             raise EmulationError(f"kernel {name!r} is not among this module's names {self.names}")
         if name not in self._functions:
-            self._functions[name] = EmulatedFunction(self._lib, name)
+            self._functions[name] = EmulatedFunction(self, name, _param_names(self._source, name))
         return self._functions[name]
 
 
@@ -63,15 +131,16 @@ def _dims(v, what: str) -> tuple[int, int, int]:
 
 class EmulatedFunction:
     """fn(grid, block, args, shared_mem=0): args are C-contiguous numpy arrays (passed as their
-    data pointer) and numpy scalars (passed by value; np.uint64(0) is a null pointer)."""
+    data pointer), ``pointer(array)`` (any layout) and numpy scalars (passed by value;
+    np.uint64(0) is a null pointer). Arrays give memcheck their extents: under it, memory
+    reached only through a raw np.uint64 address is out of bounds."""
 
-    def __init__(self, lib: ctypes.CDLL, name: str):
+    def __init__(self, module: EmulatedModule, name: str, param_names: Sequence[str] = ()):
         self.name = name
-        self._lib = lib
-        self._launch = getattr(lib, f"kda_emu_launch__{name}")
-        self._launch.restype = ctypes.c_int
-        self._launch.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                 ctypes.c_char_p, ctypes.c_int]
+        self._module = module
+        self._param_names = list(param_names)
+        self._launches: dict[bool, tuple] = {}
+        lib = module._lib(checks() != 0)[0]
         self.arity = getattr(lib, f"kda_emu_arity__{name}")()
         sizes, kinds = (ctypes.c_int * max(self.arity, 1))(), (ctypes.c_int * max(self.arity, 1))()
         getattr(lib, f"kda_emu_params__{name}")(sizes, kinds)
@@ -81,6 +150,10 @@ class EmulatedFunction:
     def _marshal(self, i: int, a):
         size, kind = self.param_sizes[i], self.param_kinds[i]
         where = f"{self.name}: argument {i}"
+        if isinstance(a, ArrayPointer):
+            if kind != 1:
+                raise EmulationError(f"{where}: a pointer was given for a non-pointer parameter")
+            return ctypes.c_void_p(a.address)
         if isinstance(a, np.ndarray):
             if kind != 1:
                 raise EmulationError(f"{where}: an array was given for a non-pointer parameter")
@@ -100,6 +173,33 @@ class EmulatedFunction:
         raise EmulationError(f"{where}: {type(a).__name__} is not supported; pass a numpy array or a numpy "
                              "scalar (np.int32, np.int64, np.uint64, np.float32)")
 
+    def _launcher(self, checked: bool):
+        hit = self._launches.get(checked)
+        if hit is None:
+            lib, path = self._module._lib(checked)
+            fn = getattr(lib, f"kda_emu_launch__{self.name}")
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                           ctypes.POINTER(ctypes.c_longlong), ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+            hit = self._launches[checked] = (lib, path, fn)
+        return hit
+
+    def _explain(self, msg: str, path: Path) -> str:
+        """Argument names and source locations ({pc:OFFSET} tokens of checked builds) in a message."""
+        names = self._param_names
+
+        def arg(m):
+            i = int(m.group(1))
+            return f"argument {i} ({names[i]})" if i < len(names) else m.group(0)
+
+        msg = re.sub(r"argument (\d+)", arg, msg)
+        if "{pc:" not in msg:
+            return msg
+        src = path.with_suffix(".cpp")
+        text = src.read_text(errors="replace").split("\n") if src.is_file() else []
+        msg = re.sub(r"\{pc:([0-9a-f]+)\}", lambda m: _source_location(path, m.group(1), text), msg)
+        return f"{msg} [rendered source: {src}]" if text else msg
+
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         g, b = _dims(grid, "grid"), _dims(block, "block")
         args = tuple(args)
@@ -112,11 +212,55 @@ class EmulatedFunction:
         argv = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.addressof(x) for x in bufs])
         threads = int(os.environ.get("KDACUPY_EMULATE_THREADS") or os.cpu_count() or 1)
         stack = int(os.environ.get("KDACUPY_EMULATE_STACK_KB") or 256) * 1024
-        cfg = (ctypes.c_longlong * 10)(*g, *b, int(shared_mem), threads, stack, _mode())
+        check = checks()
+        cfg = (ctypes.c_longlong * 11)(*g, *b, int(shared_mem), threads, stack, _mode(), check)
+        ext = []  # (first byte, end, argument index) of every array argument
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                ext += [a.ctypes.data, a.ctypes.data + a.nbytes, i]
+            elif isinstance(a, ArrayPointer):
+                ext += [a.lo, a.hi, i]
+        extv = (ctypes.c_longlong * max(len(ext), 1))(*[x - (1 << 64) if x >= 1 << 63 else x for x in ext])
+        lib, path, launch = self._launcher(check != 0)
         err = ctypes.create_string_buffer(4096)
         with _launch_lock:  # bound the memory mappings: one library's stack cache at a time
-            prev, _last_launched[0] = _last_launched[0], self._lib
-        if prev is not None and prev is not self._lib:
+            prev, _last_launched[0] = _last_launched[0], lib
+        if prev is not None and prev is not lib:
             prev.kda_emu_release_stacks()
-        if self._launch(cfg, argv, len(bufs), err, len(err)):  # ctypes releases the GIL meanwhile
-            raise EmulationError(f"{self.name}: {err.value.decode(errors='replace')}")
+        if launch(cfg, argv, len(bufs), extv, len(ext) // 3, err, len(err)):  # ctypes releases the GIL meanwhile
+            raise EmulationError(f"{self.name}: {self._explain(err.value.decode(errors='replace'), path)}")
+
+
+def _source_location(lib: Path, offset: str, text: list[str]) -> str:
+    """'at file:line `code`, inlined at ...' for a code offset in ``lib`` (addr2line);
+    ``text``: the rendered source, whose lines map back to kernels/ where they occur once."""
+    tool = shutil.which("addr2line")
+    try:
+        out = subprocess.run([tool, "-f", "-C", "-i", "-e", str(lib), f"0x{offset}"], capture_output=True,
+                             text=True, timeout=60).stdout.split("\n") if tool else []
+    except (OSError, subprocess.SubprocessError):
+        out = []
+    frames = []
+    for func, loc in zip(out[0::2], out[1::2]):
+        line = loc.rpartition(":")[2].split(" ")[0]
+        if func.startswith("??") or not line.isdigit() or not 0 < int(line) <= len(text):
+            continue
+        code = text[int(line) - 1].strip()
+        frames.append(f"{_origin(code, text[0]) or f'rendered line {line}'} `{code[:100]}`")
+    if not frames:
+        return f"at code offset 0x{offset} of {lib}" + ("" if tool else " (addr2line not found)")
+    return "at " + ", inlined at ".join(frames)
+
+
+def _origin(code: str, first_line: str) -> str | None:
+    """'kernels/x.cu:N' when ``code`` is one line of kernels/ (the rendered .cu or a header) exactly once."""
+    from ..paths import kernels_dir
+    m = re.match(r"// kdacupy variant of (\w+\.cu)$", first_line)
+    if not m or len(code) < 8:
+        return None
+    d = kernels_dir()
+    hits = []
+    for f in [d / m.group(1), *sorted(d.glob("*.cuh"))]:
+        if f.is_file():
+            hits += [f"kernels/{f.name}:{i + 1}" for i, x in enumerate(f.read_text().split("\n")) if x.strip() == code]
+    return hits[0] if len(hits) == 1 else None

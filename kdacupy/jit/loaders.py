@@ -20,6 +20,11 @@ _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
 _NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 #: NVRTC options of every GPU build; --fmad=false: only explicit fmaf() fuse, as in the emulation
 NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
+#: what cupy.RawModule adds to every NVRTC compile (cupy/cuda/compiler.py, CuPy 14): -ftz=true
+#: (fp32 arithmetic flushes subnormal inputs and results to zero: part of the numerics contract),
+#: --device-as-default-execution-space, and -arch=sm_XY of the device (no "a" suffix: sm_90 on an
+#: H100/H200). The compile report (kdacupy.compile) passes the same, so it describes the same binary.
+CUPY_ADDED_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")
 
 
 @lru_cache(maxsize=None)
@@ -90,8 +95,9 @@ class EmulateLoader:
 
     def get(self, kernel: str, config: dict, name: str):
         from ..emulate import EmulatedModule
+        from ..emulate.numerics import mode
 
-        key = (kernel, tuple(sorted(config.items())))
+        key = (kernel, tuple(sorted(config.items())), mode())  # KDACUPY_EMULATE_NUMERICS builds differ
         fn = self._cache.get(key)
         if fn is None:
             t0 = time.perf_counter()

@@ -3,10 +3,14 @@
 ``kda_model`` computes what ``kda_forward(backend="cuda")`` computes, with every
 value the kernels hold in bf16 / fp16 / fp32 rounded to that type at the same
 point, and everything in between done in float64. Its default contract follows
-FlashKDA (chunk 16, base-2 gates, bf16 operands, fp16 Neumann inverse, bf16 state
-updated by one fp32 FMA). Rounding points, in kernel order (``r32``/``bf``/``h``:
-round to fp32 / bf16 / fp16; ``ex2`` is 2^x rounded to fp32 and flushed to zero
-below 2^-126, as ``ex2.approx.ftz.f32``):
+FlashKDA (chunk 16, base-2 gates, bf16 operands, the intra-chunk system solved
+in fp32 by forward substitution, bf16 state updated by one fp32 FMA). Rounding
+points, in kernel order (``r32``/``bf``: round to fp32 / bf16; ``ex2`` is 2^x
+rounded to fp32 and flushed to zero below 2^-126, as ``ex2.approx.ftz.f32``). FTZ: CuPy compiles every kernel with
+``-ftz=true``, so all fp32 arithmetic in the kernels (mul, add, fma, the state
+FMA included) flushes subnormal inputs and results to sign-preserving zero; the
+model flushes only where it says so. The difference matters only for values
+below 2^-126, far under a bf16 unit of any output (DESIGN.md section 2):
 
 prepare (token-parallel, per 16-token chunk and value head)
   1. l2norm:  x <- r32(x * r32(rsqrt(r32(r32(sum x^2) + 1e-6f))))
@@ -23,12 +27,14 @@ prepare (token-parallel, per 16-token chunk and value head)
                 k_dec = bf(r32(k * ex2(gc))),   k_inv = bf(r32(k * ex2(-gc)))
                 k_res = bf(r32(k * ex2(r32(gt - gc))))
   6. L = r32(k_dec k_inv^T), Mf = r32(q_dec k_inv^T) (fp32 tensor-core accumulate);
-     when some |gc| > 126 (2^-gc would overflow / 2^gc flush), the chunk uses
+     when some |gc| > 100 (2^gc * scale * q would go subnormal, which the kernels'
+     FTZ flushes, or 2^-gc overflow with large keys), the chunk uses
      the pair form instead: r32(sum_d k_i k_j ex2(r32(gc_i - gc_j))) (q_i: r32(q_i * scale)).
-  7. Lb = h(r32(L * beta_i)) strictly below the diagonal.
-  8. Neumann, fp16 operands, fp32 accumulate, fp16 results:
-       X = I - Lb; P = h(r32(Lb Lb)); 3 x { X = h(r32(X + X P)); P = h(r32(P P)) }
-     (the last P is not needed) and INV = bf(X).
+  7. Lb = r32(L * beta_i) strictly below the diagonal (fp32).
+  8. X = (I + Lb)^-1 by forward substitution in fp32, row by row, each row
+     accumulated in column order by fp32 FMAs (float64 inside, as in 15):
+       X_i = r32(...r32(r32(e_i - Lb_i0 X_0) - Lb_i1 X_1)... - Lb_i,i-1 X_i-1)
+     then INV = bf(X), the bf16 operand of 13.
   9. Mqk = bf(Mf) on and below the diagonal; gexp = ex2(gt) (fp32, per channel).
 recurrence (sequential over chunks; state H = S^T, [K, V])
   10. state load: bf16 mode H = bf(S0); fp32 mode H = S0 (as fp32).
@@ -47,16 +53,16 @@ import math
 
 import numpy as np
 
-from .dtypes import F32, ftz_f32, round_bf16, round_f16, round_f32, round_to
+from .dtypes import F32, ftz_f32, round_bf16, round_f32, round_to
 from .reference import pack, sequence_bounds, state_from_kv, state_to_kv, unpack
 
 CHUNK = 16
 LOG2E_F32 = float(np.float32(1.0 / math.log(2.0)))
 EPS_F32 = float(np.float32(1e-6))
-#: |gc| bound (base 2) below which the factored chunk form is exact in fp32
-SAFE_EXPONENT = 126.0
+#: |gc| bound (base 2) below which the factored chunk form stays in normal fp32 (kda_prepare.cu)
+SAFE_EXPONENT = 100.0
 
-r32, bf, h = round_f32, round_bf16, round_f16
+r32, bf = round_f32, round_bf16
 
 
 def ex2(x):
@@ -107,6 +113,21 @@ def _pair_form(a, b, gc, mask):
     return r32(np.where(mask, np.einsum("...id,...jd,...ijd->...ij", a, b, diff), 0.0))
 
 
+def solve_unit_lower(Lb):
+    """(I + Lb)^-1 for strictly lower triangular Lb [..., C, C] by forward
+    substitution, fp32 FMAs in the kernel's order (step 8). Unlike a power
+    series it never forms powers of Lb, so it neither cancels nor overflows
+    when Lb is close to an all-beta lower triangle (repeated keys, no decay)."""
+    C = Lb.shape[-1]
+    X = np.zeros(Lb.shape)
+    for i in range(C):
+        acc = np.broadcast_to(np.eye(C)[i], Lb.shape[:-1]).copy()
+        for j in range(i):
+            acc = r32(acc - Lb[..., i, j, None] * X[..., j, :])
+        X[..., i, :] = acc
+    return X
+
+
 def prepare_chunks(qn, kn, g2, beta, scale):
     """Steps 4-9 on [..., 16, K] chunks (beta [..., 16]). Returns the operands
     the recurrence reads: q_dec, k_dec, k_res, INV, Mqk (float64 arrays holding
@@ -130,14 +151,9 @@ def prepare_chunks(qn, kn, g2, beta, scale):
     if np.any(unsafe):
         L[unsafe] = _pair_form(kn[unsafe], kn[unsafe], gc[unsafe], strict)
         Mf[unsafe] = _pair_form(r32(qn[unsafe] * scale), kn[unsafe], gc[unsafe], incl)
-    Lb = h(np.where(strict, r32(L * beta[..., :, None]), 0.0))
-    X = np.eye(C) - Lb
-    P = h(r32(Lb @ Lb))
-    for step in range(3):  # (I - L)(I + L^2)(I + L^4)(I + L^8) for C = 16
-        X = h(r32(X + X @ P))
-        if step < 2:
-            P = h(r32(P @ P))
-    return dict(q_dec=q_dec, k_dec=k_dec, k_res=k_res, INV=bf(X), Mqk=bf(Mf), gexp=ex2(gt[..., 0, :]))
+    Lb = np.where(strict, r32(L * beta[..., :, None]), 0.0)
+    INV = bf(solve_unit_lower(Lb))
+    return dict(q_dec=q_dec, k_dec=k_dec, k_res=k_res, INV=INV, Mqk=bf(Mf), gexp=ex2(gt[..., 0, :]))
 
 
 def recurrence_step(H, ops, v, beta, out_dtype, state_precision):

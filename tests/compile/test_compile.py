@@ -11,6 +11,8 @@ from kdacupy.cli.compile import ARCHS, SMEM_LIMIT, compile_variant, label, prepa
 from kdacupy.numerics.dtypes import BF16, F32
 from kdacupy.ops.forward.kernels import PrepareVariant, RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
+from kdacupy.cli.compile import decode_variants
+from kdacupy.decode_kernels import DecodeTiles, DecodeVariant, decode_candidates
 
 try:
     from kdacupy.cli.compile import _nvrtc
@@ -86,3 +88,39 @@ def test_render_inlines_headers_and_rejects_non_integers():
         jit.render("kda_recurrence", {"KDA_K": "128; system()"})
     with pytest.raises(ValueError, match="config"):
         jit.render("kda_recurrence", {"kda_k": 128})
+
+
+# decode: the Kimi options (sigmoid gate, beta logits, l2norm) at K = V = 128, both pools and layouts,
+# the default tiles and the most registers per thread (BV=64 on 4 warps: 16 rows x 4 keys per lane)
+DECODE_DEFAULTS = [DecodeVariant(128, 128, BF16, BF16, BF16, "sigmoid", "sigmoid", True, pool, layout, tiles)
+                   for pool, layout, tiles in [(BF16, "vk", DecodeTiles()), (F32, "vk", DecodeTiles()),
+                                               (BF16, "kv", DecodeTiles()), (F32, "kv", DecodeTiles()),
+                                               (F32, "vk", DecodeTiles(64, 4)), (BF16, "vk", DecodeTiles(8, 8))]]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("var", DECODE_DEFAULTS, ids=label)
+def test_decode_budget(arch, var):
+    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
+    if HAVE_NVDISASM:
+        assert res.sass["LDL"] == 0 and res.sass["STL"] == 0 and res.sass["HMMA"] == 0
+
+
+@pytest.mark.parametrize("K", [64, 256])
+def test_decode_other_head_dims_compile_without_spills(K):
+    for tiles in decode_candidates(K, K)[::4]:
+        res = compile_variant(DecodeVariant(K, K, BF16, BF16, BF16, "softplus", "raw", False, BF16, "vk", tiles),
+                              "sm_90a")
+        assert res.ok and (res.spill_stores, res.spill_loads) == (0, 0), res.log
+
+
+def test_decode_variant_enumeration_covers_the_options():
+    dec = list(decode_variants())
+    assert {v.gate for v in dec} == {"log", "softplus", "sigmoid"}
+    assert {v.beta_mode for v in dec} == {"none", "raw", "sigmoid", "sigmoid2"}
+    assert {(v.K, v.V) for v in dec} == {(k, v) for k in (64, 128, 256) for v in (64, 128, 256)}
+    assert {(v.pool_dtype, v.layout) for v in dec} == {(p, lay) for p in (BF16, F32) for lay in ("vk", "kv")}
+    assert all(v.tiles.valid_for(v.K, v.V) for v in dec)
+    assert len(set(map(label, dec))) == len(dec)

@@ -155,7 +155,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast",
 
 @pytest.fixture(scope="module")
 def mod():
-    return EmulatedModule(kernel_source(TEST_KERNELS), NAMES)
+    with pytest.MonkeyPatch.context() as mp:  # these tests pin the exact twins (the default mode)
+        mp.setenv("KDACUPY_EMULATE_NUMERICS", "exact")
+        return EmulatedModule(kernel_source(TEST_KERNELS), NAMES)
 
 
 def u32_of(x):

@@ -1,9 +1,14 @@
 """The CUDA kernels on a GPU: parity with the precision model over the option
 matrix (tolerance ``kdacupy.numerics.parity.GPU``, derived in its docstring), accuracy
 against the float64 reference, determinism, 64-bit offsets, CUDA graphs,
-streams, torch / JAX inputs and device-side errors. Skipped without a GPU."""
+streams, torch / JAX inputs and device-side errors. Skipped without a GPU.
+The T = 8192 sweep is in test_gpu_long.py (run last: it is the slowest)."""
+import os
+
 import numpy as np
 import pytest
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX takes memory as it needs it, not 75%
 
 import kdacupy
 from kdacupy.numerics.dtypes import BF16
@@ -11,7 +16,7 @@ from kdacupy.numerics.parity import GPU, mismatch
 from kdacupy.numerics.precision import kda_model
 
 from ..cases import CASES, case_inputs
-from ..inputs import make_inputs, rmse_ratio
+from ..inputs import make_inputs
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 try:
@@ -21,6 +26,16 @@ except Exception:  # noqa: BLE001  (no driver)
 if not HAVE_GPU:
     pytest.skip("no CUDA GPU here: these tests run on the lent device (benchmarks/device_check.sh)",
                 allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def free_device_memory():
+    """Each test starts with CuPy's pools empty (the 2^31-offset test holds ~45 GB)."""
+    yield
+    from kdacupy import workspace
+    workspace.release()
+    cp.get_default_memory_pool().free_all_blocks()
+    cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def to_dev(d):
@@ -60,24 +75,6 @@ def test_every_tail_length_zero_length_and_poisoned_out():
     agree(cp.asnumpy(o), om)
     agree(cp.asnumpy(s), sm)
     np.testing.assert_array_equal(cp.asnumpy(s)[[0, -1]], opts["initial_state"][[0, -1]])
-
-
-@pytest.mark.parametrize("seqs", [None, [1300, 547, 2048, 963, 271, 3063]])
-def test_long_sequences_on_the_sweep(seqs):
-    from kdacupy.cli.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs as sweep_inputs
-    from kdacupy.numerics.reference import kda_reference
-    for gr, br in zip(G_REGIMES, BIAS_REGIMES):
-        x = sweep_inputs(8192, 4, 128, 128, gr, br, seed=5)
-        opts = dict(OPTIONS)
-        if seqs:
-            opts["cu_seqlens"] = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
-        o, s = gpu_run(x, opts)
-        om, sm = kda_model(**x, **opts)
-        agree(o, om)
-        agree(s, sm)
-        ro, rs = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
-        assert rmse_ratio(o, ro) <= 1.1 * rmse_ratio(om, ro) + 1e-4, (gr, br)
-        assert rmse_ratio(s, rs) <= 1.1 * rmse_ratio(sm, rs) + 1e-4, (gr, br)
 
 
 def test_two_runs_are_bitwise_equal():
@@ -122,6 +119,65 @@ def test_cuda_graph_capture_and_replay():
     np.testing.assert_array_equal(cp.asnumpy(s), cp.asnumpy(ref[1]))
 
 
+def test_graph_replay_survives_allocations_between_capture_and_replay():
+    # a per-call workspace would go back to the pool at the end of the captured call, the
+    # arrays below would get its memory, and every replay would overwrite them
+    x, opts = make_inputs(cu_seqlens=[100, 0, 333], H=4, K=128, V=128, state=BF16)
+    dx, dopts = to_dev(x), to_dev(opts)
+    dopts["cu_seqlens"] = cp.repeat(dopts["cu_seqlens"], 2)[::2]  # strided: copied into the workspace
+    assert not dopts["cu_seqlens"].flags.c_contiguous
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ref = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)  # warm: compile, size the workspace
+        stream.begin_capture()
+        o, s = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)
+        graph = stream.end_capture()
+        junk = [cp.full(1 << n, 7, dtype=cp.uint8) for n in range(8, 27)]  # 256 B .. 64 MiB
+        v2 = cp.asarray((x["v"].astype(np.float32) * 2).astype(BF16))
+        other = kdacupy.kda_forward(**dict(dx, v=v2), **dopts)[0]  # another call in between
+        o.fill(0)
+        s.fill(0)
+        graph.launch(stream)
+        graph.launch(stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(o), cp.asnumpy(ref[0]))
+    np.testing.assert_array_equal(cp.asnumpy(s), cp.asnumpy(ref[1]))
+    assert all(bool((j == 7).all()) for j in junk)
+    assert not np.array_equal(cp.asnumpy(other), cp.asnumpy(o))
+
+
+def test_host_cu_seqlens_is_refused_during_capture():
+    x, opts = make_inputs(cu_seqlens=[10, 20], H=2, K=64, V=64)
+    dx, dopts = to_dev(x), to_dev(opts)
+    host = dict(dopts, cu_seqlens=opts["cu_seqlens"])  # every copy to the device made before the capture
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        kdacupy.kda_forward(**dx, **dopts)  # warm
+        stream.begin_capture()
+        try:
+            with pytest.raises(ValueError, match="cu_seqlens: expected a device .CuPy. array while the current "
+                                                 "stream is capturing"):
+                kdacupy.kda_forward(**dx, **host)
+        finally:
+            stream.end_capture()
+
+
+def test_workspace_is_one_per_stream_and_persists():
+    from kdacupy import workspace
+    x, opts = make_inputs(T=100, H=2, K=64, V=64)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with s1:
+        kdacupy.kda_forward(**to_dev(x), **to_dev(opts))
+        a = workspace.device_workspace(1).data.ptr
+    with s2:
+        kdacupy.kda_forward(**to_dev(x), **to_dev(opts))
+        b = workspace.device_workspace(1).data.ptr
+    with s1:
+        kdacupy.kda_forward(**to_dev(x), **to_dev(opts))
+        assert workspace.device_workspace(1).data.ptr == a != b
+    cp.cuda.Device().synchronize()
+
+
 def test_runs_on_the_current_stream():
     x, opts = make_inputs(T=1000, H=4, K=128, V=128)
     stream = cp.cuda.Stream(non_blocking=True)
@@ -151,6 +207,16 @@ def test_torch_and_jax_inputs_zero_copy():
         o, _ = kdacupy.kda_forward(**tx, **to_dev(opts))
         assert isinstance(o, cp.ndarray)
         np.testing.assert_array_equal(cp.asnumpy(o), ref)
+        # inputs still being written on torch's current stream (a side stream): from_dlpack hands
+        # CuPy's stream to torch's __dlpack__(stream=...), which makes it wait for those writes
+        side = torch.cuda.Stream()
+        dopts = to_dev(opts)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU time before the copies land
+            tx = {n: t.clone() for n, t in tx.items()}
+            o, _ = kdacupy.kda_forward(**tx, **dopts)
+        np.testing.assert_array_equal(cp.asnumpy(o), ref)
+        torch.cuda.synchronize()
         ran = True
     except ImportError:
         pass
@@ -184,3 +250,21 @@ def test_bad_device_input():
             v1 = cp.asarray(x["v"])
         with pytest.raises(ValueError, match="v: expected an array on the current CUDA device"):
             kdacupy.kda_forward(**dict(dx, v=v1), **to_dev(opts))
+
+
+@pytest.mark.parametrize("name", ["repeat-key g=0 T=8192", "repeat-key slow beta~2"])
+def test_long_repeated_keys_against_the_reference(name):
+    # one key for 8192 tokens (no decay, beta ~ 0.98; slow decay, beta ~ 1.96): the inputs
+    # that broke the fp16 Neumann inverse. At this length kernel-vs-model differences
+    # reach the model's own error (DESIGN 2), so the check is the float64 reference
+    # within the adversarial bounds (tests/test_adversarial.py derives them).
+    from kdacupy.accuracy import adversarial_inputs
+    from kdacupy.reference import kda_reference
+
+    from .test_adversarial import bounds
+    x, opts = adversarial_inputs(name, 8192, 4, 128, 128, seed=6)
+    o, s = gpu_run(x, opts)
+    assert np.isfinite(o.astype(np.float32)).all() and np.isfinite(s).all()
+    ro, rs = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
+    o_bound, s_bound = bounds(name, 8192)
+    assert rmse_ratio(o, ro) < o_bound and rmse_ratio(s, rs) < s_bound, (rmse_ratio(o, ro), rmse_ratio(s, rs))

@@ -20,7 +20,7 @@ import pytest
 
 from kdacupy.cli.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs as sweep_inputs
 from kdacupy.numerics.dtypes import BF16
-from kdacupy.numerics.precision import kda_model, prepare_chunks, recurrence_step
+from kdacupy.numerics.precision import kda_model, prepare_chunks, recurrence_step, solve_unit_lower
 from kdacupy.numerics.reference import kda_reference
 
 from ..inputs import make_inputs, rmse_ratio
@@ -64,7 +64,7 @@ def test_state_update_is_one_fp32_fma():
     assert H2[0, 0, 0] == float(np.float32(2.0 ** -11 + 2.0 ** -24).astype(BF16))
 
 
-def test_neumann_inverse_is_the_inverse():
+def test_intra_chunk_inverse_is_the_inverse():
     rng = np.random.default_rng(0)
     kn = rng.standard_normal((8, 16, 64))
     kn /= np.linalg.norm(kn, axis=-1, keepdims=True)
@@ -77,6 +77,25 @@ def test_neumann_inverse_is_the_inverse():
     exact = np.linalg.inv(np.eye(16) + L)
     assert np.max(np.abs(ops["INV"] - exact)) < 4 * U_BF16 * np.max(np.abs(exact))
     assert np.all(np.triu(ops["INV"], 1) == 0) and np.all(np.diagonal(ops["INV"], axis1=1, axis2=2) == 1)
+
+
+@pytest.mark.parametrize("beta", [0.5, 0.999, 1.5, 1.999])
+def test_inverse_of_repeated_keys_is_exact_to_bf16(beta):
+    # one key 16 times, no decay: Lb is ~beta below the diagonal, and (I + Lb)^-1 has
+    # entries -beta (1 - beta)^(i-j-1), at most 2 in size. Powers of Lb grow
+    # binomially (Lb^8 ~ 6435 beta^8): the fp16 Neumann product lost every digit
+    # at beta = 0.999 and overflowed (NaN) for beta > 1. The fp32 solve loses
+    # ~16 fp32 ulps at most, so INV is the exact inverse rounded to bf16 (8 significant
+    # bits: at most 2^-8 relative).
+    k = np.random.default_rng(1).standard_normal(128)
+    kn = np.broadcast_to(k / np.linalg.norm(k), (1, 16, 128))
+    ops = prepare_chunks(kn, kn, np.zeros((1, 16, 128)), np.full((1, 16), beta), 0.125)
+    kb = ops["k_dec"][0, 0]  # the bf16 key both factors of L are rounded to (no decay)
+    Lb = np.tril(np.full((16, 16), np.float32(np.float32(kb @ kb) * np.float32(beta))), -1)
+    exact = np.linalg.inv(np.eye(16) + Lb)
+    assert np.isfinite(ops["INV"]).all()
+    assert np.all(np.abs(ops["INV"] - exact) <= 2.0 ** -8 * np.abs(exact) + 2.0 ** -16)
+    assert np.max(np.abs(solve_unit_lower(Lb) - exact)) < 2.0 ** -18
 
 
 def test_extreme_log_decay_uses_the_pair_form():

@@ -82,10 +82,13 @@ def slots(p) -> tuple[int, int]:
     return (p.N + per_seq if p.varlen else p.B * per_seq), per_seq
 
 
-def _ptr(x) -> np.uint64:
+def _ptr(x):
     if x is None:
         return np.uint64(0)
-    return np.uint64(x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr)
+    if isinstance(x, np.ndarray):  # the emulation: the array's extent goes along (memcheck)
+        from .emulate import pointer
+        return pointer(x)
+    return np.uint64(x.data.ptr)
 
 
 def _strides(x):
@@ -97,6 +100,14 @@ def _strides(x):
 
 def _cu_args(cu):
     return [_ptr(cu), np.int32(0 if cu is None else int(cu.dtype == np.int64))]
+
+
+def _pool_args(a):
+    """State pool of kda_forward (DESIGN.md section 7.1): slot indices, their width, the pool's size."""
+    idx = a.get("state_indices")
+    if idx is None:
+        return [np.uint64(0), np.int32(0), np.int64(0)]
+    return [_ptr(idx), np.int32(idx.dtype == np.int64), np.int64(a["state_pool"].shape[0])]
 
 
 def launch_prepare(run, p, a, ws, nslots, per_seq):
@@ -117,8 +128,32 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles):
     args = [_ptr(ws), _ptr(a["v"]), *_strides(a["v"]), _ptr(o), *_strides(o),
             _ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             _ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
-            *_cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq)]
+            *_cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
+            *_pool_args(a)]
     run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
+
+
+def workspace(p, a, nslots, xp):
+    """The kernels' scratch memory, and ``a`` with a strided ``cu_seqlens``
+    replaced by its copy at the workspace's end (a device copy kernel: capturable,
+    and a graph's replay re-reads the caller's array). On the GPU the workspace
+    persists per (device, stream) (kdacupy.workspace: a captured graph keeps its
+    pointer); the CPU emulation takes a fresh one."""
+    nbytes = p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"]
+    cu = a["cu_seqlens"]
+    copy_cu = cu is not None and not cu.flags.c_contiguous
+    cu_at = -(-nbytes // 8) * 8
+    total = cu_at + (cu.nbytes if copy_cu else 0)
+    if p.device:
+        from .workspace import device_workspace
+        ws = device_workspace(total)
+    else:
+        ws = xp.empty(total, dtype=np.uint8)
+    if copy_cu:
+        dense = ws[cu_at:].view(cu.dtype)
+        dense[...] = cu
+        a = dict(a, cu_seqlens=dense)
+    return ws, a
 
 
 def forward(p, a, tiles: TileConfig | None = None):
@@ -131,13 +166,13 @@ def forward(p, a, tiles: TileConfig | None = None):
     tiles = tiles or select_tiles(p)
     nslots, per_seq = slots(p)
     o = a["out"] if a["out"] is not None else xp.empty(a["v"].shape, dtype=p.dtype)
-    s_out = None
-    if p.state_out_dtype is not None:
+    s_out = a.get("state_pool")  # a pool is read and written in place
+    if s_out is None and p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = xp.empty(shape, dtype=p.state_out_dtype)
-    ws = xp.empty(p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"], dtype=np.uint8)
+    ws, a = workspace(p, a, nslots, xp)
     if nslots:
         launch_prepare(run, p, a, ws, nslots, per_seq)
     if p.N:
         launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles)
-    return o, s_out
+    return o, (None if a.get("state_pool") is not None else s_out)

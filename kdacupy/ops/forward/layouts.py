@@ -39,8 +39,7 @@ def prepare_smem(K: int) -> dict[str, int]:
     """Shared memory of kda_prepare. The fast path keeps bf16 tiles (padded rows
     for ldmatrix), the pair path fp32 rows of q*scale and k: they share a region."""
     tile = CHUNK * (K + 8) * 2
-    parts = [("G", CHUNK * K * 4), ("U", max(3 * tile, 2 * CHUNK * K * 4)), ("LB", CHUNK * SMALL_ROW),
-             ("X", CHUNK * SMALL_ROW), ("P", CHUNK * SMALL_ROW), ("L", CHUNK * CHUNK * 4),
+    parts = [("G", CHUNK * K * 4), ("U", max(3 * tile, 2 * CHUNK * K * 4)), ("L", CHUNK * CHUNK * 4),
              ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4)]
     off, total = _place(parts)
     return {f"PSM_{n}": v for n, v in off.items()} | {"PSM_TOTAL": total}

@@ -1,0 +1,70 @@
+"""``kda_decode``: one decode (T = 1) or speculative-verify (T = 1 + S) step on a
+state pool (DESIGN.md section 7.1): validation, then dispatch to a backend."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import decode_fastpath as fastpath
+from .decode_validation import validate_pool
+from .validation import validate
+
+
+def kda_decode(
+    q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
+    qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+    lower_bound=None, state_layout="vk", out=None, backend=None,
+):
+    """Kimi Delta Attention, token by token from states held in a pool.
+
+    q, k: [N, T, H, K]; v: [N, T, HV, V]; g: [N, T, HV, K]; beta: [N, T, HV] or None.
+    state_pool: [P, HV, V, K] (``state_layout="vk"``) or [P, HV, K, V] ("kv"),
+    float32 or bfloat16, read and updated in place.
+    state_indices (int32/int64): [N] -- sequence n starts from slot idx[n] and
+    its state after the last token is written back there; or [N, T] -- it
+    starts from idx[n, a_n - 1] (a_n = num_accepted_tokens[n], default 1) and
+    the state after token t is written to idx[n, t]. Negative start slots pad
+    (output zeros, the pool untouched); a negative idx[n, t] skips that write.
+    Returns o [N, T, HV, V] in v's dtype (written into ``out`` when given).
+    The state is kept in fp32 across the tokens of a call and rounded to the
+    pool's dtype only when stored. backend: as for ``kda_forward`` ("cuda",
+    "reference", "model", "emulate"; None picks by array type).
+    """
+    options = (scale, qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend)
+    arrays = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias)
+    key = fastpath.call_key(arrays, options)
+    call = None if key is None else fastpath.lookup(key)
+    if call is not None:
+        ptrs = call.checked(arrays)
+        if ptrs is not None:
+            return call.launch(arrays, ptrs)
+
+    problem, a = validate(
+        q, k, v, g, beta, scale=scale, initial_state=None, output_final_state=False, cu_seqlens=None,
+        qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
+        A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout, state_dtype=None,
+        state_precision="fp32", out=out, backend=backend)
+    pool, idx, acc, pool_arr = validate_pool(state_pool, state_indices, num_accepted_tokens, problem, a,
+                                             T=problem.T)
+    if problem.backend in ("cuda", "emulate"):
+        checked = (a["q"], a["k"], a["v"], a["g"], a["beta"], pool_arr, idx, acc, a["out"], a["A_log"],
+                   a["dt_bias"])
+        call = fastpath.DecodeCall(problem, pool, checked)
+        if key is not None and all(x is y for x, y in zip(checked, arrays)):
+            fastpath.store(key, call)  # the arrays were used as given: the next call with this key may skip this
+        return call.launch(checked, [call._ptr(x) for x in checked])
+
+    options = dict(
+        state_pool=pool_arr, state_indices=idx, num_accepted_tokens=acc, scale=problem.scale,
+        qk_l2norm=problem.qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
+        A_log=a["A_log"], dt_bias=a["dt_bias"], lower_bound=problem.lower_bound, state_layout=problem.state_layout)
+    if problem.backend == "model":
+        from .decode_model import kda_decode_model
+        o = kda_decode_model(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)
+    else:
+        from .decode_reference import kda_decode_reference
+        o = kda_decode_reference(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)
+        o = o.astype(np.float32).astype(problem.dtype)
+    if a["out"] is not None:
+        a["out"][...] = o
+        o = a["out"]
+    return o

@@ -1,0 +1,169 @@
+"""The host path of a repeated ``kda_decode`` call, kept to what must be redone.
+
+A decode step costs microseconds on the GPU, so the Python around it matters.
+Everything that depends only on the arguments' types, shapes, strides, dtypes,
+devices and options (the validated problem, the kernel variant, its compiled
+function, grid and stride arguments) is cached under that key after one full
+validation (``kdacupy.decode``). A call that hits the cache redoes only what
+depends on the arrays' addresses and host values: alignment, overlap of the
+pool and ``out`` with the inputs (the same bounds test as ``may_share_memory``),
+writeable flags, and host index values. If any of those fails, the call takes
+the full path, which raises the error with its message; so the two paths accept
+and reject the same calls. Only kernel backends ("cuda", "emulate") with plain
+NumPy or CuPy arrays (all of one kind) use it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .decode_kernels import decode_args, launch_plan, scalar_args, stride_args
+from .jit import loader
+
+#: (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias)
+NAMES = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "out", "A_log", "dt_bias")
+_INPUTS = (0, 1, 2, 3, 4, 9, 10)  # what neither the pool nor out may overlap
+_cache: dict = {}
+MAX_ENTRIES = 512
+
+
+def clear():
+    _cache.clear()
+
+
+def _cupy_ndarray():
+    from .validation import _cupy
+    cp = _cupy()
+    return None if cp is None else cp.ndarray
+
+
+def call_key(arrays, options):
+    """Hashable key of a call, or None when the fast path does not apply."""
+    kind = None
+    for x in arrays:
+        if x is not None:
+            if kind is None:
+                kind = type(x)
+            elif type(x) is not kind:
+                return None
+    if kind is not np.ndarray and (kind is None or kind is not _cupy_ndarray()):
+        return None
+    if kind is np.ndarray:
+        sig = tuple(None if x is None else (x.shape, x.strides, x.dtype) for x in arrays)
+        dev = -1
+    else:
+        sig = tuple(None if x is None else (x.shape, x.strides, x.dtype, x.device.id) for x in arrays)
+        import cupy
+        dev = cupy.cuda.runtime.getDevice()
+    try:
+        key = (kind, dev, sig, tuple((type(o), o) for o in options))
+        hash(key)
+    except TypeError:  # an unhashable option value: the full path says what is wrong with it
+        return None
+    return key
+
+
+def _span(x):
+    """(lowest, highest + 1) byte offsets from the data pointer."""
+    if x is None or x.size == 0:
+        return None
+    lo = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s > 0) + x.dtype.itemsize
+    return lo, hi
+
+
+class DecodeCall:
+    """One cached call signature: checks that depend on addresses and host values, then the launch."""
+
+    def __init__(self, problem, pool, arrays, tiles=None):
+        self.p, self.pool = problem, pool
+        self.device = problem.device
+        self.plan = launch_plan(problem, pool, problem.device, tiles)
+        self.spans = [_span(x) for x in arrays]
+        # alignment the kernels need: 16-byte rows (beta: its element), as validation.check_kernel_layout
+        self.align = [(i, 16 if i != 4 else arrays[4].dtype.itemsize) for i in (0, 1, 2, 3, 4, 8)
+                      if arrays[i] is not None and arrays[i].size]
+        self.host_idx = not self.device
+        self.rows = np.arange(problem.N)
+        # the pool and out against the inputs, and each other, where both hold memory
+        self.pairs = [(i, j, self.spans[i][0], self.spans[i][1], self.spans[j][0], self.spans[j][1])
+                      for i in (5, 8) for j in _INPUTS + ((8,) if i == 5 else ())
+                      if self.spans[i] is not None and self.spans[j] is not None]
+        self.out_shape, self.out_dtype = arrays[2].shape, problem.dtype
+        self.strides = stride_args(arrays)
+        N, T, HV, V = arrays[2].shape
+        # o allocated in launch() is C-contiguous
+        self.fresh_out_strides = self.strides[:5] + ((np.int64(T * HV * V), np.int64(HV * V), np.int64(V)),)
+        self.scalars = scalar_args(problem, pool, arrays)
+
+    def _ptr(self, x):
+        if x is None:
+            return 0
+        return x.data.ptr if self.device else x.ctypes.data
+
+    def _host_indices_ok(self, idx, acc) -> bool:
+        """The host checks of decode_validation.check_indices, in few NumPy calls."""
+        if not idx.size:
+            return True
+        if idx.max() >= self.pool.P:
+            return False
+        if idx.ndim == 1:
+            w = idx[idx >= 0]
+        else:
+            if acc is not None:
+                if acc.min() < 1 or acc.max() > self.p.T:
+                    return False
+                start = idx[self.rows, acc - 1]
+            else:
+                start = idx[:, 0]
+            w = idx[start >= 0]
+            w = w[w >= 0]
+        return len(set(w.tolist())) == w.size
+
+    def checked(self, arrays):
+        """The data pointers when every per-call check passes, else None."""
+        if self.device:
+            ptrs = [0 if x is None else x.data.ptr for x in arrays]
+        else:
+            ptrs = [0 if x is None else x.ctypes.data for x in arrays]
+        for i, a in self.align:
+            if ptrs[i] % a:
+                return None
+        for i, j, lo_i, hi_i, lo_j, hi_j in self.pairs:  # bounds overlap, as may_share_memory
+            if ptrs[i] + lo_i < ptrs[j] + hi_j and ptrs[j] + lo_j < ptrs[i] + hi_i:
+                return None
+        if self.host_idx:
+            pool, out = arrays[5], arrays[8]
+            if not pool.flags.writeable or (out is not None and not out.flags.writeable):
+                return None
+            if not self._host_indices_ok(arrays[6], arrays[7]):
+                return None
+        return ptrs
+
+    def launch(self, arrays, ptrs):
+        """Allocate o unless given, launch, return o."""
+        out = arrays[8]
+        strides = self.strides
+        if out is None:
+            if self.device:
+                import cupy as xp
+            else:
+                xp = np
+            out = xp.empty(self.out_shape, dtype=self.out_dtype)
+            ptrs = list(ptrs)
+            ptrs[8] = self._ptr(out)
+            strides = self.fresh_out_strides
+        if self.p.N and self.p.T:
+            fn, grid, block = self.plan
+            loader("cuda" if self.device else "emulate").launch(fn, grid, block,
+                                                                decode_args(ptrs, strides, self.scalars), 0)
+        return out
+
+
+def lookup(key):
+    return _cache.get(key)
+
+
+def store(key, call):
+    if len(_cache) >= MAX_ENTRIES:
+        _cache.clear()
+    _cache[key] = call

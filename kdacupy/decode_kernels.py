@@ -1,0 +1,119 @@
+"""Launcher of ``kernels/kda_decode.cu``: variant configuration, grid, arguments.
+
+The same code serves the GPU (CuPy arrays, ``kdacupy.jit.CudaLoader``) and the
+CPU emulation (NumPy arrays): only the loader and the array module differ.
+Nothing here reads device memory or synchronises, so a decode step with device
+indices captures into a CUDA graph. What depends only on shapes, dtypes and
+options (the variant, its compiled function, the grid) is cached per call key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .jit import loader
+from .kernels import BETA_CODE, DTYPE_CODE, GATE_CODE, LOG2E, _ptr, _strides
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    BV: int = 16  # value rows per CTA: V / BV CTAs per (sequence, head)
+    warps: int = 4  # warps per CTA; each owns BV / warps value rows
+
+    def valid_for(self, K: int, V: int) -> bool:
+        rv = self.BV // self.warps
+        return self.BV <= V and V % self.BV == 0 and self.BV % self.warps == 0 and 1 <= rv <= 16 and \
+            (K // 32) * rv <= 64
+
+
+#: every decode tile configuration a variant can be built with (the tuner's space)
+DECODE_TILE_SPACE = tuple(DecodeTiles(bv, w) for bv in (8, 16, 32, 64) for w in (1, 2, 4, 8) if bv % w == 0
+                          and bv // w <= 16)
+
+
+def decode_candidates(K: int, V: int) -> list[DecodeTiles]:
+    return [t for t in DECODE_TILE_SPACE if t.valid_for(K, V)]
+
+
+def decode_heuristic(K: int, V: int, rows: int, sm_count: int = 132) -> DecodeTiles:
+    """Untuned choice: 4 warps of 4 value rows (BV = 16) when the grid (rows =
+    N * HV heads, V / BV CTAs each) has at least 4 CTAs per SM, else 4 warps of
+    2 rows (BV = 8): twice the CTAs, for small batches."""
+    wide = DecodeTiles(16, 4)
+    if wide.valid_for(K, V) and rows * (V // wide.BV) >= 4 * sm_count:
+        return wide
+    return DecodeTiles(8, 4)
+
+
+@dataclass(frozen=True)
+class DecodeVariant:
+    K: int
+    V: int
+    dtype: np.dtype
+    g_dtype: np.dtype
+    beta_dtype: np.dtype  # any valid dtype when beta_mode == "none"
+    gate: str
+    beta_mode: str
+    l2norm: bool
+    pool_dtype: np.dtype
+    layout: str
+    tiles: DecodeTiles
+
+    def config(self) -> dict:
+        return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_G_DT=DTYPE_CODE[self.g_dtype],
+                    KDA_BETA_DT=DTYPE_CODE[self.beta_dtype], KDA_GATE=GATE_CODE[self.gate],
+                    KDA_BETA_MODE=BETA_CODE[self.beta_mode], KDA_L2NORM=int(self.l2norm),
+                    KDA_POOL_DT=DTYPE_CODE[self.pool_dtype], KDA_LAYOUT_VK=int(self.layout == "vk"),
+                    KDA_BV=self.tiles.BV, KDA_WARPS=self.tiles.warps)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.tiles.warps
+
+    smem = 0
+
+
+def decode_variant(p, pool, tiles: DecodeTiles) -> DecodeVariant:
+    return DecodeVariant(p.K, p.V, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm,
+                         pool.dtype, pool.layout, tiles)
+
+
+def select_decode_tiles(p, pool) -> DecodeTiles:
+    """Tuning file for this GPU, else the heuristic (kdacupy/decode_tuning.py)."""
+    from .decode_tuning import select
+    return select(p, pool.dtype)
+
+
+@lru_cache(maxsize=256)
+def launch_plan(p, pool, device: bool, tiles: DecodeTiles | None = None):
+    """(compiled function, grid, block) of a validated problem and pool."""
+    tiles = tiles or select_decode_tiles(p, pool)
+    var = decode_variant(p, pool, tiles)
+    fn = loader("cuda" if device else "emulate").get("kda_decode", var.config(), "kda_decode")
+    return fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,)
+
+
+def stride_args(arrays):
+    """Stride arguments of q, k, v, g, beta and out (``arrays`` in kdacupy.decode_fastpath.NAMES order)."""
+    return tuple(tuple(_strides(arrays[i])) for i in (0, 1, 2, 3, 4, 8))
+
+
+def scalar_args(p, pool, arrays):
+    """The arguments after the pointers that depend only on the call's key."""
+    idx, acc = arrays[6], arrays[7]
+    lb2 = np.float32(p.lower_bound * LOG2E) if p.lower_bound is not None else np.float32(0)
+    return (np.int64(pool.P), np.int32(idx.dtype == np.int64), np.int32(pool.per_token),
+            np.int32(acc is not None and acc.dtype == np.int64), np.int32(p.T), np.int32(p.H), np.int32(p.HV),
+            np.float32(p.scale), lb2)
+
+
+def decode_args(ptrs, strides, scalars):
+    """The kernel's argument tuple from the 11 data pointers (ints, 0 for none)."""
+    u = np.uint64
+    sq, sk, sv, sg, sb, so = strides
+    P, idx64, per_token, acc64, T, H, HV, scale, lb2 = scalars
+    return (u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), *sq, *sk, *sv, *sg, *sb,
+            u(ptrs[8]), *so, u(ptrs[9]), u(ptrs[10]), u(ptrs[5]), P, u(ptrs[6]), idx64, per_token,
+            u(ptrs[7]), acc64, T, H, HV, scale, lb2)

@@ -1,0 +1,164 @@
+"""The two communication engines behind one small interface: an mpi4py
+communicator, or CuPy's NCCL communicator. MPI and NCCL are imported here only,
+and only when such a communicator is used.
+
+Every collective is blocking on the host: context parallelism needs the
+ranks' token counts on the host to plan the pieces, so it synchronises once
+per call by nature (unlike ``kda_forward``).
+"""
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import numpy as np
+
+_OBJ_BYTES = 1 << 16  # fixed size of a pickled object in allgather_obj (NCCL needs equal sizes)
+_warned_host_staging = False
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def _is_mpi(comm) -> bool:
+    mod = type(comm).__module__ or ""
+    return mod.startswith("mpi4py") and hasattr(comm, "Allgather")
+
+
+def _is_nccl(comm) -> bool:
+    return type(comm).__name__ == "NcclCommunicator" and "nccl" in (type(comm).__module__ or "")
+
+
+def wrap(comm, device: bool):
+    """The engine for ``comm``; ``device``: the arrays are CuPy arrays."""
+    if _is_mpi(comm):
+        return MpiComm(comm, device)
+    if _is_nccl(comm):
+        if not device:
+            raise TypeError("comm: expected an mpi4py communicator for NumPy arrays (NCCL moves device "
+                            "memory only), got cupy.cuda.nccl.NcclCommunicator")
+        return NcclComm(comm)
+    raise TypeError(f"comm: expected an mpi4py communicator (e.g. mpi4py.MPI.COMM_WORLD) or a "
+                    f"cupy.cuda.nccl.NcclCommunicator, got {type(comm).__module__}.{type(comm).__name__}")
+
+
+class _Engine:
+    rank: int
+    size: int
+
+    def allgather_obj(self, obj) -> list:
+        """Every rank's ``obj`` (picklable, at most 64 KiB pickled), in rank order."""
+        raw = pickle.dumps(obj, protocol=4)
+        if len(raw) + 8 > _OBJ_BYTES:
+            raise ValueError(f"allgather_obj: object of {len(raw)} bytes exceeds {_OBJ_BYTES - 8}")
+        buf = np.zeros(_OBJ_BYTES, np.uint8)
+        buf[:8] = np.frombuffer(np.int64(len(raw)).tobytes(), np.uint8)
+        buf[8:8 + len(raw)] = np.frombuffer(raw, np.uint8)
+        rows = self._allgather_host_bytes(buf)
+        out = []
+        for row in rows:
+            n = int(np.frombuffer(row[:8].tobytes(), np.int64)[0])
+            out.append(pickle.loads(row[8:8 + n].tobytes()))
+        return out
+
+
+class MpiComm(_Engine):
+    """mpi4py. Host arrays go straight through; device arrays go through
+    CUDA-aware MPI when the library says it is, else through host copies
+    (with one warning per process)."""
+
+    def __init__(self, comm, device: bool):
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.device = device
+        self.cuda_aware = device and _mpi_cuda_aware(MPI)
+
+    def _allgather_host_bytes(self, buf):
+        out = np.empty((self.size, buf.size), buf.dtype)
+        self.comm.Allgather(buf, out)
+        return out
+
+    def _staged(self, x, fn):
+        global _warned_host_staging
+        if not self.device:
+            return fn(np, x)
+        cp = _cupy()
+        cp.cuda.get_current_stream().synchronize()  # MPI does not order itself after CuPy's stream
+        if self.cuda_aware:
+            return fn(cp, x)
+        if not _warned_host_staging:
+            warnings.warn("kdacupy.distributed: this MPI is not CUDA-aware; device buffers are staged "
+                          "through host memory", RuntimeWarning, stacklevel=4)
+            _warned_host_staging = True
+        return cp.asarray(fn(np, cp.asnumpy(x)))
+
+    def allgather(self, x):
+        def run(xp, a):
+            a = xp.ascontiguousarray(a)
+            out = xp.empty((self.size, *a.shape), a.dtype)
+            self.comm.Allgather(a, out)
+            return out
+        return self._staged(x, run)
+
+    def allreduce_sum(self, x):
+        def run(xp, a):
+            a = xp.ascontiguousarray(a)
+            out = xp.empty_like(a)
+            self.comm.Allreduce(a, out, op=self._mpi.SUM)
+            return out
+        return self._staged(x, run)
+
+
+def _mpi_cuda_aware(MPI) -> bool:
+    query = getattr(MPI, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query else False
+    except Exception:  # noqa: BLE001  (an MPI without the MPIX extension)
+        return False
+
+
+class NcclComm(_Engine):
+    """CuPy's NCCL communicator: device buffers on CuPy's current stream."""
+
+    _TYPES = {np.dtype(np.float32): "NCCL_FLOAT32", np.dtype(np.uint8): "NCCL_UINT8",
+              np.dtype(np.int64): "NCCL_INT64"}
+
+    def __init__(self, comm):
+        from cupy.cuda import nccl
+
+        self._nccl = nccl
+        self.comm = comm
+        self.rank = comm.rank_id()
+        self.size = comm.size()
+
+    def _dtype(self, a):
+        name = self._TYPES.get(a.dtype)
+        if name is None:
+            raise TypeError(f"NCCL collective: unsupported dtype {a.dtype}")
+        return getattr(self._nccl, name)
+
+    def allgather(self, x):
+        cp = _cupy()
+        a = cp.ascontiguousarray(x)
+        out = cp.empty((self.size, *a.shape), a.dtype)
+        stream = cp.cuda.get_current_stream().ptr
+        self.comm.allGather(a.data.ptr, out.data.ptr, a.size, self._dtype(a), stream)
+        return out
+
+    def allreduce_sum(self, x):
+        cp = _cupy()
+        a = cp.ascontiguousarray(x)
+        out = cp.empty_like(a)
+        stream = cp.cuda.get_current_stream().ptr
+        self.comm.allReduce(a.data.ptr, out.data.ptr, a.size, self._dtype(a), self._nccl.NCCL_SUM, stream)
+        return out
+
+    def _allgather_host_bytes(self, buf):
+        cp = _cupy()
+        return cp.asnumpy(self.allgather(cp.asarray(buf)))

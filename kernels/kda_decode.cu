@@ -1,0 +1,164 @@
+// kda_decode: decode and speculative verify on a state pool (DESIGN.md section 7.1).
+// One launch for the whole batch; one CTA per (sequence, slice of BV value
+// rows, value head). Each warp owns RV = BV / WARPS value rows of the state and
+// all K keys of them: lane l holds keys l, l + 32, ... (RK = K / 32 of them), so
+// a warp reads and writes whole rows of a "vk" pool in 128-byte pieces (a "kv"
+// pool is read row by row of keys, the sectors reused through L1). The state is
+// read from the pool once, kept in fp32 registers across the call's T tokens
+// and written back once per stored token, rounded to the pool's dtype. Gate,
+// beta and l2norm are computed here (no prepare kernel, no workspace).
+// Reductions over K: a per-lane fp32 FMA chain, then a 5-step xor shuffle.
+// Rounding points: kdacupy/decode_model.py steps 1-8.
+//
+// Rendered configuration: KDA_K, KDA_V, KDA_DT (q, k, v, o), KDA_G_DT, KDA_BETA_DT,
+// KDA_GATE, KDA_BETA_MODE, KDA_L2NORM, KDA_POOL_DT (KDA_BF16 or KDA_F32),
+// KDA_LAYOUT_VK, KDA_BV, KDA_WARPS.
+#include "common.cuh"
+#include "gates.cuh"
+
+namespace {
+using namespace kda;
+
+constexpr int K = KDA_K;
+constexpr int V = KDA_V;
+constexpr int BV = KDA_BV;
+constexpr int NW = KDA_WARPS;
+constexpr int NT = NW * 32;
+constexpr int RV = BV / NW;  // value rows per warp
+constexpr int RK = K / 32;   // keys per lane
+constexpr int VB = V / BV;   // CTAs per (sequence, head)
+constexpr bool VK = KDA_LAYOUT_VK;
+
+static_assert(V % BV == 0 && BV % NW == 0 && RV >= 1 && RV <= 16, "value rows split evenly over the warps");
+static_assert(K % 32 == 0 && RK * RV <= 64, "the state slice fits in registers");
+
+__device__ __forceinline__ i64 index_at(const void* p, int is_i64, i64 i) {
+  return is_i64 ? static_cast<const i64*>(p)[i] : static_cast<i64>(static_cast<const i32*>(p)[i]);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+// Offset of state element (value row vr, key kk) of head hv in slot s.
+__device__ __forceinline__ i64 pool_offset(i64 s, int hv, int HV, int vr, int kk) {
+  const i64 sh = s * HV + hv;
+  return VK ? (sh * V + vr) * K + kk : (sh * K + kk) * V + vr;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT) kda_decode(
+    const void* q, const void* k, const void* v, const void* g, const void* beta,
+    i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 v_sb, i64 v_st, i64 v_sh,
+    i64 g_sb, i64 g_st, i64 g_sh, i64 b_sb, i64 b_st, i64 b_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
+    const float* A_log, const float* dt_bias, void* pool, i64 P, const void* idx, int idx_i64, int per_token,
+    const void* accepted, int acc_i64, int T, int H, int HV, float scale, float lb2) {
+  const int n = blockIdx.x / VB, hv = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int v0 = (blockIdx.x % VB) * BV + warp * RV;  // first value row of this warp
+  const int h = hv / (HV / H);
+
+  // start slot; negative or >= P (only unvalidated device indices) pads the sequence
+  i64 start;
+  if (per_token) {
+    i64 a = accepted != nullptr ? index_at(accepted, acc_i64, n) : 1;
+    a = a < 1 ? 1 : (a > T ? T : a);
+    start = index_at(idx, idx_i64, static_cast<i64>(n) * T + a - 1);
+  } else {
+    start = index_at(idx, idx_i64, n);
+  }
+  if (start < 0 || start >= P) {  // padding: zero output, the pool neither read nor written
+    for (int t = 0; t < T; ++t) {
+      if (lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, 0.f);
+    }
+    return;
+  }
+
+  // [1] the state slice, loaded once into fp32
+  float S[RK][RV];
+#pragma unroll
+  for (int i = 0; i < RK; ++i) {
+#pragma unroll
+    for (int j = 0; j < RV; ++j) S[i][j] = load_f32<KDA_POOL_DT>(pool, pool_offset(start, hv, HV, v0 + j, lane + 32 * i));
+  }
+
+  // per-head gate parameters, hoisted out of the token loop
+  float A = 1.f, bias[RK];
+  if (KDA_GATE != 0 && A_log != nullptr) A = ex2_approx_ftz(A_log[hv] * LOG2E_F);
+#pragma unroll
+  for (int i = 0; i < RK; ++i) {
+    bias[i] = (KDA_GATE != 0 && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + lane + 32 * i] : 0.f;
+  }
+
+#pragma unroll 1
+  for (int t = 0; t < T; ++t) {
+    const i64 qo = n * q_sb + t * q_st + h * q_sh, ko = n * k_sb + t * k_st + h * k_sh;
+    const i64 go = n * g_sb + t * g_st + hv * g_sh, vo = n * v_sb + t * v_st + hv * v_sh;
+    float qs[RK], kn[RK], kd[RK], a[RK];
+#pragma unroll
+    for (int i = 0; i < RK; ++i) {
+      qs[i] = load_f32<KDA_DT>(q, qo + lane + 32 * i);
+      kn[i] = load_f32<KDA_DT>(k, ko + lane + 32 * i);
+    }
+    if constexpr (KDA_L2NORM) {  // [2] x * rsqrt(sum x^2 + 1e-6)
+      float sq = 0.f, sk = 0.f;
+#pragma unroll
+      for (int i = 0; i < RK; ++i) {
+        sq = fmaf(qs[i], qs[i], sq);
+        sk = fmaf(kn[i], kn[i], sk);
+      }
+      const float iq = rsqrt_approx_ftz(warp_sum(sq) + 1e-6f), ik = rsqrt_approx_ftz(warp_sum(sk) + 1e-6f);
+#pragma unroll
+      for (int i = 0; i < RK; ++i) {
+        qs[i] *= iq;
+        kn[i] *= ik;
+      }
+    }
+    // [2]-[3] gate, decay, scaled query, decayed key
+#pragma unroll
+    for (int i = 0; i < RK; ++i) {
+      a[i] = ex2_approx_ftz(gate_log2<KDA_GATE>(load_f32<KDA_G_DT>(g, go + lane + 32 * i), A, bias[i], lb2));
+      qs[i] *= scale;
+      kd[i] = kn[i] * a[i];
+    }
+    const float bt = beta_activate<KDA_BETA_MODE>(
+        KDA_BETA_MODE == 0 ? 0.f : load_f32<KDA_BETA_DT>(beta, n * b_sb + t * b_st + hv * b_sh));
+
+    // [4]-[6] w = kd . S;  u = beta (v - w);  S = fma(S, a, k u)
+#pragma unroll
+    for (int j = 0; j < RV; ++j) {
+      float w = 0.f;
+#pragma unroll
+      for (int i = 0; i < RK; ++i) w = fmaf(kd[i], S[i][j], w);
+      w = warp_sum(w);
+      const float u = bt * (load_f32<KDA_DT>(v, vo + v0 + j) - w);
+#pragma unroll
+      for (int i = 0; i < RK; ++i) S[i][j] = fmaf(S[i][j], a[i], kn[i] * u);
+    }
+
+    // [7] o = qs . S, lane j stores value row v0 + j
+    float mine = 0.f;
+#pragma unroll
+    for (int j = 0; j < RV; ++j) {
+      float x = 0.f;
+#pragma unroll
+      for (int i = 0; i < RK; ++i) x = fmaf(qs[i], S[i][j], x);
+      x = warp_sum(x);
+      if (lane == j) mine = x;
+    }
+    if (lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, mine);
+
+    // [8] store this token's state where asked
+    const i64 slot = per_token ? index_at(idx, idx_i64, static_cast<i64>(n) * T + t) : (t == T - 1 ? start : -1);
+    if (slot >= 0 && slot < P) {
+#pragma unroll
+      for (int i = 0; i < RK; ++i) {
+#pragma unroll
+        for (int j = 0; j < RV; ++j) store_f32<KDA_POOL_DT>(pool, pool_offset(slot, hv, HV, v0 + j, lane + 32 * i), S[i][j]);
+      }
+    }
+  }
+}

@@ -1,0 +1,43 @@
+"""The decode option matrix the kernel parity suites run (emulation on the CPU, CUDA on a GPU)."""
+import numpy as np
+
+from kdacupy.dtypes import BF16, F16, F32
+
+from .decode_inputs import make_decode
+
+DECODE_CASES = {
+    # name: make_decode arguments; "accepted": num_accepted_tokens for [N, T] indices
+    "vk-fp32-pool-gva": dict(N=3, T=1, H=1, HV=2, K=64, V=64),
+    "vk-bf16-pool-verify": dict(N=2, T=3, H=1, K=64, V=64, pool_dtype=BF16, indices="NT", accepted=[2, 3]),
+    "kv-fp32-pool-verify": dict(N=2, T=3, H=1, HV=2, K=64, V=64, layout="kv", indices="NT", accepted=[3, 1]),
+    "kv-bf16-pool": dict(N=3, T=2, H=1, K=64, V=64, layout="kv", pool_dtype=BF16),
+    "softplus-raw-beta-128": dict(N=2, T=2, H=1, K=128, V=128, gate="softplus", beta="raw"),
+    "log-gate-no-beta": dict(N=2, T=1, H=2, HV=4, K=64, V=128, gate="log", beta=None),
+    "fp16-inputs": dict(N=2, T=2, H=1, K=128, V=64, dtype=F16),
+    "fp32-inputs": dict(N=2, T=2, H=1, K=64, V=64, dtype=F32, layout="kv"),
+    "K256": dict(N=2, T=2, H=1, K=256, V=64, pool_dtype=BF16),
+    "V256": dict(N=1, T=2, H=1, K=64, V=256, layout="kv"),
+    "no-l2norm-neg-eigval": dict(N=2, T=2, H=1, K=64, V=64, qk_l2norm=False, allow_neg_eigval=True),
+    "g-and-beta-fp32": dict(N=2, T=2, H=1, K=64, V=64, f32_gate_beta=True),
+}
+
+
+def decode_case(name, **size):
+    """(inputs, options, pool) of one case; ``size`` overrides its arguments."""
+    case = dict(DECODE_CASES[name], **size)
+    accepted = case.pop("accepted", None)
+    form = case.pop("indices", "N")
+    neg = case.pop("allow_neg_eigval", False)
+    f32gb = case.pop("f32_gate_beta", False)
+    N, T = case["N"], case["T"]
+    if form == "NT":
+        case["P"] = N * T + 1
+        case["indices"] = np.arange(1, N * T + 1, dtype=np.int64).reshape(N, T)
+    x, opts, pool = make_decode(**case)
+    if accepted is not None:
+        opts["num_accepted_tokens"] = np.array(accepted, np.int32)
+    if neg:
+        opts["allow_neg_eigval"] = True
+    if f32gb:
+        x["g"], x["beta"] = x["g"].astype(F32), x["beta"].astype(F32)
+    return x, opts, pool

@@ -1,0 +1,223 @@
+"""kda_decode on NumPy: the reference against the recurrent definition, the model
+against the reference, pool index semantics (padding, verify, rollback) and
+one test per validation error (nothing written on failure)."""
+import numpy as np
+import pytest
+
+import kdacupy
+from kdacupy.decode_model import kda_decode_model
+from kdacupy.decode_reference import decode_plan, kda_decode_reference
+from kdacupy.dtypes import BF16, F16
+from kdacupy.reference import kda_reference
+
+from .decode_inputs import gather_kv, make_decode
+from .inputs import make_inputs, rmse_ratio
+
+
+def pool_opts(opts):
+    return dict(opts)
+
+
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_reference_is_the_recurrent_definition(layout, T):
+    x, opts, pool = make_decode(N=3, T=T, H=1, HV=2, layout=layout, pool_dtype=np.float32)
+    idx = opts["state_indices"]
+    before = pool.copy()
+    o = kda_decode_reference(**x, state_pool=pool, **pool_opts(opts))
+    ro, rs = kda_reference(**x, initial_state=gather_kv(before, idx, layout), output_final_state=True,
+                           form="recurrent", **{n: v for n, v in opts.items() if n not in ("state_layout", "state_indices")})
+    np.testing.assert_allclose(o, ro, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gather_kv(pool, idx, layout), rs.astype(np.float32), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("pool_dtype", [np.float32, BF16])
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+@pytest.mark.parametrize("gate,beta", [("sigmoid", "logits"), ("softplus", "raw"), ("log", None)])
+def test_model_agrees_with_the_reference(pool_dtype, layout, gate, beta):
+    x, opts, pool = make_decode(N=4, T=4, H=1, HV=2, layout=layout, pool_dtype=pool_dtype, gate=gate, beta=beta)
+    p_ref, p_mod = pool.copy(), pool.copy()
+    ro = kda_decode_reference(**x, state_pool=p_ref, **pool_opts(opts))
+    mo = kda_decode_model(**x, state_pool=p_mod, **pool_opts(opts))
+    assert mo.dtype == x["v"].dtype
+    # bf16 output: one rounding (2^-9 relative); the fp32 state adds ~1e-6
+    assert rmse_ratio(mo, ro) < 2.0 ** -8
+    tol = 2.0 ** -8 if pool_dtype == BF16 else 1e-5
+    assert rmse_ratio(p_mod, p_ref) < tol
+    np.testing.assert_array_equal(p_mod[::2], pool[::2])  # slots 0, 2, 4, ... are not indexed
+
+
+@pytest.mark.parametrize("backend", ["reference", "model"])
+def test_public_api_updates_the_pool_and_leaves_other_slots_bitwise(backend):
+    x, opts, pool = make_decode(N=3, T=1, H=2, HV=4, pool_dtype=BF16)
+    before = pool.copy()
+    out = np.full(x["v"].shape, np.nan, dtype=x["v"].dtype)
+    o = kdacupy.kda_decode(**x, state_pool=pool, **pool_opts(opts), out=out, backend=backend)
+    assert o is out and np.isfinite(o.astype(np.float32)).all()
+    touched = np.zeros(pool.shape[0], bool)
+    touched[opts["state_indices"]] = True
+    assert np.array_equal(pool[~touched].view(np.uint16), before[~touched].view(np.uint16))
+    assert not np.array_equal(pool[touched].astype(np.float32), before[touched].astype(np.float32))
+
+
+@pytest.mark.parametrize("form", ["N", "NT"])
+@pytest.mark.parametrize("pad_at", [0, 1, 2])
+def test_padding_gives_zeros_and_touches_nothing(form, pad_at):
+    N, T = 3, 2
+    x, opts, pool = make_decode(N=N, T=T, H=1, P=8)
+    if form == "N":
+        idx = np.array([1, 3, 5], np.int64)
+        idx[pad_at] = -1
+    else:
+        idx = np.array([[0, 1], [2, 3], [4, 5]], np.int32)
+        idx[pad_at] = [-1, 6]  # a padded start: slot 6 must not be written either
+    opts["state_indices"] = idx
+    written = set(decode_plan(idx, None, N, T, 8)[1].ravel().tolist()) - {-1}
+    assert len(written) == (2 if form == "N" else 4)
+    for backend in ("reference", "model"):
+        p = pool.copy()
+        o = kdacupy.kda_decode(**x, state_pool=p, **pool_opts(opts), backend=backend)
+        assert not np.any(o[pad_at].astype(np.float32))
+        assert np.all(np.any(o.astype(np.float32) != 0, axis=(1, 2, 3))[np.arange(N) != pad_at])
+        for s in range(pool.shape[0]):  # -1 never wraps to the last slot (7)
+            assert np.array_equal(p[s], pool[s]) == (s not in written), (backend, s)
+
+
+def test_negative_token_slot_only_skips_that_write():
+    x, opts, pool = make_decode(N=2, T=3, H=1, P=8)
+    idx = np.array([[0, -1, 2], [3, 4, -1]], np.int64)
+    p = pool.copy()
+    kdacupy.kda_decode(**x, state_pool=p, **dict(pool_opts(opts), state_indices=idx), backend="reference")
+    for s in range(8):
+        assert np.array_equal(p[s], pool[s]) == (s not in (0, 2, 3, 4)), s
+
+
+@pytest.mark.parametrize("accepted", [1, 2, 3, 4])
+def test_verify_writes_every_draft_state_and_rolls_back(accepted):
+    """A verify step of T tokens writes one state per token (each equal to
+    running the tokens one at a time); the next step starts from the state
+    after ``accepted`` tokens. The model keeps fp32 across tokens, so with an
+    fp32 pool both ways agree bitwise."""
+    N, T = 2, 4
+    x, opts, pool = make_decode(N=N, T=T, H=1, HV=2, P=2 * T + 2, pool_dtype=np.float32)
+    opts = dict(opts, state_indices=np.arange(N * T, dtype=np.int32).reshape(N, T))
+    idx = opts["state_indices"]
+    p = pool.copy()
+    o = kdacupy.kda_decode(**x, state_pool=p, **opts, backend="model")
+    q = pool.copy()
+    start = idx[:, 0].copy()
+    for t in range(T):
+        step = {n: a[:, t:t + 1] for n, a in x.items()}
+        ot = kdacupy.kda_decode(**step, state_pool=q, **dict(opts, state_indices=start), backend="model")
+        np.testing.assert_array_equal(ot[:, 0], o[:, t])
+        np.testing.assert_array_equal(q[start], p[idx[:, t]])
+    # the next verify step on the same slots, from the accepted draft's state
+    nxt, _, _ = make_decode(N=N, T=T, H=1, HV=2, seed=9)
+    acc = np.full(N, accepted, np.int64)
+    a1, a2 = p.copy(), p.copy()
+    o1 = kdacupy.kda_decode(**nxt, state_pool=a1, **opts, num_accepted_tokens=acc, backend="model")
+    rows = idx[:, accepted - 1].copy()
+    o2 = kdacupy.kda_decode(**nxt, state_pool=a2, **dict(opts, state_indices=rows), backend="model")
+    np.testing.assert_array_equal(o1, o2)
+    np.testing.assert_array_equal(a1[idx[:, T - 1]], a2[rows])
+    if accepted > 1:
+        assert not np.array_equal(o1, kdacupy.kda_decode(**nxt, state_pool=p.copy(), **opts, backend="model"))
+
+
+def test_decode_plan():
+    start, write = decode_plan(np.array([[3, 4, 5], [-1, 6, 7]]), np.array([2, 3]), 2, 3, 8)
+    assert start.tolist() == [4, 7]
+    assert write.tolist() == [[3, 4, 5], [-1, 6, 7]]
+    start, write = decode_plan(np.array([[3, 4, 5], [-1, 6, 7]]), None, 2, 3, 8)
+    assert start.tolist() == [3, -1] and write.tolist() == [[3, 4, 5], [-1, -1, -1]]
+    start, write = decode_plan(np.array([2, -1, 9]), None, 3, 2, 8)  # 9 >= P: padding (device values)
+    assert start.tolist() == [2, -1, -1] and write.tolist() == [[-1, 2], [-1, -1], [-1, -1]]
+
+
+# ---------------------------------------------------------------------------
+# validation: every error names the argument; nothing is written
+
+
+def bad(match, exc=ValueError, **change):
+    x, opts, pool = make_decode(N=3, T=2, H=1, P=8)
+    args = dict(x, state_pool=pool, **opts)
+    args["state_indices"] = np.array([1, 3, 5], np.int32)
+    args.update(change)
+    pool_before = np.array(args["state_pool"], copy=True) if isinstance(args["state_pool"], np.ndarray) else None
+    out = np.full(x["v"].shape, 7.0, dtype=x["v"].dtype)
+    with pytest.raises(exc, match=match):
+        kdacupy.kda_decode(**args, out=out)
+    assert np.all(out.astype(np.float32) == 7.0)
+    if pool_before is not None and pool_before.shape == args["state_pool"].shape:
+        np.testing.assert_array_equal(args["state_pool"], pool_before)
+
+
+def test_validation_errors():
+    P, HV, K, V = 8, 1, 64, 64
+    bad("state_pool: expected shape", state_pool=np.zeros((P, HV, K, V + 64), np.float32))
+    bad(r"state_pool: expected shape .*\[P, HV, V, K\]", state_pool=np.zeros((P, HV, 64, 128), np.float32))
+    bad(r"state_pool: expected shape .*\[P, HV, K, V\]", state_pool=np.zeros((P, HV, 64, 128), np.float32),
+        state_layout="kv")
+    bad("state_pool: expected dtype", TypeError, state_pool=np.zeros((P, HV, V, K), F16))
+    bad("state_pool: expected a C-contiguous", state_pool=np.zeros((P, HV, K, V), np.float32).swapaxes(2, 3))
+    ro = np.zeros((P, HV, V, K), np.float32)
+    ro.flags.writeable = False
+    bad("state_pool: expected a writeable", state_pool=ro)
+    bad("state_pool: expected a NumPy or CuPy array", TypeError, state_pool=[[0.0]])
+    bad("state_indices: expected dtype int32 or int64", TypeError, state_indices=np.array([1, 3, 5], np.float32))
+    bad("state_indices: expected shape", state_indices=np.array([1, 3], np.int32))
+    bad("state_indices: expected shape", state_indices=np.zeros((3, 3), np.int32))
+    bad("state_indices: expected slots < P = 8", state_indices=np.array([1, 8, 5], np.int32))
+    bad("state_indices: expected distinct slots", state_indices=np.array([1, 3, 1], np.int32))
+    bad("state_indices: expected distinct slots", state_indices=np.array([[1, 2], [3, 4], [5, 2]], np.int32))
+    bad("state_indices: expected distinct slots", state_indices=np.array([[1, 1], [3, 4], [5, 6]], np.int32))
+    bad("state_indices: expected an int32/int64 array", TypeError, state_indices=None)
+    bad("num_accepted_tokens: expected None unless state_indices is", num_accepted_tokens=np.array([1, 1, 1]))
+    nt = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
+    bad(r"num_accepted_tokens: expected values in \[1, T = 2\]", state_indices=nt,
+        num_accepted_tokens=np.array([1, 3, 1], np.int32))
+    bad(r"num_accepted_tokens: expected values in \[1, T = 2\]", state_indices=nt,
+        num_accepted_tokens=np.array([0, 1, 1], np.int32))
+    bad("num_accepted_tokens: expected dtype", TypeError, state_indices=nt,
+        num_accepted_tokens=np.array([1.0, 1, 1]))
+    bad("num_accepted_tokens: expected shape", state_indices=nt, num_accepted_tokens=np.array([1, 1], np.int32))
+    bad("state_layout", state_layout="xy")
+    bad("g: expected shape", g=np.zeros((3, 2, 1, 32), BF16))
+
+
+def test_padded_rows_may_repeat_slots():
+    """Slots named by a padded sequence are not written, so they may repeat live ones."""
+    x, opts, pool = make_decode(N=2, T=2, H=1, P=8)
+    idx = np.array([[1, 2], [-1, 2]], np.int32)
+    kdacupy.kda_decode(**x, state_pool=pool, **dict(pool_opts(opts), state_indices=idx))
+
+
+def test_out_and_inputs_may_not_overlap_the_pool():
+    x, opts, pool = make_decode(N=2, T=2, H=1, P=8, pool_dtype=BF16)
+    with pytest.raises(ValueError, match="out: expected memory separate from state_pool"):
+        kdacupy.kda_decode(**x, state_pool=pool, **pool_opts(opts), out=pool[:2, :1].reshape(2, 2, 1, 64 * 32)[..., :64])
+    before = pool.copy()
+    v = pool[:2, 0, :2].reshape(2, 2, 1, 64)
+    with pytest.raises(ValueError, match="v: expected memory separate from state_pool"):
+        kdacupy.kda_decode(**dict(x, v=v), state_pool=pool, **pool_opts(opts))
+    np.testing.assert_array_equal(pool, before)
+
+
+def test_decode_accuracy_against_the_reference_over_many_steps():
+    """64 single-token steps through the pool (model backend) against one float64
+    forward: an fp32 pool reaches the bf16 output's rounding floor; a bf16 pool,
+    rounded after every step, stays within a few times that."""
+    N, T = 2, 64
+    x, opts = make_inputs(B=N, T=T, H=2, HV=2, K=128, V=128, seed=1)
+    s0 = 0.5 * np.random.default_rng(2).standard_normal((N, 2, 128, 128))
+    ref_o, ref_s = kda_reference(**x, **opts, qk_l2norm=True, initial_state=s0, output_final_state=True)
+    floor = rmse_ratio(ref_o.astype(np.float32).astype(BF16), ref_o)
+    for pool_dtype, bound in ((np.float32, 1.02 * floor), (BF16, 3 * floor)):
+        pool = np.ascontiguousarray(np.swapaxes(s0, -1, -2)).astype(pool_dtype)
+        outs = [kdacupy.kda_decode(**{n: a[:, t:t + 1] for n, a in x.items()}, **opts, qk_l2norm=True,
+                                   state_pool=pool, state_indices=np.arange(N, dtype=np.int32), backend="model")
+                for t in range(T)]
+        err = rmse_ratio(np.concatenate(outs, 1), ref_o)
+        assert err < bound, (pool_dtype, err, floor)
+        assert rmse_ratio(np.swapaxes(pool.astype(np.float64), -1, -2), ref_s) < (1e-6 if pool_dtype == np.float32
+                                                                                   else 2.0 ** -7)

@@ -1,0 +1,112 @@
+"""The decode kernel and the pool-reading forward on a GPU: parity with the
+decode precision model (tolerance ``kdacupy.parity.GPU``), padding, and a
+decode step captured into a CUDA graph and replayed with new tokens and slots.
+Skipped without a GPU."""
+import numpy as np
+import pytest
+
+import kdacupy
+from kdacupy.decode_reference import decode_plan
+from kdacupy.dtypes import BF16
+from kdacupy.parity import GPU, mismatch
+
+from .decode_cases import DECODE_CASES, decode_case
+from .decode_inputs import make_decode
+
+cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+try:
+    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
+except Exception:  # noqa: BLE001  (no driver)
+    HAVE_GPU = False
+if not HAVE_GPU:
+    pytest.skip("no CUDA GPU here: these tests need one (benchmarks/device_check.sh runs them on a GPU)",
+                allow_module_level=True)
+
+
+def dev(d):
+    return {n: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for n, v in d.items()}
+
+
+def agree(x, ref):
+    why = mismatch(x, ref, GPU)
+    assert why is None, why
+
+
+@pytest.mark.parametrize("name", list(DECODE_CASES))
+def test_decode_kernel_matches_the_model(name):
+    for size in ({}, dict(N=37)):
+        if size and "indices" in DECODE_CASES[name]:
+            size = dict(N=37, accepted=list(np.arange(37) % DECODE_CASES[name]["T"] + 1))
+        x, opts, pool = decode_case(name, **size)
+        pm = pool.copy()
+        om = kdacupy.kda_decode(**x, state_pool=pm, **opts, backend="model")
+        pd = cp.asarray(pool)
+        o = kdacupy.kda_decode(**dev(x), state_pool=pd, **dev(opts))
+        agree(cp.asnumpy(o), om)
+        _, write = decode_plan(opts["state_indices"], opts.get("num_accepted_tokens"), x["q"].shape[0],
+                               x["q"].shape[1], pool.shape[0])
+        w = sorted(set(write[write >= 0].tolist()))
+        got = cp.asnumpy(pd)
+        agree(got[w], pm[w])
+        keep = np.setdiff1d(np.arange(pool.shape[0]), w)
+        assert np.array_equal(got[keep].view(np.uint8), pool[keep].view(np.uint8))
+
+
+def test_padding_and_device_indices_out_of_range():
+    x, opts, pool = make_decode(N=4, T=1, H=2, HV=4, K=128, V=128, P=6, pool_dtype=BF16)
+    idx = cp.asarray(np.array([-1, 5, 99, 0], np.int32))  # 99: not validated on the device, treated as padding
+    pd = cp.asarray(pool)
+    out = cp.full(x["v"].shape, np.nan, dtype=x["v"].dtype)
+    kdacupy.kda_decode(**dev(x), state_pool=pd, **dev(dict(opts, state_indices=idx)), out=out)
+    o = cp.asnumpy(out).astype(np.float32)
+    assert not np.any(o[[0, 2]]) and np.all(np.isfinite(o)) and np.any(o[1]) and np.any(o[3])
+    got = cp.asnumpy(pd)
+    for s in (1, 2, 3, 4):
+        assert np.array_equal(got[s].view(np.uint16), pool[s].view(np.uint16))
+
+
+def test_decode_step_captures_into_a_cuda_graph_and_replays():
+    """What engines do: one captured decode step, replayed with new tokens and
+    slots copied into the same device buffers, no host synchronisation inside."""
+    N = 8
+    x, opts, pool = make_decode(N=N, T=1, H=2, HV=4, K=128, V=128, P=2 * N + 1, pool_dtype=np.float32)
+    bufs = dev(x)
+    idx = cp.asarray(opts["state_indices"])
+    pd = cp.asarray(pool)
+    out = cp.empty(x["v"].shape, dtype=x["v"].dtype)
+    kw = {n: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for n, v in opts.items() if n != "state_indices"}
+    kdacupy.kda_decode(**bufs, state_pool=pd, state_indices=idx, **kw, out=out)  # compile outside the capture
+    cp.cuda.Device().synchronize()
+    pd[...] = cp.asarray(pool)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        kdacupy.kda_decode(**bufs, state_pool=pd, state_indices=idx, **kw, out=out)
+        graph = stream.end_capture()
+    pm = pool.copy()
+    for step in range(3):
+        nx, _, _ = make_decode(N=N, T=1, H=2, HV=4, K=128, V=128, seed=100 + step)
+        new_idx = np.roll(opts["state_indices"], step).astype(np.int32)
+        with stream:  # the new step's inputs, ordered before the replay on the same stream
+            for n in bufs:
+                bufs[n][...] = cp.asarray(nx[n])
+            idx[...] = cp.asarray(new_idx)
+        graph.launch(stream)
+        stream.synchronize()
+        om = kdacupy.kda_decode(**nx, state_pool=pm, **dict(opts, state_indices=new_idx), backend="model")
+        agree(cp.asnumpy(out), om)
+        agree(cp.asnumpy(pd), pm)
+
+
+def test_prefill_into_the_pool_then_decode_on_the_gpu():
+    from .inputs import make_inputs
+    x, opts = make_inputs(cu_seqlens=[40, 0, 17, 1], H=1, HV=2, K=128, V=128)
+    pool = (0.5 * np.random.default_rng(1).standard_normal((6, 2, 128, 128))).astype(BF16)
+    idx = np.array([4, 1, -1, 0], np.int32)
+    pm, pd = pool.copy(), cp.asarray(pool)
+    om, _ = kdacupy.kda_forward(**x, **opts, state_layout="vk", state_pool=pm, state_indices=idx, backend="model")
+    o, s = kdacupy.kda_forward(**dev(x), **dev(opts), state_layout="vk", state_pool=pd,
+                               state_indices=cp.asarray(idx))
+    assert s is None
+    agree(cp.asnumpy(o), om)
+    agree(cp.asnumpy(pd), pm)

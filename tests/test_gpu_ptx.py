@@ -1,0 +1,248 @@
+"""PTX conformance on the GPU: the twin tests' kernels (tests/test_ptx_twins.py)
+compiled with the runtime's NVRTC options and run on the device, checked against
+what the CPU twins (kdacupy/emulate/ptx_twins.h) assume:
+- bit for bit: cvt (every special float, every half), ldmatrix (4 forms),
+  cp.async (the entries the group protocol defines), integer-valued mma, the
+  wrappers composed into a GEMM tile;
+- within the PTX ISA bounds: ex2 / lg2 / rsqrt / rcp / tanh .approx (and their
+  ftz special values exactly);
+- a probe of the mma fp32 accumulation: which model (block size, guard bits,
+  final rounding) reproduces the tensor cores bit for bit; the hardware-numerics
+  twin's model must be one of them.
+Skipped without a GPU."""
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kdacupy import jit
+from kdacupy.emulate.numerics import MMA_BLOCK, MMA_GUARD, REL_BOUND, mma_dot
+
+from .test_ptx_twins import (TEST_KERNELS, approx_inputs, gather_d, kernel_source,
+                             ldmatrix_expected, scatter_a, scatter_b, scatter_c, special_floats)
+
+cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+try:
+    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
+except Exception:  # noqa: BLE001
+    HAVE_GPU = False
+if not HAVE_GPU:
+    pytest.skip("no CUDA GPU here: benchmarks/device_check.sh runs these on a GPU machine",
+                allow_module_level=True)
+
+F32 = np.float32
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast", "ignore:invalid value encountered in cast")
+
+
+class Gpu:
+    """The test kernels as cupy.RawModule builds them at run time (same options as kdacupy.jit)."""
+
+    def __init__(self):
+        self.mod = cp.RawModule(code=kernel_source(TEST_KERNELS), options=jit.NVRTC_OPTIONS)
+
+    def __call__(self, name, grid, block, args, shared_mem=0):
+        dev = [cp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+        fn = self.mod.get_function(name)
+        if shared_mem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = shared_mem
+        fn(grid if isinstance(grid, tuple) else (grid,), block if isinstance(block, tuple) else (block,),
+           tuple(dev), shared_mem=shared_mem)
+        cp.cuda.Device().synchronize()
+        return [cp.asnumpy(d) if isinstance(a, np.ndarray) else None for a, d in zip(args, dev)]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return Gpu()
+
+
+def unary(gpu, words, op, n_out=None):
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    n = len(words) if n_out is None else n_out
+    return gpu("k_unary", 64, 128, (words, np.zeros(n, np.uint32), np.int32(n), np.int32(op)))[1]
+
+
+# ---- bit for bit -------------------------------------------------------------------------------
+def canonical(ref_bits, x):
+    ref = ref_bits.copy()  # NaN -> the canonical 0x7FFF the twins give
+    ref[np.isnan(x)] = 0x7FFF
+    return ref
+
+
+@pytest.mark.parametrize("op, dt", [(0, ml_dtypes.bfloat16), (1, np.float16)], ids=["bf16", "f16"])
+def test_cvt_rn_to_16_bit(gpu, op, dt):
+    w = special_floats()
+    x = w.view(F32)
+    ref = canonical(x.astype(dt).view(np.uint16).astype(np.uint32), x)
+    got = unary(gpu, w, op)
+    bad = np.flatnonzero(got != ref)
+    assert bad.size == 0, [(hex(w[i]), hex(got[i]), hex(ref[i])) for i in bad[:8]]
+
+
+def test_cvt_f16_to_f32_every_half(gpu):
+    h = np.arange(1 << 16, dtype=np.uint32)
+    x = h.astype(np.uint16).view(np.float16)
+    got = unary(gpu, h, 2).view(F32)
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), x[~nan].astype(F32).view(np.uint32))
+    assert np.isnan(got[nan]).all()
+
+
+@pytest.mark.parametrize("op, dt", [(3, ml_dtypes.bfloat16), (4, np.float16)], ids=["bf16x2", "f16x2"])
+def test_cvt_pack_x2(gpu, op, dt):
+    w = special_floats()
+    w = w[: len(w) // 2 * 2]
+    x = w.view(F32)
+    lo = canonical(x[0::2].astype(dt).view(np.uint16).astype(np.uint32), x[0::2])
+    hi = canonical(x[1::2].astype(dt).view(np.uint16).astype(np.uint32), x[1::2])
+    np.testing.assert_array_equal(unary(gpu, w, op, n_out=len(w) // 2), lo | (hi << 16))
+
+
+@pytest.mark.parametrize("mode, nm, trans", [(0, 4, False), (1, 4, True), (2, 2, False), (3, 2, True)],
+                         ids=["x4", "x4.trans", "x2", "x2.trans"])
+def test_ldmatrix(gpu, mode, nm, trans):
+    rng = np.random.default_rng(10 + mode)
+    rows = rng.integers(0, 1 << 16, size=(32, 8), dtype=np.uint16)
+    rowidx = rng.permutation(32).astype(np.int32)
+    out = gpu("k_ldmatrix", 1, 32, (rows, rowidx, np.zeros((32, 4), np.uint32), np.int32(mode)), 512)[2]
+    mats = np.stack([rows[rowidx[8 * m: 8 * m + 8]] for m in range(nm)])
+    np.testing.assert_array_equal(out[:, :nm], ldmatrix_expected(mats, trans)[:, :nm])
+
+
+def test_cp_async_group_protocol(gpu):
+    n = 32
+    g = np.arange(3 * n * 4, dtype=np.uint32) + 1
+    out = gpu("k_cp_async", 1, n, (g, np.zeros((4, 3, n, 4), np.uint32)), 3 * n * 16)[1]
+    src = g.reshape(3, n, 4)
+    zfilled = src[1].copy()
+    zfilled[1::2] = 0
+    # defined by the ISA: after wait_group 1 group 0 landed; after wait_group 0 groups 0 and 1;
+    # after the last commit + wait all three (before a wait, or uncommitted, nothing is defined)
+    np.testing.assert_array_equal(out[1, 0], src[0])
+    np.testing.assert_array_equal(out[2, 0], src[0])
+    np.testing.assert_array_equal(out[2, 1], zfilled)
+    for r, want in enumerate([src[0], zfilled, src[2]]):
+        np.testing.assert_array_equal(out[3, r], want)
+
+
+def run_mma(gpu, A, B, C, f16):
+    args = (scatter_a(A.view(np.uint16)), scatter_b(B.view(np.uint16)), scatter_c(C), np.zeros((32, 4), F32),
+            np.int32(f16))
+    return gather_d(gpu("k_mma", 1, 32, args)[3])
+
+
+@pytest.mark.parametrize("f16", [0, 1], ids=["bf16", "f16"])
+def test_integer_valued_mma_is_exact(gpu, f16):
+    rng = np.random.default_rng(20 + f16)
+    dt = np.float16 if f16 else ml_dtypes.bfloat16
+    A = (rng.integers(-256, 257, (16, 16)) / 64.0).astype(dt)  # every partial sum exact in 24 bits
+    B = (rng.integers(-256, 257, (16, 8)) / 64.0).astype(dt)
+    C = rng.integers(-1000, 1000, (16, 8)).astype(F32)
+    ref = (A.astype(np.float64) @ B.astype(np.float64) + C).astype(F32)
+    np.testing.assert_array_equal(run_mma(gpu, A, B, C, f16), ref)
+
+
+def test_wrappers_compose_into_a_gemm_tile(gpu):
+    rng = np.random.default_rng(30)
+    M, N, K = 128, 192, 96
+    A = (rng.integers(-256, 257, (M, K)) / 64.0).astype(ml_dtypes.bfloat16)
+    B = (rng.integers(-256, 257, (K, N)) / 64.0).astype(ml_dtypes.bfloat16)
+    C = gpu("k_gemm", (N // 64, M // 64), 128, (A.view(np.uint16), B.view(np.uint16), np.zeros((M, N), F32),
+                                                  np.int32(N), np.int32(K)), 2 * 2 * 64 * 32 * 2)[2]
+    np.testing.assert_array_equal(C, (A.astype(np.float64) @ B.astype(np.float64)).astype(F32))
+
+
+# ---- .approx within the ISA bounds ----------------------------------------------------------------
+RNG = np.random.default_rng(11)
+APPROX = {
+    "ex2": (5, RNG.uniform(-125, 127, 20000)),
+    "lg2": (6, np.concatenate([RNG.uniform(0.5, 2.0, 10000), np.exp(RNG.uniform(-85, 85, 10000))])),
+    "rsqrt": (7, np.exp(RNG.uniform(-85, 85, 20000))),
+    "rcp": (8, np.concatenate([RNG.uniform(-1e3, 1e3, 10000), np.exp(RNG.uniform(-85, 85, 10000))])),
+    "tanh": (9, RNG.uniform(-9, 9, 20000)),
+}
+
+
+@pytest.mark.parametrize("name", list(APPROX))
+def test_approx_within_isa_bounds(gpu, name):
+    op, x = APPROX[name]
+    x = x.astype(F32)
+    got = unary(gpu, x.view(np.uint32), op).view(F32).astype(np.float64)
+    xd = x.astype(np.float64)
+    if name == "ex2":
+        cr = np.exp2(xd).astype(F32)
+        err = np.abs(got.astype(F32).view(np.int32).astype(np.int64) - cr.view(np.int32))
+        print(f"ex2: max {err.max()} ulp of the correctly rounded result")
+        assert err.max() <= 2
+        return
+    if name == "rcp":
+        ref = 1.0 / xd
+        err = np.abs(got - ref) / np.spacing(np.abs(got.astype(F32))).astype(np.float64)
+        print(f"rcp: max {err.max():.3f} ulp")
+        assert err.max() <= 1.0
+        return
+    ref = {"lg2": np.log2, "rsqrt": lambda v: 1.0 / np.sqrt(v), "tanh": np.tanh}[name](xd)
+    if name == "lg2":
+        mid = (xd > 0.5) & (xd < 2.0)
+        abs_err, rel_err = np.abs(got - ref)[mid].max(), (np.abs(got - ref) / np.abs(ref))[~mid].max()
+        print(f"lg2: max abs error {abs_err:.3g} in (0.5, 2) (bound 2^-22), max rel {rel_err:.3g}")
+        assert abs_err <= 2.0 ** -22 and rel_err <= 2.0 ** -22
+        return
+    nz = ref != 0
+    rel = (np.abs(got - ref)[nz] / np.abs(ref[nz])).max()
+    print(f"{name}: max relative error {rel:.3g} = 2^{np.log2(rel):.2f} (bound {REL_BOUND[name]:.3g})")
+    assert rel <= REL_BOUND[name]
+
+
+def test_approx_special_values(gpu):
+    tiny = 2.0 ** -126
+    x = approx_inputs(-1, 1)[-9:]  # 0, -0, 1e-40, -1e-40, inf, -inf, nan, 1, -1
+    ex2 = unary(gpu, x.view(np.uint32), 5).view(F32)
+    assert list(ex2[[0, 1, 2, 3, 4, 5, 7]]) == [1, 1, 1, 1, np.inf, 0, 2]
+    edge = np.array([-126.0, -126.5, -127.0], F32)
+    assert list(unary(gpu, edge.view(np.uint32), 5).view(F32)) == [tiny, 0, 0]  # results below 2^-126 flush
+    lg2 = unary(gpu, x.view(np.uint32), 6).view(F32)
+    assert lg2[0] == -np.inf and lg2[2] == -np.inf and lg2[7] == 0 and np.isnan(lg2[8])
+    rsq = unary(gpu, x.view(np.uint32), 7).view(F32)
+    assert rsq[0] == np.inf and rsq[1] == -np.inf and rsq[2] == np.inf and rsq[4] == 0
+    rcp = unary(gpu, np.array([0.0, -0.0, 2.0 ** 127, -(2.0 ** 126), -1e-40], F32).view(np.uint32), 8).view(F32)
+    assert list(rcp) == [np.inf, -np.inf, 0, -tiny, -np.inf]
+
+
+# ---- the mma accumulation probe --------------------------------------------------------------------
+def mma_trials(f16, n=60, seed=50):
+    rng = np.random.default_rng(seed + f16)
+    dt = np.float16 if f16 else ml_dtypes.bfloat16
+    for _ in range(n):
+        scale = 2.0 ** rng.integers(-8, 9, (16, 1))  # rows of different magnitudes: alignment shows
+        A = (rng.standard_normal((16, 16)) * scale).astype(dt)
+        B = rng.standard_normal((16, 8)).astype(dt)
+        C = (rng.standard_normal((16, 8)) * 2.0 ** rng.integers(-4, 5)).astype(F32)
+        yield A, B, C
+
+
+@pytest.mark.parametrize("f16", [0, 1], ids=["bf16", "f16"])
+def test_mma_accumulation_probe(gpu, f16):
+    models = {f"block={b} guard={g} {r}{' C-last' if c else ''}": (b, g, r, c)
+              for b, g, r, c in itertools.product((4, 8, 16), (0, 1, 2, 3, 4, 5, 8), ("rz", "rn"), (False, True))}
+    models["exact sum, rn"] = (16, None, "rn", False)
+    hits = dict.fromkeys(models, 0)
+    total = 0
+    worst = 0.0
+    for A, B, C in mma_trials(f16):
+        D = run_mma(gpu, A, B, C, f16)
+        total += D.size
+        big = np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)) + np.abs(C)
+        worst = max(worst, float((np.abs(D - (A.astype(np.float64) @ B.astype(np.float64) + C)) / big).max()))
+        for name, (b, g, r, c) in models.items():
+            hits[name] += int(np.sum(mma_dot(A, B, C, block=b, guard=g, final=r, c_last=c) == D))
+    table = sorted(((h / total, name) for name, h in hits.items()), reverse=True)
+    print("mma accumulation: fraction of outputs each model reproduces bit for bit")
+    for frac, name in table[:12]:
+        print(f"  {frac:8.4f}  {name}")
+    print(f"  largest |D - exact| / sum|terms| = {worst:.3g}")
+    assert worst <= 2.0 ** -20  # a few fp32 ulps of the largest term, whatever the model
+    ours = f"block={MMA_BLOCK} guard={MMA_GUARD} rz"
+    assert hits[ours] == total, (f"the hardware twin's model ({ours}) reproduces {hits[ours] / total:.4f} of the "
+                                 f"outputs; best: {table[0]}")
