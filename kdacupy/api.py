@@ -41,7 +41,7 @@ def kda_forward(
         problem, a = validate_forward_pool(problem, a, state_pool, state_indices, initial_state=initial_state,
                                            output_final_state=output_final_state, state_dtype=state_dtype)
         if problem.backend not in ("cuda", "emulate"):
-            from .decode_reference import forward_through_pool
+            from .numerics.decode_reference import forward_through_pool
             return forward_through_pool(kda_forward, problem, a, q=q, k=k, v=v, g=g, beta=beta, scale=scale,
                                         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid,
                                         allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=A_log,

@@ -58,10 +58,10 @@ def kda_decode(
         qk_l2norm=problem.qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
         A_log=a["A_log"], dt_bias=a["dt_bias"], lower_bound=problem.lower_bound, state_layout=problem.state_layout)
     if problem.backend == "model":
-        from .decode_model import kda_decode_model
+        from .numerics.decode_model import kda_decode_model
         o = kda_decode_model(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)
     else:
-        from .decode_reference import kda_decode_reference
+        from .numerics.decode_reference import kda_decode_reference
         o = kda_decode_reference(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)
         o = o.astype(np.float32).astype(problem.dtype)
     if a["out"] is not None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode_kernels import decode_args, launch_plan, scalar_args, stride_args
-from .jit import loader
+from .ops.decode.kernels import decode_args, launch_plan, scalar_args, stride_args
+from .jit.loaders import loader
 
 #: (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias)
 NAMES = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "out", "A_log", "dt_bias")

@@ -14,8 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from .decode_reference import decode_plan
-from .dtypes import STATE_DTYPES, dtype_name
+from .numerics.decode_reference import decode_plan
+from .numerics.dtypes import STATE_DTYPES, dtype_name
 from .validation import _check_dtype, _cupy, as_array, fail, is_device
 
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))

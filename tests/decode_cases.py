@@ -1,7 +1,7 @@
 """The decode option matrix the kernel parity suites run (emulation on the CPU, CUDA on a GPU)."""
 import numpy as np
 
-from kdacupy.dtypes import BF16, F16, F32
+from kdacupy.numerics.dtypes import BF16, F16, F32
 
 from .decode_inputs import make_decode
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdacupy.parity import mismatch
-from kdacupy.precision import kda_model
-from kdacupy.reference import kda_reference
+from kdacupy.numerics.parity import mismatch
+from kdacupy.numerics.precision import kda_model
+from kdacupy.numerics.reference import kda_reference
 
 SEGMENT = 256  # tokens, a multiple of the 16-token chunk: chaining the model is exact
 #: the kernels' RMSE ratio against the reference may exceed the model's by this factor (plus 1e-4):
@@ -91,7 +91,7 @@ def single_threaded():
 def sweep_expected(g_regime, bias_regime, seqs, T=8192, H=4, seed=5, state_precision="bf16"):
     """``expected`` for one input of the accuracy sweep, rebuilt from its description (for a
     process pool: the arrays need not travel to the worker)."""
-    from kdacupy.accuracy import OPTIONS, make_inputs
+    from kdacupy.cli.accuracy import OPTIONS, make_inputs
     x = make_inputs(T, H, 128, 128, g_regime, bias_regime, seed=seed)
     return expected(x, dict(OPTIONS, state_precision=state_precision), seqs)
 

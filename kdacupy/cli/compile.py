@@ -29,7 +29,7 @@ from functools import lru_cache
 
 from ..jit import loaders as jit
 from ..numerics.dtypes import BF16, F16, F32, dtype_name
-from ..decode_kernels import DecodeTiles, DecodeVariant, decode_candidates
+from ..ops.decode.kernels import DecodeTiles, DecodeVariant, decode_candidates
 from ..ops.forward.kernels import BETA_CODE, GATE_CODE, PrepareVariant, RecurrenceVariant
 from ..ops.forward.tuning import TILE_SPACE
 

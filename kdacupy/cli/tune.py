@@ -449,7 +449,7 @@ def main(argv=None):
     if args.iters < 1 or args.warmup < 0 or args.jobs < 1 or args.sm_count < 1:
         ap.error("--iters, --jobs and --sm-count must be >= 1, --warmup >= 0")
     if args.decode:
-        from .decode_tuning import tune as tune_decode
+        from ..ops.decode.tuning import tune as tune_decode
         return tune_decode(args)
     shapes = resolve_shapes(args.shapes)
 

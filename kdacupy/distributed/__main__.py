@@ -20,7 +20,7 @@ def main(argv=None):
 
     import kdacupy
     from kdacupy.distributed import kda_forward_cp
-    from kdacupy.dtypes import BF16
+    from kdacupy.numerics.dtypes import BF16
 
     comm = MPI.COMM_WORLD
     rank, ranks = comm.rank, comm.size

@@ -14,7 +14,7 @@ import inspect
 import numpy as np
 
 from .. import api
-from ..dtypes import F32, STATE_DTYPES, as_dtype, dtype_name
+from ..numerics.dtypes import F32, STATE_DTYPES, as_dtype, dtype_name
 from ..validation import as_array, fail, is_device, validate
 from .comm import wrap
 from .plan import plan_fixed, plan_varlen, start_state_sources

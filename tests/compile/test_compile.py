@@ -12,7 +12,7 @@ from kdacupy.numerics.dtypes import BF16, F32
 from kdacupy.ops.forward.kernels import PrepareVariant, RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
 from kdacupy.cli.compile import decode_variants
-from kdacupy.decode_kernels import DecodeTiles, DecodeVariant, decode_candidates
+from kdacupy.ops.decode.kernels import DecodeTiles, DecodeVariant, decode_candidates
 
 try:
     from kdacupy.cli.compile import _nvrtc

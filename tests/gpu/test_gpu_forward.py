@@ -32,7 +32,7 @@ if not HAVE_GPU:
 def free_device_memory():
     """Each test starts with CuPy's pools empty (the 2^31-offset test holds ~45 GB)."""
     yield
-    from kdacupy import workspace
+    from kdacupy.ops.forward import workspace
     workspace.release()
     cp.get_default_memory_pool().free_all_blocks()
     cp.get_default_pinned_memory_pool().free_all_blocks()
@@ -163,7 +163,7 @@ def test_host_cu_seqlens_is_refused_during_capture():
 
 
 def test_workspace_is_one_per_stream_and_persists():
-    from kdacupy import workspace
+    from kdacupy.ops.forward import workspace
     x, opts = make_inputs(T=100, H=2, K=64, V=64)
     s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     with s1:
@@ -258,10 +258,10 @@ def test_long_repeated_keys_against_the_reference(name):
     # that broke the fp16 Neumann inverse. At this length kernel-vs-model differences
     # reach the model's own error (DESIGN 2), so the check is the float64 reference
     # within the adversarial bounds (tests/test_adversarial.py derives them).
-    from kdacupy.accuracy import adversarial_inputs
-    from kdacupy.reference import kda_reference
+    from kdacupy.cli.accuracy import adversarial_inputs
+    from kdacupy.numerics.reference import kda_reference
 
-    from .test_adversarial import bounds
+    from ..numerics.test_adversarial import bounds
     x, opts = adversarial_inputs(name, 8192, 4, 128, 128, seed=6)
     o, s = gpu_run(x, opts)
     assert np.isfinite(o.astype(np.float32)).all() and np.isfinite(s).all()

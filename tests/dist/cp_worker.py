@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import kdacupy  # noqa: E402
 from kdacupy.distributed import kda_forward_cp  # noqa: E402
-from kdacupy.dtypes import BF16, F32  # noqa: E402
+from kdacupy.numerics.dtypes import BF16, F32  # noqa: E402
 from tests.inputs import make_inputs, rmse_ratio  # noqa: E402
 
 COMM = MPI.COMM_WORLD

@@ -19,7 +19,7 @@ import pytest
 from kdacupy import jit
 from kdacupy.emulate.numerics import MMA_BLOCK, MMA_GUARD, REL_BOUND, mma_dot
 
-from .test_ptx_twins import (TEST_KERNELS, approx_inputs, gather_d, kernel_source,
+from ..emulate.test_ptx_twins import (TEST_KERNELS, approx_inputs, gather_d, kernel_source,
                              ldmatrix_expected, scatter_a, scatter_b, scatter_c, special_floats)
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")

@@ -10,9 +10,9 @@ import pytest
 
 import kdacupy
 from kdacupy.emulate import find_compiler
-from kdacupy.parity import GPU
+from kdacupy.numerics.parity import GPU
 
-from .longseq import check_long
+from ..longseq import check_long
 
 try:
     find_compiler()
@@ -26,7 +26,7 @@ def emulate(x, opts):
 
 @pytest.mark.parametrize("T, seqs", [(8192, None), (1847, [1300, 547])], ids=["fixed-8192", "varlen"])
 def test_long_sequence_check_passes_under_hardware_numerics(T, seqs, monkeypatch):
-    from kdacupy.accuracy import OPTIONS, make_inputs
+    from kdacupy.cli.accuracy import OPTIONS, make_inputs
     monkeypatch.setenv("KDACUPY_EMULATE_NUMERICS", "hardware")
     x = make_inputs(T, 1, 128, 128, "-8", "+4", seed=5)
     m = check_long(emulate, x, dict(OPTIONS), GPU, seqs=seqs)

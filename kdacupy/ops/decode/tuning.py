@@ -32,9 +32,9 @@ from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 
-from .decode_kernels import DecodeTiles, decode_candidates, decode_heuristic
-from .dtypes import BF16, dtype_name
-from .tuning import DEFAULT_SM_COUNT, HEURISTIC_SOURCE, model_name, parallelism_class, shipped_dir, user_dir
+from .kernels import DecodeTiles, decode_candidates, decode_heuristic
+from ...numerics.dtypes import BF16, dtype_name
+from ..forward.tuning import DEFAULT_SM_COUNT, HEURISTIC_SOURCE, model_name, parallelism_class, shipped_dir, user_dir
 
 TOKENS = (("1", 1), ("2-4", 4), (">4", float("inf")))
 MATCH_KEYS = ("K", "V", "pool", "tokens", "parallelism")
@@ -129,12 +129,14 @@ def tune(args) -> int:
     import numpy as np
     import yaml
 
-    from . import decode_fastpath, decode_kernels, timing
-    from .bench_decode import decode_shapes, label, make_case
-    from .compile import compile_variant
-    from .decode import kda_decode
-    from .decode_kernels import DecodeVariant, select_decode_tiles as default_select
-    from .parity import GPU, mismatch
+    from ... import decode_fastpath
+    from ...cli import timing
+    from . import kernels as decode_kernels
+    from ...cli.bench_decode import decode_shapes, label, make_case
+    from ...cli.compile import compile_variant
+    from ...decode import kda_decode
+    from .kernels import DecodeVariant, select_decode_tiles as default_select
+    from ...numerics.parity import GPU, mismatch
 
     shapes = decode_shapes()
     if args.dry_run:

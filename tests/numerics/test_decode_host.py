@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy import bench_decode, decode_fastpath
-from kdacupy.dtypes import BF16
+from kdacupy import decode_fastpath
+from kdacupy.cli import bench_decode
+from kdacupy.numerics.dtypes import BF16
 
-from .decode_inputs import make_decode
+from ..decode_inputs import make_decode
 
 
 @pytest.fixture()
@@ -117,8 +118,8 @@ def test_bench_cli_measures_host_overhead_without_a_gpu(tmp_path):
 def test_decode_tuning_file_lookup(tmp_path, monkeypatch):
     import yaml
 
-    from kdacupy import decode_tuning as dt
-    from kdacupy.decode_kernels import DecodeTiles
+    from kdacupy.ops.decode import tuning as dt
+    from kdacupy.ops.decode.kernels import DecodeTiles
     from kdacupy.validation import Problem
 
     p = Problem(B=64, T=1, H=32, HV=32, K=128, V=128, N=64, dtype=BF16, g_dtype=BF16, beta_dtype=BF16,
@@ -148,7 +149,7 @@ def test_decode_tuning_file_lookup(tmp_path, monkeypatch):
 
 
 def test_decode_heuristic_and_tile_space():
-    from kdacupy.decode_kernels import DECODE_TILE_SPACE, DecodeTiles, decode_candidates, decode_heuristic
+    from kdacupy.ops.decode.kernels import DECODE_TILE_SPACE, DecodeTiles, decode_candidates, decode_heuristic
     for K in (64, 128, 256):
         for V in (64, 128, 256):
             assert decode_candidates(K, V) and all(t.valid_for(K, V) for t in decode_candidates(K, V))
@@ -160,7 +161,7 @@ def test_decode_heuristic_and_tile_space():
 
 
 def test_tune_decode_cli_without_a_gpu():
-    from kdacupy import timing
+    from kdacupy.cli import timing
     if timing.gpu_available():
         pytest.skip("a GPU is present: the tuner would run")
     out = subprocess.run([sys.executable, "-m", "kdacupy.tune", "--decode"], capture_output=True, text=True,

@@ -13,8 +13,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .jit import loader
-from .kernels import BETA_CODE, DTYPE_CODE, GATE_CODE, LOG2E, _ptr, _strides
+from ...jit.loaders import loader
+from ..forward.kernels import BETA_CODE, DTYPE_CODE, GATE_CODE, LOG2E, _ptr, _strides
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def decode_variant(p, pool, tiles: DecodeTiles) -> DecodeVariant:
 
 def select_decode_tiles(p, pool) -> DecodeTiles:
     """Tuning file for this GPU, else the heuristic (kdacupy/decode_tuning.py)."""
-    from .decode_tuning import select
+    from .tuning import select
     return select(p, pool.dtype)
 
 

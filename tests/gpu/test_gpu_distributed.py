@@ -6,9 +6,9 @@ import pytest
 
 import kdacupy
 from kdacupy.distributed import kda_forward_cp
-from kdacupy.parity import GPU, mismatch
+from kdacupy.numerics.parity import GPU, mismatch
 
-from .inputs import make_inputs
+from ..inputs import make_inputs
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 try:

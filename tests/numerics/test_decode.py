@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.decode_model import kda_decode_model
-from kdacupy.decode_reference import decode_plan, kda_decode_reference
-from kdacupy.dtypes import BF16, F16
-from kdacupy.reference import kda_reference
+from kdacupy.numerics.decode_model import kda_decode_model
+from kdacupy.numerics.decode_reference import decode_plan, kda_decode_reference
+from kdacupy.numerics.dtypes import BF16, F16
+from kdacupy.numerics.reference import kda_reference
 
-from .decode_inputs import gather_kv, make_decode
-from .inputs import make_inputs, rmse_ratio
+from ..decode_inputs import gather_kv, make_decode
+from ..inputs import make_inputs, rmse_ratio
 
 
 def pool_opts(opts):

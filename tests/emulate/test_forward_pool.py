@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.dtypes import BF16
-from kdacupy.parity import EMULATE, mismatch
-from kdacupy.reference import kda_reference
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.numerics.parity import EMULATE, mismatch
+from kdacupy.numerics.reference import kda_reference
 
-from .decode_inputs import gather_kv
-from .inputs import make_inputs, rmse_ratio
+from ..decode_inputs import gather_kv
+from ..inputs import make_inputs, rmse_ratio
 
 try:
     from kdacupy.emulate import find_compiler

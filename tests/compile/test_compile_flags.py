@@ -52,7 +52,7 @@ def test_the_gpu_conformance_kernels_compile_as_the_runtime_builds_them():
     # error here, not in the device's time
     from kdacupy.compile import nvrtc_compile
 
-    from .test_ptx_twins import TEST_KERNELS, kernel_source
+    from ..emulate.test_ptx_twins import TEST_KERNELS, kernel_source
     for arch in ("sm_90", "sm_100"):
         res = nvrtc_compile(kernel_source(TEST_KERNELS), arch)
         assert res.ok, res.log

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dtypes import BF16, F32, dtype_name
+from ..numerics.dtypes import BF16, F32, dtype_name
 
 NS = (1, 8, 64, 256, 512)
 HVS = (16, 32)
@@ -113,7 +113,8 @@ class _NullLoader:
 @contextmanager
 def null_launcher():
     """kda_decode's emulation path with nothing compiled and nothing launched."""
-    from . import decode_fastpath, decode_kernels
+    from .. import decode_fastpath
+    from ..ops.decode import kernels as decode_kernels
 
     saved = decode_fastpath.loader, decode_kernels.loader
     decode_fastpath.loader = decode_kernels.loader = lambda kind: _NullLoader()
@@ -131,7 +132,7 @@ def host_overhead(calls: int = 2000, repeats: int = 5) -> list[dict]:
     """Microseconds per kda_decode call (min over repeats of the mean of ``calls``)
     with a null launcher: decode (N = 64, T = 1) and verify (N = 64, T = 4) on an
     fp32 pool, with ``out`` given and not."""
-    from .decode import kda_decode
+    from ..decode import kda_decode
 
     rows = []
     with null_launcher():
@@ -163,7 +164,7 @@ def host_overhead(calls: int = 2000, repeats: int = 5) -> list[dict]:
 
 def forward_validation_us(calls: int = 500, repeats: int = 5) -> float:
     """For scale: kda_forward's validation alone on a small NumPy problem, same machine, same moment."""
-    from .validation import validate
+    from ..validation import validate
 
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 64, 32, 128)).astype(BF16)
@@ -233,7 +234,7 @@ def bench_gpu(shapes, warmup, iters, fla_on=True, on_row=None) -> tuple[dict, li
     import cupy
 
     from . import timing
-    from .decode import kda_decode
+    from ..decode import kda_decode
 
     info = timing.device_info()
     copy_gbps = timing.copy_bandwidth()

@@ -7,7 +7,7 @@ import pytest
 
 import kdacupy
 
-from .cases import CASES, case_inputs
+from ..cases import CASES, case_inputs
 from .test_kernels_emulate import *  # noqa: F401,F403  (the whole suite, re-collected under the checks)
 
 

@@ -35,13 +35,13 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.accuracy import ADVERSARIAL, adversarial_inputs
-from kdacupy.dtypes import BF16
-from kdacupy.parity import EMULATE, mismatch
-from kdacupy.precision import kda_model
-from kdacupy.reference import kda_reference
+from kdacupy.cli.accuracy import ADVERSARIAL, adversarial_inputs
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.numerics.parity import EMULATE, mismatch
+from kdacupy.numerics.precision import kda_model
+from kdacupy.numerics.reference import kda_reference
 
-from .inputs import rmse_ratio
+from ..inputs import rmse_ratio
 
 U_BF16 = 2.0 ** -9
 T_TEST, H_TEST, D_TEST = 512, 2, 64
@@ -129,7 +129,7 @@ def test_one_token_repeated(backend, beta, bounds_of):
 def test_cli_sweeps_every_case(tmp_path, capsys):
     import json
 
-    from kdacupy.accuracy import main
+    from kdacupy.cli.accuracy import main
     path = tmp_path / "adv.json"
     assert main(["--adversarial", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(path)]) == 0
     out = capsys.readouterr().out

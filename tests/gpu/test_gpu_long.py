@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.parity import GPU
+from kdacupy.numerics.parity import GPU
 
-from .longseq import check_long, single_threaded, sweep_expected
+from ..longseq import check_long, single_threaded, sweep_expected
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
@@ -42,7 +42,7 @@ def test_long_sequences_on_the_sweep():
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from kdacupy.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs
+    from kdacupy.cli.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs
     jobs = [(gr, br, seqs) for gr, br in zip(G_REGIMES, BIAS_REGIMES) for seqs in (None, SEQS)]
     failures = []
     with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1), mp_context=multiprocessing.get_context("spawn"),

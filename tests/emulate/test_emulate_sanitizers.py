@@ -313,10 +313,10 @@ def test_deleted_recurrence_barrier_is_caught_by_racecheck(monkeypatch):
     the default cp.async mode, where the unchecked emulation computes the right result."""
     import kdacupy
     import kdacupy.jit as jit
-    import kdacupy.kernels as kernels
-    from kdacupy.tuning import TileConfig
+    import kdacupy.ops.forward.kernels as kernels
+    from kdacupy.ops.forward.tuning import TileConfig
 
-    from .inputs import make_inputs
+    from ..inputs import make_inputs
     barrier = "    __syncthreads();  // the stage is refilled by the next iteration's issue()\n"
     assert jit._read("kda_recurrence.cu").count(barrier) == 1
     real = jit._read
@@ -343,9 +343,9 @@ def test_kernels_hand_the_launch_their_arrays(monkeypatch):
     """kdacupy.kernels passes every array with its extent: a workspace 16 bytes short is caught
     where kda_prepare writes past its end."""
     import kdacupy
-    import kdacupy.kernels as kernels
+    import kdacupy.ops.forward.kernels as kernels
 
-    from .inputs import make_inputs
+    from ..inputs import make_inputs
 
     class ShortWorkspace:  # numpy, except that the uint8 workspace loses its last 16 bytes
         def __getattr__(self, name):

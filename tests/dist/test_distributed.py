@@ -16,9 +16,9 @@ import kdacupy
 from kdacupy.distributed import kda_forward_cp
 from kdacupy.distributed.plan import plan_fixed, plan_varlen, start_state_sources
 
-from .inputs import make_inputs
+from ..inputs import make_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_plan_cuts_sequences_at_rank_boundaries():
@@ -87,7 +87,7 @@ def _mpiexec():
 def test_context_parallel_under_mpiexec(ranks):
     exe = _mpiexec()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([exe, "-n", str(ranks), sys.executable, str(ROOT / "tests" / "cp_worker.py")],
+    res = subprocess.run([exe, "-n", str(ranks), sys.executable, str(ROOT / "tests" / "dist" / "cp_worker.py")],
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("ok:", "FAIL:"))]
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.precision import kda_model
-from kdacupy.workspace import GROWTH, WorkspaceCache
+from kdacupy.numerics.precision import kda_model
+from kdacupy.ops.forward.workspace import GROWTH, WorkspaceCache
 
-from .inputs import make_inputs
+from ..inputs import make_inputs
 
 
 class Fake:
@@ -87,7 +87,7 @@ def test_strided_cu_seqlens_is_copied_into_the_workspace():
 
 
 def test_more_value_heads_than_grid_y_is_refused():
-    from kdacupy.dtypes import BF16
+    from kdacupy.numerics.dtypes import BF16
     HV = 65536
     q = np.zeros((1, 1, 1, 64), BF16)
     v = np.zeros((1, 1, HV, 64), BF16)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.decode_reference import decode_plan
-from kdacupy.dtypes import BF16
-from kdacupy.parity import GPU, mismatch
+from kdacupy.numerics.decode_reference import decode_plan
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.numerics.parity import GPU, mismatch
 
-from .decode_cases import DECODE_CASES, decode_case
-from .decode_inputs import make_decode
+from ..decode_cases import DECODE_CASES, decode_case
+from ..decode_inputs import make_decode
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 try:
@@ -99,7 +99,7 @@ def test_decode_step_captures_into_a_cuda_graph_and_replays():
 
 
 def test_prefill_into_the_pool_then_decode_on_the_gpu():
-    from .inputs import make_inputs
+    from ..inputs import make_inputs
     x, opts = make_inputs(cu_seqlens=[40, 0, 17, 1], H=1, HV=2, K=128, V=128)
     pool = (0.5 * np.random.default_rng(1).standard_normal((6, 2, 128, 128))).astype(BF16)
     idx = np.array([4, 1, -1, 0], np.int32)

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.decode_kernels import DecodeTiles, decode_candidates
-from kdacupy.decode_reference import decode_plan
-from kdacupy.dtypes import BF16
+from kdacupy.ops.decode.kernels import DecodeTiles, decode_candidates
+from kdacupy.numerics.decode_reference import decode_plan
+from kdacupy.numerics.dtypes import BF16
 from kdacupy.emulate import find_compiler
-from kdacupy.parity import EMULATE, mismatch
+from kdacupy.numerics.parity import EMULATE, mismatch
 
-from .decode_cases import DECODE_CASES, decode_case
-from .decode_inputs import make_decode
+from ..decode_cases import DECODE_CASES, decode_case
+from ..decode_inputs import make_decode
 
 try:
     find_compiler()
@@ -55,7 +55,7 @@ def test_emulated_decode_matches_the_model(name):
 @pytest.mark.parametrize("tiles", [DecodeTiles(8, 1), DecodeTiles(16, 2), DecodeTiles(32, 8), DecodeTiles(64, 4)])
 def test_every_tile_configuration_computes_the_same(tiles, monkeypatch):
     import kdacupy.decode_fastpath as fp
-    import kdacupy.decode_kernels as dk
+    import kdacupy.ops.decode.kernels as dk
     assert tiles in decode_candidates(64, 64)
     monkeypatch.setattr(dk, "select_decode_tiles", lambda p, pool: tiles)
     dk.launch_plan.cache_clear()
