@@ -86,7 +86,7 @@ def _ptr(x):
     if x is None:
         return np.uint64(0)
     if isinstance(x, np.ndarray):  # the emulation: the array's extent goes along (memcheck)
-        from .emulate import pointer
+        from ...emulate import pointer
         return pointer(x)
     return np.uint64(x.data.ptr)
 
