@@ -1,0 +1,42 @@
+"""The recurrence's map variant (KDA_NO_OUTPUT: final state only, fp32 state)
+compiles on every arch without spills, and drops the output's matmuls."""
+import pytest
+
+from kdacupy.compile import ARCHS, SMEM_LIMIT, compile_variant
+from kdacupy.dtypes import BF16
+from kdacupy.kernels import RecurrenceVariant
+from kdacupy.tuning import TileConfig
+
+try:
+    from kdacupy.compile import _nvrtc
+    _nvrtc()
+except Exception as e:  # noqa: BLE001
+    pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
+
+try:
+    from cuda.pathfinder import find_nvidia_binary_utility
+    HAVE_NVDISASM = find_nvidia_binary_utility("nvdisasm") is not None
+except Exception:  # noqa: BLE001
+    HAVE_NVDISASM = False
+
+# per chunk and warp: W (2 x K/16), U (2), the state update (K/8); no o (2 x K/16) and no U Mqk (2)
+HMMA_PER_CHUNK = 2 * 128 // 16 + 2 + 128 // 8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("bv", [32, 128])
+def test_map_variant_budget(arch, bv):
+    var = RecurrenceVariant(128, 128, BF16, True, TileConfig(bv, 2), no_output=True)
+    assert var.config()["KDA_NO_OUTPUT"] == 1
+    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
+    assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
+    if HAVE_NVDISASM:
+        assert res.sass["HMMA"] == HMMA_PER_CHUNK
+        assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
+
+
+def test_default_variant_config_is_unchanged():
+    var = RecurrenceVariant(128, 128, BF16, False, TileConfig(32, 2))
+    assert "KDA_NO_OUTPUT" not in var.config()  # existing variants keep their keys (and caches)
