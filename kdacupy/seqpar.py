@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
+import sys
 
 import numpy as np
 
@@ -84,18 +86,90 @@ def check_sequence_parallel(x):
 
 def choose_segments(p, requested) -> int:
     """Segments per sequence for a validated call: ``requested`` when given;
-    for None, 1 on the CPU backends and ``auto_segments`` on the GPU."""
+    for None, 1 on the CPU backends and ``auto_segments`` on the GPU. With
+    ``KDACUPY_JIT_VERBOSE`` set, the GPU choice is printed (``explain`` returns it)."""
     if requested is not None:
         return requested
     if not p.device:
         return 1
     from .tuning import device_facts
 
-    return auto_segments(p, device_facts()[2])
+    n, why = auto_segments(p, device_facts()[2])
+    if os.environ.get("KDACUPY_JIT_VERBOSE", "") not in ("", "0"):
+        print(f"[kdacupy.seqpar] N={p.N} HV={p.HV} T={p.T} K={p.K} V={p.V}: {n} segment(s) per sequence; {why}",
+              file=sys.stderr)
+    return n
 
 
-def auto_segments(p, sm_count) -> int:
-    return 1
+#: the heuristic's constants: guesses from the kernels' resources, not measured on a GPU
+#: (``python -m kdacupy.bench --shapes fewhead`` measures serial against split)
+AUTO_MAX = 64              # segments per sequence at most
+AUTO_SEG_CHUNKS = 64       # chunks per segment at least (1024 tokens)
+WARPS_PER_SM = {"bf16": 12, "fp32": 8}  # recurrence warps an SM runs at the chain's latency (registers)
+SCAN_STEP_CHUNKS = 5       # one scan step (a batched matmul and an add) in chunk latencies
+AUTO_MIN_GAIN = 1.5        # predicted speedup below which the split stays off
+
+
+def _predicted_time(p, n, sm_count) -> float:
+    """Time in chunk latencies: a run of c chunks over w warps takes
+    ``c * max(1, w / capacity)`` (latency-bound until the SMs are full); the
+    split adds the two fp32 map runs (K and V value rows) and the scan."""
+    chunks = (p.T // max(1, p.N) if p.varlen else p.T) / CHUNK
+    rows = p.N * p.HV
+
+    def run(c, warps, precision):
+        return c * max(1.0, warps / (WARPS_PER_SM[precision] * sm_count))
+
+    if n == 1:
+        return run(chunks, rows * p.V / 16, p.state_precision)
+    c = chunks / n
+    return (run(c, n * rows * p.K / 16, "fp32") + run(c, n * rows * p.V / 16, "fp32")
+            + run(c, n * rows * p.V / 16, p.state_precision) + SCAN_STEP_CHUNKS * n)
+
+
+def auto_segments(p, sm_count) -> tuple[int, str]:
+    """The choice for ``sequence_parallel=None`` on the GPU, and why.
+
+    A cost model in chunk latencies (``_predicted_time``): the recurrence is
+    latency-bound, so a run costs its chain length until its warps exceed what
+    the SMs hold (``WARPS_PER_SM``), then proportionally more. The candidates are
+    n = 2, 4, ..., AUTO_MAX with at least AUTO_SEG_CHUNKS chunks per segment; the
+    fastest is taken when it beats the serial run by AUTO_MIN_GAIN, else 1.
+    Shapes only: ``cu_seqlens`` values are never read (a varlen sequence counts
+    as T / N tokens)."""
+    chunks = (p.T // max(1, p.N) if p.varlen else p.T) // CHUNK
+    serial = _predicted_time(p, 1, sm_count)
+    best, best_t = 1, serial
+    n = 2
+    while n <= AUTO_MAX and chunks // n >= AUTO_SEG_CHUNKS:
+        t = _predicted_time(p, n, sm_count)
+        if t < best_t:
+            best, best_t = n, t
+        n *= 2
+    gain = serial / best_t
+    if best == 1 or gain < AUTO_MIN_GAIN:
+        return 1, f"off: predicted gain {gain:.2f}x ({chunks} chunks per sequence, {p.N * p.HV} chains)"
+    return best, f"on: predicted gain {gain:.2f}x ({chunks} chunks per sequence, {p.N * p.HV} chains)"
+
+
+def explain(q, k, v, g, beta=None, *, sequence_parallel=None, sm_count=None, **options) -> tuple[int, str]:
+    """The segment count ``kda_forward`` would use for these arguments, and why
+    (a debug aid; nothing runs). ``sm_count`` stands in for the device's (for
+    NumPy arrays it makes the GPU's choice visible on the CPU)."""
+    requested = check_sequence_parallel(sequence_parallel)
+    kw = dict(scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, qk_l2norm=False,
+              beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None, lower_bound=None,
+              state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend=None)
+    kw.update(options)
+    p, _ = validate(q, k, v, g, beta, **kw)
+    if requested is not None:
+        return requested, "requested"
+    if sm_count is None:
+        if not p.device:
+            return 1, f"off: backend {p.backend!r} runs serially unless sequence_parallel is given"
+        from .tuning import device_facts
+        sm_count = device_facts()[2]
+    return auto_segments(p, sm_count)
 
 
 # ---------------------------------------------------------------------------
@@ -184,13 +258,17 @@ def forward_split(p, a, n):
         run = _Kernels(ps, b)
         M, Bm = run.maps()
         starts = scan(M, Bm, S0, n)
-        o, s_seg = run.forward(_from_kv(starts, p.state_layout))
+        out = a["out"]
+        direct = out is not None and (p.varlen or out.flags.c_contiguous)  # a [1, B*T] view of out
+        o, s_seg = run.forward(_from_kv(starts, p.state_layout), out.reshape(b["v"].shape) if direct else None)
+        if direct:
+            o = out
     else:
         M, Bm = _maps_numpy(ps, b)
         starts = scan(M, Bm, S0, n)
         o, s_seg = _forward_numpy(ps, b, _from_kv(starts, p.state_layout))
     o = o.reshape(a["v"].shape)
-    if a["out"] is not None:
+    if a["out"] is not None and o is not a["out"]:
         a["out"][...] = o
         o = a["out"]
     final = None
@@ -243,10 +321,12 @@ class _Kernels:
         self._recurrence(pb, dict(a, initial_state=None), None, Bm, True)
         return M, Bm
 
-    def forward(self, starts):
-        """The ordinary forward of the segments from ``starts`` (fp32, the call's layout)."""
+    def forward(self, starts, o=None):
+        """The ordinary forward of the segments from ``starts`` (fp32, the call's
+        layout), into ``o`` when given."""
         p, a, xp = self.p, self.a, self.xp
-        o = xp.empty(a["v"].shape, dtype=p.dtype)
+        if o is None:
+            o = xp.empty(a["v"].shape, dtype=p.dtype)
         s_out = None
         if p.state_out_dtype is not None:
             s_out = xp.empty(starts.shape, dtype=p.state_out_dtype)

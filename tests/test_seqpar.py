@@ -264,3 +264,53 @@ def test_bad_sequence_parallel_is_rejected_before_any_write(bad, exc):
     with pytest.raises(exc, match="sequence_parallel"):
         kdacupy.kda_forward(**x, **opts, backend="model", out=out, sequence_parallel=bad)
     assert np.all(out.astype(np.float32) == 7.0)
+
+
+@needs_emu
+def test_split_writes_into_a_fixed_length_out():
+    x, opts = make_inputs(B=2, T=50, H=1, K=64, V=64, state=np.float32)
+    for out in (np.full(x["v"].shape, np.nan, dtype=BF16),  # contiguous: written in place
+                np.full((2, 100, 1, 64), np.nan, dtype=BF16)[:, ::2]):  # strided: written through a copy
+        o, _ = kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=2, out=out)
+        om, _ = kdacupy.kda_forward(**x, **opts, backend="model", sequence_parallel=2)
+        assert o is out
+        close(o, om)
+
+
+def test_auto_choice_heuristic():
+    def problem(N=1, HV=16, T=65536, V=128, varlen=False):
+        x, _ = make_inputs(T=16, H=1, K=64, V=64)
+        p, _ = kdacupy.validation.validate(
+            *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False,
+            cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None,
+            dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None,
+            backend="model")
+        import dataclasses
+        return dataclasses.replace(p, N=N, B=1 if varlen else N, HV=HV, T=T, K=128, V=V, varlen=varlen, device=True)
+
+    auto = lambda **kw: seqpar.auto_segments(problem(**kw), 132)[0]  # noqa: E731
+    assert auto(HV=16, T=65536) == 16  # few heads, long sequence
+    assert auto(HV=12, T=131072) == 16
+    assert auto(HV=16, T=8192) == 8  # 512 chunks: segments of 64 chunks at least
+    assert auto(HV=16, T=2048) == 1  # too short to pay
+    assert auto(HV=64, T=65536) == 1  # the serial run fills the SMs: the chain does not bound it
+    assert auto(N=2, HV=12, T=2 * 65536, varlen=True) == 8
+    assert auto(N=8, HV=16, T=8 * 32768, varlen=True) == 1
+    n, why = seqpar.auto_segments(problem(HV=64), 132)
+    assert n == 1 and why.startswith("off: predicted gain 1.00x")
+    for kw in (dict(HV=16, T=65536), dict(HV=12, T=16384), dict(N=2, HV=16, T=262144, varlen=True)):
+        p = problem(**kw)
+        n, why = seqpar.auto_segments(p, 132)
+        assert n > 1 and why.startswith("on")
+        gain = seqpar._predicted_time(p, 1, 132) / seqpar._predicted_time(p, n, 132)
+        assert gain >= seqpar.AUTO_MIN_GAIN
+
+
+def test_explain_shows_the_choice():
+    x, opts = make_inputs(T=64, H=1, K=64, V=64)
+    assert seqpar.explain(**x, **opts)[0] == 1  # NumPy arrays: serial unless asked
+    assert seqpar.explain(**x, **opts, sequence_parallel=3) == (3, "requested")
+    n, why = seqpar.explain(**x, **opts, sm_count=132)
+    assert n == 1 and why.startswith("off")
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        seqpar.explain(**x, **opts, sequence_parallel=0)
