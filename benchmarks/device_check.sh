@@ -42,3 +42,16 @@ stamp "benchmark against FLA"
 timeout 150 python3 -m kdacupy.bench --shapes all --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 echo "bench exit $?"; tail -n 25 "$OUT/bench.txt"
 stamp "done"
+
+# ---------------------------------------------------------------------------
+# Sequence parallelism (DESIGN 7.2): its GPU tests, then serial vs split on the
+# fewhead shapes (H 12/16, T 16K-128K, 2-4 ragged sequences). Time box: 200 s.
+stamp "sequence parallelism: GPU tests"
+timeout 80 python3 -m pytest -q -x -rs tests/test_seqpar_gpu.py > "$OUT/seqpar_tests.log" 2>&1
+echo "pytest exit $?"; tail -n 8 "$OUT/seqpar_tests.log"
+
+stamp "sequence parallelism: serial vs split (fewhead shapes)"
+timeout 120 python3 -m kdacupy.bench --shapes fewhead --no-fla --iters 20 --warmup 3 \
+  --json "$OUT/bench_seqpar.json" > "$OUT/bench_seqpar.txt" 2>&1
+echo "bench exit $?"; tail -n 16 "$OUT/bench_seqpar.txt"
+stamp "seqpar done"

@@ -57,17 +57,19 @@ def errors(x, ref):
     return float(np.max(np.abs(x - ref))), float(np.linalg.norm(x - ref) / nref) if nref else 0.0
 
 
-def run_backend(backend, inputs, state_precision):
+def run_backend(backend, inputs, state_precision, sequence_parallel=None):
     from . import kda_forward
+    opts = dict(OPTIONS, sequence_parallel=sequence_parallel)
     if backend == "cuda":
         import cupy as cp
         dev = {n: cp.asarray(x) for n, x in inputs.items()}
-        o, s = kda_forward(**dev, backend="cuda", state_precision=state_precision, **OPTIONS)
+        o, s = kda_forward(**dev, backend="cuda", state_precision=state_precision, **opts)
         return cp.asnumpy(o), cp.asnumpy(s)
-    return kda_forward(**inputs, backend=backend, state_precision=state_precision, **OPTIONS)
+    return kda_forward(**inputs, backend=backend, state_precision=state_precision, **opts)
 
 
-def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pairs=None, seed=0):
+def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pairs=None, seed=0,
+          sequence_parallel=None):
     from .reference import kda_reference
     rows = []
     for gr, br in pairs or itertools.product(G_REGIMES, BIAS_REGIMES):
@@ -75,7 +77,7 @@ def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pa
         ref_opts = {n: x for n, x in OPTIONS.items() if n != "state_dtype"}
         ref_o, ref_s = kda_reference(**inputs, **ref_opts)
         t0 = time.perf_counter()
-        o, s = run_backend(backend, inputs, state_precision)
+        o, s = run_backend(backend, inputs, state_precision, sequence_parallel)
         seconds = time.perf_counter() - t0
         o_max, o_rmse = errors(o, ref_o)
         s_max, s_rmse = errors(s, ref_s)
@@ -111,6 +113,8 @@ def main(argv=None):
     p.add_argument("--state-precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--quick", action="store_true", help="pair each g regime with one dt_bias regime only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sequence-parallel", type=int, default=None, metavar="N",
+                   help="segments per sequence (kda_forward's sequence_parallel; default: the library's choice)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args(argv)
     if args.backend == "cuda" and not gpu_available():
@@ -119,13 +123,16 @@ def main(argv=None):
         return 2
     pairs = list(zip(G_REGIMES, BIAS_REGIMES)) if args.quick else None
     print(f"kdacupy accuracy: backend={args.backend} T={args.T} H={args.H} K={args.K} V={args.V} "
-          f"state_precision={args.state_precision}; errors against the float64 reference", flush=True)
-    rows = sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, pairs, args.seed)
+          f"state_precision={args.state_precision} sequence_parallel={args.sequence_parallel}; "
+          "errors against the float64 reference", flush=True)
+    rows = sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, pairs, args.seed,
+                 args.sequence_parallel)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(backend=args.backend, T=args.T, H=args.H, K=args.K, V=args.V,
-                           state_precision=args.state_precision, rows=rows), f, indent=1)
+                           state_precision=args.state_precision, sequence_parallel=args.sequence_parallel,
+                           rows=rows), f, indent=1)
     return 0 if all(r["finite"] for r in rows) else 1
 
 
