@@ -96,9 +96,15 @@ def choose_segments(p, requested) -> int:
 
     n, why = auto_segments(p, device_facts()[2])
     if os.environ.get("KDACUPY_JIT_VERBOSE", "") not in ("", "0"):
-        print(f"[kdacupy.seqpar] N={p.N} HV={p.HV} T={p.T} K={p.K} V={p.V}: {n} segment(s) per sequence; {why}",
-              file=sys.stderr)
+        key = (p.N, p.HV, p.T, p.K, p.V, p.varlen, p.state_precision)
+        if key not in _announced:  # once per shape, not per call
+            _announced.add(key)
+            print(f"[kdacupy.seqpar] N={p.N} HV={p.HV} T={p.T} K={p.K} V={p.V}: {n} segment(s) per sequence; "
+                  f"{why}", file=sys.stderr)
     return n
+
+
+_announced: set = set()
 
 
 #: the heuristic's constants: guesses from the kernels' resources, not measured on a GPU

@@ -332,3 +332,22 @@ def test_split_on_adversarial_inputs_is_no_worse_than_serial(family):
     if finite(o1) and finite(s1):
         no_less_accurate(o2, o1, ro)
         no_less_accurate(s2, s1, rs)
+
+
+def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
+    import dataclasses
+    import kdacupy.tuning as tuning
+    monkeypatch.setattr(tuning, "device_facts", lambda: (0, "NVIDIA H200", 132))
+    monkeypatch.setenv("KDACUPY_JIT_VERBOSE", "1")
+    monkeypatch.setattr(seqpar, "_announced", set())
+    x, _ = make_inputs(T=16, H=1, K=64, V=64)
+    p, _ = kdacupy.validation.validate(
+        *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+        lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend="model")
+    p = dataclasses.replace(p, T=65536, HV=16, K=128, V=128, device=True, backend="cuda")
+    assert seqpar.choose_segments(p, None) == 16
+    assert seqpar.choose_segments(p, None) == 16
+    err = capsys.readouterr().err
+    assert err.count("[kdacupy.seqpar]") == 1 and "16 segment(s) per sequence; on: predicted gain" in err
+    assert seqpar.choose_segments(p, 1) == 1  # an explicit request is not second-guessed
