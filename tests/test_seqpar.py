@@ -351,3 +351,14 @@ def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("[kdacupy.seqpar]") == 1 and "16 segment(s) per sequence; on: predicted gain" in err
     assert seqpar.choose_segments(p, 1) == 1  # an explicit request is not second-guessed
+
+
+@needs_emu
+def test_k256_v256_split_on_the_emulated_kernels():
+    """K = V = 256: the M run has 256 value rows of its own (two map launches, never a [K, K + V] state)."""
+    x, opts = make_inputs(T=40, H=1, K=256, V=256, state=np.float32)
+    opts["output_final_state"] = True
+    o, s = kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=2)
+    om, sm = kdacupy.kda_forward(**x, **opts, backend="model", sequence_parallel=2)
+    close(o, om)
+    close(s, sm)
