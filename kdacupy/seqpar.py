@@ -16,9 +16,11 @@ compute every segment's ``(M, B)``, scan ``S_start[s + 1] = M_s S_start[s] + B_s
 in fp32 (the M chain never goes through bf16), then run the ordinary forward
 over all segments as one varlen batch from those start states. Every backend
 runs this same algorithm: "cuda" and "emulate" with the kernels (one prepare
-launch serves the two map launches and the final one), "model" with the
-precision model, "reference" in float64 (exact: it agrees with the serial
-reference to rounding).
+launch serves the two map launches and the final one; the scan is one launch of
+kernels/kda_seqpar_scan.cu, fp32 FMA chains, which reads the initial state as
+given and writes the starts in the call's layout), "model" with the precision
+model and a NumPy fp32 scan, "reference" in float64 (exact: it agrees with the
+serial reference to rounding).
 
 Nothing here reads device memory: segment boundaries are computed on the device
 from ``cu_seqlens`` with a fixed segment count per sequence (a sequence shorter
@@ -254,22 +256,22 @@ def forward_split(p, a, n):
     """kda_forward of a validated call with ``n`` segments per sequence."""
     xp = _xp(p)
     ps, b = _flatten(p, a, n)
-    state_dtype = F32 if p.backend != "reference" else np.float64
-    S0 = a["initial_state"]
-    if S0 is None:
-        S0 = xp.zeros((p.N, p.HV, p.K, p.V), dtype=state_dtype)
-    else:
-        S0 = (S0 if p.state_layout == "kv" else _kv(S0)).astype(state_dtype)
     if p.backend in ("cuda", "emulate"):
         run = _Kernels(ps, b)
         M, Bm = run.maps()
-        starts = scan(M, Bm, S0, n)
+        starts = run.scan(M, Bm, a["initial_state"], p.state_in_dtype, n)
         out = a["out"]
         direct = out is not None and (p.varlen or out.flags.c_contiguous)  # a [1, B*T] view of out
-        o, s_seg = run.forward(_from_kv(starts, p.state_layout), out.reshape(b["v"].shape) if direct else None)
+        o, s_seg = run.forward(starts, out.reshape(b["v"].shape) if direct else None)
         if direct:
             o = out
     else:
+        state_dtype = F32 if p.backend != "reference" else np.float64
+        S0 = a["initial_state"]
+        if S0 is None:
+            S0 = xp.zeros((p.N, p.HV, p.K, p.V), dtype=state_dtype)
+        else:
+            S0 = (S0 if p.state_layout == "kv" else _kv(S0)).astype(state_dtype)
         M, Bm = _maps_numpy(ps, b)
         starts = scan(M, Bm, S0, n)
         o, s_seg = _forward_numpy(ps, b, _from_kv(starts, p.state_layout))
@@ -327,6 +329,9 @@ class _Kernels:
         self._recurrence(pb, dict(a, initial_state=None), None, Bm, True)
         return M, Bm
 
+    def scan(self, M, Bm, s0, s0_dtype, n):
+        return scan_kernel(self.run, M, Bm, s0, s0_dtype, self.p.state_layout, n)
+
     def forward(self, starts, o=None):
         """The ordinary forward of the segments from ``starts`` (fp32, the call's
         layout), into ``o`` when given."""
@@ -339,6 +344,36 @@ class _Kernels:
         pf = dataclasses.replace(p, state_in_dtype=F32)
         self._recurrence(pf, dict(a, initial_state=starts), o, s_out, False)
         return o, s_out
+
+
+#: the scan kernel's tiling: SC value columns per CTA, RG row groups (SC * RG threads), TI columns of M per pass
+SCAN_SC, SCAN_RG, SCAN_TI = 16, 16, 16
+
+
+def scan_config(K, V) -> dict:
+    return dict(KDA_K=int(K), KDA_V=int(V), SCAN_SC=SCAN_SC, SCAN_RG=SCAN_RG, SCAN_TI=SCAN_TI)
+
+
+def scan_smem(K) -> int:
+    return (K * SCAN_SC + K * SCAN_TI) * 4
+
+
+def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
+    """``scan`` as one kernel launch (kernels/kda_seqpar_scan.cu) through the
+    loader ``run``: the start states ``[N * n, HV, K, V]`` (``"vk"``:
+    ``[N * n, HV, V, K]``) in fp32, the initial state ``s0`` (None, or
+    ``[N, HV, ...]`` in ``s0_dtype`` and ``state_layout``) read as it is."""
+    from .kernels import STATE_DTYPE_CODE, _ptr
+
+    xp = _array_module(M)
+    NS, HV, K, _ = M.shape
+    V = Bm.shape[-1]
+    starts = xp.empty((NS, HV, K, V) if state_layout == "kv" else (NS, HV, V, K), dtype=F32)
+    fn = run.get("kda_seqpar_scan", scan_config(K, V), "kda_seqpar_scan")
+    args = (_ptr(M), _ptr(Bm), _ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
+            np.int32(state_layout == "vk"), _ptr(starts), np.int32(HV), np.int32(n))
+    run.launch(fn, (NS // n * (V // SCAN_SC), HV), (SCAN_SC * SCAN_RG,), args, scan_smem(K))
+    return starts
 
 
 def _numpy_options(p, a):

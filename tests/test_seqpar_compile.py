@@ -40,3 +40,14 @@ def test_map_variant_budget(arch, bv):
 def test_default_variant_config_is_unchanged():
     var = RecurrenceVariant(128, 128, BF16, False, TileConfig(32, 2))
     assert "KDA_NO_OUTPUT" not in var.config()  # existing variants keep their keys (and caches)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("K, V", [(64, 64), (128, 128), (256, 256)])
+def test_scan_kernel_budget(arch, K, V):
+    from kdacupy import jit, seqpar
+    from kdacupy.compile import nvrtc_compile
+    res = nvrtc_compile(jit.render("kda_seqpar_scan", seqpar.scan_config(K, V)), arch)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads) == (0, 0), res.log
+    assert seqpar.scan_smem(K) + res.static_smem <= 48 * 1024  # no opt-in needed
