@@ -39,7 +39,7 @@ from .dtypes import F32
 from .layouts import CHUNK
 from .validation import fail, validate
 
-#: the most segments per sequence the forward accepts (the scan is one batched matmul per segment)
+#: the most segments per sequence the forward accepts (the scan walks them in order)
 MAX_SEGMENTS = 1024
 
 
