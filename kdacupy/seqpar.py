@@ -112,6 +112,7 @@ _announced: set = set()
 #: the heuristic's constants: guesses from the kernels' resources, not measured on a GPU
 #: (``python -m kdacupy.bench --shapes fewhead`` measures serial against split)
 AUTO_MAX = 64              # segments per sequence at most
+AUTO_MIN_CHUNKS = 1024     # sequences shorter than 16K tokens stay serial until measured otherwise
 AUTO_SEG_CHUNKS = 64       # chunks per segment at least (1024 tokens)
 WARPS_PER_SM = {"bf16": 12, "fp32": 8}  # recurrence warps an SM runs at the chain's latency (registers)
 SCAN_STEP_CHUNKS = 5       # one scan step (a batched matmul and an add) in chunk latencies
@@ -143,9 +144,12 @@ def auto_segments(p, sm_count) -> tuple[int, str]:
     the SMs hold (``WARPS_PER_SM``), then proportionally more. The candidates are
     n = 2, 4, ..., AUTO_MAX with at least AUTO_SEG_CHUNKS chunks per segment; the
     fastest is taken when it beats the serial run by AUTO_MIN_GAIN, else 1.
-    Shapes only: ``cu_seqlens`` values are never read (a varlen sequence counts
+    Sequences under AUTO_MIN_CHUNKS chunks always run serially (conservative
+    while the model is unmeasured). Shapes only: ``cu_seqlens`` values are never read (a varlen sequence counts
     as T / N tokens)."""
     chunks = (p.T // max(1, p.N) if p.varlen else p.T) // CHUNK
+    if chunks < AUTO_MIN_CHUNKS:
+        return 1, f"off: {chunks} chunks per sequence (< {AUTO_MIN_CHUNKS})"
     serial = _predicted_time(p, 1, sm_count)
     best, best_t = 1, serial
     n = 2

@@ -291,10 +291,12 @@ def test_auto_choice_heuristic():
     auto = lambda **kw: seqpar.auto_segments(problem(**kw), 132)[0]  # noqa: E731
     assert auto(HV=16, T=65536) == 16  # few heads, long sequence
     assert auto(HV=12, T=131072) == 16
-    assert auto(HV=16, T=8192) == 8  # 512 chunks: segments of 64 chunks at least
-    assert auto(HV=16, T=2048) == 1  # too short to pay
+    assert auto(HV=16, T=16384) == 16  # 1024 chunks: segments of 64 chunks at least
+    assert auto(HV=16, T=8192) == 1  # under 16K tokens: serial
+    assert seqpar.auto_segments(problem(HV=16, T=8192), 132)[1] == "off: 512 chunks per sequence (< 1024)"
     assert auto(HV=64, T=65536) == 1  # the serial run fills the SMs: the chain does not bound it
     assert auto(N=2, HV=12, T=2 * 65536, varlen=True) == 8
+    assert auto(N=2, HV=16, T=2 * 16384, varlen=True) == 1  # predicted gain 1.46x < 1.5
     assert auto(N=8, HV=16, T=8 * 32768, varlen=True) == 1
     n, why = seqpar.auto_segments(problem(HV=64), 132)
     assert n == 1 and why.startswith("off: predicted gain 1.00x")
