@@ -269,6 +269,8 @@ def test_bad_sequence_parallel_is_rejected_before_any_write(bad, exc):
 @needs_emu
 def test_split_writes_into_a_fixed_length_out():
     x, opts = make_inputs(B=2, T=50, H=1, K=64, V=64, state=np.float32)
+    qk = np.concatenate([x["q"], x["k"]], axis=-1)  # q and k as strided views of one projection
+    x = dict(x, q=qk[..., :64], k=qk[..., 64:])
     for out in (np.full(x["v"].shape, np.nan, dtype=BF16),  # contiguous: written in place
                 np.full((2, 100, 1, 64), np.nan, dtype=BF16)[:, ::2]):  # strided: written through a copy
         o, _ = kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=2, out=out)
