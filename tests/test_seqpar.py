@@ -390,3 +390,16 @@ def test_scan_kernel_is_the_fp32_scan(K, V, layout, s0_dtype):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     np.testing.assert_array_equal(got.reshape((N, n) + got.shape[1:])[:, 0],
                                   (S0 if layout == "kv" else S0.swapaxes(-1, -2)))
+
+
+@pytest.mark.parametrize("backend", ["reference", "model", pytest.param("emulate", marks=needs_emu)])
+def test_split_of_empty_sequences_returns_the_initial_state(backend):
+    x, opts = make_inputs(cu_seqlens=[0, 0], H=1, K=64, V=64, state=BF16)
+    o, s = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend=backend, state_dtype=np.float32,
+                               sequence_parallel=3)
+    assert o.shape == (1, 0, 1, 64)
+    np.testing.assert_array_equal(s, opts["initial_state"].astype(np.float32))
+    x, opts = make_inputs(B=2, T=0, H=1, K=64, V=64, state=np.float32)
+    o, s = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend=backend, sequence_parallel=2)
+    assert o.shape == (2, 0, 1, 64)
+    np.testing.assert_array_equal(s, opts["initial_state"])
