@@ -362,6 +362,21 @@ def scan_smem(K) -> int:
     return (K * SCAN_SC + K * SCAN_TI) * 4
 
 
+@dataclasses.dataclass(frozen=True)
+class ScanVariant:
+    """One variant of kernels/kda_seqpar_scan.cu (for ``python -m kdacupy.compile``)."""
+    K: int
+    V: int
+    kernel = "kda_seqpar_scan"
+
+    def config(self) -> dict:
+        return scan_config(self.K, self.V)
+
+    @property
+    def smem(self) -> int:
+        return scan_smem(self.K)
+
+
 def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     """``scan`` as one kernel launch (kernels/kda_seqpar_scan.cu) through the
     loader ``run``: the start states ``[N * n, HV, K, V]`` (``"vk"``:
