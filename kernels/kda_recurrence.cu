@@ -48,6 +48,8 @@ static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CH
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
   for (int p = tid; p < WS_STRIDE / 16; p += NT) {
+    // without the output, q_dec and Mqk are never read: not copied
+    if (!OUTPUT && (p < CHUNK * QCH || (p >= TILE_PIECES + 32 && p < TILE_PIECES + 64))) continue;
     int dst;
     if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
       const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
