@@ -23,6 +23,7 @@ from kdacupy.reference import activate_beta, activate_gate, kda_reference, l2nor
 
 from .cases import CASES, case_inputs
 from .inputs import make_inputs, rmse_ratio
+from .seqpar_adversarial import FAMILIES, adversarial_inputs
 
 try:
     from kdacupy.emulate import find_compiler
@@ -320,13 +321,12 @@ def test_explain_shows_the_choice():
         seqpar.explain(**x, **opts, sequence_parallel=0)
 
 
-@pytest.mark.parametrize("family", __import__("tests.seqpar_adversarial", fromlist=["FAMILIES"]).FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_split_on_adversarial_inputs_is_no_worse_than_serial(family):
     """Repeated / near-collinear keys, no or slow decay, beta near 0 or 2: the
     split is as accurate against the float64 reference as the serial run. Where
     the serial run itself is wrong or non-finite (the fp16 Neumann inverse on
     collinear keys), the split can be no better: it must fail the same way."""
-    from .seqpar_adversarial import adversarial_inputs
     x, opts = adversarial_inputs(family, 192)
     ro, rs = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
     with np.errstate(all="ignore"):
