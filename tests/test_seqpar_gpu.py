@@ -19,7 +19,7 @@ try:
 except Exception:  # noqa: BLE001  (no driver)
     HAVE_GPU = False
 if not HAVE_GPU:
-    pytest.skip("no CUDA GPU here: these tests run on the lent device (benchmarks/device_check.sh)",
+    pytest.skip("no CUDA GPU here: these tests need one (benchmarks/device_check.sh runs them)",
                 allow_module_level=True)
 
 
