@@ -10,8 +10,14 @@
 // Rounding points: kdacupy/precision.py steps [10]-[16].
 //
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (v and o), KDA_BV, KDA_STAGES,
-// KDA_STATE_FP32, WS_* and RSM_* layouts.
+// KDA_STATE_FP32, WS_* and RSM_* layouts; optional KDA_NO_OUTPUT (1: o is
+// neither computed nor written, only the final state: the segment maps of the
+// sequence-parallel forward, kdacupy/seqpar.py).
 #include "common.cuh"
+
+#ifndef KDA_NO_OUTPUT
+#define KDA_NO_OUTPUT 0
+#endif
 
 namespace {
 using namespace kda;
@@ -23,6 +29,7 @@ constexpr int NW = BV / 16;
 constexpr int NT = NW * 32;
 constexpr int STAGES = KDA_STAGES;
 constexpr bool FP32_STATE = KDA_STATE_FP32;
+constexpr bool OUTPUT = !KDA_NO_OUTPUT;
 constexpr int KS = K / 16;            // k-steps of the state matmuls
 constexpr int TS = K + 8;             // padded bf16 row of a [16, K] tile (elements)
 constexpr int SR = 24;                // padded row of a 16x16 tile (elements)
@@ -41,6 +48,8 @@ static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CH
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
   for (int p = tid; p < WS_STRIDE / 16; p += NT) {
+    // without the output, q_dec and Mqk are never read: not copied
+    if (!OUTPUT && (p < CHUNK * QCH || (p >= TILE_PIECES + 32 && p < TILE_PIECES + 64))) continue;
     int dst;
     if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
       const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
@@ -200,14 +209,14 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[e] = Sa[s][e];
       }
-      u32 bk[4], bq[4];
+      u32 bk[4], bq[4] = {};
       ldmatrix_x4(bk, kdec + brow * TS + 16 * s + bcol);
-      ldmatrix_x4(bq, qdec + brow * TS + 16 * s + bcol);
+      if constexpr (OUTPUT) ldmatrix_x4(bq, qdec + brow * TS + 16 * s + bcol);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const u32 b0[2] = {bk[2 * nt], bk[2 * nt + 1]}, b1[2] = {bq[2 * nt], bq[2 * nt + 1]};
         mma_bf16_m16n8k16(Wt[nt], a, b0, Wt[nt]);
-        mma_bf16_m16n8k16(Ot[nt], a, b1, Ot[nt]);
+        if constexpr (OUTPUT) mma_bf16_m16n8k16(Ot[nt], a, b1, Ot[nt]);
       }
     }
 
@@ -257,7 +266,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     to_a_frag(ua, Ut);
 
     // [14] o^T += U^T Mqk^T, rounded once to the output dtype, staged per warp, stored by rows
-    {
+    if constexpr (OUTPUT) {
       mma_token_block(Ot, ua, reinterpret_cast<const u16*>(st + RSM_MQK) + brow * SR + bcol);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {

@@ -61,17 +61,19 @@ def errors(x, ref):
     return float(np.max(np.abs(x - ref))), float(np.linalg.norm(x - ref) / nref) if nref else 0.0
 
 
-def run_backend(backend, inputs, state_precision, options=OPTIONS):
+def run_backend(backend, inputs, state_precision, options=OPTIONS, sequence_parallel=None):
     from .. import kda_forward
+    opts = dict(options, sequence_parallel=sequence_parallel)
     if backend == "cuda":
         import cupy as cp
         dev = {n: cp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in inputs.items()}
-        o, s = kda_forward(**dev, backend="cuda", state_precision=state_precision, **options)
+        o, s = kda_forward(**dev, backend="cuda", state_precision=state_precision, **opts)
         return cp.asnumpy(o), cp.asnumpy(s)
-    return kda_forward(**inputs, backend=backend, state_precision=state_precision, **options)
+    return kda_forward(**inputs, backend=backend, state_precision=state_precision, **opts)
 
 
-def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pairs=None, seed=0):
+def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pairs=None, seed=0,
+          sequence_parallel=None):
     from ..numerics.reference import kda_reference
     rows = []
     for gr, br in pairs or itertools.product(G_REGIMES, BIAS_REGIMES):
@@ -79,7 +81,7 @@ def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pa
         ref_opts = {n: x for n, x in OPTIONS.items() if n != "state_dtype"}
         ref_o, ref_s = kda_reference(**inputs, **ref_opts)
         t0 = time.perf_counter()
-        o, s = run_backend(backend, inputs, state_precision)
+        o, s = run_backend(backend, inputs, state_precision, sequence_parallel=sequence_parallel)
         rows.append(_row(dict(g=gr, dt_bias=br), o, s, ref_o, ref_s, time.perf_counter() - t0))
     return rows
 
@@ -155,14 +157,15 @@ def adversarial_inputs(name, T, H, K, V, seed=0):
     return x, opts
 
 
-def adversarial_sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", names=None, seed=0):
-    from .reference import kda_reference
+def adversarial_sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", names=None, seed=0,
+                      sequence_parallel=None):
+    from ..numerics.reference import kda_reference
     rows = []
     for name in names or ADVERSARIAL:
         x, opts = adversarial_inputs(name, T, H, K, V, seed)
         ref_o, ref_s = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
         t0 = time.perf_counter()
-        o, s = run_backend(backend, x, state_precision, opts)
+        o, s = run_backend(backend, x, state_precision, opts, sequence_parallel)
         rows.append(_row(dict(case=name, T=x["q"].shape[1]), o, s, ref_o, ref_s, time.perf_counter() - t0))
     return rows
 
@@ -207,6 +210,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--adversarial", action="store_true",
                    help="sweep the adversarial cases (ADVERSARIAL) instead of the gate/bias regimes")
+    p.add_argument("--sequence-parallel", type=int, default=None, metavar="N",
+                   help="segments per sequence (kda_forward's sequence_parallel; default: the library's choice)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args(argv)
     if args.backend == "cuda" and not gpu_available():
@@ -215,17 +220,21 @@ def main(argv=None):
         return 2
     pairs = list(zip(G_REGIMES, BIAS_REGIMES)) if args.quick else None
     print(f"kdacupy accuracy: backend={args.backend} T={args.T} H={args.H} K={args.K} V={args.V} "
-          f"state_precision={args.state_precision}{' adversarial' if args.adversarial else ''}; "
+          f"state_precision={args.state_precision}{' adversarial' if args.adversarial else ''} "
+          f"sequence_parallel={args.sequence_parallel}; "
           "errors against the float64 reference", flush=True)
     if args.adversarial:
-        rows = adversarial_sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, seed=args.seed)
+        rows = adversarial_sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, seed=args.seed,
+                                 sequence_parallel=args.sequence_parallel)
     else:
-        rows = sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, pairs, args.seed)
+        rows = sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, pairs, args.seed,
+                     args.sequence_parallel)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(backend=args.backend, T=args.T, H=args.H, K=args.K, V=args.V,
-                           state_precision=args.state_precision, adversarial=args.adversarial, rows=rows),
+                           state_precision=args.state_precision, adversarial=args.adversarial,
+                           sequence_parallel=args.sequence_parallel, rows=rows),
                       f, indent=1)
     return 0 if all(r["finite"] for r in rows) else 1
 

@@ -4,7 +4,8 @@ inputs, timed with CUDA events (DESIGN 6). Needs a GPU.
 Shapes (K = V = 128, bf16, one value head per query head):
   kimi     T = 8192 with H = 96 and 64, each as one fixed-length sequence
            (B = 1), varlen [1300, 547, 2048, 963, 271, 3063] and varlen 8 x 1024
-  fewhead  H = 12 with T = 8192, 32768, 65536; H = 16 with T = 16384 (B = 1)
+  fewhead  H = 12 and 16 with T = 16384, 32768, 65536, 131072 (B = 1), and
+           varlen 2 and 4 ragged sequences (32768 and 65536 tokens)
   all      both; explicit specs like ``T=8192,H=96`` or ``varlen=1300:547,H=64``
            work too (see ``python -m kdacupy.tune --help``).
 Options, as in Kimi Linear / FlashKDA's tests: gate="sigmoid" with
@@ -26,6 +27,12 @@ FLA asserts fp32 initial states, so it gets fp32 copies of the same states
 (recorded in the JSON). The geometric mean of FLA / kdacupy over the Kimi
 shapes closes the table. JSON goes to ``benchmarks/<model>_<date>.json`` unless
 ``--json`` says otherwise.
+
+Sequence parallelism (kdacupy/bench_seqpar.py): the fewhead shapes (every shape
+with ``--split``) also get the serial time, the split time per segment count
+(``--split``, default 4 8 16 32), the speedup and the library's own choice, in
+the JSON (``seqpar``) and a second table. The kdacupy column is the default
+call (``sequence_parallel=None``: the library's choice).
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import peers, timing
+from . import bench_seqpar, peers, timing
 from .shapes import LOWER_BOUND, Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, validated
 
 
@@ -91,6 +98,13 @@ def bench_shape(shape: Shape, args, fla, copy_gbps, l2_bytes) -> dict:
     del o, s
     k_times = timing.time_calls(calls, args.warmup, args.iters)
     row = make_row(shape, k_times, tiles, source, fla_res, copy_gbps, ok, rotated)
+    splits = args.split if args.split is not None else (
+        bench_seqpar.DEFAULT_SPLITS if shape.name.startswith("fewhead-") else ())
+    if splits and not args.no_split:
+        try:
+            row["seqpar"] = bench_seqpar.measure(sets, splits, args.warmup, args.iters)
+        except Exception as e:  # noqa: BLE001  (record it, keep the serial row)
+            row["seqpar"] = dict(error=f"{type(e).__name__}: {e}"[:2000])
     del sets, calls
     timing.free_memory()
     return row
@@ -153,9 +167,15 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=100, help="timed calls per measurement (default 100)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
     ap.add_argument("--no-fla", action="store_true", help="do not run FLA's chunk_kda")
+    ap.add_argument("--split", nargs="+", type=int, metavar="N", default=None,
+                    help="segment counts to time against serial, on every shape "
+                    f"(default: {' '.join(map(str, bench_seqpar.DEFAULT_SPLITS))} on the fewhead shapes only)")
+    ap.add_argument("--no-split", action="store_true", help="no serial-vs-split columns")
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         ap.error("--iters must be >= 1 and --warmup >= 0")
+    if args.split is not None and min(args.split) < 1:
+        ap.error("--split counts must be >= 1")
     if "decode" in args.shapes:
         if args.shapes != ["decode"]:
             ap.error("--shapes decode runs alone")
@@ -199,6 +219,9 @@ def main(argv=None):
         write_json(path, dict(head, complete=len(rows) == len(shapes), shapes=rows, **summarize(rows)))
     summary = summarize(rows)
     print(format_table(rows, summary))
+    seqpar_table = bench_seqpar.format_table(rows)
+    if seqpar_table:
+        print(seqpar_table)
     print(f"wrote {path}")
     bad = [r["shape"]["name"] for r in rows if r.get("error") or not r["kdacupy"]["finite"]]
     if bad:

@@ -168,21 +168,38 @@ def decode_variants():
                                             DecodeTiles())
 
 
+
+def seqpar_variants():
+    """Sequence parallelism: the recurrence's map variants (fp32 state, no
+    output) and the scan kernel."""
+    from .seqpar import ScanVariant
+
+    for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
+        for tiles in TILE_SPACE:
+            if tiles.BV <= V:
+                yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True)
+    for K, V in itertools.product(DIMS, DIMS):
+        yield ScanVariant(K, V)
+
+
 def label(var) -> str:
     if isinstance(var, DecodeVariant):
         return (f"kda_decode K={var.K} V={var.V} dt={dtype_name(var.dtype)} g={dtype_name(var.g_dtype)} "
                 f"beta={var.beta_mode}:{dtype_name(var.beta_dtype)} gate={var.gate} l2norm={int(var.l2norm)} "
                 f"pool={dtype_name(var.pool_dtype)} layout={var.layout} BV={var.tiles.BV} warps={var.tiles.warps}")
+    if getattr(var, "kernel", None) == "kda_seqpar_scan":
+        return f"kda_seqpar_scan K={var.K} V={var.V}"
     if isinstance(var, PrepareVariant):
         return (f"kda_prepare K={var.K} dt={dtype_name(var.dtype)} g={dtype_name(var.g_dtype)} "
                 f"beta={var.beta_mode}:{dtype_name(var.beta_dtype)} gate={var.gate} l2norm={int(var.l2norm)}")
     return (f"kda_recurrence K={var.K} V={var.V} dt={dtype_name(var.dtype)} "
-            f"state={'fp32' if var.state_fp32 else 'bf16'} BV={var.tiles.BV} stages={var.tiles.stages}")
+            f"state={'fp32' if var.state_fp32 else 'bf16'} BV={var.tiles.BV} stages={var.tiles.stages}"
+            + (" no_output" if var.no_output else ""))
 
 
 def compile_variant(var, arch: str, sass: bool = False) -> CompileResult:
-    kernel = ("kda_prepare" if isinstance(var, PrepareVariant) else
-              "kda_decode" if isinstance(var, DecodeVariant) else "kda_recurrence")
+    kernel = getattr(var, "kernel", None) or ("kda_prepare" if isinstance(var, PrepareVariant) else
+                                             "kda_decode" if isinstance(var, DecodeVariant) else "kda_recurrence")
     res = nvrtc_compile(jit.render(kernel, var.config()), arch)
     if res.ok and sass:
         res.sass = sass_mix(res.cubin)
@@ -194,7 +211,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_90a", choices=ARCHS + RUNTIME_ARCHS)
     ap.add_argument("--sass", action="store_true", help="disassemble and count HMMA/LDSM/LDL/STL/LDG/STG")
-    ap.add_argument("--kernel", choices=("prepare", "recurrence", "decode", "all"), default="all")
+    ap.add_argument("--kernel", choices=("prepare", "recurrence", "decode", "seqpar", "all"), default="all")
     ap.add_argument("--match", metavar="TEXT", action="append", default=[],
                     help="only variants whose line contains TEXT (e.g. 'K=128'); may repeat")
     ap.add_argument("--jobs", type=int, default=0, help="parallel compiles (default: CPU count)")
@@ -206,6 +223,8 @@ def main(argv=None):
         variants += list(recurrence_variants())
     if args.kernel in ("decode", "all"):
         variants += list(decode_variants())
+    if args.kernel in ("seqpar", "all"):
+        variants += list(seqpar_variants())
     variants = [v for v in variants if all(m in label(v) + " " for m in args.match)]
     import os
     jobs = args.jobs or os.cpu_count() or 1

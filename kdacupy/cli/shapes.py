@@ -60,9 +60,19 @@ def kimi_shapes():
     return out
 
 
+FEWHEAD_VARLEN2 = (20011, 12757)
+FEWHEAD_VARLEN4 = (30011, 17003, 9525, 8997)
+
+
 def fewhead_shapes():
-    return [Shape("fewhead-T8192-H12", 8192, 12), Shape("fewhead-T32768-H12", 32768, 12),
-            Shape("fewhead-T65536-H12", 65536, 12), Shape("fewhead-T16384-H16", 16384, 16)]
+    """Few heads, long sequences: where the chunk chain bounds the serial run
+    (sequence parallelism, DESIGN.md section 7.2)."""
+    out = []
+    for H in (12, 16):
+        out += [Shape(f"fewhead-T{T}-H{H}", T, H) for T in (16384, 32768, 65536, 131072)]
+        out += [Shape(f"fewhead-varlen2-H{H}", sum(FEWHEAD_VARLEN2), H, lens=FEWHEAD_VARLEN2),
+                Shape(f"fewhead-varlen4-H{H}", sum(FEWHEAD_VARLEN4), H, lens=FEWHEAD_VARLEN4)]
+    return out
 
 
 SHAPE_SETS = {"kimi": kimi_shapes, "fewhead": fewhead_shapes, "all": lambda: kimi_shapes() + fewhead_shapes()}

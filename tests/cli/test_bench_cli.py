@@ -48,8 +48,13 @@ def test_kimi_shapes():
 
 
 def test_fewhead_shapes():
-    got = sorted((s.H, s.T, s.B, s.lens) for s in fewhead_shapes())
-    assert got == [(12, 8192, 1, None), (12, 32768, 1, None), (12, 65536, 1, None), (16, 16384, 1, None)]
+    got = {(s.H, s.T, s.lens) for s in fewhead_shapes()}
+    for H in (12, 16):
+        assert {(H, T, None) for T in (16384, 32768, 65536, 131072)} < got
+        ragged = [s for s in fewhead_shapes() if s.H == H and s.lens]
+        assert sorted(len(s.lens) for s in ragged) == [2, 4] and all(sum(s.lens) == s.T for s in ragged)
+        assert all(n % 16 for s in ragged for n in s.lens)  # every sequence ends in a ragged chunk
+    assert len(got) == 12 and all(s.B == 1 for s in fewhead_shapes())
 
 
 def test_bytes_by_hand():

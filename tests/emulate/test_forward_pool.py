@@ -128,6 +128,8 @@ def test_validation_of_the_pool_keywords():
         ("state_indices: expected distinct slots", ValueError,
          dict(state_pool=pool, state_indices=np.array([0, 1, 2, 0], np.int32))),
         ("state_pool: expected shape", ValueError, dict(state_pool=pool[:, :1], state_indices=idx)),
+        ("sequence_parallel: expected None or 1 with state_pool", ValueError,
+         dict(state_pool=pool, state_indices=idx, sequence_parallel=2)),
     ]:
         with pytest.raises(exc, match=match):
             kdacupy.kda_forward(**x, **opts, **kw, **extra)

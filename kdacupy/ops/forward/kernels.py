@@ -50,11 +50,13 @@ class RecurrenceVariant:
     dtype: np.dtype
     state_fp32: bool
     tiles: TileConfig
+    no_output: bool = False  # final state only (segment maps, kdacupy/seqpar.py)
 
     def config(self) -> dict:
+        extra = dict(KDA_NO_OUTPUT=1) if self.no_output else {}
         return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_BV=self.tiles.BV,
                     KDA_STAGES=self.tiles.stages, KDA_STATE_FP32=int(self.state_fp32),
-                    **layouts.workspace(self.K), **self._smem())
+                    **layouts.workspace(self.K), **self._smem(), **extra)
 
     def _smem(self) -> dict:
         return layouts.recurrence_smem(self.K, self.tiles.BV, self.tiles.stages, np.dtype(self.dtype).itemsize)
@@ -72,8 +74,8 @@ def prepare_variant(p) -> PrepareVariant:
     return PrepareVariant(p.K, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm)
 
 
-def recurrence_variant(p, tiles: TileConfig) -> RecurrenceVariant:
-    return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles)
+def recurrence_variant(p, tiles: TileConfig, no_output: bool = False) -> RecurrenceVariant:
+    return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles, no_output)
 
 
 def slots(p) -> tuple[int, int]:
@@ -122,8 +124,8 @@ def launch_prepare(run, p, a, ws, nslots, per_seq):
     run.launch(fn, (nslots, p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
 
 
-def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles):
-    var = recurrence_variant(p, tiles)
+def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False):
+    var = recurrence_variant(p, tiles, no_output)
     fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
     args = [_ptr(ws), _ptr(a["v"]), *_strides(a["v"]), _ptr(o), *_strides(o),
             _ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),

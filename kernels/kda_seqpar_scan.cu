@@ -1,0 +1,77 @@
+// kda_seqpar_scan: the start state of every segment of the sequence-parallel
+// forward (DESIGN 7.2, kdacupy/seqpar.py), in fp32 throughout:
+//   S[0] = the sequence's initial state (any state dtype and layout, or zero)
+//   S[s + 1] = M_s S[s] + B_s      (M_s: [K, K], B_s: [K, V], kv orientation)
+// One CTA per (sequence, value head, slice of SC value columns): the columns of
+// the state evolve independently, so the slice stays in shared memory for the
+// whole chain and only M and B stream in. Each thread owns one column and K/RG
+// rows; every product is a chain of fp32 FMAs in key order, B first.
+// The starts are written in the call's state layout, ready for the forward.
+//
+// Rendered configuration: KDA_K, KDA_V, SCAN_SC (columns per CTA), SCAN_TI
+// (columns of M staged per pass); SCAN_THREADS = SCAN_SC * SCAN_RG threads.
+#include "common.cuh"
+
+namespace {
+using namespace kda;
+
+constexpr int K = KDA_K;
+constexpr int V = KDA_V;
+constexpr int SC = SCAN_SC;
+constexpr int TI = SCAN_TI;
+constexpr int RG = SCAN_RG;           // row groups: thread t owns column t % SC, rows t / SC + RG r
+constexpr int NT = SC * RG;
+constexpr int ROWS = K / RG;
+static_assert(V % SC == 0 && K % RG == 0 && K % TI == 0 && NT <= 1024, "scan tiling");
+
+__device__ __forceinline__ i64 state_at(int layout_vk, i64 nh, int k, int v) {
+  return layout_vk ? (nh * V + v) * K + k : (nh * K + k) * V + v;
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT) kda_seqpar_scan(
+    const float* M, const float* B, const void* s0, int s0_dtype, int layout_vk, float* starts, int HV,
+    int nseg) {
+  constexpr int VB = V / SC;
+  const int n = blockIdx.x / VB, c0 = (blockIdx.x % VB) * SC, hv = blockIdx.y;
+  const int tid = threadIdx.x, j = tid % SC, rg = tid / SC;
+  float* S = reinterpret_cast<float*>(dynamic_smem());  // [K][SC]
+  float* Mt = S + K * SC;                               // [K][TI]: a column block of M_s
+
+  const i64 nh0 = static_cast<i64>(n) * HV + hv;  // the sequence's initial state
+  float acc[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int k = rg + RG * r;
+    const i64 idx = state_at(layout_vk, nh0, k, c0 + j);
+    acc[r] = s0_dtype == 0 ? 0.f : s0_dtype == 1 ? load_f32<KDA_BF16>(s0, idx) : load_f32<KDA_F32>(s0, idx);
+  }
+#pragma unroll 1
+  for (int s = 0;; ++s) {
+    const i64 nh = (static_cast<i64>(n) * nseg + s) * HV + hv;  // segment s of sequence n
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int k = rg + RG * r;
+      S[k * SC + j] = acc[r];
+      starts[state_at(layout_vk, nh, k, c0 + j)] = acc[r];
+    }
+    if (s == nseg - 1) break;
+    const float* Ms = M + nh * K * K;
+    const float* Bs = B + nh * K * V;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = Bs[static_cast<i64>(rg + RG * r) * V + c0 + j];
+#pragma unroll 1
+    for (int i0 = 0; i0 < K; i0 += TI) {
+      __syncthreads();  // S written / the previous block of M read
+      for (int e = tid; e < K * TI; e += NT) Mt[e] = Ms[static_cast<i64>(e / TI) * K + i0 + e % TI];
+      __syncthreads();
+#pragma unroll 4
+      for (int ii = 0; ii < TI; ++ii) {
+        const float sv = S[(i0 + ii) * SC + j];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(Mt[(rg + RG * r) * TI + ii], sv, acc[r]);
+      }
+    }
+    __syncthreads();  // every thread has read S before it is overwritten
+  }
+}

@@ -1,0 +1,405 @@
+"""Sequence parallelism (kdacupy/seqpar.py): the state maps against the float64
+definition, the split forward against the serial one on every backend, the
+choice of the segment count and the argument checks.
+
+Tolerances: split vs serial is held to ``kdacupy.parity.GPU``: the split
+replaces the serial run's state at each segment start by the fp32 map chain's,
+which moves some bf16 rounding decisions of the state the way the GPU's
+approximate instructions do (measured: up to 2.1e-3 RMS ratio on the state, vs
+the 3.9e-3 bound), and on top of that the split must be as accurate against the
+float64 reference as the serial run. The same algorithm on the emulated kernels
+and on the model is held to ``EMULATE``. Maps from the fp32-state runs against
+the float64 definition: 2^-7 relative (their operands are bf16, as in every
+state matmul of the kernels).
+"""
+import numpy as np
+import pytest
+
+import kdacupy
+from kdacupy import seqpar
+from kdacupy.dtypes import BF16, F32
+from kdacupy.parity import EMULATE, GPU, mismatch
+from kdacupy.reference import activate_beta, activate_gate, kda_reference, l2normalize
+
+from .cases import CASES, case_inputs
+from .inputs import make_inputs, rmse_ratio
+from .seqpar_adversarial import FAMILIES, adversarial_inputs
+
+try:
+    from kdacupy.emulate import find_compiler
+    find_compiler()
+    HAVE_EMU = True
+except Exception:  # noqa: BLE001
+    HAVE_EMU = False
+needs_emu = pytest.mark.skipif(not HAVE_EMU, reason="no host C++ compiler for the emulation")
+
+STATE_OPTS = ("initial_state", "state_layout", "output_final_state", "state_dtype", "state_precision")
+
+
+def close(x, ref, tol=EMULATE):
+    why = mismatch(x, ref, tol)
+    assert why is None, why
+
+
+def no_less_accurate(x, serial, ref):
+    assert rmse_ratio(x, ref) <= 1.05 * rmse_ratio(serial, ref) + 1e-4
+
+
+def map_inputs(**kw):
+    x, opts = make_inputs(**kw)
+    s0 = opts.pop("initial_state", None)
+    opts.pop("state_layout", None)
+    return x, opts, s0
+
+
+def definition_maps(x, opts):
+    """(M, B) per sequence straight from the definition: M the product of the
+    tokens' transition matrices (I - beta k k^T) diag(exp g), B the run from zero."""
+    q, k, v, g = (np.asarray(x[n], np.float64) for n in "qkvg")
+    B_, T, H, K = k.shape
+    HV, V = v.shape[2:]
+    if opts.get("qk_l2norm"):
+        k = l2normalize(k)
+    k = np.repeat(k, HV // H, axis=2)
+    ga = activate_gate(g, opts.get("gate", "log"), opts.get("A_log"), opts.get("dt_bias"), opts.get("lower_bound"))
+    beta = activate_beta(x.get("beta"), (B_, T, HV), opts.get("beta_sigmoid", False),
+                         opts.get("allow_neg_eigval", False))
+    cu = opts.get("cu_seqlens")
+    bounds = [(b, 0, T) for b in range(B_)] if cu is None else [(0, int(a), int(c)) for a, c in zip(cu[:-1], cu[1:])]
+    Ms, Bs = [], []
+    for b, t0, t1 in bounds:
+        Mh, Bh = [], []
+        for h in range(HV):
+            M, Bm = np.eye(K), np.zeros((K, V))
+            for t in range(t0, t1):
+                kt = k[b, t, h]
+                A = (np.eye(K) - beta[b, t, h] * np.outer(kt, kt)) @ np.diag(np.exp(ga[b, t, h]))
+                M, Bm = A @ M, A @ Bm + beta[b, t, h] * np.outer(kt, v[b, t, h])
+            Mh.append(M)
+            Bh.append(Bm)
+        Ms.append(Mh)
+        Bs.append(Bh)
+    return np.array(Ms), np.array(Bs)
+
+
+# ---------------------------------------------------------------------------
+# maps
+
+
+MAP_CASES = {
+    "varlen-gva-zero": dict(cu_seqlens=[21, 0, 35], H=1, HV=2, K=64, V=64),
+    "fixed-b2-softplus": dict(B=2, T=19, H=1, K=64, V=128, gate="softplus", beta="raw"),
+    "k128-v64-log-nobeta": dict(T=18, H=1, K=128, V=64, gate="log", beta=None),
+}
+
+
+@pytest.mark.parametrize("name", list(MAP_CASES))
+def test_reference_maps_are_the_definition(name):
+    x, opts, _ = map_inputs(**MAP_CASES[name])
+    opts["qk_l2norm"] = True
+    M, B = seqpar.state_maps(**x, **opts, backend="reference")
+    Md, Bd = definition_maps(x, opts)
+    assert M.dtype == np.float64 and M.shape == Md.shape and B.shape == Bd.shape
+    np.testing.assert_allclose(M, Md, atol=1e-10)
+    np.testing.assert_allclose(B, Bd, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["model", pytest.param("emulate", marks=needs_emu)])
+@pytest.mark.parametrize("name", list(MAP_CASES))
+def test_maps_give_the_final_state_from_any_start(name, backend):
+    kw = dict(MAP_CASES[name], state=np.float32)
+    x, opts, s0 = map_inputs(**kw)
+    opts["qk_l2norm"] = True
+    M, B = seqpar.state_maps(**x, **opts, backend=backend)
+    assert M.dtype == F32 and B.dtype == F32
+    Md, Bd = definition_maps(x, opts)
+    assert rmse_ratio(M, Md) < 2.0 ** -7
+    assert rmse_ratio(B, Bd) < 2.0 ** -7
+    _, ref = kda_reference(**x, **opts, initial_state=s0, output_final_state=True)
+    assert rmse_ratio(M.astype(np.float64) @ s0 + B, ref) < 2.0 ** -7
+    if backend == "emulate":  # the kernels' maps are the precision model's
+        Mm, Bm = seqpar.state_maps(**x, **opts, backend="model")
+        close(M, Mm)
+        close(B, Bm)
+
+
+def test_zero_length_sequences_map_to_identity_and_zero():
+    x, opts, _ = map_inputs(cu_seqlens=[0, 17, 0], H=1, K=64, V=64)
+    for backend in ["reference", "model"] + (["emulate"] if HAVE_EMU else []):
+        M, B = seqpar.state_maps(**x, **opts, backend=backend)
+        for n in (0, 2):
+            np.testing.assert_array_equal(M[n, 0], np.eye(64))
+            np.testing.assert_array_equal(B[n, 0], 0.0)
+        assert np.abs(M[1] - np.eye(64)).max() > 1e-3  # the real sequence moves the state
+
+
+def test_maps_k256_v256_on_the_model():
+    x, opts, s0 = map_inputs(T=20, H=1, K=256, V=256, state=np.float32)
+    M, B = seqpar.state_maps(**x, **opts, backend="model")
+    assert M.shape == (1, 1, 256, 256) and B.shape == (1, 1, 256, 256)
+    _, ref = kda_reference(**x, **opts, initial_state=s0, output_final_state=True)
+    assert rmse_ratio(M.astype(np.float64) @ s0 + B, ref) < 2.0 ** -7
+
+
+def test_maps_reject_bad_input():
+    x, opts, _ = map_inputs(T=16, H=1, K=64, V=64)
+    with pytest.raises(ValueError, match="backend"):
+        seqpar.state_maps(**x, **opts, backend="tpu")
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        seqpar.state_maps(**x, **opts, cu_seqlens=np.array([0, 5, 3, 16]), backend="model")
+
+
+# ---------------------------------------------------------------------------
+# segments
+
+
+def test_segment_boundaries_are_whole_chunks():
+    cu = np.array([0, 70, 70, 107, 112])
+    seg = seqpar.segment_cu_seqlens(cu, 3)
+    assert seg.dtype == np.int64 and seg.shape == (13,)
+    # 70 tokens = 5 chunks -> 1, 2, 2 chunks (the last ragged); 0 -> empty; 37 -> 3 chunks: 1, 1, 1; 5 -> 0, 0, 1
+    np.testing.assert_array_equal(seg, [0, 16, 48, 70, 70, 70, 70, 86, 102, 107, 107, 107, 112])
+
+
+# ---------------------------------------------------------------------------
+# the split forward
+
+
+def split_vs_serial(backend, x, opts, n, out=None):
+    o1, s1 = kdacupy.kda_forward(**x, **opts, backend=backend)
+    o2, s2 = kdacupy.kda_forward(**x, **opts, backend=backend, sequence_parallel=n, out=out)
+    assert o2.dtype == o1.dtype and o2.shape == o1.shape
+    if s1 is None:
+        assert s2 is None
+    else:
+        assert s2.dtype == s1.dtype and s2.shape == s1.shape
+    return (o1, s1), (o2, s2)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_split_matches_serial_on_the_model(name, precision):
+    x, opts = case_inputs(name, precision)
+    (o1, s1), (o2, s2) = split_vs_serial("model", x, opts, 3)
+    close(o2, o1, GPU)
+    close(s2, s1, GPU)
+    ref = {n: v for n, v in opts.items() if n not in ("state_dtype", "state_precision")}
+    ro, rs = kda_reference(**x, **ref)
+    no_less_accurate(o2, o1, ro)
+    no_less_accurate(s2, s1, rs)
+
+
+EMU_CASES = ["fixed-gva-sigmoid", "varlen-ragged-zero-vk-bf16", "fp16-inputs", "V256"]
+
+
+@needs_emu
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", EMU_CASES)
+def test_split_matches_serial_on_the_emulated_kernels(name, precision):
+    x, opts = case_inputs(name, precision)
+    (o1, s1), (o2, s2) = split_vs_serial("emulate", x, opts, 2)
+    close(o2, o1, GPU)
+    close(s2, s1, GPU)
+
+
+@needs_emu
+def test_split_on_the_kernels_is_the_split_on_the_model():
+    x, opts = make_inputs(cu_seqlens=[70, 0, 37, 5], H=1, HV=2, K=64, V=64, state=BF16, state_layout="vk")
+    opts.update(output_final_state=True, state_dtype=np.float32)
+    out = np.full(x["v"].shape, np.nan, dtype=BF16)  # poison: every element must be written
+    o, s = kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=4, out=out)
+    om, sm = kdacupy.kda_forward(**x, **opts, backend="model", sequence_parallel=4)
+    assert o is out
+    close(o, om)
+    close(s, sm)
+    # the zero-length sequence's final state is its initial state, unrounded
+    np.testing.assert_array_equal(s[1], opts["initial_state"][1].astype(np.float32))
+
+
+def test_split_reference_is_exact():
+    x, opts = make_inputs(cu_seqlens=[50, 0, 33, 16], H=1, HV=2, K=64, V=64, state=np.float32)
+    (o1, s1), (o2, s2) = split_vs_serial("reference", x, dict(opts, output_final_state=True), 4)
+    np.testing.assert_allclose(o2.astype(np.float64), o1.astype(np.float64), atol=1e-6)
+    np.testing.assert_allclose(s2, s1, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64])
+def test_any_segment_count_on_the_model(n):
+    x, opts = make_inputs(B=2, T=75, H=2, HV=4, K=64, V=64, state=np.float32, state_layout="vk")
+    opts.update(output_final_state=True)
+    out = np.zeros(x["v"].shape, dtype=BF16)[:, :, :]
+    (o1, s1), (o2, s2) = split_vs_serial("model", x, opts, n, out=out)
+    assert o2 is out
+    close(o2, o1, GPU)
+    close(s2, s1, GPU)
+
+
+def test_split_without_state():
+    x, opts = make_inputs(cu_seqlens=[40, 9], H=1, K=64, V=64)
+    (o1, s1), (o2, s2) = split_vs_serial("model", x, opts, 3)
+    assert s1 is None and s2 is None
+    close(o2, o1, GPU)
+
+
+# ---------------------------------------------------------------------------
+# choice and checks
+
+
+def test_cpu_backends_run_serially_unless_asked():
+    x, opts = make_inputs(T=40, H=1, K=64, V=64)
+    for backend in ("reference", "model", "emulate"):
+        p, _ = kdacupy.validation.validate(
+            *(x[n] for n in "qkvg"), x.get("beta"), scale=None, initial_state=None, output_final_state=False,
+            cu_seqlens=None, qk_l2norm=False, beta_sigmoid=True, allow_neg_eigval=False, gate=opts["gate"],
+            A_log=opts["A_log"], dt_bias=opts["dt_bias"], lower_bound=opts["lower_bound"], state_layout="kv",
+            state_dtype=None, state_precision="bf16", out=None, backend=backend)
+        assert seqpar.choose_segments(p, None) == 1
+        assert seqpar.choose_segments(p, 5) == 5
+
+
+@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError),
+                                      ("4", TypeError), (seqpar.MAX_SEGMENTS + 1, ValueError)])
+def test_bad_sequence_parallel_is_rejected_before_any_write(bad, exc):
+    x, opts = make_inputs(T=20, H=1, K=64, V=64)
+    out = np.full(x["v"].shape, 7.0, dtype=BF16)
+    with pytest.raises(exc, match="sequence_parallel"):
+        kdacupy.kda_forward(**x, **opts, backend="model", out=out, sequence_parallel=bad)
+    assert np.all(out.astype(np.float32) == 7.0)
+
+
+@needs_emu
+def test_split_writes_into_a_fixed_length_out():
+    x, opts = make_inputs(B=2, T=50, H=1, K=64, V=64, state=np.float32)
+    qk = np.concatenate([x["q"], x["k"]], axis=-1)  # q and k as strided views of one projection
+    x = dict(x, q=qk[..., :64], k=qk[..., 64:])
+    for out in (np.full(x["v"].shape, np.nan, dtype=BF16),  # contiguous: written in place
+                np.full((2, 100, 1, 64), np.nan, dtype=BF16)[:, ::2]):  # strided: written through a copy
+        o, _ = kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=2, out=out)
+        om, _ = kdacupy.kda_forward(**x, **opts, backend="model", sequence_parallel=2)
+        assert o is out
+        close(o, om)
+
+
+def test_auto_choice_heuristic():
+    def problem(N=1, HV=16, T=65536, V=128, varlen=False):
+        x, _ = make_inputs(T=16, H=1, K=64, V=64)
+        p, _ = kdacupy.validation.validate(
+            *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False,
+            cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None,
+            dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None,
+            backend="model")
+        import dataclasses
+        return dataclasses.replace(p, N=N, B=1 if varlen else N, HV=HV, T=T, K=128, V=V, varlen=varlen, device=True)
+
+    auto = lambda **kw: seqpar.auto_segments(problem(**kw), 132)[0]  # noqa: E731
+    assert auto(HV=16, T=65536) == 16  # few heads, long sequence
+    assert auto(HV=12, T=131072) == 16
+    assert auto(HV=16, T=16384) == 16  # 1024 chunks: segments of 64 chunks at least
+    assert auto(HV=16, T=8192) == 1  # under 16K tokens: serial
+    assert seqpar.auto_segments(problem(HV=16, T=8192), 132)[1] == "off: 512 chunks per sequence (< 1024)"
+    assert auto(HV=64, T=65536) == 1  # the serial run fills the SMs: the chain does not bound it
+    assert auto(N=2, HV=12, T=2 * 65536, varlen=True) == 8
+    assert auto(N=2, HV=16, T=2 * 16384, varlen=True) == 1  # predicted gain 1.46x < 1.5
+    assert auto(N=8, HV=16, T=8 * 32768, varlen=True) == 1
+    n, why = seqpar.auto_segments(problem(HV=64), 132)
+    assert n == 1 and why.startswith("off: predicted gain 1.00x")
+    for kw in (dict(HV=16, T=65536), dict(HV=12, T=16384), dict(N=2, HV=16, T=262144, varlen=True)):
+        p = problem(**kw)
+        n, why = seqpar.auto_segments(p, 132)
+        assert n > 1 and why.startswith("on")
+        gain = seqpar._predicted_time(p, 1, 132) / seqpar._predicted_time(p, n, 132)
+        assert gain >= seqpar.AUTO_MIN_GAIN
+
+
+def test_explain_shows_the_choice():
+    x, opts = make_inputs(T=64, H=1, K=64, V=64)
+    assert seqpar.explain(**x, **opts)[0] == 1  # NumPy arrays: serial unless asked
+    assert seqpar.explain(**x, **opts, sequence_parallel=3) == (3, "requested")
+    n, why = seqpar.explain(**x, **opts, sm_count=132)
+    assert n == 1 and why.startswith("off")
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        seqpar.explain(**x, **opts, sequence_parallel=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_on_adversarial_inputs_is_no_worse_than_serial(family):
+    """Repeated / near-collinear keys, no or slow decay, beta near 0 or 2: the
+    split is as accurate against the float64 reference as the serial run. Where
+    the serial run itself is wrong or non-finite (the fp16 Neumann inverse on
+    collinear keys), the split can be no better: it must fail the same way."""
+    x, opts = adversarial_inputs(family, 192)
+    ro, rs = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
+    with np.errstate(all="ignore"):
+        (o1, s1), (o2, s2) = split_vs_serial("model", x, opts, 4)
+    finite = lambda a: bool(np.isfinite(np.asarray(a, np.float64)).all())  # noqa: E731
+    assert finite(o2) == finite(o1) and finite(s2) == finite(s1)
+    if finite(o1) and finite(s1):
+        no_less_accurate(o2, o1, ro)
+        no_less_accurate(s2, s1, rs)
+
+
+def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
+    import dataclasses
+    import kdacupy.tuning as tuning
+    monkeypatch.setattr(tuning, "device_facts", lambda: (0, "NVIDIA H200", 132))
+    monkeypatch.setenv("KDACUPY_JIT_VERBOSE", "1")
+    monkeypatch.setattr(seqpar, "_announced", set())
+    x, _ = make_inputs(T=16, H=1, K=64, V=64)
+    p, _ = kdacupy.validation.validate(
+        *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+        lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend="model")
+    p = dataclasses.replace(p, T=65536, HV=16, K=128, V=128, device=True, backend="cuda")
+    assert seqpar.choose_segments(p, None) == 16
+    assert seqpar.choose_segments(p, None) == 16
+    err = capsys.readouterr().err
+    assert err.count("[kdacupy.seqpar]") == 1 and "16 segment(s) per sequence; on: predicted gain" in err
+    assert seqpar.choose_segments(p, 1) == 1  # an explicit request is not second-guessed
+
+
+@needs_emu
+def test_k256_v256_split_on_the_emulated_kernels():
+    """K = V = 256: the M run has 256 value rows of its own (two map launches, never a [K, K + V] state)."""
+    x, opts = make_inputs(T=40, H=1, K=256, V=256, state=np.float32)
+    opts["output_final_state"] = True
+    o, s = kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=2)
+    om, sm = kdacupy.kda_forward(**x, **opts, backend="model", sequence_parallel=2)
+    close(o, om)
+    close(s, sm)
+
+
+@needs_emu
+@pytest.mark.parametrize("K, V, layout, s0_dtype", [(64, 64, "kv", np.float32), (128, 64, "vk", BF16),
+                                                    (64, 128, "kv", None)])
+def test_scan_kernel_is_the_fp32_scan(K, V, layout, s0_dtype):
+    from kdacupy.jit import loader
+    rng = np.random.default_rng(1)
+    N, n, HV = 2, 3, 2
+    M = (np.eye(K) + 0.1 * rng.standard_normal((N * n, HV, K, K))).astype(np.float32)
+    B = rng.standard_normal((N * n, HV, K, V)).astype(np.float32)
+    s0 = None
+    S0 = np.zeros((N, HV, K, V), np.float32)
+    if s0_dtype is not None:
+        S0 = rng.standard_normal((N, HV, K, V)).astype(s0_dtype).astype(np.float32)
+        s0 = np.ascontiguousarray(S0 if layout == "kv" else S0.swapaxes(-1, -2)).astype(s0_dtype)
+    got = seqpar.scan_kernel(loader("emulate"), M, B, s0, None if s0 is None else s0.dtype, layout, n)
+    want = seqpar.scan(M, B, S0, n)
+    if layout == "vk":
+        want = want.swapaxes(-1, -2)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_array_equal(got.reshape((N, n) + got.shape[1:])[:, 0],
+                                  (S0 if layout == "kv" else S0.swapaxes(-1, -2)))
+
+
+@pytest.mark.parametrize("backend", ["reference", "model", pytest.param("emulate", marks=needs_emu)])
+def test_split_of_empty_sequences_returns_the_initial_state(backend):
+    x, opts = make_inputs(cu_seqlens=[0, 0], H=1, K=64, V=64, state=BF16)
+    o, s = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend=backend, state_dtype=np.float32,
+                               sequence_parallel=3)
+    assert o.shape == (1, 0, 1, 64)
+    np.testing.assert_array_equal(s, opts["initial_state"].astype(np.float32))
+    x, opts = make_inputs(B=2, T=0, H=1, K=64, V=64, state=np.float32)
+    o, s = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend=backend, sequence_parallel=2)
+    assert o.shape == (2, 0, 1, 64)
+    np.testing.assert_array_equal(s, opts["initial_state"])

@@ -1,0 +1,71 @@
+"""The recurrence's map variant (KDA_NO_OUTPUT: final state only, fp32 state)
+compiles on every arch without spills, and drops the output's matmuls."""
+import pytest
+
+from kdacupy.compile import ARCHS, SMEM_LIMIT, compile_variant
+from kdacupy.dtypes import BF16
+from kdacupy.kernels import RecurrenceVariant
+from kdacupy.tuning import TileConfig
+
+try:
+    from kdacupy.compile import _nvrtc
+    _nvrtc()
+except Exception as e:  # noqa: BLE001
+    pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
+
+try:
+    from cuda.pathfinder import find_nvidia_binary_utility
+    HAVE_NVDISASM = find_nvidia_binary_utility("nvdisasm") is not None
+except Exception:  # noqa: BLE001
+    HAVE_NVDISASM = False
+
+# per chunk and warp: W (2 x K/16), U (2), the state update (K/8); no o (2 x K/16) and no U Mqk (2)
+HMMA_PER_CHUNK = 2 * 128 // 16 + 2 + 128 // 8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("bv", [32, 128])
+def test_map_variant_budget(arch, bv):
+    var = RecurrenceVariant(128, 128, BF16, True, TileConfig(bv, 2), no_output=True)
+    assert var.config()["KDA_NO_OUTPUT"] == 1
+    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
+    assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
+    if HAVE_NVDISASM:
+        assert res.sass["HMMA"] == HMMA_PER_CHUNK
+        assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
+
+
+def test_default_variant_config_is_unchanged():
+    var = RecurrenceVariant(128, 128, BF16, False, TileConfig(32, 2))
+    assert "KDA_NO_OUTPUT" not in var.config()  # existing variants keep their keys (and caches)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("K, V", [(64, 64), (128, 128), (256, 256)])
+def test_scan_kernel_budget(arch, K, V):
+    from kdacupy import jit, seqpar
+    from kdacupy.compile import nvrtc_compile
+    res = nvrtc_compile(jit.render("kda_seqpar_scan", seqpar.scan_config(K, V)), arch)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads) == (0, 0), res.log
+    assert seqpar.scan_smem(K) + res.static_smem <= 48 * 1024  # no opt-in needed
+
+
+def test_compile_cli_lists_the_seqpar_variants():
+    import subprocess
+    import sys
+    from kdacupy.compile import label, recurrence_variants, seqpar_variants
+    var = list(seqpar_variants())
+    assert {v.K for v in var} == {64, 128, 256} and len(set(map(label, var))) == len(var)
+    assert not set(map(label, var)) & set(map(label, recurrence_variants()))
+    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "seqpar",
+                          "--match", "K=64 V=64", "--match", "BV=64 stages=2", "--match", "bfloat16"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("kda_")]
+    assert len(lines) == 1 and "no_output" in lines[0] and "spill_stores=0" in lines[0]
+    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "seqpar",
+                          "--match", "kda_seqpar_scan K=256 V=64 "], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.count("kda_seqpar_scan") == 1, out.stdout + out.stderr

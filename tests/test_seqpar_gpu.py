@@ -1,0 +1,95 @@
+"""Sequence parallelism on a GPU: the maps against the precision model, the
+split against the serial run (``kdacupy.parity.GPU``) and against the float64
+reference (no worse than serial), no host sync (CUDA graph capture), the auto
+choice. Skipped without a GPU."""
+import numpy as np
+import pytest
+
+import kdacupy
+from kdacupy import seqpar
+from kdacupy.dtypes import BF16
+from kdacupy.parity import GPU, mismatch
+
+from .cases import CASES, case_inputs
+from .inputs import make_inputs, rmse_ratio
+
+cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+try:
+    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
+except Exception:  # noqa: BLE001  (no driver)
+    HAVE_GPU = False
+if not HAVE_GPU:
+    pytest.skip("no CUDA GPU here: these tests need one (benchmarks/device_check.sh runs them)",
+                allow_module_level=True)
+
+
+def to_dev(d):
+    return {n: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for n, v in d.items()}
+
+
+def host(x):
+    return None if x is None else cp.asnumpy(x)
+
+
+def agree(x, ref):
+    why = mismatch(x, ref, GPU)
+    assert why is None, why
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_split_matches_serial(name):
+    longer = {"cu_seqlens": [150, 0, 77, 300, 1]} if "cu_seqlens" in CASES[name][0] else {"T": 300}
+    x, opts = case_inputs(name, "bf16", **longer)
+    d = dict(to_dev(x), **to_dev(opts))
+    o1, s1 = kdacupy.kda_forward(**d, sequence_parallel=1)
+    o2, s2 = kdacupy.kda_forward(**d, sequence_parallel=5)
+    assert o2.dtype == o1.dtype and s2.dtype == s1.dtype and s2.shape == s1.shape
+    agree(host(o2), host(o1))
+    agree(host(s2), host(s1))
+
+
+def test_maps_match_the_model():
+    x, opts = make_inputs(cu_seqlens=[300, 0, 77], H=2, HV=4, K=128, V=128)
+    M, B = seqpar.state_maps(**to_dev(x), **to_dev(opts))
+    Mm, Bm = seqpar.state_maps(**x, **opts, backend="model")
+    assert isinstance(M, cp.ndarray) and M.dtype == np.float32
+    agree(host(M), Mm)
+    agree(host(B), Bm)
+    np.testing.assert_array_equal(host(M)[1], np.broadcast_to(np.eye(128), (4, 128, 128)))
+
+
+def test_long_sequence_accuracy_no_worse_than_serial():
+    from kdacupy.accuracy import OPTIONS, make_inputs as sweep_inputs
+    from kdacupy.reference import kda_reference
+    x = sweep_inputs(8192, 4, 128, 128, "N(0,8)", "U(-8,8)", seed=1)
+    ref_o, ref_s = kda_reference(**x, **{n: v for n, v in OPTIONS.items() if n != "state_dtype"})
+    d = dict(to_dev(x), **to_dev(OPTIONS))
+    o1, s1 = (host(a) for a in kdacupy.kda_forward(**d, sequence_parallel=1))
+    for n in (8, 32):
+        o2, s2 = (host(a) for a in kdacupy.kda_forward(**d, sequence_parallel=n))
+        assert rmse_ratio(o2, ref_o) <= 1.05 * rmse_ratio(o1, ref_o) + 1e-4
+        assert rmse_ratio(s2, ref_s) <= 1.05 * rmse_ratio(s1, ref_s) + 1e-4
+
+
+def test_split_is_graph_capturable_and_on_the_current_stream():
+    x, opts = make_inputs(cu_seqlens=[700, 0, 333], H=1, HV=2, K=128, V=128, state=BF16, state_layout="vk")
+    d = dict(to_dev(x), **to_dev(opts))
+    out = cp.zeros(x["v"].shape, dtype=BF16)
+    ref_o, ref_s = kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=4)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=4, out=out)  # compile, allocate
+        stream.begin_capture()
+        o, s = kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=4, out=out)
+        graph = stream.end_capture()
+        out.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(host(out), host(ref_o))
+    np.testing.assert_array_equal(host(s), host(ref_s))
+
+
+def test_auto_choice_on_this_device():
+    x, opts = make_inputs(T=16, H=1, K=64, V=64)
+    n, why = seqpar.explain(**to_dev(x), **to_dev(opts))
+    assert n == 1 and why.startswith("off")  # 16 tokens never pay
