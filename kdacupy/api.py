@@ -57,7 +57,7 @@ def kda_forward(
                                         out=out, backend=problem.backend, state_precision=state_precision)
     segments = 1 if pooled else choose_segments(problem, sequence_parallel)
     if segments > 1:
-        from .seqpar import forward_split
+        from .ops.seqpar.split import forward_split
         return forward_split(problem, a, segments)
     if problem.backend in ("cuda", "emulate"):
         from .ops.forward.kernels import forward  # launchers import the JIT machinery: load it only when used

@@ -2,7 +2,7 @@
 near-collinear keys, no or slow decay, beta near 0, 1 and 2 (NumPy, bf16)."""
 import numpy as np
 
-from kdacupy.dtypes import BF16
+from kdacupy.numerics.dtypes import BF16
 
 FAMILIES = ("repeated-key-no-decay", "collinear-1e-2-slow-decay", "collinear-1e-3-beta2", "beta-near-0",
             "random-slow-decay")

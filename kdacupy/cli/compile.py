@@ -172,7 +172,7 @@ def decode_variants():
 def seqpar_variants():
     """Sequence parallelism: the recurrence's map variants (fp32 state, no
     output) and the scan kernel."""
-    from .seqpar import ScanVariant
+    from ..ops.seqpar.split import ScanVariant
 
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
         for tiles in TILE_SPACE:

@@ -16,7 +16,7 @@ from kdacupy.numerics.parity import GPU, mismatch
 from kdacupy.numerics.precision import kda_model
 
 from ..cases import CASES, case_inputs
-from ..inputs import make_inputs
+from ..inputs import make_inputs, rmse_ratio
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 try:

@@ -17,13 +17,14 @@ import pytest
 
 import kdacupy
 from kdacupy import seqpar
-from kdacupy.dtypes import BF16, F32
-from kdacupy.parity import EMULATE, GPU, mismatch
-from kdacupy.reference import activate_beta, activate_gate, kda_reference, l2normalize
+from kdacupy.ops.seqpar import split
+from kdacupy.numerics.dtypes import BF16, F32
+from kdacupy.numerics.parity import EMULATE, GPU, mismatch
+from kdacupy.numerics.reference import activate_beta, activate_gate, kda_reference, l2normalize
 
-from .cases import CASES, case_inputs
-from .inputs import make_inputs, rmse_ratio
-from .seqpar_adversarial import FAMILIES, adversarial_inputs
+from ..cases import CASES, case_inputs
+from ..inputs import make_inputs, rmse_ratio
+from ..seqpar_adversarial import FAMILIES, adversarial_inputs
 
 try:
     from kdacupy.emulate import find_compiler
@@ -155,7 +156,7 @@ def test_maps_reject_bad_input():
 
 def test_segment_boundaries_are_whole_chunks():
     cu = np.array([0, 70, 70, 107, 112])
-    seg = seqpar.segment_cu_seqlens(cu, 3)
+    seg = split.segment_cu_seqlens(cu, 3)
     assert seg.dtype == np.int64 and seg.shape == (13,)
     # 70 tokens = 5 chunks -> 1, 2, 2 chunks (the last ragged); 0 -> empty; 37 -> 3 chunks: 1, 1, 1; 5 -> 0, 0, 1
     np.testing.assert_array_equal(seg, [0, 16, 48, 70, 70, 70, 70, 86, 102, 107, 107, 107, 112])
@@ -340,7 +341,7 @@ def test_split_on_adversarial_inputs_is_no_worse_than_serial(family):
 
 def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
     import dataclasses
-    import kdacupy.tuning as tuning
+    import kdacupy.ops.forward.tuning as tuning
     monkeypatch.setattr(tuning, "device_facts", lambda: (0, "NVIDIA H200", 132))
     monkeypatch.setenv("KDACUPY_JIT_VERBOSE", "1")
     monkeypatch.setattr(seqpar, "_announced", set())
@@ -382,8 +383,8 @@ def test_scan_kernel_is_the_fp32_scan(K, V, layout, s0_dtype):
     if s0_dtype is not None:
         S0 = rng.standard_normal((N, HV, K, V)).astype(s0_dtype).astype(np.float32)
         s0 = np.ascontiguousarray(S0 if layout == "kv" else S0.swapaxes(-1, -2)).astype(s0_dtype)
-    got = seqpar.scan_kernel(loader("emulate"), M, B, s0, None if s0 is None else s0.dtype, layout, n)
-    want = seqpar.scan(M, B, S0, n)
+    got = split.scan_kernel(loader("emulate"), M, B, s0, None if s0 is None else s0.dtype, layout, n)
+    want = split.scan(M, B, S0, n)
     if layout == "vk":
         want = want.swapaxes(-1, -2)
     assert got.dtype == np.float32 and got.shape == want.shape

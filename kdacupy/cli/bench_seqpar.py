@@ -23,7 +23,7 @@ def calls_for(sets, n):
 
 
 def auto_choice(sets):
-    from .seqpar import explain
+    from ..seqpar import explain
 
     arrays, options = sets[0]
     return explain(**arrays, **options)

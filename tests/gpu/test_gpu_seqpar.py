@@ -7,11 +7,11 @@ import pytest
 
 import kdacupy
 from kdacupy import seqpar
-from kdacupy.dtypes import BF16
-from kdacupy.parity import GPU, mismatch
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.numerics.parity import GPU, mismatch
 
-from .cases import CASES, case_inputs
-from .inputs import make_inputs, rmse_ratio
+from ..cases import CASES, case_inputs
+from ..inputs import make_inputs, rmse_ratio
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 try:
@@ -59,8 +59,8 @@ def test_maps_match_the_model():
 
 
 def test_long_sequence_accuracy_no_worse_than_serial():
-    from kdacupy.accuracy import OPTIONS, make_inputs as sweep_inputs
-    from kdacupy.reference import kda_reference
+    from kdacupy.cli.accuracy import OPTIONS, make_inputs as sweep_inputs
+    from kdacupy.numerics.reference import kda_reference
     x = sweep_inputs(8192, 4, 128, 128, "N(0,8)", "U(-8,8)", seed=1)
     ref_o, ref_s = kda_reference(**x, **{n: v for n, v in OPTIONS.items() if n != "state_dtype"})
     d = dict(to_dev(x), **to_dev(OPTIONS))

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-import kdacupy.bench as bench
-import kdacupy.bench_seqpar as bench_seqpar
-import kdacupy.timing as timing
+import kdacupy.cli.bench as bench
+import kdacupy.cli.bench_seqpar as bench_seqpar
+import kdacupy.cli.timing as timing
 
 from .test_bench_cli import fake_gpu  # noqa: F401  (the fixture)
 

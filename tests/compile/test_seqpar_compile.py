@@ -3,9 +3,9 @@ compiles on every arch without spills, and drops the output's matmuls."""
 import pytest
 
 from kdacupy.compile import ARCHS, SMEM_LIMIT, compile_variant
-from kdacupy.dtypes import BF16
-from kdacupy.kernels import RecurrenceVariant
-from kdacupy.tuning import TileConfig
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.ops.forward.kernels import RecurrenceVariant
+from kdacupy.ops.forward.tuning import TileConfig
 
 try:
     from kdacupy.compile import _nvrtc
@@ -45,12 +45,14 @@ def test_default_variant_config_is_unchanged():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("K, V", [(64, 64), (128, 128), (256, 256)])
 def test_scan_kernel_budget(arch, K, V):
-    from kdacupy import jit, seqpar
+    from kdacupy import jit
+    from kdacupy import seqpar
+    from kdacupy.ops.seqpar import split
     from kdacupy.compile import nvrtc_compile
-    res = nvrtc_compile(jit.render("kda_seqpar_scan", seqpar.scan_config(K, V)), arch)
+    res = nvrtc_compile(jit.render("kda_seqpar_scan", split.scan_config(K, V)), arch)
     assert res.ok, res.log
     assert (res.spill_stores, res.spill_loads) == (0, 0), res.log
-    assert seqpar.scan_smem(K) + res.static_smem <= 48 * 1024  # no opt-in needed
+    assert split.scan_smem(K) + res.static_smem <= 48 * 1024  # no opt-in needed
 
 
 def test_compile_cli_lists_the_seqpar_variants():

@@ -1,0 +1,1 @@
+"""Sequence parallelism inside one GPU: segments, scan and split forward (split.py)."""
