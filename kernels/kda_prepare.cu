@@ -2,8 +2,8 @@
 // One CTA of 128 threads per (chunk slot, value head): l2norm, gate and beta
 // activation, in-chunk cumulative decay, the decayed bf16 operands, the fp16
 // Neumann inverse of (I + L) and the masked q.k block. Writes one workspace
-// block (layout: kdacupy/layouts.py) that the recurrence streams.
-// The rounding points are those of kdacupy/precision.py, step numbers in [].
+// block (layout: kdacupy/ops/forward/layouts.py) that the recurrence streams.
+// The rounding points are those of kdacupy/numerics/precision.py, step numbers in [].
 //
 // Rendered configuration: KDA_K, KDA_DT (q, k), KDA_G_DT, KDA_BETA_DT,
 // KDA_GATE (0 log, 1 softplus, 2 sigmoid), KDA_BETA_MODE (0 none, 1 raw,

@@ -7,7 +7,7 @@
 // cp.async pipeline of KDA_STAGES stages from the prepare kernel's workspace:
 //   W^T = S k_dec^T;  vsub^T = bf16(beta (v^T - W^T));  U^T = bf16(vsub^T INV^T)
 //   o^T = S q_dec^T + U^T Mqk^T;  S = fma(S, gexp, U^T k_res)   (one fp32 FMA each)
-// Rounding points: kdacupy/precision.py steps [10]-[16].
+// Rounding points: kdacupy/numerics/precision.py steps [10]-[16].
 //
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (v and o), KDA_BV, KDA_STAGES,
 // KDA_STATE_FP32, WS_* and RSM_* layouts.

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_help_works_without_a_gpu():
-    out = subprocess.run([sys.executable, "-m", "kdacupy.cli.bench", "--help"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "kdacupy.bench", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for word in ("--shapes", "--json", "--iters", "--warmup", "--no-fla", "FLA_FLASH_KDA", "copy bandwidth"):

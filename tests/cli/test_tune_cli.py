@@ -16,7 +16,7 @@ H200 = "NVIDIA H200"
 
 def nvrtc_available():
     try:
-        from kdacupy.cli.compile import _nvrtc
+        from kdacupy.jit.nvrtc import _nvrtc
         _nvrtc()
         return True
     except Exception:  # noqa: BLE001
@@ -46,7 +46,7 @@ def test_dry_run_compiles_every_candidate(capsys):
 
 
 def test_dry_run_reports_a_failing_compile(capsys, monkeypatch):
-    from kdacupy.cli import compile as comp
+    from kdacupy.jit import nvrtc as comp
 
 
     def flaky(var, arch, sass=False):
@@ -63,7 +63,7 @@ def test_dry_run_reports_a_failing_compile(capsys, monkeypatch):
 
 
 def test_dry_run_without_nvrtc(capsys, monkeypatch):
-    from kdacupy.cli import compile as comp
+    from kdacupy.jit import nvrtc as comp
 
     def missing(var, arch, sass=False):
         raise OSError("libnvrtc.so.13: cannot open shared object file")
@@ -74,7 +74,7 @@ def test_dry_run_without_nvrtc(capsys, monkeypatch):
 
 
 def test_dry_run_groups_shapes_into_buckets(capsys, monkeypatch):
-    from kdacupy.cli import compile as comp
+    from kdacupy.jit import nvrtc as comp
 
     monkeypatch.setattr(comp, "compile_variant", lambda var, arch, sass=False: comp.CompileResult(
         True, "", regs=1, spill_stores=0, spill_loads=0, stack=0))
