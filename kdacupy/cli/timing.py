@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import env
 from ..numerics.dtypes import BF16
 
 NO_GPU = ("{prog}: no CUDA GPU is available (CuPy found none); timing needs a GPU.{hint}")
@@ -109,7 +110,7 @@ def git_commit() -> str | None:
             return out.stdout.strip()
     except Exception:  # noqa: BLE001
         pass
-    return os.environ.get("KDACUPY_COMMIT") or None
+    return env.get("KDACUPY_COMMIT")
 
 
 def git_dirty() -> bool | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -19,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from .. import env
 from .errors import EmulationError
 
 HERE = Path(__file__).resolve().parent
@@ -59,7 +59,7 @@ def _version(cxx: str) -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KDACUPY_CACHE_DIR")
+    root = env.get("KDACUPY_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "kdacupy"
     return base / "emulate"
 
@@ -77,7 +77,7 @@ def build(source: str, names: Sequence[str]) -> Path:
     """Path of the shared library for (source, names), compiling it if not cached."""
     cxx = find_compiler()
     text = full_source(source, names)
-    flags = [*FLAGS, *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
+    flags = [*FLAGS, *env.get("KDACUPY_EMULATE_CXXFLAGS")]
     h = hashlib.sha256()
     for part in (text, *((HERE / f).read_text() for f in HEADERS), cxx, _version(cxx), " ".join(flags)):
         h.update(part.encode())

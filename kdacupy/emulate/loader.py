@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import env
 from .build import build, stats
 from .errors import EmulationError
 
@@ -22,11 +23,10 @@ _last_launched: list = [None]  # the library whose launch came last keeps its ca
 def _mode() -> int:
     """Bug-exposing modes (default off): KDACUPY_EMULATE_CP_ASYNC=eager makes cp.async land at
     issue instead of at the covering wait; KDACUPY_EMULATE_ORDER=reverse runs threads in reverse."""
-    cp = os.environ.get("KDACUPY_EMULATE_CP_ASYNC", "deferred")
-    order = os.environ.get("KDACUPY_EMULATE_ORDER", "forward")
-    if cp not in ("deferred", "eager") or order not in ("forward", "reverse"):
-        raise EmulationError(f"KDACUPY_EMULATE_CP_ASYNC={cp!r} (deferred|eager), "
-                             f"KDACUPY_EMULATE_ORDER={order!r} (forward|reverse)")
+    try:
+        cp, order = env.get("KDACUPY_EMULATE_CP_ASYNC"), env.get("KDACUPY_EMULATE_ORDER")
+    except env.EnvError as e:
+        raise EmulationError(str(e)) from None
     return (cp == "eager") | (order == "reverse") << 1
 
 
@@ -110,8 +110,8 @@ class EmulatedFunction:
                                  "of a Hopper GPU")
         bufs = [self._marshal(i, a) for i, a in enumerate(args)]  # kept alive during the launch
         argv = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.addressof(x) for x in bufs])
-        threads = int(os.environ.get("KDACUPY_EMULATE_THREADS") or os.cpu_count() or 1)
-        stack = int(os.environ.get("KDACUPY_EMULATE_STACK_KB") or 256) * 1024
+        threads = env.get("KDACUPY_EMULATE_THREADS") or os.cpu_count() or 1
+        stack = env.get("KDACUPY_EMULATE_STACK_KB") * 1024
         cfg = (ctypes.c_longlong * 10)(*g, *b, int(shared_mem), threads, stack, _mode())
         err = ctypes.create_string_buffer(4096)
         with _launch_lock:  # bound the memory mappings: one library's stack cache at a time

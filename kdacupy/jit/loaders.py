@@ -2,17 +2,17 @@
 on the GPU, the host C++ compiler for the CPU emulation."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from functools import lru_cache
 
+from .. import env
 from .nvrtc import NVRTC_OPTIONS, CompileError
 from .render import config_label, render
 
 
 def _verbose() -> bool:
-    return os.environ.get("KDACUPY_JIT_VERBOSE", "") not in ("", "0")
+    return env.get("KDACUPY_JIT_VERBOSE")
 
 
 class CudaLoader:
