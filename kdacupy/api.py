@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validation import validate
+from .validation import check_keywords, validate
 
 
 def kda_forward(
     q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False,
     cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log",
     A_log=None, dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, out=None,
-    backend=None, state_precision="bf16",
+    backend=None, state_precision="bf16", **unknown,
 ):
     """Kimi Delta Attention forward.
 
@@ -20,12 +20,16 @@ def kda_forward(
     ``[N, HV, V, K]``) in ``state_dtype`` when ``output_final_state``, else None.
 
     backend: None picks by array type (CuPy -> "cuda", NumPy -> "reference");
-    "cuda" (CuPy arrays), "reference" (float64 NumPy), "model" (the NumPy
+    "cuda" (CuPy arrays), "reference" (float64 NumPy; float64 inputs give
+    float64 results, the others are rounded back to their dtype), "model" (the NumPy
     precision model of the CUDA kernels), "emulate" (the CUDA kernels compiled
     for the CPU). state_precision: "bf16" keeps the recurrent state in bf16
     between chunks (FlashKDA's contract), "fp32" keeps it in fp32.
-    See DESIGN.md section 1 for the semantics of every option.
+    See docs/design.md section 1 for the semantics of every option, and the
+    README's keyword mapping for FLA's and FlashKDA's names.
     """
+    if unknown:
+        check_keywords(unknown)
     problem, a = validate(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
@@ -47,8 +51,8 @@ def kda_forward(
     else:
         from .numerics.reference import kda_reference
         o, final = kda_reference(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)
-        o = o.astype(np.float32).astype(problem.dtype)
-        if final is not None:
+        o = o if problem.dtype == np.float64 else o.astype(np.float32).astype(problem.dtype)
+        if final is not None and problem.state_out_dtype != np.float64:
             final = final.astype(np.float32).astype(problem.state_out_dtype)
     if a["out"] is not None:
         a["out"][...] = o

@@ -65,10 +65,10 @@ __device__ __forceinline__ i64 state_index(int layout_vk, i64 nh, int v, int kd)
   return layout_vk ? (nh * V + v) * K + kd : (nh * K + kd) * V + v;
 }
 __device__ __forceinline__ float load_state(const void* s, int dtype, i64 idx) {
-  return dtype == 0 ? 0.f : dtype == 1 ? load_f32<KDA_BF16>(s, idx) : load_f32<KDA_F32>(s, idx);
+  return dtype == KDA_STATE_NONE ? 0.f : dtype == KDA_STATE_BF16 ? load_f32<KDA_BF16>(s, idx) : load_f32<KDA_F32>(s, idx);
 }
 __device__ __forceinline__ void store_state(void* s, int dtype, i64 idx, float x) {
-  if (dtype == 1) store_f32<KDA_BF16>(s, idx, x); else store_f32<KDA_F32>(s, idx, x);
+  if (dtype == KDA_STATE_BF16) store_f32<KDA_BF16>(s, idx, x); else store_f32<KDA_F32>(s, idx, x);
 }
 
 // Packs two n8 accumulator tiles (token columns 0-7 and 8-15) into an A fragment.

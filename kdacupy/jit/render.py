@@ -9,6 +9,7 @@ import re
 from functools import lru_cache
 
 from ..paths import kernels_dir
+from . import enums
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
 _NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -28,9 +29,12 @@ def _inline(name: str, seen: set) -> str:
 
 
 def render(kernel: str, config: dict) -> str:
-    """Source of one variant of ``kernels/<kernel>.cu``."""
-    lines = []
+    """Source of one variant of ``kernels/<kernel>.cu``: the enum names
+    (``enums.py``), then the variant's configuration, then the text."""
+    lines = [f"#define {name} {value}" for name, value in enums.defines().items()]
     for name, value in sorted(config.items()):
+        if name in enums.defines():
+            raise ValueError(f"config: {name} is an enum name (kdacupy/jit/enums.py), not a setting")
         if not _NAME.match(name) or not isinstance(value, int):
             raise ValueError(f"config: {name}={value!r} is not an upper-case name with an int value")
         lines.append(f"#define {name} {int(value)}")

@@ -12,14 +12,11 @@ from typing import ClassVar
 import numpy as np
 
 from . import layouts
-from ...numerics.dtypes import BF16, F16, F32, dtype_name
+from ...numerics.dtypes import dtype_name
+from ...jit.enums import BETA_CODE, DTYPE_CODE, GATE_CODE, STATE_DTYPE_CODE  # noqa: F401
 from ...jit.loaders import loader
 from .tuning import TileConfig, select_tiles
 
-DTYPE_CODE = {BF16: 0, F16: 1, F32: 2}
-GATE_CODE = {"log": 0, "softplus": 1, "sigmoid": 2}
-BETA_CODE = {"none": 0, "raw": 1, "sigmoid": 2, "sigmoid2": 3}
-STATE_DTYPE_CODE = {None: 0, BF16: 1, F32: 2}
 LOG2E = 1.0 / np.log(2.0)
 
 

@@ -6,10 +6,10 @@ import itertools
 
 from ...jit import registry
 from ...numerics.dtypes import BF16, F16, F32
+from .limits import DIMS
 from .kernels import BETA_CODE, GATE_CODE, PrepareVariant, RecurrenceVariant
 from .tuning import TILE_SPACE
 
-DIMS = (64, 128, 256)
 DTYPES = (BF16, F16, F32)
 
 
