@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The one prepared call for a lent GPU (DESIGN 4.5): GPU parity suite, accuracy
-# on the GPU, a pruned tuning run, and the benchmark against FLA; well under
-# 8 minutes. Results land in $OUT (the device tool brings them back).
+# One time-boxed GPU run (docs/design.md section 4, step 5): GPU parity suite,
+# accuracy on the GPU, a pruned tuning run, and the benchmark against FLA; well
+# under 8 minutes. Every result is written under $OUT.
 #
-#   device run:  KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh     (carry .whl for FLA)
+#   OUT=<dir> KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh     (with .whl/ for FLA)
 #
-# FLA travels as wheels in .whl/ (ignored by git), made on the dev machine with
+# FLA travels as wheels in .whl/ (ignored by git), made on a machine with network access with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl flash-linear-attention fla-core

@@ -1,4 +1,4 @@
-// kda_prepare: the token-parallel half of the KDA forward (DESIGN 5).
+// kda_prepare: the token-parallel half of the KDA forward (docs/design.md section 5).
 // One CTA of 128 threads per (chunk slot, value head): l2norm, gate and beta
 // activation, in-chunk cumulative decay, the decayed bf16 operands, the fp16
 // Neumann inverse of (I + L) and the masked q.k block. Writes one workspace

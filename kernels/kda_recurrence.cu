@@ -1,4 +1,4 @@
-// kda_recurrence: the sequential half of the KDA forward (DESIGN 5).
+// kda_recurrence: the sequential half of the KDA forward (docs/design.md section 5).
 // One CTA per (sequence, value head, slice of BV value rows); each warp owns 16
 // value rows of the state S [V, K] and keeps them in registers for the whole
 // sequence, in the mma accumulator layout, which is also the A-operand layout:

@@ -1,6 +1,6 @@
 """``python -m kdacupy.accuracy``: error against the float64 reference, FlashKDA style.
 
-For one backend, over a sweep of gate / bias regimes (DESIGN 2), prints max abs
+For one backend, over a sweep of gate / bias regimes (docs/design.md section 2), prints max abs
 error and RMSE ratio ``||x - ref|| / ||ref||`` of the output and the final
 state, next to the bf16 rounding floor of the output (the error of rounding
 the exact output to bf16). Inputs follow FlashKDA's tests: l2-normalised bf16

@@ -117,7 +117,7 @@ def test_geomean_and_row():
     assert row["achieved_gbps"] == pytest.approx(total / 0.5e-3 / 1e9)
     assert row["fraction_of_copy_bw"] == pytest.approx(row["achieved_gbps"] / 4000.0)
     assert row["ratio_fla_over_kdacupy"] == pytest.approx(3.0)
-    assert 1.0e9 < total < 1.02e9  # DESIGN 5: about 1 GB for T=8192, H=96, D=128 bf16
+    assert 1.0e9 < total < 1.02e9  # docs/design.md section 6: about 1 GB for T=8192, H=96, D=128 bf16
 
 
 # ---------------------------------------------------------------------------
