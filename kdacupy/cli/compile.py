@@ -45,7 +45,8 @@ def main(argv=None):
         return 2
     variants = select(args.kernel, args.match)
     if not variants:
-        print(f"{ap.prog}: no {args.kernel} variant matches {' and '.join(map(repr, args.match))}", file=sys.stderr)
+        print(f"{ap.prog}: no variant matches {' and '.join(map(repr, args.match))} (--kernel {args.kernel})",
+              file=sys.stderr)
         return 2
     jobs = args.jobs or os.cpu_count() or 1
     failed = 0

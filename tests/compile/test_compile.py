@@ -13,11 +13,7 @@ from kdacupy.numerics.dtypes import BF16, F32
 from kdacupy.ops.forward.kernels import PrepareVariant, RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
 
-try:
-    from kdacupy.jit.nvrtc import _nvrtc
-    _nvrtc()
-except Exception as e:  # noqa: BLE001
-    pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
+pytestmark = pytest.mark.nvrtc  # skipped where NVRTC cannot load (tests/conftest.py)
 
 try:
     from cuda.pathfinder import find_nvidia_binary_utility
