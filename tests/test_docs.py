@@ -55,3 +55,11 @@ def test_the_repository_names_no_development_machine_or_process():
 def test_help_of_kda_forward_cites_the_design_document():
     import kdacupy
     assert "docs/design.md section 1" in kdacupy.kda_forward.__doc__
+
+
+def test_paths_the_readme_names_exist():
+    text = (ROOT / "README.md").read_text()
+    paths = set(re.findall(r"`((?:kdacupy|kernels|tests|benchmarks|tuning|docs)/[\w/.]*)`", text))
+    assert len(paths) >= 10
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, missing
