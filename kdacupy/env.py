@@ -4,9 +4,11 @@ what it does, in one table (``SWITCHES``; the README's table lists the same).
 Each switch is read through ``get(name)`` at the point of use (so a test or a
 long-lived process that changes it sees the change) and checked there: a value
 outside the allowed ones raises ``EnvError`` naming the variable, the value and
-what is allowed. A ``KDACUPY_*`` variable this table does not know gives one
-warning per process (a misspelt switch would otherwise do nothing silently).
-Unset and empty mean the default.
+what is allowed. The first ``get`` of a process also looks for ``KDACUPY_*``
+variables this table does not know and warns about each (a misspelt switch
+would otherwise do nothing silently). Unset and empty mean the default. A new
+switch is one ``Switch`` line in ``_TABLE`` and one row in the README (a test
+checks the README's table is ``markdown_table()``).
 """
 from __future__ import annotations
 
@@ -82,13 +84,15 @@ _TABLE = (
            "OS threads an emulated launch runs its blocks on (default: the CPU count)", _positive_int),
     Switch("KDACUPY_EMULATE_STACK_KB", 256, "an integer >= 1",
            "stack of each emulated GPU thread, KiB", _positive_int),
-    # the emulation's checkers and numerics modes register here (docs/design.md section 4)
+    # The emulation's checkers (the EMULATE_CHECK switch) and numerics mode
+    # (EMULATE_NUMERICS=hardware) belong here, next to the other emulation
+    # switches (docs/design.md section 4).
     # measurements (kdacupy/cli/)
     Switch("KDACUPY_COMMIT", None, "a commit id",
            "the commit recorded with benchmark results when git cannot tell (e.g. outside a checkout)", _text),
 )
 SWITCHES = {s.name: s for s in _TABLE}
-_warned: set = set()
+_scanned = [False]  # the environment has been looked at for unknown KDACUPY_* names
 
 
 def get(name: str):
@@ -111,9 +115,11 @@ def check_all() -> None:
 
 
 def _warn_unknown() -> None:
-    for name in os.environ:
-        if name.startswith("KDACUPY_") and name not in SWITCHES and name not in _warned:
-            _warned.add(name)
+    if _scanned[0]:
+        return
+    _scanned[0] = True
+    for name in sorted(os.environ):
+        if name.startswith("KDACUPY_") and name not in SWITCHES:
             warnings.warn(f"{name} is not a kdacupy switch and is ignored (known: {', '.join(SWITCHES)})",
                           stacklevel=3)
 

@@ -48,7 +48,7 @@ def test_bad_values_name_the_variable_and_the_value(monkeypatch, name, text, all
 
 def test_an_unknown_switch_warns_once(monkeypatch):
     monkeypatch.setenv("KDACUPY_JIT_VERBSE", "1")
-    monkeypatch.setattr(env, "_warned", set())
+    monkeypatch.setattr(env, "_scanned", [False])  # as in a new process
     with pytest.warns(UserWarning, match="KDACUPY_JIT_VERBSE is not a kdacupy switch"):
         env.get("KDACUPY_JIT_VERBOSE")
     with warnings.catch_warnings():

@@ -102,7 +102,7 @@ FORBIDDEN = {
     "kdacupy.numerics": ("kdacupy.ops", "kdacupy.jit", "kdacupy.cli", "kdacupy.emulate", "kdacupy.api"),
     "kdacupy.emulate": ("kdacupy.ops", "kdacupy.jit", "kdacupy.cli", "kdacupy.numerics", "kdacupy.api"),
     "kdacupy.jit": ("kdacupy.ops", "kdacupy.cli", "kdacupy.api", "kdacupy.validation"),
-    "kdacupy.ops": ("kdacupy.cli", "kdacupy.api"),
+    "kdacupy.ops": ("kdacupy.cli", "kdacupy.api", "kdacupy.validation"),
 }
 
 

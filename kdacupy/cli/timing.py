@@ -103,7 +103,7 @@ def finite(x) -> bool:
 
 
 def git_commit() -> str | None:
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if out.returncode == 0 and out.stdout.strip():
@@ -114,7 +114,7 @@ def git_commit() -> str | None:
 
 
 def git_dirty() -> bool | None:
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                              capture_output=True, text=True, timeout=10)
