@@ -98,9 +98,8 @@ def _check_bool(name, x):
     return bool(x)
 
 
-def _check_dtype(name, x, allowed):
+def _check_dtype(name, x, allowed, hint=""):
     if x.dtype not in allowed:
-        hint = " (float64 runs only on backend='reference')" if x.dtype == F64 and F64 not in allowed else ""
         fail(name, "dtype " + " or ".join(dtype_name(d) for d in allowed) + hint, dtype_name(x.dtype), TypeError)
 
 
@@ -240,7 +239,10 @@ def _check_shapes(arrays) -> Sizes:
 
 def _check_input_dtypes(arrays, backend):
     q = arrays["q"]
-    _check_dtype("q", q, INPUT_DTYPES + ((F64,) if backend == "reference" else ()))  # the float64 reference
+    if backend == "reference":  # the float64 reference also takes float64
+        _check_dtype("q", q, INPUT_DTYPES + (F64,))
+    else:
+        _check_dtype("q", q, INPUT_DTYPES, " (float64 runs only on backend='reference')" if q.dtype == F64 else "")
     for n in "kv":
         _check_dtype(n, arrays[n], (q.dtype,))
     _check_dtype("g", arrays["g"], tuple(dict.fromkeys((q.dtype, F32))))

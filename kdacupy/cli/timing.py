@@ -3,7 +3,6 @@ device facts, finite checks, freeing memory, and the git commit of a run.
 CuPy and torch are imported inside the functions."""
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import sys

@@ -58,3 +58,9 @@ def test_log_gate_parameters_report_the_value():
     with pytest.raises(ValueError, match=r"A_log: expected None .*, got numpy.ndarray of shape \(2,\) and dtype "
                                          r"float32$"):
         kdacupy.kda_forward(**x, **opts, A_log=np.zeros(2, np.float32))
+
+
+def test_float64_g_with_bf16_q_is_refused_without_the_backend_hint():
+    x, opts = make_inputs(T=20, H=2, K=64, V=64)
+    with pytest.raises(TypeError, match=r"g: expected dtype bfloat16 or float32, got float64$"):
+        kdacupy.kda_forward(**dict(x, g=x["g"].astype(np.float64)), **opts)
