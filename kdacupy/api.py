@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validation import validate
+from .validation import check_keywords, validate
 
 
 def kda_forward(
@@ -11,6 +11,7 @@ def kda_forward(
     cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log",
     A_log=None, dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, out=None,
     backend=None, state_precision="bf16", state_pool=None, state_indices=None, sequence_parallel=None,
+    **unknown,
 ):
     """Kimi Delta Attention forward.
 
@@ -20,19 +21,23 @@ def kda_forward(
     ``[N, HV, V, K]``) in ``state_dtype`` when ``output_final_state``, else None.
 
     backend: None picks by array type (CuPy -> "cuda", NumPy -> "reference");
-    "cuda" (CuPy arrays), "reference" (float64 NumPy), "model" (the NumPy
+    "cuda" (CuPy arrays), "reference" (float64 NumPy; float64 inputs give
+    float64 results, the others are rounded back to their dtype), "model" (the NumPy
     precision model of the CUDA kernels), "emulate" (the CUDA kernels compiled
     for the CPU). state_precision: "bf16" keeps the recurrent state in bf16
     between chunks (FlashKDA's contract), "fp32" keeps it in fp32.
     sequence_parallel: None (the library decides), 1 (off) or n >= 2 segments
-    per sequence, computed in parallel (kdacupy/seqpar.py, DESIGN.md section 7.2).
-    See DESIGN.md section 1 for the semantics of every option.
-    state_pool, state_indices (chunked prefill, DESIGN.md section 7.1): the pool
+    per sequence, computed in parallel (kdacupy/seqpar.py, docs/design.md section 7.2).
+    See docs/design.md section 1 for the semantics of every option, and the
+    README's keyword mapping for FLA's and FlashKDA's names.
+    state_pool, state_indices (chunked prefill, docs/design.md section 7.1): the pool
     of ``kda_decode`` and int32/int64 slots [N]; sequence n starts from
     ``state_pool[idx[n]]`` and its final state is written back there in place
     (a negative slot starts from zeros and writes nothing); final_state is then
     None. Excludes initial_state, output_final_state and state_dtype.
     """
+    if unknown:
+        check_keywords(unknown)
     from .seqpar import check_sequence_parallel, choose_segments
     sequence_parallel = check_sequence_parallel(sequence_parallel)
     problem, a = validate(
@@ -75,8 +80,8 @@ def kda_forward(
     else:
         from .numerics.reference import kda_reference
         o, final = kda_reference(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)
-        o = o.astype(np.float32).astype(problem.dtype)
-        if final is not None:
+        o = o if problem.dtype == np.float64 else o.astype(np.float32).astype(problem.dtype)
+        if final is not None and problem.state_out_dtype != np.float64:
             final = final.astype(np.float32).astype(problem.state_out_dtype)
     if a["out"] is not None:
         a["out"][...] = o

@@ -29,11 +29,11 @@ than ``n`` chunks gets empty segments, whose map is ``(I, 0)``).
 from __future__ import annotations
 
 import numbers
-import os
 import sys
 
 import numpy as np
 
+from . import env
 from .ops.forward.layouts import CHUNK
 from .ops.seqpar.split import KernelRun, numpy_maps
 from .validation import fail, validate
@@ -96,7 +96,7 @@ def choose_segments(p, requested) -> int:
     from .ops.forward.tuning import device_facts
 
     n, why = auto_segments(p, device_facts()[2])
-    if os.environ.get("KDACUPY_JIT_VERBOSE", "") not in ("", "0"):
+    if env.get("KDACUPY_JIT_VERBOSE"):
         key = (p.N, p.HV, p.T, p.K, p.V, p.varlen, p.state_precision)
         if key not in _announced:  # once per shape, not per call
             _announced.add(key)

@@ -5,9 +5,11 @@
 #include "types.cuh"
 #include "ptx.cuh"
 
-#define KDA_BF16 0
-#define KDA_F16 1
-#define KDA_F32 2
+// Element types KDA_BF16, KDA_F16, KDA_F32 and every other enum are #defined in
+// front of each rendered variant, from kdacupy/jit/enums.py.
+#ifndef KDA_BF16
+#error "render kernels through kdacupy.jit.render: the enum names are missing"
+#endif
 
 namespace kda {
 

@@ -1,5 +1,5 @@
 // Gate and beta activations of one element, in fp32 with the SFU approximations
-// (kdacupy/precision.py steps [2]-[3]: gate_f32, beta_f32). Used by the decode
+// (kdacupy/numerics/precision.py steps [2]-[3]: gate_f32, beta_f32). Used by the decode
 // kernel; kda_prepare.cu computes the same expressions.
 #pragma once
 #include "types.cuh"
@@ -9,16 +9,16 @@ namespace kda {
 
 constexpr float LOG2E_F = 1.4426950408889634f;
 
-// Base-2 log decay of one element. GATE: 0 log, 1 softplus, 2 sigmoid.
+// Base-2 log decay of one element; GATE is a KDA_GATE_* name.
 // x_in is the gate input g; a = exp(A_log) (as ex2(A_log * log2e)), bias = dt_bias,
 // lb2 = lower_bound * log2e.
 template <int GATE>
 __device__ __forceinline__ float gate_log2(float x_in, float a, float bias, float lb2) {
-  if constexpr (GATE == 0) {
+  if constexpr (GATE == KDA_GATE_LOG) {
     return x_in * LOG2E_F;
   } else {
     const float x = x_in + bias;
-    if constexpr (GATE == 1) {
+    if constexpr (GATE == KDA_GATE_SOFTPLUS) {
       const float z = x * LOG2E_F;
       const float sp = x > 15.0f ? z : lg2_approx_ftz(1.0f + ex2_approx_ftz(z));
       return -(a * sp);
@@ -29,16 +29,16 @@ __device__ __forceinline__ float gate_log2(float x_in, float a, float bias, floa
   }
 }
 
-// beta from its stored value. MODE: 0 none (1), 1 raw, 2 sigmoid, 3 2 * sigmoid.
+// beta from its stored value; MODE is a KDA_BETA_* name (none: 1, sigmoid2: 2 * sigmoid).
 template <int MODE>
 __device__ __forceinline__ float beta_activate(float b) {
-  if constexpr (MODE == 0) {
+  if constexpr (MODE == KDA_BETA_NONE) {
     return 1.f;
-  } else if constexpr (MODE == 1) {
+  } else if constexpr (MODE == KDA_BETA_RAW) {
     return b;
   } else {
     const float s = rcp_approx_ftz(1.0f + ex2_approx_ftz(-b * LOG2E_F));
-    return MODE == 3 ? 2.f * s : s;
+    return MODE == KDA_BETA_SIGMOID2 ? 2.f * s : s;
   }
 }
 

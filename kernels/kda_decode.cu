@@ -87,10 +87,10 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
 
   // per-head gate parameters, hoisted out of the token loop
   float A = 1.f, bias[RK];
-  if (KDA_GATE != 0 && A_log != nullptr) A = ex2_approx_ftz(A_log[hv] * LOG2E_F);
+  if (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) A = ex2_approx_ftz(A_log[hv] * LOG2E_F);
 #pragma unroll
   for (int i = 0; i < RK; ++i) {
-    bias[i] = (KDA_GATE != 0 && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + lane + 32 * i] : 0.f;
+    bias[i] = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + lane + 32 * i] : 0.f;
   }
 
 #pragma unroll 1
@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
       kd[i] = kn[i] * a[i];
     }
     const float bt = beta_activate<KDA_BETA_MODE>(
-        KDA_BETA_MODE == 0 ? 0.f : load_f32<KDA_BETA_DT>(beta, n * b_sb + t * b_st + hv * b_sh));
+        KDA_BETA_MODE == KDA_BETA_NONE ? 0.f : load_f32<KDA_BETA_DT>(beta, n * b_sb + t * b_st + hv * b_sh));
 
     // [4]-[6] w = kd . S;  u = beta (v - w);  S = fma(S, a, k u)
 #pragma unroll

@@ -1,13 +1,13 @@
-// kda_prepare: the token-parallel half of the KDA forward (DESIGN 5).
+// kda_prepare: the token-parallel half of the KDA forward (docs/design.md section 5).
 // One CTA of 128 threads per (chunk slot, value head): l2norm, gate and beta
 // activation, in-chunk cumulative decay, the decayed bf16 operands, the fp32
 // forward-substitution inverse of (I + L) and the masked q.k block. Writes one
-// workspace block (layout: kdacupy/layouts.py) that the recurrence streams.
-// The rounding points are those of kdacupy/precision.py, step numbers in [].
+// workspace block (layout: kdacupy/ops/forward/layouts.py) that the recurrence streams.
+// The rounding points are those of kdacupy/numerics/precision.py, step numbers in [].
 //
 // Rendered configuration: KDA_K, KDA_DT (q, k), KDA_G_DT, KDA_BETA_DT,
-// KDA_GATE (0 log, 1 softplus, 2 sigmoid), KDA_BETA_MODE (0 none, 1 raw,
-// 2 sigmoid, 3 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts.
+// KDA_GATE (KDA_GATE_LOG | _SOFTPLUS | _SIGMOID), KDA_BETA_MODE (KDA_BETA_NONE |
+// _RAW | _SIGMOID | _SIGMOID2 = 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts.
 #include "common.cuh"
 
 namespace {
@@ -25,11 +25,11 @@ constexpr float SAFE_EXPONENT = 100.0f;
 
 // Base-2 log decay of one element [2]. x_in is the gate input g, in fp32.
 __device__ __forceinline__ float gate2(float x_in, float a, float bias, float lb2) {
-  if constexpr (KDA_GATE == 0) {
+  if constexpr (KDA_GATE == KDA_GATE_LOG) {
     return x_in * LOG2E;
   } else {
     float x = x_in + bias;
-    if constexpr (KDA_GATE == 1) {
+    if constexpr (KDA_GATE == KDA_GATE_SOFTPLUS) {
       float z = x * LOG2E;
       float sp = x > 15.0f ? z : lg2_approx_ftz(1.0f + ex2_approx_ftz(z));
       return -(a * sp);
@@ -155,10 +155,10 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   // [2] gate, zero on padded rows (activation first, so padding adds no decay)
   {
     float a = 1.f;
-    if (KDA_GATE != 0 && A_log != nullptr) a = ex2_approx_ftz(A_log[hv] * LOG2E);
+    if (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) a = ex2_approx_ftz(A_log[hv] * LOG2E);
 #pragma unroll
     for (int i = 0; i < SEG; ++i) {
-      const float bias = (KDA_GATE != 0 && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + col0 + i] : 0.f;
+      const float bias = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + col0 + i] : 0.f;
       sG[r * K + col0 + i] = live ? gate2(gv[i], a, bias, lb2) : 0.f;
     }
   }
@@ -166,13 +166,13 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   if (tid < CHUNK) {
     float bt = 0.f;
     if (tid < rows) {
-      if constexpr (KDA_BETA_MODE == 0) {
+      if constexpr (KDA_BETA_MODE == KDA_BETA_NONE) {
         bt = 1.f;
       } else {
         bt = load_f32<KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh);
-        if constexpr (KDA_BETA_MODE >= 2) {
+        if constexpr (KDA_BETA_MODE == KDA_BETA_SIGMOID || KDA_BETA_MODE == KDA_BETA_SIGMOID2) {
           bt = rcp_approx_ftz(1.0f + ex2_approx_ftz(-bt * LOG2E));
-          if constexpr (KDA_BETA_MODE == 3) bt *= 2.f;
+          if constexpr (KDA_BETA_MODE == KDA_BETA_SIGMOID2) bt *= 2.f;
         }
       }
     }

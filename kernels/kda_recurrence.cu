@@ -1,4 +1,4 @@
-// kda_recurrence: the sequential half of the KDA forward (DESIGN 5).
+// kda_recurrence: the sequential half of the KDA forward (docs/design.md section 5).
 // One CTA per (sequence, value head, slice of BV value rows); each warp owns 16
 // value rows of the state S [V, K] and keeps them in registers for the whole
 // sequence, in the mma accumulator layout, which is also the A-operand layout:
@@ -7,7 +7,7 @@
 // cp.async pipeline of KDA_STAGES stages from the prepare kernel's workspace:
 //   W^T = S k_dec^T;  vsub^T = bf16(beta (v^T - W^T));  U^T = bf16(vsub^T INV^T)
 //   o^T = S q_dec^T + U^T Mqk^T;  S = fma(S, gexp, U^T k_res)   (one fp32 FMA each)
-// Rounding points: kdacupy/precision.py steps [10]-[16].
+// Rounding points: kdacupy/numerics/precision.py steps [10]-[16].
 //
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (v and o), KDA_BV, KDA_STAGES,
 // KDA_STATE_FP32, WS_* and RSM_* layouts; optional KDA_NO_OUTPUT (1: o is
@@ -74,10 +74,10 @@ __device__ __forceinline__ i64 state_index(int layout_vk, i64 nh, int v, int kd)
   return layout_vk ? (nh * V + v) * K + kd : (nh * K + kd) * V + v;
 }
 __device__ __forceinline__ float load_state(const void* s, int dtype, i64 idx) {
-  return dtype == 0 ? 0.f : dtype == 1 ? load_f32<KDA_BF16>(s, idx) : load_f32<KDA_F32>(s, idx);
+  return dtype == KDA_STATE_NONE ? 0.f : dtype == KDA_STATE_BF16 ? load_f32<KDA_BF16>(s, idx) : load_f32<KDA_F32>(s, idx);
 }
 __device__ __forceinline__ void store_state(void* s, int dtype, i64 idx, float x) {
-  if (dtype == 1) store_f32<KDA_BF16>(s, idx, x); else store_f32<KDA_F32>(s, idx, x);
+  if (dtype == KDA_STATE_BF16) store_f32<KDA_BF16>(s, idx, x); else store_f32<KDA_F32>(s, idx, x);
 }
 
 // Packs two n8 accumulator tiles (token columns 0-7 and 8-15) into an A fragment.

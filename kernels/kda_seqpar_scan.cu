@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(NT) kda_seqpar_scan(
   for (int r = 0; r < ROWS; ++r) {
     const int k = rg + RG * r;
     const i64 idx = state_at(layout_vk, nh0, k, c0 + j);
-    acc[r] = s0_dtype == 0 ? 0.f : s0_dtype == 1 ? load_f32<KDA_BF16>(s0, idx) : load_f32<KDA_F32>(s0, idx);
+    acc[r] = s0_dtype == KDA_STATE_NONE ? 0.f : s0_dtype == KDA_STATE_BF16 ? load_f32<KDA_BF16>(s0, idx) : load_f32<KDA_F32>(s0, idx);
   }
 #pragma unroll 1
   for (int s = 0;; ++s) {

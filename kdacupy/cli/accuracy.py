@@ -1,6 +1,6 @@
 """``python -m kdacupy.accuracy``: error against the float64 reference, FlashKDA style.
 
-For one backend, over a sweep of gate / bias regimes (DESIGN 2), prints max abs
+For one backend, over a sweep of gate / bias regimes (docs/design.md section 2), prints max abs
 error and RMSE ratio ``||x - ref|| / ||ref||`` of the output and the final
 state, next to the bf16 rounding floor of the output (the error of rounding
 the exact output to bf16). Inputs follow FlashKDA's tests: l2-normalised bf16
@@ -10,6 +10,8 @@ lower_bound = -5, A_log ~ U(0, 1), no initial state, fp32 final state.
 ``--adversarial`` sweeps the inputs that random keys never produce but real
 text does (repeated and near-collinear keys, no or saturated decay, beta at 0,
 1 and 2, zero keys, extreme softplus gates, long sequences): see ADVERSARIAL.
+
+Progress goes to stderr, one line per regime pair; the table to stdout.
 """
 from __future__ import annotations
 
@@ -73,17 +75,26 @@ def run_backend(backend, inputs, state_precision, options=OPTIONS, sequence_para
 
 
 def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pairs=None, seed=0,
-          sequence_parallel=None):
+          sequence_parallel=None, progress=None):
+    """One row per (g, dt_bias) regime pair; ``progress(i, n, row)`` after each."""
     from ..numerics.reference import kda_reference
     rows = []
-    for gr, br in pairs or itertools.product(G_REGIMES, BIAS_REGIMES):
+    pairs = list(pairs or itertools.product(G_REGIMES, BIAS_REGIMES))
+    for gr, br in pairs:
         inputs = make_inputs(T, H, K, V, gr, br, seed)
         ref_opts = {n: x for n, x in OPTIONS.items() if n != "state_dtype"}
         ref_o, ref_s = kda_reference(**inputs, **ref_opts)
         t0 = time.perf_counter()
         o, s = run_backend(backend, inputs, state_precision, sequence_parallel=sequence_parallel)
         rows.append(_row(dict(g=gr, dt_bias=br), o, s, ref_o, ref_s, time.perf_counter() - t0))
+        if progress:
+            progress(len(rows), len(pairs), rows[-1])
     return rows
+
+
+def print_progress(i, n, row):
+    what = f"case={row['case']}" if "case" in row else f"g={row['g']} dt_bias={row['dt_bias']}"
+    print(f"[{i}/{n}] {what}: o ratio {row['o_rmse']:.2e} ({row['seconds']:.1f} s)", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -158,7 +169,7 @@ def adversarial_inputs(name, T, H, K, V, seed=0):
 
 
 def adversarial_sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", names=None, seed=0,
-                      sequence_parallel=None):
+                      sequence_parallel=None, progress=None):
     from ..numerics.reference import kda_reference
     rows = []
     for name in names or ADVERSARIAL:
@@ -167,6 +178,8 @@ def adversarial_sweep(backend="model", T=2048, H=4, K=128, V=128, state_precisio
         t0 = time.perf_counter()
         o, s = run_backend(backend, x, state_precision, opts, sequence_parallel)
         rows.append(_row(dict(case=name, T=x["q"].shape[1]), o, s, ref_o, ref_s, time.perf_counter() - t0))
+        if progress:
+            progress(len(rows), len(names or ADVERSARIAL), rows[-1])
     return rows
 
 
@@ -183,16 +196,19 @@ def format_table(rows):
     what = (lambda r: f"{r['case']:>28} {r['T']:>5}") if "case" in rows[0] else (
         lambda r: f"{r['g']:>8} {r['dt_bias']:>8}")
     cols = f"{'case':>28} {'T':>5}" if "case" in rows[0] else f"{'g':>8} {'dt_bias':>8}"
-    head = f"{cols} | {'o max':>9} {'o rmse':>9} {'bf16 floor':>10} | {'S max':>9} {'S rmse':>9}"
-    lines = [head, "-" * len(head)]
+    head = (f"{cols} | {'o abs max':>9} {'o ratio':>9} {'bf16 ratio':>10} | {'S abs max':>9} "
+            f"{'S ratio':>9}")
+    legend = ("abs max: max |x - ref| (absolute); ratio: ||x - ref|| / ||ref|| (relative RMSE); "
+              "bf16 ratio: the ratio of the exact output rounded to bf16 (the floor)")
+    lines = [legend, head, "-" * len(head)]
     for r in rows:
         lines.append(f"{what(r)} | {r['o_max']:9.2e} {r['o_rmse']:9.2e} {r['o_bf16_floor']:10.2e}"
                      f" | {r['state_max']:9.2e} {r['state_rmse']:9.2e}" + ("" if r["finite"] else "  NON-FINITE"))
     worst = max(rows, key=lambda r: r["o_rmse"] if np.isfinite(r["o_rmse"]) else np.inf)
     where = f"case={worst['case']}" if "case" in worst else f"g={worst['g']}, dt_bias={worst['dt_bias']}"
-    lines.append(f"worst o rmse {worst['o_rmse']:.2e} ({where}); "
+    lines.append(f"worst o ratio {worst['o_rmse']:.2e} ({where}); "
                  f"median {np.median([r['o_rmse'] for r in rows]):.2e}; "
-                 f"median bf16 floor {np.median([r['o_bf16_floor'] for r in rows]):.2e}")
+                 f"median bf16 ratio {np.median([r['o_bf16_floor'] for r in rows]):.2e}")
     return "\n".join(lines)
 
 
@@ -225,10 +241,10 @@ def main(argv=None):
           "errors against the float64 reference", flush=True)
     if args.adversarial:
         rows = adversarial_sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, seed=args.seed,
-                                 sequence_parallel=args.sequence_parallel)
+                                 sequence_parallel=args.sequence_parallel, progress=print_progress)
     else:
         rows = sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, pairs, args.seed,
-                     args.sequence_parallel)
+                     args.sequence_parallel, progress=print_progress)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

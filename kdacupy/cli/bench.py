@@ -1,5 +1,5 @@
 """``python -m kdacupy.bench``: kdacupy against FLA's ``chunk_kda`` on the same
-inputs, timed with CUDA events (DESIGN 6). Needs a GPU.
+inputs, timed with CUDA events (docs/design.md section 6). Needs a GPU.
 
 Shapes (K = V = 128, bf16, one value head per query head):
   kimi     T = 8192 with H = 96 and 64, each as one fixed-length sequence

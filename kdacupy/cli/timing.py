@@ -3,7 +3,6 @@ device facts, finite checks, freeing memory, and the git commit of a run.
 CuPy and torch are imported inside the functions."""
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import env
 from ..numerics.dtypes import BF16
 
 NO_GPU = ("{prog}: no CUDA GPU is available (CuPy found none); timing needs a GPU.{hint}")
@@ -102,18 +102,18 @@ def finite(x) -> bool:
 
 
 def git_commit() -> str | None:
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
     except Exception:  # noqa: BLE001
         pass
-    return os.environ.get("KDACUPY_COMMIT") or None
+    return env.get("KDACUPY_COMMIT")
 
 
 def git_dirty() -> bool | None:
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                              capture_output=True, text=True, timeout=10)

@@ -1,11 +1,11 @@
 """``python -m kdacupy.tune``: measure every tile configuration per shape bucket
 on this GPU and write the tuning file kda_forward reads.
 
-Each shape maps to a bucket (``kdacupy.tuning.bucket_of``: K, V, dtype, state
+Each shape maps to a bucket (``kdacupy.ops.forward.tuning.bucket_of``: K, V, dtype, state
 precision, varlen, parallelism and length classes); each bucket is tuned once,
 on the first shape that maps to it. For each candidate (``TILE_SPACE``, BV <= V):
 compile (threads), check parity on a small input of the bucket's kind against
-the precision model (``kdacupy.parity.GPU``; a candidate that fails is reported
+the precision model (``kdacupy.numerics.parity.GPU``; a candidate that fails is reported
 and never chosen), then time it on the full shape with CUDA events (warm-up,
 ``--iters`` calls, median; two input sets alternate when the inputs would stay
 in L2). The fastest wins; the YAML records its time, the runner-up and the
@@ -377,7 +377,7 @@ def report(results, sm_count) -> str:
 
 
 def dry_run(buckets, arch: str, jobs: int) -> int:
-    from .compile import SMEM_LIMIT, compile_variant
+    from ..jit.nvrtc import SMEM_LIMIT, compile_variant
     from ..ops.forward.kernels import prepare_variant, recurrence_variant
 
     work = {}
@@ -420,7 +420,7 @@ def dry_run(buckets, arch: str, jobs: int) -> int:
 
 
 def main(argv=None):
-    from .compile import ARCHS
+    from ..jit.nvrtc import ARCHS
 
     ap = argparse.ArgumentParser(prog="python -m kdacupy.tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

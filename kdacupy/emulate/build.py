@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from .. import env
 from . import numerics
 from .errors import EmulationError
 
@@ -69,7 +69,7 @@ def _version(cxx: str) -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KDACUPY_CACHE_DIR")
+    root = env.get("KDACUPY_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "kdacupy"
     return base / "emulate"
 
@@ -89,7 +89,7 @@ def build(source: str, names: Sequence[str], checked: bool = False, numerics_mod
     arithmetic (default: $KDACUPY_EMULATE_NUMERICS); both are in the key."""
     cxx = find_compiler()
     text = full_source(source, names)
-    flags = [*FLAGS, *(CHECK_FLAGS if checked else ()), numerics.define(numerics_mode), *shlex.split(os.environ.get("KDACUPY_EMULATE_CXXFLAGS", ""))]
+    flags = [*FLAGS, *(CHECK_FLAGS if checked else ()), numerics.define(numerics_mode), *env.get("KDACUPY_EMULATE_CXXFLAGS")]
     files = HEADERS + (CHECK_FILES if checked else ())
     h = hashlib.sha256()
     for part in (text, *((HERE / f).read_text() for f in files), cxx, _version(cxx), " ".join(flags)):

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import env
 from . import numerics
 from .build import build, stats
 from .errors import EmulationError
@@ -27,11 +28,10 @@ _last_launched: list = [None]  # the library whose launch came last keeps its ca
 def _mode() -> int:
     """Bug-exposing modes (default off): KDACUPY_EMULATE_CP_ASYNC=eager makes cp.async land at
     issue instead of at the covering wait; KDACUPY_EMULATE_ORDER=reverse runs threads in reverse."""
-    cp = os.environ.get("KDACUPY_EMULATE_CP_ASYNC", "deferred")
-    order = os.environ.get("KDACUPY_EMULATE_ORDER", "forward")
-    if cp not in ("deferred", "eager") or order not in ("forward", "reverse"):
-        raise EmulationError(f"KDACUPY_EMULATE_CP_ASYNC={cp!r} (deferred|eager), "
-                             f"KDACUPY_EMULATE_ORDER={order!r} (forward|reverse)")
+    try:
+        cp, order = env.get("KDACUPY_EMULATE_CP_ASYNC"), env.get("KDACUPY_EMULATE_ORDER")
+    except env.EnvError as e:
+        raise EmulationError(str(e)) from None
     return (cp == "eager") | (order == "reverse") << 1
 
 
@@ -39,20 +39,12 @@ CHECKS = {"memcheck": 1, "racecheck": 2, "aligncheck": 4}
 
 
 def checks() -> int:
-    """KDACUPY_EMULATE_CHECK: a comma list of memcheck, racecheck, aligncheck, or all
-    (empty: off) -> bits; launches then run a checked build (checks.h)."""
-    raw = os.environ.get("KDACUPY_EMULATE_CHECK", "")
-    bits = 0
-    for item in raw.split(","):
-        name = item.strip()
-        if name == "all":
-            bits |= sum(CHECKS.values())
-        elif name in CHECKS:
-            bits |= CHECKS[name]
-        elif name:
-            raise EmulationError(f"KDACUPY_EMULATE_CHECK={raw!r}: unknown check {name!r}; expected a comma list "
-                                 "of memcheck, racecheck, aligncheck, or all (empty: off)")
-    return bits
+    """KDACUPY_EMULATE_CHECK (kdacupy/env.py) -> bits; launches then run a checked build (checks.h)."""
+    try:
+        names = env.get("KDACUPY_EMULATE_CHECK")
+    except env.EnvError as e:
+        raise EmulationError(str(e)) from None
+    return sum(CHECKS[n] for n in names)
 
 
 class ArrayPointer:
@@ -210,8 +202,8 @@ class EmulatedFunction:
                                  "of a Hopper GPU")
         bufs = [self._marshal(i, a) for i, a in enumerate(args)]  # kept alive during the launch
         argv = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.addressof(x) for x in bufs])
-        threads = int(os.environ.get("KDACUPY_EMULATE_THREADS") or os.cpu_count() or 1)
-        stack = int(os.environ.get("KDACUPY_EMULATE_STACK_KB") or 256) * 1024
+        threads = env.get("KDACUPY_EMULATE_THREADS") or os.cpu_count() or 1
+        stack = env.get("KDACUPY_EMULATE_STACK_KB") * 1024
         check = checks()
         cfg = (ctypes.c_longlong * 11)(*g, *b, int(shared_mem), threads, stack, _mode(), check)
         ext = []  # (first byte, end, argument index) of every array argument

@@ -11,10 +11,9 @@ the build cache key.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from .. import env
 from .errors import EmulationError
 
 VARIABLE = "KDACUPY_EMULATE_NUMERICS"
@@ -28,10 +27,10 @@ REL_BOUND = {"lg2": 2.0 ** -22, "rsqrt": 2.0 ** -22.9, "tanh": 2.0 ** -11}  # lg
 
 
 def mode() -> str:
-    value = os.environ.get(VARIABLE, "exact")
-    if value not in MODES:
-        raise EmulationError(f"{VARIABLE}={value!r}: expected one of {', '.join(MODES)}")
-    return value
+    try:
+        return env.get(VARIABLE)
+    except env.EnvError as e:
+        raise EmulationError(str(e)) from None
 
 
 def define(which: str | None = None) -> str:

@@ -11,13 +11,14 @@ import numpy as np
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)  # the reference backend's own type
 
 #: dtypes accepted for q, k, v, g, beta and out
 INPUT_DTYPES = (BF16, F16, F32)
 #: dtypes accepted for initial_state / final_state
 STATE_DTYPES = (BF16, F32)
 
-_NAMES = {BF16: "bfloat16", F16: "float16", F32: "float32"}
+_NAMES = {BF16: "bfloat16", F16: "float16", F32: "float32", F64: "float64"}
 
 
 def as_dtype(dt) -> np.dtype:

@@ -1,4 +1,4 @@
-"""NumPy model of the CUDA kernels' rounding, step for step (DESIGN 2).
+"""NumPy model of the CUDA kernels' rounding, step for step (docs/design.md section 2).
 
 ``kda_model`` computes what ``kda_forward(backend="cuda")`` computes, with every
 value the kernels hold in bf16 / fp16 / fp32 rounded to that type at the same

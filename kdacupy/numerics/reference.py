@@ -1,6 +1,6 @@
 """Float64 reference of KDA: the definition every backend is measured against.
 
-Two forms of the same function (DESIGN 1):
+Two forms of the same function (docs/design.md section 1):
 
 * ``form="recurrent"``: the token-by-token definition, literally.
 * ``form="chunked"``: the chunkwise WY form (chunk size a parameter), exact in

@@ -14,20 +14,11 @@ from kdacupy.ops.forward.tuning import TileConfig
 H200 = "NVIDIA H200"
 
 
-def nvrtc_available():
-    try:
-        from kdacupy.cli.compile import _nvrtc
-        _nvrtc()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
 # ---------------------------------------------------------------------------
 # --dry-run
 
 
-@pytest.mark.skipif(not nvrtc_available(), reason="NVRTC (pip's cuda-toolkit[nvrtc]) is not installed")
+@pytest.mark.nvrtc
 def test_dry_run_compiles_every_candidate(capsys):
     rc = tune.main(["--dry-run", "--shapes", "T=64,H=2,K=64,V=64", "--arch", "sm_90a"])
     out, err = capsys.readouterr()
@@ -46,7 +37,7 @@ def test_dry_run_compiles_every_candidate(capsys):
 
 
 def test_dry_run_reports_a_failing_compile(capsys, monkeypatch):
-    from kdacupy.cli import compile as comp
+    from kdacupy.jit import nvrtc as comp
 
 
     def flaky(var, arch, sass=False):
@@ -63,7 +54,7 @@ def test_dry_run_reports_a_failing_compile(capsys, monkeypatch):
 
 
 def test_dry_run_without_nvrtc(capsys, monkeypatch):
-    from kdacupy.cli import compile as comp
+    from kdacupy.jit import nvrtc as comp
 
     def missing(var, arch, sass=False):
         raise OSError("libnvrtc.so.13: cannot open shared object file")
@@ -74,7 +65,7 @@ def test_dry_run_without_nvrtc(capsys, monkeypatch):
 
 
 def test_dry_run_groups_shapes_into_buckets(capsys, monkeypatch):
-    from kdacupy.cli import compile as comp
+    from kdacupy.jit import nvrtc as comp
 
     monkeypatch.setattr(comp, "compile_variant", lambda var, arch, sass=False: comp.CompileResult(
         True, "", regs=1, spill_stores=0, spill_loads=0, stack=0))
@@ -293,16 +284,7 @@ def test_parity_input_matches_the_bucket_kind():
     assert s.lens is None and s.T % 16 and s.B == 2
 
 
-def host_compiler():
-    try:
-        from kdacupy.emulate import find_compiler
-        find_compiler()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-@pytest.mark.skipif(not host_compiler(), reason="no host C++ compiler for the emulation")
+@pytest.mark.emulate
 def test_parity_check_through_the_emulation(monkeypatch):
     """The tuner's parity step (inputs, the model, both comparisons) run on the
     CPU: the real kernels pass, a kernel with a wrong output or state does not."""

@@ -6,19 +6,16 @@ import sys
 
 import pytest
 
-from kdacupy.jit import loaders as jit
-from kdacupy.cli.compile import ARCHS, SMEM_LIMIT, compile_variant, label, prepare_variants, recurrence_variants
+from kdacupy.jit import registry, render as jit
+from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT, compile_variant
+from kdacupy.ops.forward.variants import prepare_variants, recurrence_variants
 from kdacupy.numerics.dtypes import BF16, F32
 from kdacupy.ops.forward.kernels import PrepareVariant, RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
 from kdacupy.cli.compile import decode_variants
 from kdacupy.ops.decode.kernels import DecodeTiles, DecodeVariant, decode_candidates
 
-try:
-    from kdacupy.cli.compile import _nvrtc
-    _nvrtc()
-except Exception as e:  # noqa: BLE001
-    pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
+pytestmark = pytest.mark.nvrtc  # skipped where NVRTC cannot load (tests/conftest.py)
 
 try:
     from cuda.pathfinder import find_nvidia_binary_utility
@@ -37,7 +34,7 @@ HMMA_PER_CHUNK = 2 * 2 * 128 // 16 + 4 + 128 // 8
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("var", DEFAULTS, ids=label)
+@pytest.mark.parametrize("var", DEFAULTS, ids=registry.label)
 def test_recurrence_budget(arch, var):
     res = compile_variant(var, arch, sass=HAVE_NVDISASM)
     assert res.ok, res.log
@@ -50,7 +47,7 @@ def test_recurrence_budget(arch, var):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("var", PREPARE_DEFAULTS, ids=label)
+@pytest.mark.parametrize("var", PREPARE_DEFAULTS, ids=registry.label)
 def test_prepare_budget(arch, var):
     res = compile_variant(var, arch, sass=HAVE_NVDISASM)
     assert res.ok, res.log
@@ -67,11 +64,11 @@ def test_variant_enumeration_covers_the_options():
     assert {v.beta_mode for v in prep} == {"none", "raw", "sigmoid", "sigmoid2"}
     assert {(v.K, v.V) for v in rec} == {(k, v) for k in (64, 128, 256) for v in (64, 128, 256)}
     assert all(v.tiles.BV <= v.V for v in rec)
-    assert len(set(map(label, prep + rec))) == len(prep) + len(rec)
+    assert len(set(map(registry.label, prep + rec))) == len(prep) + len(rec)
 
 
 def test_cli_reports_one_line_per_variant():
-    out = subprocess.run([sys.executable, "-m", "kdacupy.cli.compile", "--arch", "sm_80", "--kernel", "recurrence",
+    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "recurrence",
                           "--match", "K=64 V=64 dt=float16 state=bf16 BV=64"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

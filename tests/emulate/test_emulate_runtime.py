@@ -159,7 +159,7 @@ extern "C" __global__ void missing_barrier(int* out) {
   if (threadIdx.x >= 32) out[threadIdx.x - 32] = s[threadIdx.x - 32];
 }
 
-// The DESIGN.md workload: rounds of 2 __syncthreads and a 5-step xor reduction.
+// A barrier-heavy workload: rounds of 2 __syncthreads and a 5-step xor reduction.
 extern "C" __global__ void workload(float* out, int rounds) {
   __shared__ float s[128];
   float v = (float)(threadIdx.x + blockIdx.x);
@@ -402,7 +402,7 @@ def test_compile_error_shows_compiler_output(monkeypatch, tmp_path):
 
 
 def test_fiber_workload(mod):
-    """DESIGN.md's measurement: 32 blocks of 128 threads, 200 rounds of 2 __syncthreads
+    """The fiber scheduler's cost: 32 blocks of 128 threads, 200 rounds of 2 __syncthreads
     and a 5-step xor-shuffle reduction (3.3 s with ucontext fibers). Functional check;
     the time is printed, not asserted."""
     out = np.zeros((32, 128), np.float32)

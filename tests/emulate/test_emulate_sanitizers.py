@@ -246,7 +246,7 @@ def test_checks_are_selected_by_name(mod, checks):
     assert "hazard" in caught(mod.get_function("warp_handoff"), 1, 64, (out, np.int32(0)), shared_mem=256)
     checks("memcheck,bogus")
     msg = caught(mod.get_function("warp_handoff"), 1, 64, (out, np.int32(1)), shared_mem=256)
-    assert "KDACUPY_EMULATE_CHECK='memcheck,bogus': unknown check 'bogus'" in msg, msg
+    assert "KDACUPY_EMULATE_CHECK='memcheck,bogus' is not valid: expected a comma list of memcheck" in msg, msg
 
 
 def test_memcheck_sees_the_extent_of_a_strided_view(mod, checks):

@@ -9,7 +9,6 @@ import pytest
 
 import kdacupy
 from kdacupy.numerics.dtypes import BF16
-from kdacupy.emulate import find_compiler
 from kdacupy.numerics.parity import EMULATE, mismatch
 from kdacupy.numerics.precision import kda_model
 from kdacupy.ops.forward.tuning import TileConfig
@@ -17,10 +16,7 @@ from kdacupy.ops.forward.tuning import TileConfig
 from ..cases import CASES, case_inputs
 from ..inputs import make_inputs, rmse_ratio
 
-try:
-    find_compiler()
-except Exception as e:  # noqa: BLE001
-    pytest.skip(f"no host C++ compiler for the emulation: {e}", allow_module_level=True)
+pytestmark = pytest.mark.emulate  # skipped without a host C++ compiler (tests/conftest.py)
 
 def close(x, ref):
     why = mismatch(x, ref, EMULATE)

@@ -1,8 +1,8 @@
 """The CUDA kernels on a GPU: parity with the precision model over the option
 matrix (tolerance ``kdacupy.numerics.parity.GPU``, derived in its docstring), accuracy
 against the float64 reference, determinism, 64-bit offsets, CUDA graphs,
-streams, torch / JAX inputs and device-side errors. Skipped without a GPU.
-The T = 8192 sweep is in test_gpu_long.py (run last: it is the slowest)."""
+streams, torch / JAX inputs and device-side errors. Skipped without a GPU
+(tests/conftest.py). The T = 8192 sweep is in test_gpu_long.py (run last: it is the slowest)."""
 import os
 
 import numpy as np
@@ -19,13 +19,7 @@ from ..cases import CASES, case_inputs
 from ..inputs import make_inputs, rmse_ratio
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
-try:
-    HAVE_GPU = cp.cuda.runtime.getDeviceCount() > 0
-except Exception:  # noqa: BLE001  (no driver)
-    HAVE_GPU = False
-if not HAVE_GPU:
-    pytest.skip("no CUDA GPU here: these tests run on the lent device (benchmarks/device_check.sh)",
-                allow_module_level=True)
+pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 
 
 @pytest.fixture(autouse=True)

@@ -9,11 +9,13 @@ options (the variant, its compiled function, the grid) is cached per call key.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 from functools import lru_cache
 
 import numpy as np
 
 from ...jit.loaders import loader
+from ...numerics.dtypes import dtype_name
 from ..forward.kernels import BETA_CODE, DTYPE_CODE, GATE_CODE, LOG2E, _ptr, _strides
 
 
@@ -49,6 +51,7 @@ def decode_heuristic(K: int, V: int, rows: int, sm_count: int = 132) -> DecodeTi
 
 @dataclass(frozen=True)
 class DecodeVariant:
+    kernel: ClassVar[str] = "kda_decode"
     K: int
     V: int
     dtype: np.dtype
@@ -73,6 +76,11 @@ class DecodeVariant:
         return 32 * self.tiles.warps
 
     smem = 0
+
+    def label(self) -> str:
+        return (f"kda_decode K={self.K} V={self.V} dt={dtype_name(self.dtype)} g={dtype_name(self.g_dtype)} "
+                f"beta={self.beta_mode}:{dtype_name(self.beta_dtype)} gate={self.gate} l2norm={int(self.l2norm)} "
+                f"pool={dtype_name(self.pool_dtype)} layout={self.layout} BV={self.tiles.BV} warps={self.tiles.warps}")
 
 
 def decode_variant(p, pool, tiles: DecodeTiles) -> DecodeVariant:

@@ -1,1 +1,1 @@
-"""The chunked forward: kda_prepare + kda_recurrence launchers, byte layouts, tile lookup."""
+"""The chunked forward: kda_prepare + kda_recurrence launchers, byte layouts, tile lookup, limits."""

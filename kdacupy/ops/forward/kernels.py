@@ -1,29 +1,28 @@
 """One Python launcher per .cu kernel: variant configuration, grid, arguments.
 
-The same launch code serves the GPU (CuPy arrays, ``kdacupy.jit.CudaLoader``)
+The same launch code serves the GPU (CuPy arrays, ``kdacupy.jit.loaders.CudaLoader``)
 and the CPU emulation (NumPy arrays, ``EmulateLoader``): only the loader and the
 array module differ. Nothing here reads device memory or synchronises.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from . import layouts
-from ...numerics.dtypes import BF16, F16, F32
+from ...numerics.dtypes import dtype_name
+from ...jit.enums import BETA_CODE, DTYPE_CODE, GATE_CODE, STATE_DTYPE_CODE  # noqa: F401
 from ...jit.loaders import loader
 from .tuning import TileConfig, select_tiles
 
-DTYPE_CODE = {BF16: 0, F16: 1, F32: 2}
-GATE_CODE = {"log": 0, "softplus": 1, "sigmoid": 2}
-BETA_CODE = {"none": 0, "raw": 1, "sigmoid": 2, "sigmoid2": 3}
-STATE_DTYPE_CODE = {None: 0, BF16: 1, F32: 2}
 LOG2E = 1.0 / np.log(2.0)
 
 
 @dataclass(frozen=True)
 class PrepareVariant:
+    kernel: ClassVar[str] = "kda_prepare"
     K: int
     dtype: np.dtype
     g_dtype: np.dtype
@@ -42,9 +41,14 @@ class PrepareVariant:
     def smem(self) -> int:
         return layouts.prepare_smem(self.K)["PSM_TOTAL"]
 
+    def label(self) -> str:
+        return (f"kda_prepare K={self.K} dt={dtype_name(self.dtype)} g={dtype_name(self.g_dtype)} "
+                f"beta={self.beta_mode}:{dtype_name(self.beta_dtype)} gate={self.gate} l2norm={int(self.l2norm)}")
+
 
 @dataclass(frozen=True)
 class RecurrenceVariant:
+    kernel: ClassVar[str] = "kda_recurrence"
     K: int
     V: int
     dtype: np.dtype
@@ -68,6 +72,11 @@ class RecurrenceVariant:
     @property
     def threads(self) -> int:
         return self.tiles.BV // 16 * 32
+
+    def label(self) -> str:
+        return (f"kda_recurrence K={self.K} V={self.V} dt={dtype_name(self.dtype)} "
+                f"state={'fp32' if self.state_fp32 else 'bf16'} BV={self.tiles.BV} stages={self.tiles.stages}"
+                + (" no_output" if self.no_output else ""))
 
 
 def prepare_variant(p) -> PrepareVariant:

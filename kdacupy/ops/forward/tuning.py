@@ -51,6 +51,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import env
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -142,7 +144,7 @@ def model_name(device_name: str) -> str:
 
 
 def user_dir() -> Path:
-    d = os.environ.get("KDACUPY_TUNING_DIR")
+    d = env.get("KDACUPY_TUNING_DIR")
     return Path(d) if d else Path(os.path.expanduser("~/.cache/kdacupy/tuning"))
 
 

@@ -203,6 +203,9 @@ class ScanVariant:
     def smem(self) -> int:
         return scan_smem(self.K)
 
+    def label(self) -> str:
+        return f"kda_seqpar_scan K={self.K} V={self.V}"
+
 
 def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     """``scan`` as one kernel launch (kernels/kda_seqpar_scan.cu) through the

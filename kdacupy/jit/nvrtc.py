@@ -1,0 +1,114 @@
+"""The NVRTC compile service: a rendered variant to a cubin and ptxas' resource
+report, without a GPU or a driver.
+
+NVRTC is called through ctypes, not ``cupy.RawModule`` (which asks the GPU for
+its architecture) and not CuPy's ``nvrtc.getCUBIN`` (CuPy 14.2 returns the cubin
+one byte short, which the binary tools reject).
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .render import render
+
+#: NVRTC options of every GPU build; --fmad=false: only explicit fmaf() fuse, as in the emulation
+NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
+#: what cupy.RawModule adds to every NVRTC compile (cupy/cuda/compiler.py, CuPy 14): -ftz=true
+#: (fp32 arithmetic flushes subnormal inputs and results to zero: part of the numerics contract),
+#: --device-as-default-execution-space, and -arch=sm_XY of the device (no "a" suffix: sm_90 on an
+#: H100/H200). The compile report passes the same, so it describes the binary the runtime builds.
+CUPY_ADDED_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")
+
+
+class CompileError(RuntimeError):
+    """A kernel variant NVRTC could not compile: the message names the variant and carries NVRTC's log."""
+
+
+ARCHS = ("sm_80", "sm_90a", "sm_100a")
+#: the targets CuPy itself builds for on Hopper / Blackwell (it never adds the "a" suffix)
+RUNTIME_ARCHS = ("sm_90", "sm_100")
+#: shared memory a block may use, per arch (opt-in maximum)
+SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 1024, "sm_90": 227 * 1024,
+              "sm_100": 227 * 1024}
+
+
+@lru_cache(maxsize=None)
+def _nvrtc():
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    lib = ctypes.CDLL(load_nvidia_dynamic_lib("nvrtc").abs_path)
+    for name in ("nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
+                 "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcDestroyProgram"):
+        getattr(lib, name).restype = ctypes.c_int
+    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+@dataclass
+class CompileResult:
+    ok: bool
+    log: str
+    cubin: bytes = b""
+    regs: int = -1
+    spill_stores: int = -1
+    spill_loads: int = -1
+    stack: int = -1
+    static_smem: int = 0
+    sass: dict = field(default_factory=dict)
+
+    @property
+    def resources(self) -> str:
+        return (f"regs={self.regs} spill_stores={self.spill_stores} spill_loads={self.spill_loads} "
+                f"stack={self.stack}")
+
+
+def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    check = lambda rc, what: rc == 0 or (_ for _ in ()).throw(  # noqa: E731
+        RuntimeError(f"{what}: {lib.nvrtcGetErrorString(rc).decode()}"))
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None), "create")
+    opts = [*NVRTC_OPTIONS, *CUPY_ADDED_OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v", *options]
+    argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    try:
+        rc = lib.nvrtcCompileProgram(prog, len(opts), argv)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, buf)
+        log = buf.value.decode(errors="replace")
+        if rc != 0:
+            return CompileResult(False, log)
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        cubin = ctypes.create_string_buffer(size.value)
+        check(lib.nvrtcGetCUBIN(prog, cubin), "getCUBIN")
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    res = CompileResult(True, log, cubin.raw)
+    m = re.search(r"Used (\d+) registers", log)
+    res.regs = int(m.group(1)) if m else -1
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if m:
+        res.stack, res.spill_stores, res.spill_loads = map(int, m.groups())
+    m = re.search(r"(\d+) bytes smem", log)
+    res.static_smem = int(m.group(1)) if m else 0
+    return res
+
+
+def arch_of_device() -> str:
+    """The target cupy.RawModule compiles for on this device: sm_<cc>, no "a" suffix."""
+    import cupy
+
+    return f"sm_{cupy.cuda.Device().compute_capability}"
+
+
+def compile_variant(var, arch: str, sass: bool = False) -> CompileResult:
+    res = nvrtc_compile(render(var.kernel, var.config()), arch)
+    if res.ok and sass:
+        from .sass import sass_mix
+
+        res.sass = sass_mix(res.cubin)
+    return res

@@ -1,0 +1,31 @@
+"""The instruction mix of a cubin, from ``nvdisasm`` (pip's nvidia-cuda-nvdisasm)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+
+SASS_OPS = ("HMMA", "LDSM", "LDL", "STL", "LDG", "STG", "LDGSTS", "MUFU")
+NVDISASM_HINT = 'the SASS mix needs nvdisasm: pip install "kdacupy[test]" (or nvidia-cuda-nvdisasm)'
+
+
+def nvdisasm() -> str | None:
+    """Path of the disassembler, or None when it is not installed."""
+    try:
+        from cuda.pathfinder import find_nvidia_binary_utility
+    except ImportError:
+        return None
+    return find_nvidia_binary_utility("nvdisasm")
+
+
+def sass_mix(cubin: bytes) -> dict:
+    """Instruction counts of a cubin (static, as disassembled)."""
+    tool = nvdisasm()
+    if tool is None:
+        raise RuntimeError(NVDISASM_HINT)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, f.name], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", text, re.M)
+    return {op: sum(1 for x in ops if x == op) for op in SASS_OPS}

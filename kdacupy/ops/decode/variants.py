@@ -1,0 +1,31 @@
+"""Every variant of the decode kernel the library can launch, registered with
+``kdacupy.jit.registry`` (what ``python -m kdacupy.compile --kernel decode`` builds)."""
+from __future__ import annotations
+
+import itertools
+
+from ...jit import registry
+from ...numerics.dtypes import BF16, F32
+from ..forward.limits import DIMS
+from ..forward.variants import DTYPES
+from .kernels import BETA_CODE, GATE_CODE, DecodeTiles, DecodeVariant, decode_candidates
+
+
+def decode_variants():
+    """Every shape, dtype, pool and layout at the Kimi options, with every tile
+    configuration at K = V = 128 (what the tuner tries) and the heuristic's two
+    elsewhere; every gate / beta / l2norm / input-dtype option at K = V = 128."""
+    for K, V, dt, pool, layout in itertools.product(DIMS, DIMS, DTYPES, (BF16, F32), ("vk", "kv")):
+        tried = decode_candidates(K, V) if (K, V) == (128, 128) else [DecodeTiles(16, 4), DecodeTiles(8, 4)]
+        for tiles in tried:
+            yield DecodeVariant(K, V, dt, dt, dt, "sigmoid", "sigmoid", True, pool, layout, tiles)
+    for dt, gate, l2 in itertools.product(DTYPES, GATE_CODE, (False, True)):
+        for gdt in dict.fromkeys((dt, F32)):
+            for beta_mode in BETA_CODE:
+                for bdt in ((dt,) if beta_mode == "none" else dict.fromkeys((dt, F32))):
+                    if (gate, beta_mode, l2, gdt, bdt) != ("sigmoid", "sigmoid", True, dt, dt):
+                        yield DecodeVariant(128, 128, dt, gdt, bdt, gate, beta_mode, l2, BF16, "vk",
+                                            DecodeTiles())
+
+
+registry.register("kda_decode", decode_variants)

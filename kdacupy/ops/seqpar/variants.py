@@ -1,0 +1,29 @@
+"""Sequence parallelism's kernel variants, registered with ``kdacupy.jit.registry``
+(``python -m kdacupy.compile --kernel seqpar``): the recurrence's map variants
+(fp32 state, no output) and the scan kernel."""
+from __future__ import annotations
+
+import itertools
+
+from ...jit import registry
+from ..forward.kernels import RecurrenceVariant
+from ..forward.limits import DIMS
+from ..forward.tuning import TILE_SPACE
+from ..forward.variants import DTYPES
+from .split import ScanVariant
+
+
+def map_variants():
+    for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
+        for tiles in TILE_SPACE:
+            if tiles.BV <= V:
+                yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True)
+
+
+def scan_variants():
+    for K, V in itertools.product(DIMS, DIMS):
+        yield ScanVariant(K, V)
+
+
+registry.register("kda_seqpar_maps", map_variants)
+registry.register("kda_seqpar_scan", scan_variants)

@@ -1,0 +1,53 @@
+"""Markers and skips for the whole suite, in one place.
+
+Tests are grouped by area (numerics, emulate, compile, gpu, cli; dist later).
+Every test under tests/gpu/ is marked ``gpu`` and every test under
+tests/emulate/ ``emulate``; a test elsewhere that needs one of these resources
+carries the marker itself. A marked test is skipped, with the reason, where its
+resource is missing; select areas with ``-m``, e.g. ``pytest -m "not emulate"``.
+"""
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+MARKERS = {
+    "gpu": "needs a CUDA GPU (benchmarks/device_check.sh runs these on one)",
+    "emulate": "needs a host C++17 compiler (g++, clang++ or $CXX) for the CPU emulation of the kernels",
+    "nvrtc": "needs NVRTC (pip's cuda-toolkit[nvrtc]); no GPU or driver",
+}
+AREAS = {"gpu": "gpu", "emulate": "emulate"}  # directory -> the marker all its tests carry
+
+
+@lru_cache(maxsize=None)
+def missing(marker: str):
+    """Why the resource of ``marker`` is missing here, or None when it is present."""
+    try:
+        if marker == "gpu":
+            import cupy
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                return "no CUDA GPU"
+        elif marker == "emulate":
+            from kdacupy.emulate import find_compiler
+            find_compiler()
+        elif marker == "nvrtc":
+            from kdacupy.jit.nvrtc import _nvrtc
+            _nvrtc()
+    except Exception as e:  # noqa: BLE001  (no CuPy, no driver, no compiler, no library)
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    return None
+
+
+def pytest_configure(config):
+    for name, what in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        area = Path(str(item.fspath)).parent.name
+        if area in AREAS:
+            item.add_marker(AREAS[area])
+        for name, what in MARKERS.items():
+            if item.get_closest_marker(name) and (why := missing(name)):
+                item.add_marker(pytest.mark.skip(reason=f"{what}; here: {why}"))
