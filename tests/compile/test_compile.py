@@ -12,7 +12,7 @@ from kdacupy.ops.forward.variants import prepare_variants, recurrence_variants
 from kdacupy.numerics.dtypes import BF16, F32
 from kdacupy.ops.forward.kernels import PrepareVariant, RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
-from kdacupy.cli.compile import decode_variants
+from kdacupy.ops.decode.variants import decode_variants
 from kdacupy.ops.decode.kernels import DecodeTiles, DecodeVariant, decode_candidates
 
 pytestmark = pytest.mark.nvrtc  # skipped where NVRTC cannot load (tests/conftest.py)
@@ -96,7 +96,7 @@ DECODE_DEFAULTS = [DecodeVariant(128, 128, BF16, BF16, BF16, "sigmoid", "sigmoid
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("var", DECODE_DEFAULTS, ids=label)
+@pytest.mark.parametrize("var", DECODE_DEFAULTS, ids=registry.label)
 def test_decode_budget(arch, var):
     res = compile_variant(var, arch, sass=HAVE_NVDISASM)
     assert res.ok, res.log
@@ -120,4 +120,4 @@ def test_decode_variant_enumeration_covers_the_options():
     assert {(v.K, v.V) for v in dec} == {(k, v) for k in (64, 128, 256) for v in (64, 128, 256)}
     assert {(v.pool_dtype, v.layout) for v in dec} == {(p, lay) for p in (BF16, F32) for lay in ("vk", "kv")}
     assert all(v.tiles.valid_for(v.K, v.V) for v in dec)
-    assert len(set(map(label, dec))) == len(dec)
+    assert len(set(map(registry.label, dec))) == len(dec)

@@ -1,16 +1,17 @@
 """The compile report builds what the runtime builds: CuPy's RawModule adds
 -ftz=true and --device-as-default-execution-space to every NVRTC compile, and
-kdacupy.compile passes the same (plus the runtime's own NVRTC_OPTIONS)."""
+the compile service (kdacupy/jit/nvrtc.py) passes the same (plus the runtime's own
+NVRTC_OPTIONS)."""
 import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
-from kdacupy import jit
+from kdacupy.jit import nvrtc as jit
 
 try:
-    from kdacupy.compile import _nvrtc
+    from kdacupy.jit.nvrtc import _nvrtc
     _nvrtc()
 except Exception as e:  # noqa: BLE001
     pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
@@ -30,7 +31,7 @@ def test_cupy_adds_what_we_say_it_adds():
 def test_report_binary_flushes_subnormals():
     from cuda.pathfinder import find_nvidia_binary_utility
 
-    from kdacupy.compile import nvrtc_compile
+    from kdacupy.jit.nvrtc import nvrtc_compile
     if find_nvidia_binary_utility("nvdisasm") is None:
         pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
     import subprocess
@@ -48,9 +49,9 @@ def test_report_binary_flushes_subnormals():
 
 
 def test_the_gpu_conformance_kernels_compile_as_the_runtime_builds_them():
-    # tests/test_gpu_ptx.py runs these on the device through cupy.RawModule: find a compile
+    # tests/gpu/test_gpu_ptx.py runs these on the device through cupy.RawModule: find a compile
     # error here, not in the device's time
-    from kdacupy.compile import nvrtc_compile
+    from kdacupy.jit.nvrtc import nvrtc_compile
 
     from ..emulate.test_ptx_twins import TEST_KERNELS, kernel_source
     for arch in ("sm_90", "sm_100"):

@@ -2,13 +2,13 @@
 compiles on every arch without spills, and drops the output's matmuls."""
 import pytest
 
-from kdacupy.compile import ARCHS, SMEM_LIMIT, compile_variant
+from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT, compile_variant
 from kdacupy.numerics.dtypes import BF16
 from kdacupy.ops.forward.kernels import RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
 
 try:
-    from kdacupy.compile import _nvrtc
+    from kdacupy.jit.nvrtc import _nvrtc
     _nvrtc()
 except Exception as e:  # noqa: BLE001
     pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
@@ -45,11 +45,10 @@ def test_default_variant_config_is_unchanged():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("K, V", [(64, 64), (128, 128), (256, 256)])
 def test_scan_kernel_budget(arch, K, V):
-    from kdacupy import jit
-    from kdacupy import seqpar
+    from kdacupy.jit.nvrtc import nvrtc_compile
+    from kdacupy.jit.render import render
     from kdacupy.ops.seqpar import split
-    from kdacupy.compile import nvrtc_compile
-    res = nvrtc_compile(jit.render("kda_seqpar_scan", split.scan_config(K, V)), arch)
+    res = nvrtc_compile(render("kda_seqpar_scan", split.scan_config(K, V)), arch)
     assert res.ok, res.log
     assert (res.spill_stores, res.spill_loads) == (0, 0), res.log
     assert split.scan_smem(K) + res.static_smem <= 48 * 1024  # no opt-in needed
@@ -58,8 +57,10 @@ def test_scan_kernel_budget(arch, K, V):
 def test_compile_cli_lists_the_seqpar_variants():
     import subprocess
     import sys
-    from kdacupy.compile import label, recurrence_variants, seqpar_variants
-    var = list(seqpar_variants())
+    from kdacupy.ops.forward.variants import recurrence_variants
+    from kdacupy.ops.seqpar.variants import map_variants, scan_variants
+    var = list(map_variants()) + list(scan_variants())
+    label = lambda v: v.label()  # noqa: E731
     assert {v.K for v in var} == {64, 128, 256} and len(set(map(label, var))) == len(var)
     assert not set(map(label, var)) & set(map(label, recurrence_variants()))
     out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "seqpar",
