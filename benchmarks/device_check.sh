@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
-# The one prepared run on a GPU machine (DESIGN.md section 4.5), in this order, every step
-# time-boxed (timeout), all within 8 minutes, each step's output kept even when an earlier
-# step fails (no `set -e`, no `pytest -x`):
-#   1 device info                                                 10 s
-#   2 PTX conformance (tests/test_gpu_ptx.py)                     35 s
-#   3 GPU suite (tests/test_gpu_forward.py), then the T=8192 sweep last (test_gpu_long.py:
-#     bf16 state, every regime, fixed and varlen, against the reference and segment-wise)   120 + 100 s
-#   4 compute-sanitizer memcheck / racecheck / synccheck on small forwards   3 x 25 s
-#   5 accuracy on the GPU, T=8192, fp32 state (bf16 is in step 3's log), one head   35 s
-#   6 tuning (Kimi shapes; a cut-off run keeps its sidecar, in the archive)       40 s
-#   7 benchmark against FLA                                       50 s
+# The one prepared run on a GPU machine (docs/design.md section 4, tier 5), in this order,
+# every step time-boxed (timeout), all within 8 minutes, each step's output kept even when an
+# earlier step fails (no `set -e`, no `pytest -x`):
+#   1 device info                                                              10 s
+#   2 PTX conformance (tests/gpu/test_gpu_ptx.py)                              35 s
+#   3 GPU suite: forward, decode, sequence parallelism, context parallelism
+#     (NCCL, one rank), DLPack, graphs, streams (tests/gpu/, no -x)           130 s
+#     then the T=8192 sweep last (tests/gpu/test_gpu_long.py)                  50 s
+#   4 compute-sanitizer memcheck / racecheck / synccheck on small forwards   3 x 15 s
+#   5 accuracy on the GPU: T=8192 fp32 state, one head; the adversarial sweep  20 + 30 s
+#   6 tuning (Kimi shapes; a cut-off run keeps its sidecar, in the archive)    30 s
+#   7 benchmarks: Kimi shapes against FLA; few-head serial vs split;
+#     decode on a state pool against FLA's fused_recurrent_kda                 40 + 45 + 30 s
 # (boxes sum to 465 s; the rest of the 8 minutes is pip, tar and Python start-up)
 #
 #   on the GPU machine:  KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh   (with .whl/ for FLA)
 #
 # What comes back: $OUT/summary.txt (device, then one line per step: exit status, seconds,
 # the log's last lines), $OUT/logs.tar.gz (every step's full log, re-made after each step),
-# and $OUT/tuned.yaml, $OUT/bench.json, $OUT/accuracy.json when those steps got that far.
-# (One archive: few files to bring back.) Exit status 124 in a step's
-# line means its time box ran out.
+# and the JSON/YAML results when those steps got that far. Exit status 124 in a step's line
+# means its time box ran out.
 #
-# FLA travels as wheels in .whl/ (ignored by git), made on the dev machine with
+# FLA travels as wheels in .whl/ (ignored by git), made on a machine with internet access with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl flash-linear-attention fla-core
@@ -60,30 +61,41 @@ step "device info" 10 device.txt bash -c '
 
 # 2 PTX conformance: the twin tests' kernels on the GPU (bit-exact cvt/ldmatrix/cp.async/integer mma,
 #   .approx within the ISA bounds, the mma accumulation probe's table with -s)
-step "PTX conformance" 35 ptx.log python3 -m pytest -q -rs -s tests/test_gpu_ptx.py
+step "PTX conformance" 35 ptx.log python3 -m pytest -q -rs -s tests/gpu/test_gpu_ptx.py
 
 # 3 the GPU suite without -x, the long sweep last
-step "GPU suite" 120 gpu_tests.log python3 -m pytest -q -rs --durations=15 tests/test_gpu_forward.py
-step "GPU long sweep (T=8192)" 100 gpu_long.log python3 -m pytest -q -rs -s --durations=5 tests/test_gpu_long.py
+step "GPU suite" 130 gpu_tests.log python3 -m pytest -q -rs --durations=15 tests/gpu \
+  --ignore=tests/gpu/test_gpu_ptx.py --ignore=tests/gpu/test_gpu_long.py
+step "GPU long sweep (T=8192)" 50 gpu_long.log python3 -m pytest -q -rs -s --durations=5 tests/gpu/test_gpu_long.py
 
 # 4 compute-sanitizer on small forwards (CuPy's pool off: every array its own allocation)
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
 if [ -n "$SAN" ]; then
   for tool in memcheck racecheck synccheck; do
-    step "compute-sanitizer $tool" 25 "sanitize-$tool.log" "$SAN" --tool "$tool" --error-exitcode 9 \
+    step "compute-sanitizer $tool" 15 "sanitize-$tool.log" "$SAN" --tool "$tool" --error-exitcode 9 \
       python3 benchmarks/sanitize_forward.py
   done
 else
   echo "compute-sanitizer                  skipped: not installed on this machine" | tee -a "$SUMMARY"
 fi
 
-# 5-7 accuracy, tuning, benchmark
-step "accuracy on the GPU, T=8192" 35 accuracy.txt python3 -m kdacupy.accuracy --backend cuda --T 8192 --H 1 --quick \
+# 5 accuracy against the float64 reference
+step "accuracy on the GPU, T=8192" 20 accuracy.txt python3 -m kdacupy.accuracy --backend cuda --T 8192 --H 1 --quick \
   --state-precision fp32 --json "$WORK/accuracy.json"
-step "tuning (Kimi shapes)" 40 tune.log python3 -m kdacupy.tune --shapes kimi --output "$WORK/tuning/tuned.yaml"
-step "benchmark against FLA" 50 bench.txt python3 -m kdacupy.bench --shapes all --json "$WORK/bench.json"
+step "adversarial accuracy on the GPU" 30 accuracy-adversarial.txt python3 -m kdacupy.accuracy --backend cuda \
+  --adversarial --H 1 --json "$WORK/accuracy-adversarial.json"
 
-for f in accuracy.json tuning/tuned.yaml bench.json; do
+# 6 tuning
+step "tuning (Kimi shapes)" 30 tune.log python3 -m kdacupy.tune --shapes kimi --output "$WORK/tuning/tuned.yaml"
+
+# 7 benchmarks
+step "benchmark against FLA (Kimi)" 40 bench.txt python3 -m kdacupy.bench --shapes kimi --json "$WORK/bench.json"
+step "few-head: serial vs split" 45 bench-fewhead.txt python3 -m kdacupy.bench --shapes fewhead --no-fla \
+  --split 4 16 --iters 5 --warmup 1 --json "$WORK/bench-fewhead.json"
+step "decode on a state pool" 30 bench-decode.txt python3 -m kdacupy.bench --shapes decode --iters 30 --warmup 3 \
+  --json "$WORK/bench-decode.json"
+
+for f in accuracy.json accuracy-adversarial.json tuning/tuned.yaml bench.json bench-fewhead.json bench-decode.json; do
   [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/$(basename "$f")"
 done
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"

@@ -1,5 +1,5 @@
 """``kda_decode``: one decode (T = 1) or speculative-verify (T = 1 + S) step on a
-state pool (DESIGN.md section 7.1): validation, then dispatch to a backend."""
+state pool (docs/design.md section 7.1): validation, then dispatch to a backend."""
 from __future__ import annotations
 
 import numpy as np

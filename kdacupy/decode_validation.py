@@ -1,4 +1,4 @@
-"""Argument checking for the state pool (DESIGN.md section 7.1): ``kda_decode``'s
+"""Argument checking for the state pool (docs/design.md section 7.1): ``kda_decode``'s
 pool, indices and ``num_accepted_tokens``, and the pool keywords of ``kda_forward``.
 
 The per-token arrays and options are checked by ``kdacupy.validation.validate``

@@ -1,4 +1,4 @@
-"""Sequence parallelism inside one device (DESIGN.md section 7.2).
+"""Sequence parallelism inside one device (docs/design.md section 7.2).
 
 A segment of a sequence acts on the state affinely: with the state ``S`` in
 ``[K, V]`` ("kv") orientation, ``S_end = M S_start + B``, ``M: [K, K]``,

@@ -1,4 +1,4 @@
-// kda_decode: decode and speculative verify on a state pool (DESIGN.md section 7.1).
+// kda_decode: decode and speculative verify on a state pool (docs/design.md section 7.1).
 // One launch for the whole batch; one CTA per (sequence, slice of BV value
 // rows, value head). Each warp owns RV = BV / WARPS value rows of the state and
 // all K keys of them: lane l holds keys l, l + 32, ... (RK = K / 32 of them), so
@@ -8,7 +8,7 @@
 // and written back once per stored token, rounded to the pool's dtype. Gate,
 // beta and l2norm are computed here (no prepare kernel, no workspace).
 // Reductions over K: a per-lane fp32 FMA chain, then a 5-step xor shuffle.
-// Rounding points: kdacupy/decode_model.py steps 1-8.
+// Rounding points: kdacupy/numerics/decode_model.py steps 1-8.
 //
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (q, k, v, o), KDA_G_DT, KDA_BETA_DT,
 // KDA_GATE, KDA_BETA_MODE, KDA_L2NORM, KDA_POOL_DT (KDA_BF16 or KDA_F32),

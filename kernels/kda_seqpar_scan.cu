@@ -1,5 +1,5 @@
 // kda_seqpar_scan: the start state of every segment of the sequence-parallel
-// forward (DESIGN 7.2, kdacupy/seqpar.py), in fp32 throughout:
+// forward (docs/design.md section 7.2, kdacupy/seqpar.py), in fp32 throughout:
 //   S[0] = the sequence's initial state (any state dtype and layout, or zero)
 //   S[s + 1] = M_s S[s] + B_s      (M_s: [K, K], B_s: [K, V], kv orientation)
 // One CTA per (sequence, value head, slice of SC value columns): the columns of

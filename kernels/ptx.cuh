@@ -1,6 +1,6 @@
 // The ONE place with inline PTX. Every wrapper here has a CPU twin of the same
 // name and signature in kdacupy/emulate/ptx_twins.h (used when KDA_EMULATE is
-// defined) and a unit test in tests/test_ptx_twins.py. Keep the two in step.
+// defined) and a unit test in tests/emulate/test_ptx_twins.py. Keep the two in step.
 // Fragment layouts (g = lane>>2, t = lane&3, lower index in the low 16 bits):
 //   mma m16n8k16 A: a0=(g, 2t..2t+1) a1=(g+8, 2t..) a2=(g, 2t+8..) a3=(g+8, 2t+8..)
 //                B: b0=(k 2t..2t+1, n g) b1=(k 2t+8..2t+9, n g)

@@ -1,5 +1,5 @@
 """The long-sequence check shared by the GPU suite and its CPU rehearsal under
-KDACUPY_EMULATE_NUMERICS=hardware (DESIGN.md section 2).
+KDACUPY_EMULATE_NUMERICS=hardware (docs/design.md section 2).
 
 Element-wise parity with the precision model does not hold at T = 8192: with
 the state rounded to bf16 after every chunk, a one-ulp difference (a

@@ -28,7 +28,7 @@ FLA asserts fp32 initial states, so it gets fp32 copies of the same states
 shapes closes the table. JSON goes to ``benchmarks/<model>_<date>.json`` unless
 ``--json`` says otherwise.
 
-Sequence parallelism (kdacupy/bench_seqpar.py): the fewhead shapes (every shape
+Sequence parallelism (kdacupy/cli/bench_seqpar.py): the fewhead shapes (every shape
 with ``--split``) also get the serial time, the split time per segment count
 (``--split``, default 4 8 16 32), the speedup and the library's own choice, in
 the JSON (``seqpar``) and a second table. The kdacupy column is the default
@@ -161,7 +161,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", type=lambda t: t if t == "decode" else shape_arg(t), default=["all"],
                     metavar="SET|SPEC", help="kimi, fewhead, all (default) or explicit shape specs; "
-                    "decode: the decode kernel on a state pool (kdacupy/bench_decode.py)")
+                    "decode: the decode kernel on a state pool (kdacupy/cli/bench_decode.py)")
     ap.add_argument("--json", metavar="PATH", help="where to write the results "
                     "(default benchmarks/<model>_<date>.json)")
     ap.add_argument("--iters", type=int, default=100, help="timed calls per measurement (default 100)")

@@ -1,5 +1,5 @@
 """Serial against split columns of ``python -m kdacupy.bench`` (sequence
-parallelism, DESIGN.md section 7.2).
+parallelism, docs/design.md section 7.2).
 
 For a shape: the library's choice for ``sequence_parallel=None`` and why, the
 serial run's time (``sequence_parallel=1``), and per forced segment count n its

@@ -66,7 +66,7 @@ FEWHEAD_VARLEN4 = (30011, 17003, 9525, 8997)
 
 def fewhead_shapes():
     """Few heads, long sequences: where the chunk chain bounds the serial run
-    (sequence parallelism, DESIGN.md section 7.2)."""
+    (sequence parallelism, docs/design.md section 7.2)."""
     out = []
     for H in (12, 16):
         out += [Shape(f"fewhead-T{T}-H{H}", T, H) for T in (16384, 32768, 65536, 131072)]

@@ -444,12 +444,12 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: CPUs)")
     ap.add_argument("--decode", action="store_true",
                     help="tune the decode kernel's BV and warps on the decode bench shapes instead "
-                         "(writes <model>.decode.yaml; see kdacupy/decode_tuning.py); --shapes is ignored")
+                         "(writes <model>.decode.yaml; see kdacupy/cli/tune_decode.py); --shapes is ignored")
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.jobs < 1 or args.sm_count < 1:
         ap.error("--iters, --jobs and --sm-count must be >= 1, --warmup >= 0")
     if args.decode:
-        from ..ops.decode.tuning import tune as tune_decode
+        from .tune_decode import tune as tune_decode
         return tune_decode(args)
     shapes = resolve_shapes(args.shapes)
 

@@ -1,4 +1,4 @@
-"""Context parallelism across processes and GPUs (DESIGN.md section 7.3).
+"""Context parallelism across processes and GPUs (docs/design.md section 7.3).
 
 ``kda_forward_cp`` runs ``kda_forward`` on each rank's slice of the tokens; the
 ranks exchange fp32 state maps through an mpi4py communicator or CuPy's NCCL

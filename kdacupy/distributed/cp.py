@@ -1,7 +1,7 @@
 """Context parallelism: ``kda_forward`` over a sequence split across ranks.
 
 A piece of a sequence acts on the state as an affine map,
-``S_end = M S_start + B`` (DESIGN.md section 7.3). Each rank computes the maps
+``S_end = M S_start + B`` (docs/design.md section 7.3). Each rank computes the maps
 of the pieces that continue past its slice, one allgather gives every rank
 every map, each rank scans them (fp32) into the start states of its own
 pieces, and runs the ordinary forward on its slice from those states.

@@ -3,7 +3,7 @@
 The decode works token by token in fp32 registers, the state loaded once from
 the pool into fp32, kept in fp32 across the call's tokens and rounded to the
 pool dtype only when stored. ``r32`` rounds to fp32, ``ex2`` is
-``ex2.approx.ftz.f32`` computed exactly (kdacupy/precision.py). Rounding points,
+``ex2.approx.ftz.f32`` computed exactly (kdacupy/numerics/precision.py). Rounding points,
 in kernel order, per sequence, value head and token:
 
   1. inputs q, k, v, g, beta read as fp32 (exact from bf16 / fp16 / fp32);

@@ -1,5 +1,5 @@
-"""Float64 reference of ``kda_decode`` (DESIGN.md section 7.1): the token-by-token
-definition of DESIGN.md section 1, starting from and writing to a state pool.
+"""Float64 reference of ``kda_decode`` (docs/design.md section 7.1): the token-by-token
+definition of docs/design.md section 1, starting from and writing to a state pool.
 
 ``decode_plan`` turns the index arguments into one start slot per sequence and
 one write slot per (sequence, token); the reference, the precision model and the

@@ -10,7 +10,7 @@ rounded to fp32 and flushed to zero below 2^-126, as ``ex2.approx.ftz.f32``). FT
 ``-ftz=true``, so all fp32 arithmetic in the kernels (mul, add, fma, the state
 FMA included) flushes subnormal inputs and results to sign-preserving zero; the
 model flushes only where it says so. The difference matters only for values
-below 2^-126, far under a bf16 unit of any output (DESIGN.md section 2):
+below 2^-126, far under a bf16 unit of any output (docs/design.md section 2):
 
 prepare (token-parallel, per 16-token chunk and value head)
   1. l2norm:  x <- r32(x * r32(rsqrt(r32(r32(sum x^2) + 1e-6f))))

@@ -18,7 +18,7 @@ from tests.inputs import make_inputs, rmse_ratio  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, RANKS = COMM.rank, COMM.size
-U = 2.0 ** -9  # bf16 unit roundoff: the contract's error unit (tests/test_precision.py)
+U = 2.0 ** -9  # bf16 unit roundoff: the contract's error unit (tests/numerics/test_precision.py)
 
 
 def cuts_for(T, style):

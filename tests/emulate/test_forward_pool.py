@@ -1,5 +1,5 @@
 """kda_forward reading initial states from and writing final states to a state
-pool (chunked prefill, DESIGN.md section 7.1), and decode steps after it."""
+pool (chunked prefill, docs/design.md section 7.1), and decode steps after it."""
 import numpy as np
 import pytest
 

@@ -250,8 +250,8 @@ def test_bad_device_input():
 def test_long_repeated_keys_against_the_reference(name):
     # one key for 8192 tokens (no decay, beta ~ 0.98; slow decay, beta ~ 1.96): the inputs
     # that broke the fp16 Neumann inverse. At this length kernel-vs-model differences
-    # reach the model's own error (DESIGN 2), so the check is the float64 reference
-    # within the adversarial bounds (tests/test_adversarial.py derives them).
+    # reach the model's own error (docs/design.md section 2), so the check is the float64 reference
+    # within the adversarial bounds (tests/numerics/test_adversarial.py derives them).
     from kdacupy.cli.accuracy import adversarial_inputs
     from kdacupy.numerics.reference import kda_reference
 

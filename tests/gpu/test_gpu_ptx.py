@@ -1,4 +1,4 @@
-"""PTX conformance on the GPU: the twin tests' kernels (tests/test_ptx_twins.py)
+"""PTX conformance on the GPU: the twin tests' kernels (tests/emulate/test_ptx_twins.py)
 compiled with the runtime's NVRTC options and run on the device, checked against
 what the CPU twins (kdacupy/emulate/ptx_twins.h) assume:
 - bit for bit: cvt (every special float, every half), ldmatrix (4 forms),

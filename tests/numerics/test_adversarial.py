@@ -27,7 +27,7 @@ reaches 1.8e-2 at T = 96. The fp16 Neumann inverse this replaced gave
 The emulation is compared with the model over 4 chunks: a bf16 rounding tipped
 by fp32 accumulation order is carried for as long as the gate remembers, and
 with no decay that is the whole sequence, so longer runs are checked against
-the reference (DESIGN 2).
+the reference (docs/design.md section 2).
 """
 import math
 

@@ -114,7 +114,7 @@ def _cu_args(cu):
 
 
 def _pool_args(a):
-    """State pool of kda_forward (DESIGN.md section 7.1): slot indices, their width, the pool's size."""
+    """State pool of kda_forward (docs/design.md section 7.1): slot indices, their width, the pool's size."""
     idx = a.get("state_indices")
     if idx is None:
         return [np.uint64(0), np.int32(0), np.int64(0)]
