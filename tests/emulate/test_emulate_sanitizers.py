@@ -312,7 +312,8 @@ def test_deleted_recurrence_barrier_is_caught_by_racecheck(monkeypatch):
     warps still read it, deleted (in the rendered source only): racecheck catches the refill in
     the default cp.async mode, where the unchecked emulation computes the right result."""
     import kdacupy
-    import kdacupy.jit as jit
+    import kdacupy.jit.loaders as loaders
+    import kdacupy.jit.render as jit
     import kdacupy.ops.forward.kernels as kernels
     from kdacupy.ops.forward.tuning import TileConfig
 
@@ -322,7 +323,7 @@ def test_deleted_recurrence_barrier_is_caught_by_racecheck(monkeypatch):
     real = jit._read
     monkeypatch.setattr(jit, "_read", lambda name: real(name).replace(barrier, "") if name == "kda_recurrence.cu"
                         else real(name))
-    monkeypatch.setattr(kernels, "loader", lambda kind: jit.EmulateLoader())  # no variant cached unmutated
+    monkeypatch.setattr(kernels, "loader", lambda kind: loaders.EmulateLoader())  # no variant cached unmutated
     monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, 2))  # 4 warps per block
     monkeypatch.delenv("KDACUPY_EMULATE_CP_ASYNC", raising=False)
     x, opts = make_inputs(T=45, H=1, K=64, V=64, state=np.float32)

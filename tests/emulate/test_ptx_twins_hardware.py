@@ -47,7 +47,7 @@ def ulps(a, b):
 
 def test_unknown_mode_is_refused_naming_the_variable(monkeypatch):
     monkeypatch.setenv(VARIABLE, "fast")
-    with pytest.raises(EmulationError, match=f"{VARIABLE}='fast': expected one of exact, hardware"):
+    with pytest.raises(EmulationError, match=f"{VARIABLE}='fast' is not valid: expected exact or hardware"):
         EmulatedModule(kernel_source(FTZ_KERNEL), ["k_mul"])
 
 

@@ -136,4 +136,4 @@ def test_cli_sweeps_every_case(tmp_path, capsys):
     rows = json.loads(path.read_text())["rows"]
     assert [r["case"] for r in rows] == list(ADVERSARIAL)
     assert all(r["finite"] for r in rows) and {r["T"] for r in rows} == {64, 8192}
-    assert all(name in out for name in ADVERSARIAL) and "worst o rmse" in out
+    assert all(name in out for name in ADVERSARIAL) and "worst o ratio" in out

@@ -373,7 +373,7 @@ def test_k256_v256_split_on_the_emulated_kernels():
 @pytest.mark.parametrize("K, V, layout, s0_dtype", [(64, 64, "kv", np.float32), (128, 64, "vk", BF16),
                                                     (64, 128, "kv", None)])
 def test_scan_kernel_is_the_fp32_scan(K, V, layout, s0_dtype):
-    from kdacupy.jit import loader
+    from kdacupy.jit.loaders import loader
     rng = np.random.default_rng(1)
     N, n, HV = 2, 3, 2
     M = (np.eye(K) + 0.1 * rng.standard_normal((N * n, HV, K, K))).astype(np.float32)
