@@ -14,15 +14,21 @@ import inspect
 import numpy as np
 
 from .. import api
+from ..seqpar import state_maps
 from ..numerics.dtypes import F32, STATE_DTYPES, as_dtype, dtype_name
 from ..validation import as_array, fail, is_device, validate
 from .comm import wrap
 from .plan import plan_fixed, plan_varlen, start_state_sources
 
-# kda_forward keywords a CP call takes through **options (the rest are CP's own)
+# kda_forward keywords a CP call takes through **options (the rest are CP's own; a state
+# pool has no meaning across ranks)
 _OWN = ("cu_seqlens", "initial_state", "output_final_state", "state_layout", "state_dtype", "out")
+_REFUSED = ("state_pool", "state_indices")
 _PASSED = tuple(n for n, p in inspect.signature(api.kda_forward).parameters.items()
-                if p.kind is p.KEYWORD_ONLY and n not in _OWN)
+                if p.kind is p.KEYWORD_ONLY and n not in _OWN + _REFUSED)
+# the options the state maps depend on (kdacupy.seqpar.state_maps)
+_MAP_OPTIONS = tuple(n for n, p in inspect.signature(state_maps).parameters.items() if p.kind is p.KEYWORD_ONLY
+                     and n != "cu_seqlens")
 
 
 class _Local:
@@ -30,9 +36,13 @@ class _Local:
 
     def __init__(self, q, k, v, g, beta, cu_seqlens, initial_state, output_final_state, state_layout,
                  state_dtype, out, options):
+        refused = sorted(set(options) & set(_REFUSED))
+        if refused:
+            raise TypeError(f"{refused[0]}: not supported by kda_forward_cp (each rank's states come from the "
+                            f"maps of the ranks before it; use initial_state)")
         unknown = sorted(set(options) - set(_PASSED))
         if unknown:
-            raise TypeError(f"kda_forward_cp: unexpected keyword {unknown[0]!r}; it takes the keywords of "
+            raise TypeError(f"unexpected keyword {unknown[0]!r}; kda_forward_cp takes the keywords of "
                             f"kda_forward: {', '.join(_PASSED + _OWN)}")
         self.p, self.a = validate(q, k, v, g, beta, initial_state=None, output_final_state=False,
                                   cu_seqlens=None, state_layout=state_layout, state_dtype=state_dtype, out=out,
@@ -227,20 +237,14 @@ def _gather_maps(eng, local, plans, xp):
 
 def piece_maps(local, lo, hi):
     """Maps ``(M [C, HV, K, K], B [C, HV, K, V])`` fp32 of tokens ``[lo, hi)``
-    of every batch row: M is the run from S = I with v = 0, B the run from
-    S = 0 with the real v, both with an fp32 state."""
-    p, a = local.p, local.a
-    xp = _xp(p.device)
+    of every batch row (kdacupy.seqpar.state_maps: M is the run from S = I
+    with v = 0, B the run from S = 0 with the real v, fp32 state)."""
+    a = local.a
     sl = (slice(None), slice(lo, hi))
     x = {n: a[n][sl] for n in ("q", "k", "v", "g")}
-    b = None if a["beta"] is None else a["beta"][sl]
-    opts = {**local.options, "state_precision": "fp32"}
-    eye = xp.broadcast_to(xp.eye(p.K, dtype=F32), (p.B, p.HV, p.K, p.K))
-    zeros_v = xp.zeros((p.B, hi - lo, p.HV, p.K), p.dtype)
-    _, M = api.kda_forward(x["q"], x["k"], zeros_v, x["g"], b, initial_state=xp.ascontiguousarray(eye),
-                           output_final_state=True, state_dtype=F32, **opts)
-    _, Bm = api.kda_forward(x["q"], x["k"], x["v"], x["g"], b, output_final_state=True, state_dtype=F32, **opts)
-    return M, Bm
+    beta = None if a["beta"] is None else a["beta"][sl]
+    M, Bm = state_maps(**x, beta=beta, **{n: v for n, v in local.options.items() if n in _MAP_OPTIONS})
+    return M.astype(F32, copy=False), Bm.astype(F32, copy=False)
 
 
 def _start_states(local, plans, rank, maps, xp):

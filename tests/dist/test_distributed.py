@@ -92,3 +92,11 @@ def test_context_parallel_under_mpiexec(ranks):
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("ok:", "FAIL:"))]
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
     assert len(lines) >= 12 and all(ln.startswith("ok:") for ln in lines), res.stdout
+
+
+def test_a_state_pool_is_refused():
+    MPI = _mpi()
+    x, opts = make_inputs(T=16, H=1, K=64, V=64)
+    pool = np.zeros((2, 1, 64, 64), np.float32)
+    with pytest.raises(TypeError, match="kda_forward_cp: rank 0: state_(indices|pool): not supported by kda_forward_cp"):
+        kda_forward_cp(**x, comm=MPI.COMM_SELF, state_pool=pool, state_indices=np.array([0]), **opts)
