@@ -1,6 +1,6 @@
 """Markers and skips for the whole suite, in one place.
 
-Tests are grouped by area (numerics, emulate, compile, gpu, cli; dist later).
+Tests are grouped by area (numerics, emulate, compile, gpu, cli, dist).
 Every test under tests/gpu/ is marked ``gpu`` and every test under
 tests/emulate/ ``emulate``; a test elsewhere that needs one of these resources
 carries the marker itself. A marked test is skipped, with the reason, where its
