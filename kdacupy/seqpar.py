@@ -89,6 +89,13 @@ def choose_segments(p, requested) -> int:
     """Segments per sequence for a validated call: ``requested`` when given;
     for None, 1 on the CPU backends and ``auto_segments`` on the GPU. With
     ``KDACUPY_JIT_VERBOSE`` set, the GPU choice is printed (``explain`` returns it)."""
+    if p.device and (requested or 0) != 1 and _capturing():
+        # the split allocates temporaries per call (workspace, maps, start states) whose
+        # memory a captured graph would keep after the pool reuses it: capture runs serially
+        if requested is not None:
+            fail("sequence_parallel", "None or 1 while the current stream captures a CUDA graph (the split's "
+                 "per-call temporaries cannot live in a graph)", repr(requested))
+        return 1
     if requested is not None:
         return requested
     if not p.device:
@@ -106,6 +113,11 @@ def choose_segments(p, requested) -> int:
 
 
 _announced: set = set()
+
+
+def _capturing() -> bool:
+    from .validation import _cupy, capturing
+    return capturing(_cupy())
 
 
 #: the heuristic's constants: guesses from the kernels' resources, not measured on a GPU

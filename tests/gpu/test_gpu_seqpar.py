@@ -64,20 +64,28 @@ def test_long_sequence_accuracy_no_worse_than_serial():
         assert rmse_ratio(s2, ref_s) <= 1.05 * rmse_ratio(s1, ref_s) + 1e-4
 
 
-def test_split_is_graph_capturable_and_on_the_current_stream():
-    x, opts = make_inputs(cu_seqlens=[700, 0, 333], H=1, HV=2, K=128, V=128, state=BF16, state_layout="vk")
+def test_capture_runs_serially_and_an_explicit_split_is_refused():
+    """The split allocates per-call temporaries a captured graph would keep after CuPy's
+    pool reuses them: under capture the auto choice is serial, an explicit n >= 2 an error."""
+    x, opts = make_inputs(T=20000, H=1, HV=1, K=128, V=128, state=BF16, state_layout="vk")
     d = dict(to_dev(x), **to_dev(opts))
     out = cp.zeros(x["v"].shape, dtype=BF16)
-    ref_o, ref_s = kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=4)
+    ref_o, ref_s = kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=1)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=4, out=out)  # compile, allocate
+        kdacupy.kda_forward(**d, output_final_state=True, out=out)  # compile, allocate
         stream.begin_capture()
-        o, s = kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=4, out=out)
-        graph = stream.end_capture()
+        try:
+            with pytest.raises(ValueError, match="sequence_parallel: expected None or 1 while the current stream"):
+                kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=4, out=out)
+            o, s = kdacupy.kda_forward(**d, output_final_state=True, out=out)
+        finally:
+            graph = stream.end_capture()
+        junk = [cp.full(x["v"].shape, 7, dtype=BF16) for _ in range(4)]  # reuse freed blocks
         out.fill(0)
         graph.launch(stream)
         stream.synchronize()
+    del junk
     np.testing.assert_array_equal(host(out), host(ref_o))
     np.testing.assert_array_equal(host(s), host(ref_s))
 
