@@ -1,4 +1,4 @@
-"""The persistent workspace (kdacupy.workspace) and the launcher's use of it, on
+"""The persistent workspace (kdacupy/ops/forward/workspace.py) and the launcher's use of it, on
 the CPU: the cache logic with NumPy buffers and a scripted capture flag; the
 strided-cu_seqlens copy through the emulation; the HV limit. The GPU side
 (allocations between capture and replay) is in test_gpu_forward.py."""

@@ -148,7 +148,7 @@ def workspace(p, a, nslots, xp):
     """The kernels' scratch memory, and ``a`` with a strided ``cu_seqlens``
     replaced by its copy at the workspace's end (a device copy kernel: capturable,
     and a graph's replay re-reads the caller's array). On the GPU the workspace
-    persists per (device, stream) (kdacupy.workspace: a captured graph keeps its
+    persists per (device, stream) (ops/forward/workspace.py: a captured graph keeps its
     pointer); the CPU emulation takes a fresh one."""
     nbytes = p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"]
     cu = a["cu_seqlens"]
