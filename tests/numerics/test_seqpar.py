@@ -345,6 +345,7 @@ def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
     monkeypatch.setattr(tuning, "device_facts", lambda: (0, "NVIDIA H200", 132))
     monkeypatch.setenv("KDACUPY_JIT_VERBOSE", "1")
     monkeypatch.setattr(seqpar, "_announced", set())
+    monkeypatch.setattr(seqpar, "_capturing", lambda: False)  # a device problem faked on the CPU
     x, _ = make_inputs(T=16, H=1, K=64, V=64)
     p, _ = kdacupy.validation.validate(
         *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -404,3 +405,24 @@ def test_split_of_empty_sequences_returns_the_initial_state(backend):
     o, s = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend=backend, sequence_parallel=2)
     assert o.shape == (2, 0, 1, 64)
     np.testing.assert_array_equal(s, opts["initial_state"])
+
+
+def test_under_graph_capture_the_split_stays_off(monkeypatch):
+    """The split's per-call temporaries cannot live in a CUDA graph: while the stream
+    captures, the auto choice is serial and an explicit split is refused."""
+    import dataclasses
+    import kdacupy.ops.forward.tuning as tuning
+    monkeypatch.setattr(tuning, "device_facts", lambda: (0, "NVIDIA H200", 132))
+    x, _ = make_inputs(T=16, H=1, K=64, V=64)
+    p, _ = kdacupy.validation.validate(
+        *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+        lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend="model")
+    p = dataclasses.replace(p, T=65536, HV=16, K=128, V=128, device=True, backend="cuda")
+    monkeypatch.setattr(seqpar, "_capturing", lambda: False)
+    assert seqpar.choose_segments(p, None) == 16
+    monkeypatch.setattr(seqpar, "_capturing", lambda: True)
+    assert seqpar.choose_segments(p, None) == 1
+    assert seqpar.choose_segments(p, 1) == 1
+    with pytest.raises(ValueError, match="sequence_parallel: expected None or 1 while the current stream captures"):
+        seqpar.choose_segments(p, 4)
