@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import activate_beta, activate_gate, l2normalize, state_from_kv, state_to_kv
+from .reference import activate_inputs, state_from_kv, state_to_kv
 
 
 def decode_plan(state_indices, num_accepted_tokens, N, T, P):
@@ -51,16 +51,9 @@ def kda_decode_reference(
     dtype) and returns ``o`` [N, T, HV, V] as float64 (zeros for padded sequences)."""
     N, T, H, K = q.shape
     HV = v.shape[2]
-    G = HV // H
-    f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    qf, kf = f64(q), f64(k)
-    if qk_l2norm:
-        qf, kf = l2normalize(qf), l2normalize(kf)
-    qf, kf = np.repeat(qf, G, axis=2), np.repeat(kf, G, axis=2)
-    gf = activate_gate(g, gate, A_log, dt_bias, lower_bound)
-    bf = activate_beta(beta, (N, T, HV), beta_sigmoid, allow_neg_eigval)
-    vf = f64(v)
-    scale = K ** -0.5 if scale is None else float(scale)
+    qf, kf, gf, bf, scale = activate_inputs(q, k, g, beta, HV, scale, qk_l2norm, beta_sigmoid, allow_neg_eigval,
+                                            gate, A_log, dt_bias, lower_bound)
+    vf = np.asarray(v, dtype=np.float64)
     start, write = decode_plan(state_indices, num_accepted_tokens, N, T, state_pool.shape[0])
     o = np.zeros(v.shape)
     for n in np.flatnonzero(start >= 0):

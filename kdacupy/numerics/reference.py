@@ -64,6 +64,20 @@ def activate_beta(beta, shape, beta_sigmoid=False, allow_neg_eigval=False):
     return b
 
 
+def activate_inputs(q, k, g, beta, HV, scale, qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, A_log, dt_bias,
+                    lower_bound):
+    """The options applied before the recurrence, in float64: q and k (l2-normalised
+    when asked, repeated to the HV value heads), the log decay, beta, and the scale."""
+    B, T, H, K = q.shape
+    qf, kf = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    if qk_l2norm:
+        qf, kf = l2normalize(qf), l2normalize(kf)
+    qf, kf = np.repeat(qf, HV // H, axis=2), np.repeat(kf, HV // H, axis=2)
+    gf = activate_gate(g, gate, A_log, dt_bias, lower_bound)
+    bf = activate_beta(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
+    return qf, kf, gf, bf, K ** -0.5 if scale is None else float(scale)
+
+
 def sequence_bounds(B, T, cu_seqlens=None):
     """[(bos, eos)] in flattened token index (b * T + t)."""
     if cu_seqlens is None:
@@ -185,21 +199,14 @@ def kda_reference(
     final_state ``[N, HV, K, V]`` (``"vk"``: ``[N, HV, V, K]``) or None."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    G = HV // H
-    f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    qf, kf = f64(q), f64(k)
-    if qk_l2norm:
-        qf, kf = l2normalize(qf), l2normalize(kf)
-    qf, kf = np.repeat(qf, G, axis=2), np.repeat(kf, G, axis=2)
-    gf = activate_gate(g, gate, A_log, dt_bias, lower_bound)
-    bf = activate_beta(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
-    scale = K ** -0.5 if scale is None else float(scale)
+    qf, kf, gf, bf, scale = activate_inputs(q, k, g, beta, HV, scale, qk_l2norm, beta_sigmoid, allow_neg_eigval,
+                                            gate, A_log, dt_bias, lower_bound)
 
     bounds = sequence_bounds(B, T, cu_seqlens)
     N = len(bounds)
     L = max([eos - bos for bos, eos in bounds] + [1])
     flat = lambda x: x.reshape((B * T,) + x.shape[2:])  # noqa: E731
-    args = [pack(flat(x), bounds, L) for x in (qf, kf, f64(v), gf, bf)]
+    args = [pack(flat(x), bounds, L) for x in (qf, kf, np.asarray(v, dtype=np.float64), gf, bf)]
     if initial_state is None:
         S0 = np.zeros((N, HV, K, V))
     else:
