@@ -1,6 +1,6 @@
 // Gate and beta activations of one element, in fp32 with the SFU approximations
-// (kdacupy/numerics/precision.py steps [2]-[3]: gate_f32, beta_f32). Used by the decode
-// kernel; kda_prepare.cu computes the same expressions.
+// (kdacupy/numerics/precision.py steps [2]-[3]: gate_f32, beta_f32). Shared by the prepare
+// and decode kernels.
 #pragma once
 #include "types.cuh"
 #include "ptx.cuh"

@@ -9,37 +9,19 @@
 // KDA_GATE (KDA_GATE_LOG | _SOFTPLUS | _SIGMOID), KDA_BETA_MODE (KDA_BETA_NONE |
 // _RAW | _SIGMOID | _SIGMOID2 = 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts.
 #include "common.cuh"
+#include "gates.cuh"
 
 namespace {
 using namespace kda;
 
 constexpr int K = KDA_K;
 constexpr int NT = 128;
-constexpr float LOG2E = 1.4426950408889634f;
 constexpr int SEG = K / 8;       // elements of one row per thread (8 threads per row)
 constexpr int TS = K + 8;        // padded bf16 tile row (elements)
 // |gc| above this: the pair form. Not 126: 2^gc * scale * q must stay normal fp32 for every
 // element that matters (26 binades of margin), or FTZ (-ftz=true) flushes terms whose product
 // with 2^-gc is O(1); measured under KDACUPY_EMULATE_NUMERICS=hardware at T=8192, g=0, bias=+8.
 constexpr float SAFE_EXPONENT = 100.0f;
-
-// Base-2 log decay of one element [2]. x_in is the gate input g, in fp32.
-__device__ __forceinline__ float gate2(float x_in, float a, float bias, float lb2) {
-  if constexpr (KDA_GATE == KDA_GATE_LOG) {
-    return x_in * LOG2E;
-  } else {
-    float x = x_in + bias;
-    if constexpr (KDA_GATE == KDA_GATE_SOFTPLUS) {
-      float z = x * LOG2E;
-      float sp = x > 15.0f ? z : lg2_approx_ftz(1.0f + ex2_approx_ftz(z));
-      return -(a * sp);
-    } else {
-      float y = a * x;
-      float s = rcp_approx_ftz(1.0f + ex2_approx_ftz(-y * LOG2E));
-      return lb2 * s;
-    }
-  }
-}
 
 // 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6].
 __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
@@ -155,26 +137,19 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   // [2] gate, zero on padded rows (activation first, so padding adds no decay)
   {
     float a = 1.f;
-    if (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) a = ex2_approx_ftz(A_log[hv] * LOG2E);
+    if (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) a = ex2_approx_ftz(A_log[hv] * LOG2E_F);
 #pragma unroll
     for (int i = 0; i < SEG; ++i) {
       const float bias = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + col0 + i] : 0.f;
-      sG[r * K + col0 + i] = live ? gate2(gv[i], a, bias, lb2) : 0.f;
+      sG[r * K + col0 + i] = live ? gate_log2<KDA_GATE>(gv[i], a, bias, lb2) : 0.f;  // [2]
     }
   }
   // [3] beta
   if (tid < CHUNK) {
     float bt = 0.f;
     if (tid < rows) {
-      if constexpr (KDA_BETA_MODE == KDA_BETA_NONE) {
-        bt = 1.f;
-      } else {
-        bt = load_f32<KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh);
-        if constexpr (KDA_BETA_MODE == KDA_BETA_SIGMOID || KDA_BETA_MODE == KDA_BETA_SIGMOID2) {
-          bt = rcp_approx_ftz(1.0f + ex2_approx_ftz(-bt * LOG2E));
-          if constexpr (KDA_BETA_MODE == KDA_BETA_SIGMOID2) bt *= 2.f;
-        }
-      }
+      bt = beta_activate<KDA_BETA_MODE>(
+          KDA_BETA_MODE == KDA_BETA_NONE ? 0.f : load_f32<KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh));
     }
     sBeta[tid] = bt;
     reinterpret_cast<float*>(blk + WS_BETA)[tid] = bt;
