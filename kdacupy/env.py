@@ -98,6 +98,9 @@ _TABLE = (
            "run emulated launches as a CPU compute-sanitizer: out-of-bounds accesses, shared-memory races, "
            "misaligned vector accesses raise EmulationError saying what and where (README, emulation)",
            _checks),
+    Switch("KDACUPY_EMULATE_PROFILE", False, "0 or 1",
+           "count each emulated launch's shared-memory wavefronts, global sectors, DRAM bytes, mma and barriers "
+           "(kdacupy.emulate.profile_records(); python -m kdacupy.profile)", _flag),
     Switch("KDACUPY_EMULATE_NUMERICS", "exact", "exact or hardware",
            "the emulated PTX twins' arithmetic: exact, or the GPU's (.approx results within their ISA bounds, "
            "tensor-core accumulation, FTZ); used to size the GPU tolerances", _choice("exact", "hardware")),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "kdacupy"
-ENTRY_POINTS = {"kdacupy.tune", "kdacupy.bench", "kdacupy.compile", "kdacupy.accuracy"}
+ENTRY_POINTS = {"kdacupy.tune", "kdacupy.bench", "kdacupy.compile", "kdacupy.accuracy", "kdacupy.profile"}
 
 
 def module_name(path: Path) -> str:

@@ -1,8 +1,11 @@
 """Run the CUDA kernel sources on the CPU: g++ build of the same .cu text plus an
-emulation of blocks, threads (fibers), warps and the PTX wrappers of kernels/ptx.cuh."""
+emulation of blocks, threads (fibers), warps and the PTX wrappers of kernels/ptx.cuh;
+with KDACUPY_EMULATE_PROFILE=1, hardware counters of every launch (profile_records())."""
 
 from .build import find_compiler
 from .errors import EmulationError
 from .loader import EmulatedModule, pointer
+from .profile import hotspots, profile_records, profile_reset, source_text
 
-__all__ = ["EmulatedModule", "EmulationError", "find_compiler", "pointer"]
+__all__ = ["EmulatedModule", "EmulationError", "find_compiler", "hotspots", "pointer", "profile_records",
+           "profile_reset", "source_text"]

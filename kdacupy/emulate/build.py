@@ -7,9 +7,10 @@ name and renamed with os.replace, so concurrent processes never see half a file.
 $KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb);
 $KDACUPY_EMULATE_NUMERICS (exact|hardware, see numerics.py) adds -DKDA_EMU_NUMERICS.
 
-Checked builds (KDACUPY_EMULATE_CHECK, checks.h) compile the kernel with
--fsanitize=thread and line tables, then link it with tsan_hooks.cpp instead of
-libtsan; their source stays next to the library (<key>.cpp) for addr2line.
+Instrumented builds (KDACUPY_EMULATE_CHECK, checks.h, and KDACUPY_EMULATE_PROFILE,
+profile.h: one build serves both) compile the kernel with -fsanitize=thread and
+line tables, then link it with tsan_hooks.cpp instead of libtsan; their source
+stays next to the library (<key>.cpp) for addr2line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .errors import EmulationError
 
 HERE = Path(__file__).resolve().parent
 HEADERS = ("cuda_emu.h", "ptx_twins.h")
-CHECK_FILES = ("checks.h", "tsan_hooks.cpp")
+CHECK_FILES = ("checks.h", "profile.h", "tsan_hooks.cpp")
 #: compile-only flags of checked builds (the link gets none: no libtsan); -fno-tree-sra keeps a
 #: vector load one access (scalarised, its alignment would go unchecked)
 CHECK_FLAGS = ("-fsanitize=thread", "-g1", "-DKDA_EMU_CHECK=1", "-fno-tree-sra")
@@ -85,7 +86,7 @@ def full_source(source: str, names: Sequence[str]) -> str:
 
 def build(source: str, names: Sequence[str], checked: bool = False, numerics_mode: str | None = None) -> Path:
     """Path of the shared library for (source, names), compiling it if not cached;
-    ``checked``: instrumented for the checks; ``numerics_mode``: the twins'
+    ``checked``: instrumented (for the checks and the counters); ``numerics_mode``: the twins'
     arithmetic (default: $KDACUPY_EMULATE_NUMERICS); both are in the key."""
     cxx = find_compiler()
     text = full_source(source, names)

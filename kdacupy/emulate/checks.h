@@ -20,6 +20,7 @@
 //    rows and cp.async addresses are always checked (16 bytes).
 // Messages carry {pc:OFFSET} tokens (a code offset in this library) that the
 // loader turns into a source location with addr2line.
+// The same hooks feed the counters of KDACUPY_EMULATE_PROFILE (profile.h).
 #pragma once
 
 namespace kda_emu {
@@ -46,6 +47,10 @@ struct Checks {
   int hint;                // the launch array of the last global hit
 };
 
+}  // namespace kda_emu
+#include "profile.h"
+
+namespace kda_emu {
 struct PhdrFind {
   uintptr_t marker;
   Checks* c;
@@ -76,13 +81,15 @@ KDA_EMU_RT inline int find_self(struct dl_phdr_info* info, size_t, void* arg) {
   return 1;
 }
 
-// Per OS thread and launch, after g_worker is set (which allocates the TLS block).
+// Per OS thread and launch, after g_worker is set (which allocates the TLS block);
+// racecheck's shadows only when it is on.
 KDA_EMU_RT inline bool checks_begin(Worker* w) {
   Checks* c = (Checks*)calloc(1, sizeof(Checks));
   w->ck = c;
   if (!c) return false;
   PhdrFind q{(uintptr_t)&find_self, c};
   dl_iterate_phdr(find_self, &q);
+  if (!(w->L->check & CK_RACE)) return true;
   c->dyn = (Shadow*)calloc(w->smem_size + 1, sizeof(Shadow));
   c->stat = (Shadow*)calloc(c->tls_size + 1, sizeof(Shadow));
   return c->dyn && c->stat;
@@ -211,23 +218,30 @@ KDA_EMU_RT inline void race(Shadow* sh, const char* region, size_t off, unsigned
   }
 }
 
-// The shadow, region name and offset of a shared address, or nullptr.
-KDA_EMU_RT inline Shadow* shared_shadow(uintptr_t a, const char** region, size_t* off, size_t* size,
-                                        unsigned n = 1) {
+// Which shared memory holds address a (0: none, 1: dynamic, 2: static __shared__), its
+// name, the offset of a in it and its size.
+KDA_EMU_RT inline int shared_region(uintptr_t a, const char** region, size_t* off, size_t* size, unsigned n = 1) {
   Worker* w = g_worker;
   Checks* c = w->ck;
   uintptr_t d = (uintptr_t)w->smem;
   if (a - d < w->smem_size) {
     *region = "the dynamic shared memory", *off = a - d, *size = w->smem_size;
-    return c->dyn;
+    return 1;
   }
   if (a - c->tls_lo < c->tls_size) {
     uintptr_t cur = (uintptr_t)&g_cur, wk = (uintptr_t)&g_worker;  // the emulator's: out of bounds
-    if ((a < cur + sizeof g_cur && cur < a + n) || (a < wk + sizeof g_worker && wk < a + n)) return nullptr;
+    if ((a < cur + sizeof g_cur && cur < a + n) || (a < wk + sizeof g_worker && wk < a + n)) return 0;
     *region = "the static __shared__ variables", *off = a - c->tls_lo, *size = c->tls_size;
-    return c->stat;
+    return 2;
   }
-  return nullptr;
+  return 0;
+}
+
+// The racecheck shadow of a shared address, or nullptr.
+KDA_EMU_RT inline Shadow* shared_shadow(uintptr_t a, const char** region, size_t* off, size_t* size,
+                                        unsigned n = 1) {
+  int which = shared_region(a, region, off, size, n);
+  return which == 1 ? g_worker->ck->dyn : which == 2 ? g_worker->ck->stat : nullptr;
 }
 
 // Every hooked load and store of the kernel, before it happens.
@@ -246,15 +260,18 @@ KDA_EMU_RT inline void access(uintptr_t a, unsigned n, unsigned fl, uintptr_t pc
   }
   const char* region;
   size_t off, size;
-  if (Shadow* sh = shared_shadow(a, &region, &off, &size, n)) {
+  if (int which = shared_region(a, &region, &off, &size, n)) {
     if (off + n > size) {
       if (ck & CK_MEM) out_of_bounds(a, n, fl, pc);
       n = (unsigned)(size - off);
     }
-    if ((ck & CK_RACE) && !(fl & AC_ATOMIC)) race(sh, region, off, n, fl & AC_WRITE, f->lin, pc_off(pc));
+    if (L->prof) prof_access(a, n, fl, pc, true);
+    if ((ck & CK_RACE) && !(fl & AC_ATOMIC))
+      race(which == 1 ? w->ck->dyn : w->ck->stat, region, off, n, fl & AC_WRITE, f->lin, pc_off(pc));
     return;
   }
   if ((ck & CK_MEM) && !in_global(a, n)) out_of_bounds(a, n, fl, pc);
+  if (L->prof) prof_access(a, n, fl, pc, false);
 }
 
 template <class T>

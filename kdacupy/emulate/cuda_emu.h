@@ -17,7 +17,8 @@
 //    no exited lane in the warp; exited threads do count at __syncthreads;
 //  - out-of-bounds accesses, shared-memory races and misaligned accesses are
 //    caught only in checked builds (KDACUPY_EMULATE_CHECK, checks.h); fiber
-//    stack overflow is not caught (crash);
+//    stack overflow is not caught (crash); the same instrumented builds count
+//    requests, wavefronts and sectors (KDACUPY_EMULATE_PROFILE, profile.h);
 //  - errors (deadlock, __trap, assert, bad ldmatrix/cp.async address, checks)
 //    stop the launch and come back as kdacupy.emulate.EmulationError.
 #pragma once
@@ -188,6 +189,13 @@ struct Launch {
   unsigned check;           // KDACUPY_EMULATE_CHECK bits (checks.h)
   const long long* ext;     // launch arrays: (first byte, end, argument index) triples
   int n_ext;
+  int prof;                 // counters on (instrumented builds, profile.h)
+  long long* prof_out;      // the loader's counters (PR_OUT slots), summed by the workers
+  long long* prof_pcs;      // ... and its per-code-address rows (PC_FIELDS each)
+  long long prof_pc_cap;
+  struct PRegion* prof_regions;  // the launch arrays, merged and sorted, with their sectors
+  int prof_nregions;
+  struct PSet* prof_loose;  // sectors reached outside them
   pthread_mutex_t mu;
   char err[2048];
 };
@@ -209,6 +217,7 @@ struct Worker {
   Fiber* blame;            // set while the last lane of a warp collective acts for another lane
 #ifdef KDA_EMU_CHECK
   struct Checks* ck;
+  struct Prof* pf;         // counters of this OS thread (KDACUPY_EMULATE_PROFILE), or null
 #endif
 #ifdef KDA_EMU_UCONTEXT
   ucontext_t sched;
@@ -219,6 +228,16 @@ struct Worker {
 
 static thread_local Fiber* g_cur;      // the running CUDA thread
 static thread_local Worker* g_worker;  // the block this OS thread runs
+
+#ifdef KDA_EMU_CHECK  // profile.h: a warp's lanes are all at a synchronising point
+KDA_EMU_RT inline void prof_flush_warp(Worker* w, int warp);
+KDA_EMU_RT inline void prof_barrier(Worker* w);
+#define KDA_EMU_PROF_WARP(w, warp) prof_flush_warp(w, warp)
+#define KDA_EMU_PROF_BARRIER(w) prof_barrier(w)
+#else
+#define KDA_EMU_PROF_WARP(w, warp) (void)0
+#define KDA_EMU_PROF_BARRIER(w) (void)0
+#endif
 
 KDA_EMU_RT inline Fiber* cur() { return g_cur; }
 
@@ -295,6 +314,7 @@ KDA_EMU_RT inline void yield_blocked(Fiber* f) {
 
 // -- __syncthreads: exited threads count as arrived (as on current GPUs) --------
 KDA_EMU_RT inline void bar_release(Worker* w) {
+  KDA_EMU_PROF_BARRIER(w);
   int p = w->bar_gen & 1;
   w->bar_res[p] = w->bar_acc[p];
   w->bar_resn[p] = w->bar_arrived;
@@ -340,6 +360,7 @@ KDA_EMU_RT inline void warp_barrier(Fiber* f, const char* what, F&& on_last) {
     fail("lanes of warp %d meet in different warp collectives: %s and %s", f->warp, wp.what, what);
   }
   if (++wp.arrived == 32) {
+    KDA_EMU_PROF_WARP(w, f->warp);  // before on_last: its own counts belong to the next interval
     on_last();
     wp.arrived = 0;
     wp.buf ^= 1;
@@ -453,6 +474,9 @@ KDA_EMU_RT inline void run_block(Worker* w, long long b) {
   kda_emu_swap(&w->sched, first->sp);
 #endif
   g_cur = nullptr;
+#ifdef KDA_EMU_CHECK
+  prof_block_end(w);
+#endif
   // Back here when no fiber can run: all exited, an error, or a deadlock.
   if (w->live == 0 || __atomic_load_n(&L->abort, __ATOMIC_RELAXED)) return;
   char msg[2048];
@@ -554,9 +578,10 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
     Worker* saved = g_worker;
     g_worker = &w;
 #ifdef KDA_EMU_CHECK
-    if (L->check && !checks_begin(&w)) {
+    if ((L->check || L->prof) && !checks_begin(&w)) {
       record_error(L, "emulator: out of memory for the checks' shadow memory");
     }
+    if (L->prof && !prof_begin(&w)) record_error(L, "emulator: out of memory for the profile's counters");
 #endif
     for (;;) {
       if (__atomic_load_n(&L->abort, __ATOMIC_RELAXED)) break;
@@ -570,6 +595,7 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
     for (int i = 0; i < w.n; i++) free(w.fibers[i].cp);
   if (stacks) put_stacks(stacks);
 #ifdef KDA_EMU_CHECK
+  prof_end(&w);
   checks_end(&w);
 #endif
   free(w.fibers);
@@ -581,7 +607,9 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
 
 // cfg: grid x,y,z, block x,y,z, shared_mem bytes, OS threads, fiber stack bytes,
 // mode bits (1: cp.async eager, 2: reverse fiber order), check bits (checks.h;
-// checked builds only). ext: next (first byte, end, argument) triples.
+// checked builds only), then (instrumented builds only; 0: off) the address of the
+// counters (PR_OUT long longs, zeroed by the caller), of the per-code-address rows
+// and their capacity (profile.h). ext: next (first byte, end, argument) triples.
 KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long long* cfg, const long long* ext,
                                  int next, char* err, int errlen) {
   auto bad = [&](const char* m) {
@@ -607,8 +635,15 @@ KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long lon
   L.check = (unsigned)cfg[10];
   L.ext = ext;
   L.n_ext = next;
+  L.prof_out = (long long*)(uintptr_t)cfg[11];
+  L.prof_pcs = (long long*)(uintptr_t)cfg[12];
+  L.prof_pc_cap = cfg[13];
+  L.prof = L.prof_out != nullptr;
 #ifndef KDA_EMU_CHECK
   if (L.check) return bad("KDACUPY_EMULATE_CHECK needs a checked build (the loader makes one)");
+  if (L.prof) return bad("KDACUPY_EMULATE_PROFILE needs an instrumented build (the loader makes one)");
+#else
+  if (L.prof && !prof_launch_begin(&L)) return bad("emulator: out of memory for the profile's sector maps");
 #endif
   pthread_mutex_init(&L.mu, nullptr);
   long long nw = cfg[7] < 1 ? 1 : cfg[7];
@@ -622,6 +657,9 @@ KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long lon
   free(th);
   fflush(stdout);  // kernel printf
   pthread_mutex_destroy(&L.mu);
+#ifdef KDA_EMU_CHECK
+  if (L.prof) prof_launch_end(&L);
+#endif
   if (L.err[0]) {
     snprintf(err, errlen, "%s", L.err);
     return 1;
@@ -755,6 +793,11 @@ KDA_EMU_RT inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #endif
 
 // ---- warp shuffles and votes -------------------------------------------------------
+#ifdef KDA_EMU_CHECK
+#define KDA_EMU_PROF_COUNT(which) ::kda_emu::prof_count(::kda_emu::which)
+#else
+#define KDA_EMU_PROF_COUNT(which) (void)0
+#endif
 namespace kda_emu {
 enum ShflKind { SHFL_IDX, SHFL_XOR, SHFL_DOWN, SHFL_UP };
 template <class T>
@@ -766,7 +809,7 @@ KDA_EMU_RT inline T shfl(unsigned mask, T v, int arg, int width, ShflKind kind, 
   Warp& wp = g_worker->warps[f->warp];
   int b = wp.buf, lane = f->lane;
   memcpy(wp.slot[b][lane], &v, sizeof(T));
-  warp_barrier(f, what, [] {});
+  warp_barrier(f, what, [] KDA_EMU_RT { KDA_EMU_PROF_COUNT(PR_shuffles); });
   // PTX shfl.sync with CUDA's c operand: segmask = 32 - width, clamp 31 (0 for up).
   int segmask = 32 - width, bval = arg & 31;
   int minl = lane & segmask, maxl = minl | ((kind == SHFL_UP ? 0 : 31) & ~segmask), j = lane;
@@ -788,7 +831,7 @@ KDA_EMU_RT inline unsigned ballot(unsigned mask, int pred, const char* what) {
   Warp& wp = g_worker->warps[f->warp];
   int b = wp.buf;
   wp.slot[b][f->lane][0] = pred != 0;
-  warp_barrier(f, what, [] {});
+  warp_barrier(f, what, [] KDA_EMU_RT { KDA_EMU_PROF_COUNT(PR_shuffles); });
   unsigned r = 0;
   for (int i = 0; i < 32; i++) r |= (unsigned)wp.slot[b][i][0] << i;
   return r;

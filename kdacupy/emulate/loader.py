@@ -5,8 +5,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -14,9 +12,10 @@ from typing import Sequence
 import numpy as np
 
 from .. import env
-from . import numerics
+from . import numerics, profile
 from .build import build, stats
 from .errors import EmulationError
+from .sources import source_location
 
 MAX_SHARED = 227 * 1024  # per-block dynamic shared memory of a Hopper GPU
 _loaded: dict[tuple[str, tuple[str, ...], bool], tuple[ctypes.CDLL, Path]] = {}
@@ -45,6 +44,19 @@ def checks() -> int:
     except env.EnvError as e:
         raise EmulationError(str(e)) from None
     return sum(CHECKS[n] for n in names)
+
+
+def profiling() -> bool:
+    """KDACUPY_EMULATE_PROFILE (kdacupy/env.py): launches count into profile.records (profile.h)."""
+    try:
+        return env.get("KDACUPY_EMULATE_PROFILE")
+    except env.EnvError as e:
+        raise EmulationError(str(e)) from None
+
+
+def instrumented() -> bool:
+    """Whether launches run the instrumented build (the checks and the counters share it)."""
+    return checks() != 0 or profiling()
 
 
 class ArrayPointer:
@@ -86,13 +98,13 @@ def _param_names(source: str, name: str) -> list[str]:
 
 class EmulatedModule:
     """The kernels `names` of a rendered source, compiled for the CPU (built once per process,
-    and once more, instrumented, when KDACUPY_EMULATE_CHECK asks for checks)."""
+    and once more, instrumented, when KDACUPY_EMULATE_CHECK or KDACUPY_EMULATE_PROFILE asks)."""
 
     def __init__(self, source: str, names: Sequence[str]):
         self.names = tuple(names)
         self._source = source
         self._numerics = numerics.mode()  # fixed at construction: a later build of this module agrees
-        self._lib(checks() != 0)
+        self._lib(instrumented())
         self._functions: dict[str, EmulatedFunction] = {}
 
     def _lib(self, checked: bool) -> tuple[ctypes.CDLL, Path]:
@@ -132,7 +144,7 @@ class EmulatedFunction:
         self._module = module
         self._param_names = list(param_names)
         self._launches: dict[bool, tuple] = {}
-        lib = module._lib(checks() != 0)[0]
+        lib = module._lib(instrumented())[0]
         self.arity = getattr(lib, f"kda_emu_arity__{name}")()
         sizes, kinds = (ctypes.c_int * max(self.arity, 1))(), (ctypes.c_int * max(self.arity, 1))()
         getattr(lib, f"kda_emu_params__{name}")(sizes, kinds)
@@ -189,7 +201,7 @@ class EmulatedFunction:
             return msg
         src = path.with_suffix(".cpp")
         text = src.read_text(errors="replace").split("\n") if src.is_file() else []
-        msg = re.sub(r"\{pc:([0-9a-f]+)\}", lambda m: _source_location(path, m.group(1), text), msg)
+        msg = re.sub(r"\{pc:([0-9a-f]+)\}", lambda m: source_location(path, m.group(1), text), msg)
         return f"{msg} [rendered source: {src}]" if text else msg
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
@@ -204,8 +216,10 @@ class EmulatedFunction:
         argv = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.addressof(x) for x in bufs])
         threads = env.get("KDACUPY_EMULATE_THREADS") or os.cpu_count() or 1
         stack = env.get("KDACUPY_EMULATE_STACK_KB") * 1024
-        check = checks()
-        cfg = (ctypes.c_longlong * 11)(*g, *b, int(shared_mem), threads, stack, _mode(), check)
+        check, prof = checks(), profiling()
+        counters = profile.buffers() if prof else None
+        where = (ctypes.addressof(counters[0]), ctypes.addressof(counters[1]), profile.SITES) if prof else (0, 0, 0)
+        cfg = (ctypes.c_longlong * 14)(*g, *b, int(shared_mem), threads, stack, _mode(), check, *where)
         ext = []  # (first byte, end, argument index) of every array argument
         for i, a in enumerate(args):
             if isinstance(a, np.ndarray):
@@ -213,7 +227,7 @@ class EmulatedFunction:
             elif isinstance(a, ArrayPointer):
                 ext += [a.lo, a.hi, i]
         extv = (ctypes.c_longlong * max(len(ext), 1))(*[x - (1 << 64) if x >= 1 << 63 else x for x in ext])
-        lib, path, launch = self._launcher(check != 0)
+        lib, path, launch = self._launcher(check != 0 or prof)
         err = ctypes.create_string_buffer(4096)
         with _launch_lock:  # bound the memory mappings: one library's stack cache at a time
             prev, _last_launched[0] = _last_launched[0], lib
@@ -221,38 +235,5 @@ class EmulatedFunction:
             prev.kda_emu_release_stacks()
         if launch(cfg, argv, len(bufs), extv, len(ext) // 3, err, len(err)):  # ctypes releases the GIL meanwhile
             raise EmulationError(f"{self.name}: {self._explain(err.value.decode(errors='replace'), path)}")
-
-
-def _source_location(lib: Path, offset: str, text: list[str]) -> str:
-    """'at file:line `code`, inlined at ...' for a code offset in ``lib`` (addr2line);
-    ``text``: the rendered source, whose lines map back to kernels/ where they occur once."""
-    tool = shutil.which("addr2line")
-    try:
-        out = subprocess.run([tool, "-f", "-C", "-i", "-e", str(lib), f"0x{offset}"], capture_output=True,
-                             text=True, timeout=60).stdout.split("\n") if tool else []
-    except (OSError, subprocess.SubprocessError):
-        out = []
-    frames = []
-    for func, loc in zip(out[0::2], out[1::2]):
-        line = loc.rpartition(":")[2].split(" ")[0]
-        if func.startswith("??") or not line.isdigit() or not 0 < int(line) <= len(text):
-            continue
-        code = text[int(line) - 1].strip()
-        frames.append(f"{_origin(code, text[0]) or f'rendered line {line}'} `{code[:100]}`")
-    if not frames:
-        return f"at code offset 0x{offset} of {lib}" + ("" if tool else " (addr2line not found)")
-    return "at " + ", inlined at ".join(frames)
-
-
-def _origin(code: str, first_line: str) -> str | None:
-    """'kernels/x.cu:N' when ``code`` is one line of kernels/ (the rendered .cu or a header) exactly once."""
-    from ..paths import kernels_dir
-    m = re.match(r"// kdacupy variant of (\w+\.cu)$", first_line)
-    if not m or len(code) < 8:
-        return None
-    d = kernels_dir()
-    hits = []
-    for f in [d / m.group(1), *sorted(d.glob("*.cuh"))]:
-        if f.is_file():
-            hits += [f"kernels/{f.name}:{i + 1}" for i, x in enumerate(f.read_text().split("\n")) if x.strip() == code]
-    return hits[0] if len(hits) == 1 else None
+        if prof:
+            profile.record(self.name, lib, path, self._module._source, g, b, int(shared_mem), counters)

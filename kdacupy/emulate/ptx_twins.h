@@ -20,6 +20,13 @@
 #define KDA_EMU_MMA_GUARD 3
 #endif
 
+// Instrumented builds count every .approx instruction (profile.h: per warp instruction, its lanes).
+#ifdef KDA_EMU_CHECK
+#define KDA_EMU_SFU() ::kda_emu::prof_sfu()
+#else
+#define KDA_EMU_SFU() (void)0
+#endif
+
 namespace kda_emu {
 // bit tests, not float compares: the hardware mode's DAZ would make a subnormal compare as 0
 inline bool is_subnormal(float x) {
@@ -140,7 +147,7 @@ KDA_EMU_RT inline void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 
   for (int i = 0; i < 4; i++) mine[i] = a[i];
   mine[4] = b[0];
   mine[5] = b[1];
-  warp_barrier(f, what, [] {});
+  warp_barrier(f, what, [] KDA_EMU_RT { KDA_EMU_PROF_COUNT(PR_mma); });
   auto half = [](u32 w, int k) KDA_EMU_RT -> double {
     unsigned h = (k & 1) ? w >> 16 : w & 0xffffu;
     return BF16 ? bf2d(h) : h2d(h);
@@ -194,6 +201,15 @@ KDA_EMU_RT inline void ldmatrix(u32* r, const void* smem_row, const char* what, 
 #endif
       memcpy(wp.snap[buf][i], p, 16);
     }
+#ifdef KDA_EMU_CHECK
+    if (g_worker->pf) {
+      const void* rows[32];
+      uintptr_t pc0;
+      for (int i = 0; i < 8 * NM; i++) memcpy(&rows[i], wp.slot[buf][i], sizeof(void*));
+      memcpy(&pc0, wp.slot[buf][0] + 8, sizeof pc0);
+      prof_ldmatrix(rows, NM, pc0);
+    }
+#endif
   });
   for (int m = 0; m < NM; m++) {
     const u16* rows = reinterpret_cast<const u16*>(wp.snap[buf][8 * m]);  // rows[row * 8 + col]
@@ -221,6 +237,7 @@ KDA_EMU_RT inline void cp_async_push(void* dst, const void* src, unsigned bytes,
   bool queue = !g_worker->L->cp_eager;
 #ifdef KDA_EMU_CHECK
   if (g_worker->L->check) cp_issue(dst, src, bytes, pc);
+  if (g_worker->L->prof) prof_cp_async(dst, src, bytes, pc);
   queue |= (g_worker->L->check & CK_RACE) != 0;
 #endif
   (void)pc;
@@ -270,6 +287,7 @@ inline float f16_to_f32(u16 h) { return ::kda_emu::h2f(h); }
 // relative; rcp.approx 1 ulp; tanh 2^-11 relative (subnormal inputs passed through). Inputs whose
 // exact result is a power of two (ex2 of an integer, lg2 of a power of two, ...) stay exact.
 inline float ex2_approx_ftz(float x) {
+  KDA_EMU_SFU();
   float xf = ::kda_emu::ftz(x);
   float r = (float)exp2((double)xf);
   if (isfinite(xf) && rint(xf) != xf)
@@ -277,6 +295,7 @@ inline float ex2_approx_ftz(float x) {
   return __float_as_uint(r) < 0x00800000u ? 0.0f : r;  // results below 2^-126 flush to +0
 }
 inline float lg2_approx_ftz(float x) {
+  KDA_EMU_SFU();
   float xf = ::kda_emu::ftz(x);
   double y = log2((double)xf);
   if (!(xf > 0) || !isfinite(xf) || ::kda_emu::hw::pow2(xf)) return ::kda_emu::ftz((float)y);
@@ -285,12 +304,14 @@ inline float lg2_approx_ftz(float x) {
   return ::kda_emu::ftz(r);
 }
 inline float rsqrt_approx_ftz(float x) {
+  KDA_EMU_SFU();
   float xf = ::kda_emu::ftz(x);
   double y = 1.0 / sqrt((double)xf);
   if (!(xf > 0) || !isfinite(xf) || ::kda_emu::hw::pow2(y)) return ::kda_emu::ftz((float)y);
   return ::kda_emu::ftz(::kda_emu::hw::rel(y, xf, 3, exp2(-22.9)));
 }
 inline float rcp_approx_ftz(float x) {
+  KDA_EMU_SFU();
   float xf = ::kda_emu::ftz(x);
   double y = 1.0 / (double)xf;
   float r = (float)y;
@@ -299,6 +320,7 @@ inline float rcp_approx_ftz(float x) {
   return ::kda_emu::ftz(r);
 }
 inline float tanh_approx(float x) {
+  KDA_EMU_SFU();
   if (::kda_emu::is_subnormal(x)) return x;  // passed through (no ftz on tanh), not flushed by FTZ here
   double y = tanh((double)x);
   if (x == 0 || !isfinite(x)) return (float)y;
@@ -307,13 +329,22 @@ inline float tanh_approx(float x) {
 }
 #else
 inline float ex2_approx_ftz(float x) {
+  KDA_EMU_SFU();
   float r = (float)exp2((double)::kda_emu::ftz(x));
   return r < 1.17549435e-38f ? 0.0f : r;  // results below 2^-126 flush to +0
 }
-inline float lg2_approx_ftz(float x) { return ::kda_emu::ftz((float)log2((double)::kda_emu::ftz(x))); }
-inline float rsqrt_approx_ftz(float x) { return ::kda_emu::ftz((float)(1.0 / sqrt((double)::kda_emu::ftz(x)))); }
-inline float rcp_approx_ftz(float x) { return ::kda_emu::ftz((float)(1.0 / (double)::kda_emu::ftz(x))); }
-inline float tanh_approx(float x) { return (float)tanh((double)x); }
+inline float lg2_approx_ftz(float x) {
+  KDA_EMU_SFU();
+  return ::kda_emu::ftz((float)log2((double)::kda_emu::ftz(x))); }
+inline float rsqrt_approx_ftz(float x) {
+  KDA_EMU_SFU();
+  return ::kda_emu::ftz((float)(1.0 / sqrt((double)::kda_emu::ftz(x)))); }
+inline float rcp_approx_ftz(float x) {
+  KDA_EMU_SFU();
+  return ::kda_emu::ftz((float)(1.0 / (double)::kda_emu::ftz(x))); }
+inline float tanh_approx(float x) {
+  KDA_EMU_SFU();
+  return (float)tanh((double)x); }
 #endif
 
 // KDA_EMU_RT + KDA_EMU_PC: in checked builds these stay calls, so the return address is the kernel's.

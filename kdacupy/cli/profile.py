@@ -1,0 +1,332 @@
+"""``python -m kdacupy.profile``: hardware counters of the kernels from the CPU emulation, and a
+roofline per GPU (docs/design.md section 9). No GPU needed.
+
+Runs the kernels on the emulation with KDACUPY_EMULATE_PROFILE=1 and prints, per kernel:
+requests, shared-memory wavefronts per request against the conflict-free ideal, global sector
+efficiency (bytes asked for / 32 x sectors), DRAM bytes with an ideal L2, mma, SFU instructions;
+then the roofline of the chosen GPU: the time each resource needs (HBM, shared memory, tensor
+cores, SFU, and for the recurrence its chunk chain), the one that binds, and the occupancy
+that the compile report's registers and shared memory allow (NVRTC for the GPU's arch).
+
+Workloads: without --shape, a small forward (T=256, H=2, K=V=128, bf16, Kimi's options), a
+decode step (N=16, HV=4) and the split forward (2 segments) of the same forward. --shape kimi
+(or any spec, as for python -m kdacupy.bench) profiles forwards at full size by emulating a
+slice, --heads value heads (default 1) at the full length, and scaling every count by
+HV / heads: each value head's CTAs do the same work on their own data, so counts are
+additive over heads; only prepare's choice of the pair form depends on the data, and is
+sampled on the slice's heads.
+
+--json FILE writes everything; --show FILE prints a saved file's summary without emulating.
+Predictions are lower bounds: the binding resource at its datasheet rate; latencies other
+than the recurrence's chunk chain, launch gaps and cache misses beyond the compulsory ones are
+not modelled.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from . import roofline
+from .shapes import Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, shape_problem, validated
+from .timing import git_commit, git_dirty
+
+#: FlashKDA's published forward time (H200, H = 64, T = 8192, B = 1; docs/design.md section 9)
+FLASHKDA_MS = {"kimi-T8192-H64": 1.209}
+DEFAULT_FORWARD = Shape("forward-T256-H2", 256, 2)
+DEFAULT_DECODE = dict(N=16, HV=4, T=1)
+DEFAULT_SEGMENTS = 2
+NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "library")
+
+
+def log(msg: str) -> None:
+    print(f"[kdacupy.profile] {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def profiling():
+    """KDACUPY_EMULATE_PROFILE=1 for the block; the records of its launches are yielded into."""
+    from ..emulate import profile_records, profile_reset
+
+    old = os.environ.get("KDACUPY_EMULATE_PROFILE")
+    os.environ["KDACUPY_EMULATE_PROFILE"] = "1"
+    profile_reset()
+    out: list = []
+    try:
+        yield out
+    finally:
+        out.extend(profile_records())
+        profile_reset()
+        if old is None:
+            del os.environ["KDACUPY_EMULATE_PROFILE"]
+        else:
+            os.environ["KDACUPY_EMULATE_PROFILE"] = old
+
+
+def counts_of(rec: dict) -> list[str]:
+    return [k for k, v in rec.items() if k not in NOT_COUNTS and isinstance(v, (int, float))]
+
+
+def scaled(rec: dict, factor) -> dict:
+    """A record with every count (and the grid's head dimension) times ``factor``."""
+    out = dict(rec)
+    for k in counts_of(rec):
+        x = rec[k] * factor
+        out[k] = int(round(x)) if float(factor).is_integer() else x
+    out["grid"] = [rec["grid"][0], int(round(rec["grid"][1] * factor)), rec["grid"][2]]
+    return out
+
+
+def slice_shape(shape: Shape, heads: int) -> tuple[Shape, int]:
+    """The shape with ``heads`` value heads (whole query-head groups, at least one), and its HV."""
+    group = shape.hv // shape.H
+    h = max(1, min(shape.H, heads // group))
+    return dataclasses.replace(shape, name=f"{shape.name}-slice", H=h, HV=h * group if shape.HV else None), h * group
+
+
+def forward_records(shape: Shape, heads: int | None, sms: int, **options) -> tuple[list[dict], dict]:
+    """Profile records of kda_forward at ``shape`` (``heads``: emulate that many value heads and
+    scale; None: all of them), with the tiles the full shape gets on a GPU of ``sms`` SMs."""
+    from ..ops.forward.kernels import forward
+    from ..ops.forward.tuning import heuristic
+
+    tiles = heuristic(shape_problem(shape), sms)
+    part, hv = slice_shape(shape, shape.hv if heads is None else heads)
+    arrays, opts = make_inputs(part)
+    opts.update(options)
+    p, a = validated(arrays, opts, "emulate")
+    with profiling() as recs:
+        forward(p, a, tiles)
+    factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
+    info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages))
+    return [scaled(r, factor) for r in recs], info
+
+
+def decode_records() -> tuple[list[dict], dict]:
+    from ..decode import kda_decode
+    from ..numerics.dtypes import F32
+    from .bench_decode import make_case
+
+    s = dict(DEFAULT_DECODE, pool=F32)
+    a, o = make_case(s)
+    with profiling() as recs:
+        kda_decode(**a, **o, backend="emulate")
+    return recs, dict(N=s["N"], HV=s["HV"], T=s["T"], pool="float32", K=128, V=128)
+
+
+def split_records(shape: Shape, n: int) -> tuple[list[dict], dict]:
+    from ..api import kda_forward
+
+    arrays, opts = make_inputs(shape)
+    with profiling() as recs:
+        kda_forward(**arrays, **opts, sequence_parallel=n, backend="emulate")
+    return recs, dict(segments=n)
+
+
+# ---------------------------------------------------------------------------
+# per kernel: counts, derived ratios, roofline, occupancy
+
+_compiled: dict = {}
+
+
+def compile_report(sha: str, arch: str):
+    """NVRTC's report (regs, spills, static smem) for a recorded source, or None without NVRTC."""
+    from ..emulate import source_text
+
+    key = (sha, arch)
+    if key not in _compiled:
+        res = None
+        src = source_text(sha)
+        if src is not None:
+            try:
+                from ..jit.nvrtc import nvrtc_compile
+
+                res = nvrtc_compile(src, arch)
+                res = res if res.ok else None
+            except Exception as e:  # noqa: BLE001  (no NVRTC here: occupancy is unknown)
+                log(f"no compile report ({type(e).__name__}: {e}); occupancy not computed")
+        _compiled[key] = res
+    return _compiled[key]
+
+
+def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3) -> list[dict]:
+    """One row per kernel variant (launches summed): counts, ratios, roofline and occupancy."""
+    from ..emulate import hotspots
+
+    rows: dict = {}
+    for r in recs:
+        key = (r["kernel"], r["source"])
+        t = roofline.times(r, gpu, chunks)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = dict(kernel=r["kernel"], source=r["source"], launches=0, block=r["block"],
+                                   shared_mem=r["shared_mem"], counts={k: 0 for k in counts_of(r)},
+                                   times={k: 0.0 for k in t}, hotspots=hotspots(r, hot))
+        row["launches"] += 1
+        for k in row["counts"]:
+            row["counts"][k] += r[k]
+        for k, v in t.items():
+            row["times"][k] = row["times"].get(k, 0.0) + v
+    out = []
+    for row in rows.values():
+        c = row["counts"]
+        row["wavefronts_per_request"] = c["smem_wavefronts"] / c["smem_requests"] if c["smem_requests"] else 0.0
+        row["ideal_per_request"] = c["smem_wavefronts_ideal"] / c["smem_requests"] if c["smem_requests"] else 0.0
+        row["conflict_excess"] = (c["smem_wavefronts"] / c["smem_wavefronts_ideal"] - 1) if c["smem_wavefronts_ideal"] else 0.0
+        row["sector_efficiency"] = c["gmem_bytes"] / (32 * c["gmem_sectors"]) if c["gmem_sectors"] else 1.0
+        row["bound"], row["time_s"] = roofline.bound(row["times"])
+        rep = compile_report(row["source"], gpu.arch)
+        threads = int(np.prod(row["block"]))
+        if rep is not None:
+            row["compile"] = dict(arch=gpu.arch, regs=rep.regs, spill_stores=rep.spill_stores,
+                                  spill_loads=rep.spill_loads, static_smem=rep.static_smem)
+            row["occupancy"] = roofline.occupancy(gpu, threads, rep.regs, row["shared_mem"] + rep.static_smem)
+        out.append(row)
+    return out
+
+
+def chunks_of(shape: Shape | None) -> int:
+    if shape is None:
+        return 0
+    lens = shape.lens if shape.lens is not None else (shape.T,)
+    return -(-max(lens) // 16) if lens else 0
+
+
+def run_entry(name, shape, recs, info, gpu, hot) -> dict:
+    rows = kernel_rows(recs, gpu, chunks_of(shape), hot)
+    entry = dict(name=name, shape=shape.to_dict() if shape else None, **info, kernels=rows,
+                 predicted_s=sum(r["time_s"] for r in rows))
+    if shape is not None:
+        floor = compulsory_bytes(shape)["total"]
+        entry["hbm_floor_bytes"] = floor
+        entry["hbm_floor_s"] = floor / (gpu.hbm_tb_s * 1e12)
+        entry["flashkda_ms"] = FLASHKDA_MS.get(shape.name) if gpu.key == "h200" else None
+    return entry
+
+
+# ---------------------------------------------------------------------------
+# output
+
+
+def _us(s: float) -> str:
+    return f"{s * 1e6:.1f}"
+
+
+def print_run(e: dict, gpu: roofline.Gpu, file=sys.stdout) -> None:
+    p = lambda *a: print(*a, file=file)  # noqa: E731
+    sl = f", {e['heads_emulated']} value head(s) emulated, counts x {e['scale']:g}" if "scale" in e else ""
+    p(f"\n== {e['name']}{sl}" + (f", tiles BV={e['tiles']['BV']} stages={e['tiles']['stages']}" if "tiles" in e else ""))
+    p(f"{'kernel':16} {'CTAs':>7} {'smem req':>10} {'wf/req':>6} {'ideal':>5} {'excess':>7} {'gmem req':>9} "
+      f"{'sect.eff':>8} {'dram MB':>8} {'mma':>9} {'sfu':>9} {'bar':>7}")
+    for r in e["kernels"]:
+        c = r["counts"]
+        p(f"{r['kernel']:16} {c['ctas']:>7.0f} {c['smem_requests']:>10.0f} {r['wavefronts_per_request']:>6.2f} "
+          f"{r['ideal_per_request']:>5.2f} {100 * r['conflict_excess']:>6.1f}% {c['gmem_requests']:>9.0f} "
+          f"{100 * r['sector_efficiency']:>7.1f}% {(c['dram_read_bytes'] + c['dram_write_bytes']) / 1e6:>8.2f} "
+          f"{c['mma']:>9.0f} {c['sfu']:>9.0f} {c['barriers']:>7.0f}")
+    p(f"{'roofline ' + gpu.key:16} {'hbm us':>8} {'smem us':>8} {'tensor us':>9} {'sfu us':>8} {'chain us':>8} "
+      f"{'bound':>7} {'time us':>8}  occupancy (regs, spills, smem)")
+    for r in e["kernels"]:
+        t = r["times"]
+        occ = r.get("occupancy")
+        cp = r.get("compile")
+        o = (f"{occ['ctas_per_sm']} CTAs/SM, {occ['warps_per_sm']} warps ({occ['limited_by']}); "
+             f"{cp['regs']} regs, {cp['spill_stores']}/{cp['spill_loads']} spills, "
+             f"{r['shared_mem'] + cp['static_smem']} B") if occ else "n/a (no NVRTC)"
+        p(f"{r['kernel']:16} {_us(t['hbm']):>8} {_us(t['smem']):>8} {_us(t['tensor']):>9} {_us(t['sfu']):>8} "
+          f"{_us(t.get('chain', 0.0)):>8} {r['bound']:>7} {_us(r['time_s']):>8}  {o}")
+    line = f"predicted {e['predicted_s'] * 1e3:.3f} ms (sum of the kernels' bounds)"
+    if "hbm_floor_s" in e:
+        line += f"; HBM floor {e['hbm_floor_s'] * 1e3:.3f} ms ({e['hbm_floor_bytes'] / 1e9:.3f} GB compulsory)"
+    if e.get("flashkda_ms"):
+        line += f"; FlashKDA published {e['flashkda_ms']:.3f} ms"
+    p(line)
+    for r in e["kernels"]:
+        for h in r["hotspots"]:
+            what = (f"{h['wavefronts']} wavefronts for ideal {h['ideal']}" if h["space"] == "shared"
+                    else f"{h['sectors']} sectors for {h['bytes']} bytes")
+            p(f"  {r['kernel']} {h['space']} {'store' if h['write'] else 'load'} {h['requests']} req, {what}: "
+              f"{h['where']}")
+
+
+def print_summary(doc: dict, file=sys.stdout) -> None:
+    gpu = doc["gpu"]
+    print(f"\nPredicted forward times on {gpu['name']} (lower bounds; kdacupy.profile, commit {doc['commit']}):",
+          file=file)
+    print(f"{'shape':26} {'predicted ms':>12} {'HBM floor ms':>12} {'FlashKDA ms':>11}  per kernel (bound)", file=file)
+    for e in doc["runs"]:
+        if "hbm_floor_s" not in e:
+            continue
+        parts = ", ".join(f"{r['kernel']} {r['time_s'] * 1e3:.3f} ({r['bound']})" for r in e["kernels"])
+        fk = f"{e['flashkda_ms']:.3f}" if e.get("flashkda_ms") else "-"
+        print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}  {parts}",
+              file=file)
+
+
+# ---------------------------------------------------------------------------
+
+
+def workloads(args, gpu):
+    """(name, shape or None, records, info) per workload, emulated one after the other."""
+    if not args.shape:
+        jobs = [("forward", lambda: forward_records(DEFAULT_FORWARD, None, gpu.sms), DEFAULT_FORWARD),
+                ("decode", decode_records, None),
+                ("split forward", lambda: split_records(DEFAULT_FORWARD, DEFAULT_SEGMENTS), None)]
+    else:
+        jobs = [(s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms)), s) for s in resolve_shapes(args.shape)]
+    for i, (name, job, shape) in enumerate(jobs):
+        t0 = time.perf_counter()
+        log(f"{i + 1}/{len(jobs)} {name}: emulating" + (f" {min(args.heads, shape.hv) if args.shape else shape.hv} "
+                                                       f"of {shape.hv} value heads, T={shape.T}" if shape else ""))
+        recs, info = job()
+        log(f"{i + 1}/{len(jobs)} {name}: {len(recs)} launches in {time.perf_counter() - t0:.1f} s")
+        yield name, shape, recs, info
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kdacupy.profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", action="append", type=shape_arg, metavar="SHAPE",
+                    help="kimi, fewhead, all, or a spec like T=8192,H=96 (may repeat); default: the small workloads")
+    ap.add_argument("--gpu", choices=sorted(roofline.GPUS), default="h200")
+    ap.add_argument("--heads", type=int, default=1, help="value heads emulated per --shape (default 1)")
+    ap.add_argument("--hotspots", type=int, default=3, help="source lines per kernel that waste most (default 3)")
+    ap.add_argument("--json", metavar="FILE", help="write every number to FILE")
+    ap.add_argument("--show", metavar="FILE", help="print the summary of a saved --json file and exit")
+    args = ap.parse_args(argv)
+    if args.show:
+        try:
+            doc = json.loads(Path(args.show).read_text())
+        except (OSError, ValueError) as e:
+            print(f"{ap.prog}: cannot read {args.show}: {e}", file=sys.stderr)
+            return 2
+        print_summary(doc)
+        return 0
+    if args.heads < 1:
+        ap.error(f"--heads must be >= 1, got {args.heads}")
+    gpu = roofline.GPUS[args.gpu]
+    print(gpu.label())
+    doc = dict(gpu=dataclasses.asdict(gpu), commit=git_commit(), dirty=git_dirty(), date=datetime.date.today().isoformat(),
+               chain_cycles_per_chunk=roofline.CHAIN_CYCLES_PER_CHUNK, runs=[])
+    for name, shape, recs, info in workloads(args, gpu):
+        e = run_entry(name, shape, recs, info, gpu, args.hotspots)
+        doc["runs"].append(e)
+        print_run(e, gpu)
+    print_summary(doc)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

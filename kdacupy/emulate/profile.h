@@ -1,0 +1,584 @@
+// Hardware counters of an instrumented build (KDACUPY_EMULATE_PROFILE=1): Nsight
+// Compute's request / wavefront / sector vocabulary, computed exactly from the
+// emulated run (docs/design.md section 9). Included by checks.h: the same
+// -fsanitize=thread hooks that feed the checks feed these counters.
+//
+// A request is one execution of one warp-level instruction. The emulation runs
+// a warp's lanes one after another between warp-synchronising points (warp
+// collectives, __syncthreads, block end), so the lanes' accesses are grouped
+// into requests per warp by (code address, the lane's occurrence count of that
+// address since the warp's last synchronising point): lane 5's third execution
+// of an instruction joins lane 9's third. This is the hardware's grouping for
+// straight-line code, loops and if-branches; a divergent inner loop that lanes
+// run in different iterations of an outer loop is grouped by occurrence, as
+// if the inactive iterations were compacted.
+//  - shared memory: 32 banks of 4 bytes; a request is served in phases (all 32
+//    lanes for accesses of up to 4 bytes, half-warps for 8, quarter-warps for
+//    16); per phase, distinct 4-byte words in one bank serialise (wavefronts),
+//    equal words broadcast. Ideal: the same phases with no conflict
+//    (ceil(distinct words / 32) each). ldmatrix: one phase per 8x8 matrix.
+//    cp.async: its 16-byte shared write per lane, like a 16-byte store.
+//  - global memory: 32-byte sectors touched per request, and the distinct bytes
+//    the lanes asked for. Sectors are counted from the start of each launch
+//    array (a GPU allocation is 256-byte aligned; a NumPy array need not be).
+//    dram: distinct sectors the launch touched (read, written, either), i.e.
+//    the traffic with an ideal L2. Memory reached through a raw address (no
+//    array passed) counts from absolute addresses; stack and local arrays are
+//    not device memory.
+//  - sfu: warp-level .approx instructions (ex2, lg2, rsqrt, rcp, tanh), and the
+//    active lanes they ran for.
+#pragma once
+
+namespace kda_emu {
+
+// The counters, in the order of kda_emu_profile_names() (the loader reads the names from there).
+#define KDA_EMU_PROFILE_COUNTERS(X)                                                                   \
+  X(smem_requests) X(smem_wavefronts) X(smem_wavefronts_ideal)                                        \
+  X(smem_load_requests) X(smem_load_wavefronts) X(smem_load_wavefronts_ideal)                         \
+  X(smem_store_requests) X(smem_store_wavefronts) X(smem_store_wavefronts_ideal)                      \
+  X(gmem_requests) X(gmem_sectors) X(gmem_bytes)                                                      \
+  X(gmem_load_requests) X(gmem_load_sectors) X(gmem_load_bytes)                                       \
+  X(gmem_store_requests) X(gmem_store_sectors) X(gmem_store_bytes)                                    \
+  X(dram_bytes) X(dram_read_bytes) X(dram_write_bytes)                                                \
+  X(mma) X(ldmatrix) X(cp_async_requests) X(cp_async_bytes) X(shuffles) X(sfu) X(sfu_lanes)          \
+  X(barriers) X(ctas) X(warps)
+#define KDA_EMU_PROFILE_ENUM(n) PR_##n,
+enum : int { KDA_EMU_PROFILE_COUNTERS(KDA_EMU_PROFILE_ENUM) PR_N };
+#undef KDA_EMU_PROFILE_ENUM
+constexpr int PR_OUT = 64;   // slots of the loader's counter array; the last holds the per-pc entry count
+constexpr int PC_FIELDS = 6;  // per code address: offset, kind, requests, wavefronts|sectors, ideal|bytes, write
+static_assert(PR_N < PR_OUT, "counter array");
+
+enum : unsigned char { SP_SMEM = 1, SP_GMEM = 2, SP_SFU = 3 };
+enum : unsigned { SUB_PLAIN = 0, SUB_CP_DST = 1, SUB_CP_SRC = 2, SUB_SFU = 3 };  // key = pc * 4 + sub
+
+struct PAcc {          // one lane's part of a request
+  uintptr_t addr;      // shared: the address; global: the offset in its region (no region: the address)
+  int region;          // global: index in Launch::prof_regions, or -1
+  unsigned size;
+  unsigned char space, write, atomic;
+};
+struct PGroup {        // one request being assembled: (key, occurrence) of one warp
+  uintptr_t key;
+  unsigned mask;
+  PAcc acc[32];
+};
+struct PLaneEnt { uintptr_t key; unsigned gen, count; };    // (key, lane) -> occurrences this interval
+struct PGroupEnt { uintptr_t key; unsigned k, gen; int idx; };  // (key, occurrence) -> group
+struct PWarp {
+  unsigned gen;  // entries of older intervals are free slots
+  PLaneEnt* lt;
+  unsigned lcap, llive;
+  PGroupEnt* gt;
+  unsigned gcap;
+  PGroup* g;
+  unsigned ng, gmax;
+};
+struct PPc { uintptr_t pc; long long kind, req, a, b, write; };  // per code address (offset from the library base)
+struct PSet {          // sectors outside the launch arrays: key = sector + 1, bits 1 read, 2 written
+  unsigned long long* key;
+  unsigned char* bits;
+  size_t cap, live;
+};
+struct Prof {
+  long long c[PR_N];
+  PWarp* warps;
+  int nwarps;
+  PPc* pcs;
+  unsigned pcap, plive;
+  PSet loose;
+};
+struct PRegion {       // a launch array (overlapping ones merged): its sectors ever read / written
+  uintptr_t lo, hi;
+  unsigned long long *rd, *wr;
+};
+
+KDA_EMU_RT inline unsigned long long mix64(unsigned long long z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+KDA_EMU_RT inline Prof* prof() { return g_worker->pf; }
+
+// -- the per-warp tables ------------------------------------------------------------
+KDA_EMU_RT inline void lane_grow(PWarp& p) {
+  unsigned ncap = p.lcap ? 2 * p.lcap : 256;
+  PLaneEnt* nt = (PLaneEnt*)calloc(ncap, sizeof(PLaneEnt));
+  if (!nt) fail("profile: out of memory");
+  for (unsigned i = 0; i < p.lcap; i++) {
+    const PLaneEnt& e = p.lt[i];
+    if (e.gen != p.gen || !e.count) continue;
+    unsigned j = (unsigned)mix64(e.key) & (ncap - 1);
+    while (nt[j].count) j = (j + 1) & (ncap - 1);
+    nt[j] = e;
+  }
+  free(p.lt);
+  p.lt = nt;
+  p.lcap = ncap;
+}
+
+// This lane's occurrences of `key` before this one, since the warp's last synchronising point.
+KDA_EMU_RT inline unsigned occurrence(PWarp& p, uintptr_t key, int lane) {
+  if (2 * (p.llive + 1) > p.lcap) lane_grow(p);
+  uintptr_t k = key * 32 + (uintptr_t)lane;
+  unsigned j = (unsigned)mix64(k) & (p.lcap - 1);
+  for (;; j = (j + 1) & (p.lcap - 1)) {
+    PLaneEnt& e = p.lt[j];
+    if (e.gen != p.gen || !e.count) {  // free: first occurrence
+      e = PLaneEnt{k, p.gen, 1};
+      p.llive++;
+      return 0;
+    }
+    if (e.key == k) return e.count++;
+  }
+}
+
+KDA_EMU_RT inline void group_grow(PWarp& p) {
+  unsigned ncap = p.gcap ? 2 * p.gcap : 256;
+  PGroupEnt* nt = (PGroupEnt*)calloc(ncap, sizeof(PGroupEnt));
+  if (!nt) fail("profile: out of memory");
+  for (unsigned i = 0; i < p.gcap; i++) {
+    const PGroupEnt& e = p.gt[i];
+    if (e.gen != p.gen || e.idx < 0) continue;
+    unsigned j = (unsigned)mix64(e.key ^ ((unsigned long long)e.k << 40)) & (ncap - 1);
+    while (nt[j].gen == p.gen && nt[j].idx >= 0) j = (j + 1) & (ncap - 1);
+    nt[j] = e;
+  }
+  for (unsigned j = 0; j < ncap; j++)
+    if (!(nt[j].gen == p.gen && nt[j].idx >= 0)) nt[j].idx = -1;
+  free(p.gt);
+  p.gt = nt;
+  p.gcap = ncap;
+}
+
+KDA_EMU_RT inline PGroup& group_of(PWarp& p, uintptr_t key, unsigned k) {
+  if (2 * (p.ng + 1) > p.gcap) group_grow(p);
+  unsigned j = (unsigned)mix64(key ^ ((unsigned long long)k << 40)) & (p.gcap - 1);
+  for (;; j = (j + 1) & (p.gcap - 1)) {
+    PGroupEnt& e = p.gt[j];
+    if (e.gen != p.gen || e.idx < 0) {
+      if (p.ng == p.gmax) {
+        p.gmax = p.gmax ? 2 * p.gmax : 64;
+        p.g = (PGroup*)realloc(p.g, sizeof(PGroup) * p.gmax);
+        if (!p.g) fail("profile: out of memory");
+      }
+      e = PGroupEnt{key, k, p.gen, (int)p.ng};
+      PGroup& g = p.g[p.ng++];
+      g.key = key;
+      g.mask = 0;
+      return g;
+    }
+    if (e.key == key && e.k == k) return p.g[e.idx];
+  }
+}
+
+// One lane's access (or SFU instruction) under `key`.
+KDA_EMU_RT inline void prof_lane(uintptr_t key, const PAcc& a) {
+  Fiber* f = g_cur;
+  PWarp& p = prof()->warps[f->warp];
+  PGroup& g = group_of(p, key, occurrence(p, key, f->lane));
+  g.mask |= 1u << f->lane;
+  g.acc[f->lane] = a;
+}
+
+// -- costs of one request ----------------------------------------------------------------
+KDA_EMU_RT inline void sort_u64(unsigned long long* x, int n) {  // small n: insertion sort
+  for (int i = 1; i < n; i++) {
+    unsigned long long v = x[i];
+    int j = i - 1;
+    while (j >= 0 && x[j] > v) x[j + 1] = x[j], j--;
+    x[j + 1] = v;
+  }
+}
+
+// Wavefronts of one phase given its 4-byte word addresses (n of them, duplicates allowed).
+KDA_EMU_RT inline void phase_cost(unsigned long long* words, int n, long long* wf, long long* ideal) {
+  if (!n) return;
+  sort_u64(words, n);
+  int cnt[32] = {0}, distinct = 0, worst = 0;
+  for (int i = 0; i < n; i++) {
+    if (i && words[i] == words[i - 1]) continue;  // the same word: a broadcast
+    distinct++;
+    int b = (int)(words[i] & 31);
+    if (++cnt[b] > worst) worst = cnt[b];
+  }
+  *wf += worst;
+  *ideal += (distinct + 31) / 32;
+}
+
+constexpr int MAX_WORDS = 16;  // per lane and phase: wider accesses (memcpy-like ranges) are cut to 64 bytes
+
+// Shared-memory wavefronts of the lanes in `mask` (their widest access sets the phases).
+KDA_EMU_RT inline void smem_cost(const PGroup& g, unsigned mask, long long* wf, long long* ideal) {
+  unsigned width = 0;
+  for (int l = 0; l < 32; l++)
+    if ((mask >> l & 1) && g.acc[l].size > width) width = g.acc[l].size;
+  const int per = width <= 4 ? 32 : width <= 8 ? 16 : 8;
+  unsigned long long words[32 * MAX_WORDS];
+  for (int p0 = 0; p0 < 32; p0 += per) {
+    int n = 0;
+    for (int l = p0; l < p0 + per; l++) {
+      if (!(mask >> l & 1)) continue;
+      const PAcc& a = g.acc[l];
+      unsigned long long w0 = a.addr >> 2, w1 = (a.addr + a.size - 1) >> 2;
+      for (unsigned long long w = w0; w <= w1 && w < w0 + MAX_WORDS; w++) words[n++] = w;
+    }
+    phase_cost(words, n, wf, ideal);
+  }
+}
+
+KDA_EMU_RT inline void mark(unsigned long long* bits, unsigned long long s) {
+  __atomic_fetch_or(&bits[s >> 6], 1ull << (s & 63), __ATOMIC_RELAXED);
+}
+
+KDA_EMU_RT inline bool set_add(PSet& t, unsigned long long sector, unsigned char bits) {
+  if (2 * (t.live + 1) > t.cap) {
+    size_t ncap = t.cap ? 2 * t.cap : 1024;
+    unsigned long long* nk = (unsigned long long*)calloc(ncap, 8);
+    unsigned char* nb = (unsigned char*)calloc(ncap, 1);
+    if (!nk || !nb) {
+      free(nk), free(nb);
+      return false;
+    }
+    for (size_t i = 0; i < t.cap; i++) {
+      if (!t.key[i]) continue;
+      size_t j = mix64(t.key[i]) & (ncap - 1);
+      while (nk[j]) j = (j + 1) & (ncap - 1);
+      nk[j] = t.key[i], nb[j] = t.bits[i];
+    }
+    free(t.key), free(t.bits);
+    t.key = nk, t.bits = nb, t.cap = ncap;
+  }
+  unsigned long long k = sector + 1;
+  size_t j = mix64(k) & (t.cap - 1);
+  while (t.key[j] && t.key[j] != k) j = (j + 1) & (t.cap - 1);
+  if (!t.key[j]) t.key[j] = k, t.live++;
+  t.bits[j] |= bits;
+  return true;
+}
+
+// Global sectors and distinct bytes of the lanes in `mask`; marks the launch's sectors.
+KDA_EMU_RT inline void gmem_cost(const PGroup& g, unsigned mask, long long* sectors, long long* bytes) {
+  Launch* L = g_worker->L;
+  unsigned long long keys[32 * MAX_WORDS], lo[32], hi[32];
+  int ns = 0, ni = 0;
+  for (int l = 0; l < 32; l++) {
+    if (!(mask >> l & 1)) continue;
+    const PAcc& a = g.acc[l];
+    unsigned long long tag = a.region < 0 ? 0 : (unsigned long long)(a.region + 1) << 48;  // addresses < 2^48
+    unsigned long long s0 = a.addr >> 5, s1 = (a.addr + a.size - 1) >> 5;
+    for (unsigned long long s = s0; s <= s1 && s < s0 + MAX_WORDS; s++) {
+      keys[ns++] = tag | s;
+      if (a.region >= 0) {
+        const PRegion& r = L->prof_regions[a.region];
+        if (!a.write || a.atomic) mark(r.rd, s);
+        if (a.write) mark(r.wr, s);
+      } else if (!set_add(prof()->loose, s, (!a.write || a.atomic ? 1 : 0) | (a.write ? 2 : 0))) {
+        fail("profile: out of memory");
+      }
+    }
+    lo[ni] = tag | a.addr;
+    hi[ni++] = (tag | a.addr) + a.size;
+  }
+  sort_u64(keys, ns);
+  long long distinct = 0;
+  for (int i = 0; i < ns; i++) distinct += !i || keys[i] != keys[i - 1];
+  *sectors += distinct;
+  for (int i = 1; i < ni; i++) {  // intervals by start (insertion sort of pairs)
+    unsigned long long a = lo[i], b = hi[i];
+    int j = i - 1;
+    while (j >= 0 && lo[j] > a) lo[j + 1] = lo[j], hi[j + 1] = hi[j], j--;
+    lo[j + 1] = a, hi[j + 1] = b;
+  }
+  unsigned long long end = 0;
+  for (int i = 0; i < ni; i++) {
+    unsigned long long s = lo[i] > end ? lo[i] : end;
+    if (hi[i] > s) *bytes += (long long)(hi[i] - s);
+    if (hi[i] > end) end = hi[i];
+  }
+}
+
+// Per code address totals (offset from the library base; the loader turns it into a source line).
+KDA_EMU_RT inline void pc_add(uintptr_t pc, long long kind, long long req, long long a, long long b, long long write) {
+  Prof* P = prof();
+  if (2 * (P->plive + 1) > P->pcap) {
+    unsigned ncap = P->pcap ? 2 * P->pcap : 256;
+    PPc* nt = (PPc*)calloc(ncap, sizeof(PPc));
+    if (!nt) fail("profile: out of memory");
+    for (unsigned i = 0; i < P->pcap; i++) {
+      if (!P->pcs[i].kind) continue;
+      unsigned j = (unsigned)mix64(P->pcs[i].pc * 8 + P->pcs[i].kind) & (ncap - 1);
+      while (nt[j].kind) j = (j + 1) & (ncap - 1);
+      nt[j] = P->pcs[i];
+    }
+    free(P->pcs);
+    P->pcs = nt;
+    P->pcap = ncap;
+  }
+  unsigned j = (unsigned)mix64(pc * 8 + kind) & (P->pcap - 1);
+  for (;; j = (j + 1) & (P->pcap - 1)) {
+    PPc& e = P->pcs[j];
+    if (!e.kind) {
+      e = PPc{pc, kind, 0, 0, 0, write};
+      P->plive++;
+    }
+    if (e.pc == pc && e.kind == kind) {
+      e.req += req, e.a += a, e.b += b;
+      return;
+    }
+  }
+}
+
+KDA_EMU_RT inline unsigned pc_of_key(uintptr_t key) {
+  uintptr_t pc = key >> 2;
+  return pc ? (unsigned)(pc - 1 - g_worker->ck->base) : 0;  // return address - 1: inside the instruction
+}
+
+KDA_EMU_RT inline void smem_request(long long* c, bool write, long long wf, long long ideal) {
+  c[PR_smem_requests]++, c[PR_smem_wavefronts] += wf, c[PR_smem_wavefronts_ideal] += ideal;
+  if (write) c[PR_smem_store_requests]++, c[PR_smem_store_wavefronts] += wf, c[PR_smem_store_wavefronts_ideal] += ideal;
+  else c[PR_smem_load_requests]++, c[PR_smem_load_wavefronts] += wf, c[PR_smem_load_wavefronts_ideal] += ideal;
+}
+
+KDA_EMU_RT inline void request_cost(const PGroup& g) {
+  long long* c = prof()->c;
+  unsigned sm = 0, gm = 0, sfu = 0;
+  bool write = false;
+  for (int l = 0; l < 32; l++) {
+    if (!(g.mask >> l & 1)) continue;
+    const PAcc& a = g.acc[l];
+    if (a.space == SP_SMEM) sm |= 1u << l;
+    else if (a.space == SP_GMEM) gm |= 1u << l;
+    else sfu |= 1u << l;
+    write |= a.write;
+  }
+  unsigned pco = pc_of_key(g.key);
+  if ((g.key & 3) == SUB_CP_DST) c[PR_cp_async_requests]++;
+  if (sfu) c[PR_sfu]++, c[PR_sfu_lanes] += __builtin_popcount(sfu);
+  if (sm) {
+    long long wf = 0, ideal = 0;
+    smem_cost(g, sm, &wf, &ideal);
+    smem_request(c, write, wf, ideal);
+    pc_add(pco, SP_SMEM, 1, wf, ideal, write);
+  }
+  if (gm) {
+    long long sectors = 0, bytes = 0;
+    gmem_cost(g, gm, &sectors, &bytes);
+    c[PR_gmem_requests]++, c[PR_gmem_sectors] += sectors, c[PR_gmem_bytes] += bytes;
+    if (write) c[PR_gmem_store_requests]++, c[PR_gmem_store_sectors] += sectors, c[PR_gmem_store_bytes] += bytes;
+    else c[PR_gmem_load_requests]++, c[PR_gmem_load_sectors] += sectors, c[PR_gmem_load_bytes] += bytes;
+    pc_add(pco, SP_GMEM, 1, sectors, bytes, write);
+  }
+}
+
+// -- synchronising points: the warp's pending requests are complete ----------------------
+KDA_EMU_RT inline void prof_flush_warp(Worker* w, int warp) {
+  if (!w->pf) return;
+  PWarp& p = w->pf->warps[warp];
+  for (unsigned i = 0; i < p.ng; i++) request_cost(p.g[i]);
+  p.ng = 0;
+  p.llive = 0;
+  p.gen++;  // every table entry is now free
+}
+
+KDA_EMU_RT inline void prof_barrier(Worker* w) {
+  if (!w->pf) return;
+  w->pf->c[PR_barriers]++;
+  for (int i = 0; i < w->nwarps; i++) prof_flush_warp(w, i);
+}
+
+KDA_EMU_RT inline void prof_block_end(Worker* w) {
+  if (!w->pf) return;
+  for (int i = 0; i < w->nwarps; i++) prof_flush_warp(w, i);
+  w->pf->c[PR_ctas]++;
+  w->pf->c[PR_warps] += w->nwarps;
+}
+
+// -- what the kernel does ----------------------------------------------------------------
+KDA_EMU_RT inline int region_of(uintptr_t a) {
+  Launch* L = g_worker->L;
+  int lo = 0, hi = L->prof_nregions - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    const PRegion& r = L->prof_regions[mid];
+    if (a < r.lo) hi = mid - 1;
+    else if (a >= r.hi) lo = mid + 1;
+    else return mid;
+  }
+  return -1;
+}
+
+// A hooked load or store (or atomic) outside the thread's stack; `shared`: in shared memory.
+KDA_EMU_RT inline void prof_access(uintptr_t a, unsigned n, unsigned fl, uintptr_t pc, bool shared,
+                                   unsigned sub = SUB_PLAIN) {
+  PAcc x{};
+  x.size = n;
+  x.write = (fl & AC_WRITE) != 0;
+  x.atomic = (fl & AC_ATOMIC) != 0;
+  if (shared) {
+    x.space = SP_SMEM;
+    x.addr = a;
+  } else {
+    int r = region_of(a);
+    x.space = SP_GMEM;
+    x.region = r;
+    x.addr = r < 0 ? a : a - g_worker->L->prof_regions[r].lo;
+  }
+  prof_lane(pc * 4 + sub, x);
+}
+
+[[gnu::noinline]] KDA_EMU_RT inline void prof_sfu() {
+  if (!g_worker->pf) return;
+  PAcc x{};
+  x.space = SP_SFU;
+  prof_lane((uintptr_t)__builtin_return_address(0) * 4 + SUB_SFU, x);
+}
+
+KDA_EMU_RT inline void prof_cp_async(void* dst, const void* src, unsigned bytes, uintptr_t pc) {
+  if (!g_worker->pf) return;
+  prof()->c[PR_cp_async_bytes] += bytes;
+  prof_access((uintptr_t)dst, 16, AC_WRITE, pc, true, SUB_CP_DST);
+  if (bytes) prof_access((uintptr_t)src, bytes, 0, pc, false, SUB_CP_SRC);
+}
+
+// ldmatrix (by the last lane to arrive): matrix m's 8 rows are one phase.
+KDA_EMU_RT inline void prof_ldmatrix(const void* const* rows, int nm, uintptr_t pc) {
+  if (!g_worker->pf) return;
+  long long wf = 0, ideal = 0;
+  for (int m = 0; m < nm; m++) {
+    unsigned long long words[32];
+    int n = 0;
+    for (int i = 8 * m; i < 8 * m + 8; i++)
+      for (int k = 0; k < 4; k++) words[n++] = ((uintptr_t)rows[i] >> 2) + k;
+    phase_cost(words, n, &wf, &ideal);
+  }
+  long long* c = prof()->c;
+  c[PR_ldmatrix]++;
+  smem_request(c, false, wf, ideal);
+  pc_add(pc ? (unsigned)(pc - 1 - g_worker->ck->base) : 0, SP_SMEM, 1, wf, ideal, 0);
+}
+
+KDA_EMU_RT inline void prof_count(int which) {
+  if (g_worker->pf) g_worker->pf->c[which]++;
+}
+
+// -- a worker (OS thread) and a launch --------------------------------------------------------
+KDA_EMU_RT inline bool prof_begin(Worker* w) {
+  Prof* P = (Prof*)calloc(1, sizeof(Prof));
+  if (!P) return false;
+  P->nwarps = w->nwarps;
+  P->warps = (PWarp*)calloc(w->nwarps, sizeof(PWarp));
+  w->pf = P;
+  if (!P->warps) return false;
+  for (int i = 0; i < w->nwarps; i++) P->warps[i].gen = 1;  // calloc'ed table entries (gen 0) are free
+  return true;
+}
+
+KDA_EMU_RT inline void prof_end(Worker* w) {
+  Prof* P = w->pf;
+  if (!P) return;
+  Launch* L = w->L;
+  pthread_mutex_lock(&L->mu);
+  for (int i = 0; i < PR_N; i++) L->prof_out[i] += P->c[i];
+  long long& npc = L->prof_out[PR_OUT - 1];
+  for (unsigned i = 0; i < P->pcap; i++) {  // merge into the loader's per-pc array
+    const PPc& e = P->pcs[i];
+    if (!e.kind) continue;
+    long long* row = nullptr;
+    for (long long k = 0; k < npc && !row; k++)
+      if (L->prof_pcs[k * PC_FIELDS] == (long long)e.pc && L->prof_pcs[k * PC_FIELDS + 1] == e.kind)
+        row = &L->prof_pcs[k * PC_FIELDS];
+    if (!row && npc < L->prof_pc_cap) {
+      row = &L->prof_pcs[npc++ * PC_FIELDS];
+      row[0] = (long long)e.pc, row[1] = e.kind, row[2] = row[3] = row[4] = 0, row[5] = e.write;
+    }
+    if (row) row[2] += e.req, row[3] += e.a, row[4] += e.b;
+  }
+  bool ok = true;
+  for (size_t i = 0; i < P->loose.cap && ok; i++)  // this worker's loose sectors into the launch's
+    if (P->loose.key[i]) ok = set_add(*L->prof_loose, P->loose.key[i] - 1, P->loose.bits[i]);
+  pthread_mutex_unlock(&L->mu);
+  if (!ok) record_error(L, "emulator: out of memory for the profile's sector set");
+  free(P->loose.key);
+  free(P->loose.bits);
+  for (int i = 0; i < P->nwarps; i++) {
+    free(P->warps[i].lt);
+    free(P->warps[i].gt);
+    free(P->warps[i].g);
+  }
+  free(P->warps);
+  free(P->pcs);
+  free(P);
+  w->pf = nullptr;
+}
+
+// The launch arrays as sorted, merged regions with sector bitmaps; false: out of memory.
+KDA_EMU_RT inline bool prof_launch_begin(Launch* L) {
+  int n = L->n_ext;
+  PRegion* r = (PRegion*)calloc(n > 0 ? n : 1, sizeof(PRegion));
+  if (!r) return false;
+  for (int i = 0; i < n; i++) r[i].lo = (uintptr_t)L->ext[3 * i], r[i].hi = (uintptr_t)L->ext[3 * i + 1];
+  for (int i = 1; i < n; i++) {  // by start
+    PRegion v = r[i];
+    int j = i - 1;
+    while (j >= 0 && r[j].lo > v.lo) r[j + 1] = r[j], j--;
+    r[j + 1] = v;
+  }
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (r[i].hi <= r[i].lo) continue;  // empty arrays
+    if (m && r[i].lo < r[m - 1].hi) {
+      if (r[i].hi > r[m - 1].hi) r[m - 1].hi = r[i].hi;
+    } else {
+      r[m++] = r[i];
+    }
+  }
+  L->prof_regions = r;
+  L->prof_nregions = m;
+  L->prof_loose = (PSet*)calloc(1, sizeof(PSet));
+  if (!L->prof_loose) return false;
+  for (int i = 0; i < m; i++) {
+    size_t words = ((r[i].hi - r[i].lo + 31) / 32 + 63) / 64 + 1;
+    r[i].rd = (unsigned long long*)calloc(words, 8);
+    r[i].wr = (unsigned long long*)calloc(words, 8);
+    if (!r[i].rd || !r[i].wr) return false;
+  }
+  return true;
+}
+
+KDA_EMU_RT inline void prof_launch_end(Launch* L) {
+  long long rd = 0, wr = 0, any = 0;
+  for (int i = 0; i < L->prof_nregions; i++) {
+    PRegion& r = L->prof_regions[i];
+    size_t words = ((r.hi - r.lo + 31) / 32 + 63) / 64 + 1;
+    for (size_t k = 0; r.rd && r.wr && k < words; k++) {
+      rd += __builtin_popcountll(r.rd[k]);
+      wr += __builtin_popcountll(r.wr[k]);
+      any += __builtin_popcountll(r.rd[k] | r.wr[k]);
+    }
+    free(r.rd);
+    free(r.wr);
+  }
+  free(L->prof_regions);
+  L->prof_regions = nullptr;
+  PSet* t = L->prof_loose;
+  for (size_t i = 0; t && i < t->cap; i++) {
+    if (!t->key[i]) continue;
+    rd += (t->bits[i] & 1) != 0;
+    wr += (t->bits[i] & 2) != 0;
+    any++;
+  }
+  if (t) free(t->key), free(t->bits), free(t);
+  L->prof_loose = nullptr;
+  L->prof_out[PR_dram_bytes] = 32 * any;
+  L->prof_out[PR_dram_read_bytes] = 32 * rd;
+  L->prof_out[PR_dram_write_bytes] = 32 * wr;
+}
+}  // namespace kda_emu
+
+#define KDA_EMU_PROFILE_NAME(n) #n ","
+extern "C" __attribute__((visibility("default"))) KDA_EMU_RT const char* kda_emu_profile_names() {
+  return KDA_EMU_PROFILE_COUNTERS(KDA_EMU_PROFILE_NAME);
+}
+#undef KDA_EMU_PROFILE_NAME

@@ -1,0 +1,96 @@
+"""The counters of emulated launches (KDACUPY_EMULATE_PROFILE=1; profile.h computes them):
+one record per launch, in launch order, kept in this process until profile_reset().
+
+A record is a dict: "kernel" (its name), "grid", "block", "shared_mem", "source" (the sha256
+of the rendered source; ``source_text`` gives it back, e.g. for NVRTC), the counters
+(profile.h's names: smem_requests, smem_wavefronts, smem_wavefronts_ideal, gmem_requests,
+gmem_sectors, gmem_bytes, dram_bytes, mma, ldmatrix, cp_async_bytes, barriers, ctas, warps,
+...) and "sites": per code address of the instrumented library [offset, kind (1 shared,
+2 global), requests, wavefronts or sectors, ideal wavefronts or bytes, write], which
+``hotspots`` turns into source lines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import threading
+from pathlib import Path
+
+from .sources import source_location
+
+SLOTS = 64  # profile.h's PR_OUT: the counters, the last slot the number of sites
+SITES = 4096  # code addresses kept per launch
+FIELDS = 6
+_records: list[dict] = []
+_names: dict[int, list[str]] = {}  # per library handle
+_sources: dict[str, str] = {}  # sha256 -> rendered source, of the sources recorded
+_lock = threading.Lock()
+
+
+def buffers():
+    """Zeroed output arrays of one launch: (counters, sites)."""
+    return (ctypes.c_longlong * SLOTS)(), (ctypes.c_longlong * (SITES * FIELDS))()
+
+
+def counter_names(lib: ctypes.CDLL) -> list[str]:
+    """The counters' names, in the library's order (kda_emu_profile_names)."""
+    key = lib._handle
+    if key not in _names:
+        fn = lib.kda_emu_profile_names
+        fn.restype = ctypes.c_char_p
+        _names[key] = [n for n in fn().decode().split(",") if n]
+    return _names[key]
+
+
+def record(kernel: str, lib: ctypes.CDLL, path: Path, source: str, grid, block, shared_mem: int, out) -> dict:
+    counters, sites = out
+    names = counter_names(lib)
+    sha = hashlib.sha256(source.encode()).hexdigest()
+    rec = {"kernel": kernel, "grid": list(grid), "block": list(block), "shared_mem": shared_mem, "source": sha}
+    rec.update({n: int(counters[i]) for i, n in enumerate(names)})
+    n = int(counters[SLOTS - 1])
+    rec["sites"] = [[int(sites[i * FIELDS + f]) for f in range(FIELDS)] for i in range(n)]
+    rec["library"] = str(path)
+    with _lock:
+        _records.append(rec)
+        _sources.setdefault(sha, source)
+    return rec
+
+
+def source_text(sha: str) -> str | None:
+    """The rendered source a record's "source" names (of a launch of this process), or None."""
+    return _sources.get(sha)
+
+
+def profile_records() -> list[dict]:
+    """The records of the launches since the last profile_reset(), oldest first (copies)."""
+    with _lock:
+        return [dict(r) for r in _records]
+
+
+def profile_reset() -> None:
+    """Forget every record."""
+    with _lock:
+        _records.clear()
+
+
+def hotspots(rec: dict, n: int = 5) -> list[dict]:
+    """The ``n`` source lines of a record that waste most: shared-memory instructions by
+    wavefronts over the ideal, global ones by sectors over what their bytes need; each as
+    {"where", "space", "requests", "wavefronts"/"sectors", "ideal"/"bytes", "excess", "write"}."""
+    rows = []
+    for off, kind, req, a, b, write in rec.get("sites", []):
+        if kind == 1:
+            rows.append(dict(space="shared", offset=off, requests=req, wavefronts=a, ideal=b, excess=a - b,
+                             write=bool(write)))
+        elif kind == 2:
+            rows.append(dict(space="global", offset=off, requests=req, sectors=a, bytes=b,
+                             excess=a - -(-b // 32), write=bool(write)))
+    rows = sorted((r for r in rows if r["excess"] > 0), key=lambda r: -r["excess"])[:n]
+    lib = Path(rec["library"])
+    src = lib.with_suffix(".cpp")
+    text = src.read_text(errors="replace").split("\n") if src.is_file() else []
+    for r in rows:
+        r["where"] = source_location(lib, f"{r.pop('offset'):x}", text)
+    return rows
