@@ -13,8 +13,12 @@ decode step (N=16, HV=4) and the split forward (2 segments) of the same forward.
 (or any spec, as for python -m kdacupy.bench) profiles forwards at full size by emulating a
 slice, --heads value heads (default 1) at the full length, and scaling every count by
 HV / heads: each value head's CTAs do the same work on their own data, so counts are
-additive over heads; only prepare's choice of the pair form depends on the data, and is
-sampled on the slice's heads.
+additive over heads. Exact where each head's part of an array is whole 32-byte sectors (q, k,
+v, g, o, states, the workspace at K, V >= 64); beta [T, HV] and A_log [HV] are not: the slice's
+DRAM bytes for them stay exact (its arrays are contiguous), its sectors per request for beta
+are fewer (16 tokens share a sector when HV = 1); arrays every head reads whole (cu_seqlens)
+are not scaled. Prepare's choice of the pair form depends
+on the data, and is sampled on the slice's heads.
 
 --json FILE writes everything; --show FILE prints a saved file's summary without emulating.
 Predictions are lower bounds: the binding resource at its datasheet rate; latencies other
@@ -44,7 +48,7 @@ FLASHKDA_MS = {"kimi-T8192-H64": 1.209}
 DEFAULT_FORWARD = Shape("forward-T256-H2", 256, 2)
 DEFAULT_DECODE = dict(N=16, HV=4, T=1)
 DEFAULT_SEGMENTS = 2
-NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "library")
+NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "library", "dram_by_argument")
 
 
 def log(msg: str) -> None:
@@ -75,12 +79,25 @@ def counts_of(rec: dict) -> list[str]:
     return [k for k, v in rec.items() if k not in NOT_COUNTS and isinstance(v, (int, float))]
 
 
+#: kernel parameters every value head reads whole: their DRAM bytes do not grow with the heads
+HEAD_SHARED = ("cu_seqlens", "pool_idx")
+
+
 def scaled(rec: dict, factor) -> dict:
-    """A record with every count (and the grid's head dimension) times ``factor``."""
+    """A record with every count (and the grid's head dimension) times ``factor``, except the
+    DRAM bytes of the arrays all heads share (HEAD_SHARED), read once whatever the heads."""
     out = dict(rec)
+    integral = float(factor).is_integer()
     for k in counts_of(rec):
         x = rec[k] * factor
-        out[k] = int(round(x)) if float(factor).is_integer() else x
+        out[k] = int(round(x)) if integral else x
+    shared = [v for name, v in rec.get("dram_by_argument", {}).items() if name in HEAD_SHARED]
+    rd, wr = sum(v[0] for v in shared), sum(v[1] for v in shared)
+    for k, fixed in (("dram_read_bytes", rd), ("dram_write_bytes", wr), ("dram_bytes", max(rd, wr))):
+        x = (rec[k] - fixed) * factor + fixed
+        out[k] = int(round(x)) if integral else x
+    out["dram_by_argument"] = {name: v if name in HEAD_SHARED else [x * factor for x in v]
+                               for name, v in rec.get("dram_by_argument", {}).items()}
     out["grid"] = [rec["grid"][0], int(round(rec["grid"][1] * factor)), rec["grid"][2]]
     return out
 
@@ -220,8 +237,8 @@ def _us(s: float) -> str:
     return f"{s * 1e6:.1f}"
 
 
-def print_run(e: dict, gpu: roofline.Gpu, file=sys.stdout) -> None:
-    p = lambda *a: print(*a, file=file)  # noqa: E731
+def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
+    p = lambda *a: print(*a, file=file or sys.stdout)  # noqa: E731
     sl = f", {e['heads_emulated']} value head(s) emulated, counts x {e['scale']:g}" if "scale" in e else ""
     p(f"\n== {e['name']}{sl}" + (f", tiles BV={e['tiles']['BV']} stages={e['tiles']['stages']}" if "tiles" in e else ""))
     p(f"{'kernel':16} {'CTAs':>7} {'smem req':>10} {'wf/req':>6} {'ideal':>5} {'excess':>7} {'gmem req':>9} "
@@ -257,7 +274,8 @@ def print_run(e: dict, gpu: roofline.Gpu, file=sys.stdout) -> None:
               f"{h['where']}")
 
 
-def print_summary(doc: dict, file=sys.stdout) -> None:
+def print_summary(doc: dict, file=None) -> None:
+    file = file or sys.stdout
     gpu = doc["gpu"]
     print(f"\nPredicted forward times on {gpu['name']} (lower bounds; kdacupy.profile, commit {doc['commit']}):",
           file=file)

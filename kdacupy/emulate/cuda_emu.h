@@ -196,6 +196,8 @@ struct Launch {
   struct PRegion* prof_regions;  // the launch arrays, merged and sorted, with their sectors
   int prof_nregions;
   struct PSet* prof_loose;  // sectors reached outside them
+  const long long* prof_allocs;  // per ext triple, the (first byte, end) of its allocation, or null
+  long long* prof_args;     // out, per ext triple: region, DRAM bytes read, written (or null)
   pthread_mutex_t mu;
   char err[2048];
 };
@@ -609,7 +611,10 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
 // mode bits (1: cp.async eager, 2: reverse fiber order), check bits (checks.h;
 // checked builds only), then (instrumented builds only; 0: off) the address of the
 // counters (PR_OUT long longs, zeroed by the caller), of the per-code-address rows
-// and their capacity (profile.h). ext: next (first byte, end, argument) triples.
+// and their capacity, of next (first byte, end) pairs: the allocation each array of
+// ext lies in (0: the arrays themselves), and of next (region, DRAM bytes read,
+// written) triples filled at the end (profile.h). ext: next (first byte, end,
+// argument) triples.
 KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long long* cfg, const long long* ext,
                                  int next, char* err, int errlen) {
   auto bad = [&](const char* m) {
@@ -638,6 +643,8 @@ KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long lon
   L.prof_out = (long long*)(uintptr_t)cfg[11];
   L.prof_pcs = (long long*)(uintptr_t)cfg[12];
   L.prof_pc_cap = cfg[13];
+  L.prof_allocs = (const long long*)(uintptr_t)cfg[14];
+  L.prof_args = (long long*)(uintptr_t)cfg[15];
   L.prof = L.prof_out != nullptr;
 #ifndef KDA_EMU_CHECK
   if (L.check) return bad("KDACUPY_EMULATE_CHECK needs a checked build (the loader makes one)");

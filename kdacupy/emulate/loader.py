@@ -76,6 +76,16 @@ class ArrayPointer:
         self.lo, self.hi = lo, hi
 
 
+def allocation(array: np.ndarray) -> tuple[int, int]:
+    """(first byte, end) of the memory ``array`` is a view of: its outermost NumPy base (where a
+    GPU allocation would start, 256-byte aligned: the profile counts sectors from there)."""
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    p = ArrayPointer(root)
+    return p.lo, p.hi
+
+
 def pointer(array: np.ndarray) -> ArrayPointer:
     """``array``'s data pointer as a kernel argument, with its extent for memcheck
     (any layout; the kernel gets the strides separately)."""
@@ -219,14 +229,21 @@ class EmulatedFunction:
         check, prof = checks(), profiling()
         counters = profile.buffers() if prof else None
         where = (ctypes.addressof(counters[0]), ctypes.addressof(counters[1]), profile.SITES) if prof else (0, 0, 0)
-        cfg = (ctypes.c_longlong * 14)(*g, *b, int(shared_mem), threads, stack, _mode(), check, *where)
-        ext = []  # (first byte, end, argument index) of every array argument
+        cfg = (ctypes.c_longlong * 16)(*g, *b, int(shared_mem), threads, stack, _mode(), check, *where, 0, 0)
+        ext, allocs = [], []  # (first byte, end, argument index) of every array argument; its allocation
         for i, a in enumerate(args):
             if isinstance(a, np.ndarray):
                 ext += [a.ctypes.data, a.ctypes.data + a.nbytes, i]
+                allocs += allocation(a) if prof else ()
             elif isinstance(a, ArrayPointer):
                 ext += [a.lo, a.hi, i]
-        extv = (ctypes.c_longlong * max(len(ext), 1))(*[x - (1 << 64) if x >= 1 << 63 else x for x in ext])
+                allocs += allocation(a.array) if prof else ()
+        signed = lambda xs: [x - (1 << 64) if x >= 1 << 63 else x for x in xs]  # noqa: E731
+        extv = (ctypes.c_longlong * max(len(ext), 1))(*signed(ext))
+        allocv = (ctypes.c_longlong * max(len(allocs), 1))(*signed(allocs))
+        argv_dram = (ctypes.c_longlong * max(len(ext), 1))()  # per array: region, DRAM read, written
+        if prof and allocs:
+            cfg[14], cfg[15] = ctypes.addressof(allocv), ctypes.addressof(argv_dram)
         lib, path, launch = self._launcher(check != 0 or prof)
         err = ctypes.create_string_buffer(4096)
         with _launch_lock:  # bound the memory mappings: one library's stack cache at a time
@@ -236,4 +253,7 @@ class EmulatedFunction:
         if launch(cfg, argv, len(bufs), extv, len(ext) // 3, err, len(err)):  # ctypes releases the GIL meanwhile
             raise EmulationError(f"{self.name}: {self._explain(err.value.decode(errors='replace'), path)}")
         if prof:
-            profile.record(self.name, lib, path, self._module._source, g, b, int(shared_mem), counters)
+            by_arg = [(ext[3 * i + 2], argv_dram[3 * i + 1], argv_dram[3 * i + 2]) for i in range(len(ext) // 3)]
+            profile.record(self.name, lib, path, self._module._source, g, b, int(shared_mem), counters,
+                           [(self._param_names[i] if i < len(self._param_names) else f"argument {i}", rd, wr)
+                            for i, rd, wr in by_arg])

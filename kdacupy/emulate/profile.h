@@ -91,6 +91,7 @@ struct Prof {
 struct PRegion {       // a launch array (overlapping ones merged): its sectors ever read / written
   uintptr_t lo, hi;
   unsigned long long *rd, *wr;
+  long long nrd, nwr;  // at the launch's end: how many
 };
 
 KDA_EMU_RT inline unsigned long long mix64(unsigned long long z) {
@@ -396,8 +397,7 @@ KDA_EMU_RT inline void prof_block_end(Worker* w) {
 }
 
 // -- what the kernel does ----------------------------------------------------------------
-KDA_EMU_RT inline int region_of(uintptr_t a) {
-  Launch* L = g_worker->L;
+KDA_EMU_RT inline int region_of_launch(const Launch* L, uintptr_t a) {
   int lo = 0, hi = L->prof_nregions - 1;
   while (lo <= hi) {
     int mid = (lo + hi) / 2;
@@ -408,6 +408,7 @@ KDA_EMU_RT inline int region_of(uintptr_t a) {
   }
   return -1;
 }
+KDA_EMU_RT inline int region_of(uintptr_t a) { return region_of_launch(g_worker->L, a); }
 
 // A hooked load or store (or atomic) outside the thread's stack; `shared`: in shared memory.
 KDA_EMU_RT inline void prof_access(uintptr_t a, unsigned n, unsigned fl, uintptr_t pc, bool shared,
@@ -513,12 +514,14 @@ KDA_EMU_RT inline void prof_end(Worker* w) {
   w->pf = nullptr;
 }
 
-// The launch arrays as sorted, merged regions with sector bitmaps; false: out of memory.
+// The launch arrays' allocations as sorted, merged regions with sector bitmaps; false: out of memory.
 KDA_EMU_RT inline bool prof_launch_begin(Launch* L) {
   int n = L->n_ext;
   PRegion* r = (PRegion*)calloc(n > 0 ? n : 1, sizeof(PRegion));
   if (!r) return false;
-  for (int i = 0; i < n; i++) r[i].lo = (uintptr_t)L->ext[3 * i], r[i].hi = (uintptr_t)L->ext[3 * i + 1];
+  const long long* a = L->prof_allocs;
+  for (int i = 0; i < n; i++)
+    r[i].lo = (uintptr_t)(a ? a[2 * i] : L->ext[3 * i]), r[i].hi = (uintptr_t)(a ? a[2 * i + 1] : L->ext[3 * i + 1]);
   for (int i = 1; i < n; i++) {  // by start
     PRegion v = r[i];
     int j = i - 1;
@@ -553,15 +556,28 @@ KDA_EMU_RT inline void prof_launch_end(Launch* L) {
     PRegion& r = L->prof_regions[i];
     size_t words = ((r.hi - r.lo + 31) / 32 + 63) / 64 + 1;
     for (size_t k = 0; r.rd && r.wr && k < words; k++) {
-      rd += __builtin_popcountll(r.rd[k]);
-      wr += __builtin_popcountll(r.wr[k]);
+      r.nrd += __builtin_popcountll(r.rd[k]);
+      r.nwr += __builtin_popcountll(r.wr[k]);
       any += __builtin_popcountll(r.rd[k] | r.wr[k]);
     }
+    rd += r.nrd, wr += r.nwr;
     free(r.rd);
     free(r.wr);
   }
+  if (L->prof_args)  // per launch array: its region (the first array of a region carries the bytes)
+    for (int i = 0; i < L->n_ext; i++) {
+      const long long* a = L->prof_allocs;
+      int k = region_of_launch(L, (uintptr_t)(a ? a[2 * i] : L->ext[3 * i]));
+      bool first = k >= 0;
+      for (int j = 0; j < i && first; j++)
+        first = region_of_launch(L, (uintptr_t)(a ? a[2 * j] : L->ext[3 * j])) != k;
+      L->prof_args[3 * i] = k;
+      L->prof_args[3 * i + 1] = first ? 32 * L->prof_regions[k].nrd : 0;
+      L->prof_args[3 * i + 2] = first ? 32 * L->prof_regions[k].nwr : 0;
+    }
   free(L->prof_regions);
   L->prof_regions = nullptr;
+  L->prof_nregions = 0;
   PSet* t = L->prof_loose;
   for (size_t i = 0; t && i < t->cap; i++) {
     if (!t->key[i]) continue;

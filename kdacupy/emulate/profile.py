@@ -5,7 +5,9 @@ A record is a dict: "kernel" (its name), "grid", "block", "shared_mem", "source"
 of the rendered source; ``source_text`` gives it back, e.g. for NVRTC), the counters
 (profile.h's names: smem_requests, smem_wavefronts, smem_wavefronts_ideal, gmem_requests,
 gmem_sectors, gmem_bytes, dram_bytes, mma, ldmatrix, cp_async_bytes, barriers, ctas, warps,
-...) and "sites": per code address of the instrumented library [offset, kind (1 shared,
+...), "dram_by_argument" ({kernel parameter name: [bytes read, bytes written]} of the DRAM
+sectors of each array argument; arrays sharing an allocation are counted under the first; what
+only raw addresses reach is in the totals alone) and "sites": per code address of the instrumented library [offset, kind (1 shared,
 2 global), requests, wavefronts or sectors, ideal wavefronts or bytes, write], which
 ``hotspots`` turns into source lines.
 """
@@ -43,7 +45,8 @@ def counter_names(lib: ctypes.CDLL) -> list[str]:
     return _names[key]
 
 
-def record(kernel: str, lib: ctypes.CDLL, path: Path, source: str, grid, block, shared_mem: int, out) -> dict:
+def record(kernel: str, lib: ctypes.CDLL, path: Path, source: str, grid, block, shared_mem: int, out,
+           by_argument=()) -> dict:
     counters, sites = out
     names = counter_names(lib)
     sha = hashlib.sha256(source.encode()).hexdigest()
@@ -51,6 +54,7 @@ def record(kernel: str, lib: ctypes.CDLL, path: Path, source: str, grid, block, 
     rec.update({n: int(counters[i]) for i, n in enumerate(names)})
     n = int(counters[SLOTS - 1])
     rec["sites"] = [[int(sites[i * FIELDS + f]) for f in range(FIELDS)] for i in range(n)]
+    rec["dram_by_argument"] = {name: [int(rd), int(wr)] for name, rd, wr in by_argument if rd or wr}
     rec["library"] = str(path)
     with _lock:
         _records.append(rec)

@@ -1,0 +1,102 @@
+"""python -m kdacupy.profile: a slice of the heads scaled to the shape reproduces the full
+emulation's counts; the roofline's arithmetic; the tables, --json and --show."""
+import json
+
+import pytest
+
+from kdacupy.cli import profile, roofline
+from kdacupy.cli.shapes import Shape
+from kdacupy.cli.shapes import make_inputs as profile_inputs
+
+pytestmark = pytest.mark.emulate  # the emulation runs the kernels (tests/conftest.py)
+
+H200 = roofline.GPUS["h200"]
+# Variants tests/emulate's checked suite builds too ("log-gate-no-beta", "fixed-gva-sigmoid").
+# Log gates with no beta: every array's per-head part is whole sectors, and |gc| stays far below
+# the pair form's threshold, so each head's CTAs do the same work.
+LOG_NO_BETA = dict(gate="log", beta=None, A_log=None, dt_bias=None, lower_bound=None, beta_sigmoid=False)
+GVA = Shape("gva-H2-HV4", 37, 2, HV=4, K=64, V=128)
+VARLEN = Shape("varlen-H2", 53, 2, HV=4, K=64, V=128, lens=(20, 0, 33))
+
+
+def slice_and_full(shape, **options):
+    full, info_full = profile.forward_records(shape, None, H200.sms, **options)
+    part, info = profile.forward_records(shape, 2, H200.sms, **options)
+    assert (info["heads_emulated"], info["scale"], info_full["scale"]) == (2, shape.hv // 2, 1)
+    assert info["tiles"] == info_full["tiles"]
+    assert [r["kernel"] for r in part] == [r["kernel"] for r in full] == ["kda_prepare", "kda_recurrence"]
+    return part, full
+
+
+@pytest.mark.parametrize("shape", [GVA, VARLEN], ids=lambda s: s.name)
+def test_a_scaled_slice_reproduces_the_full_emulation(shape, monkeypatch):
+    monkeypatch.setattr(profile, "make_inputs", lambda s: no_beta(*profile_inputs(s)))
+    for a, b in zip(*slice_and_full(shape, **LOG_NO_BETA)):
+        diff = {k: (a[k], b[k]) for k in profile.counts_of(b) if a[k] != b[k]}
+        assert not diff, f"{b['kernel']}: scaled slice != full emulation: {diff}"
+        assert a["grid"] == b["grid"]
+
+
+def test_with_kimi_options_only_the_narrow_per_head_arrays_differ():
+    """beta [T, HV] (2 bytes per head) and A_log [HV]: the documented difference, under 2%."""
+    shape = Shape("kimi-like-H4", 40, 4, K=64, V=64)
+    part, full = slice_and_full(shape, lower_bound=-1.0)  # -1: never the pair form
+    for a, b in zip(part, full):
+        for k in profile.counts_of(b):
+            if "sectors" in k or k.startswith("dram"):
+                assert a[k] == pytest.approx(b[k], rel=0.02), (b["kernel"], k)
+            else:
+                assert a[k] == b[k], (b["kernel"], k)
+
+
+def no_beta(arrays, options):
+    arrays = dict(arrays, beta=None)
+    return arrays, options
+
+
+def test_the_slice_keeps_whole_query_head_groups():
+    s, hv = profile.slice_shape(Shape("gva", 64, 2, HV=8), 1)
+    assert (s.H, s.hv, hv) == (1, 4, 4)
+    s, hv = profile.slice_shape(Shape("x", 64, 96), 2)
+    assert (s.H, s.hv, hv) == (2, 2, 2)
+
+
+def test_occupancy_from_registers_shared_memory_and_threads():
+    # 128 threads x 128 regs = 16 K regs per CTA: 4 per SM; 26.7 KB smem would allow 8
+    occ = roofline.occupancy(H200, 128, 128, 26688)
+    assert (occ["ctas_per_sm"], occ["warps_per_sm"], occ["limited_by"]) == (4, 16, "registers")
+    # registers are allocated per warp in units of 256: 143 regs -> 144 per thread
+    occ = roofline.occupancy(H200, 64, 143, 34432)
+    assert (occ["ctas_per_sm"], occ["limited_by"]) == (6, "shared memory")  # 228 KB / (34432 + 1024)
+    assert roofline.occupancy(H200, 1024, 32, 0)["ctas_per_sm"] == 2  # 64 warps per SM
+
+
+def test_roofline_times():
+    rec = dict(kernel="kda_recurrence", ctas=264, dram_read_bytes=4.8e9, dram_write_bytes=0,
+               smem_wavefronts=132 * 1.83e9, mma=989.4e12 / roofline.MMA_FLOP, sfu=132 * 1.83e9 * 16 / 32)
+    t = roofline.times(rec, H200, chunks=512)
+    assert t["hbm"] == pytest.approx(1e-3) and t["smem"] == pytest.approx(1.0)
+    assert t["tensor"] == pytest.approx(1.0) and t["sfu"] == pytest.approx(1.0)
+    assert t["chain"] == pytest.approx(512 * roofline.CHAIN_CYCLES_PER_CHUNK / 1.83e9)
+    # 133 CTAs on 132 SMs: a second wave for one CTA, so per-SM resources take 2 x 132 / 133 as long
+    t2 = roofline.times(dict(rec, ctas=133), H200)
+    assert t2["smem"] == pytest.approx(2 * 132 / 133) and "chain" not in t2
+    assert roofline.bound(t) == ("smem", t["smem"]) or roofline.bound(t)[1] == pytest.approx(1.0)
+
+
+def test_cli_tables_json_and_show(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--json", str(out), "--hotspots", "2"]) == 0
+    text = capsys.readouterr()
+    assert "kda_prepare" in text.out and "kda_recurrence" in text.out and "roofline h200" in text.out
+    assert "emulating 1 of 2 value heads" in text.err
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert run["scale"] == 2 and run["hbm_floor_s"] > 0 and run["predicted_s"] > 0
+    prep, rec = run["kernels"]
+    assert prep["counts"]["ctas"] == 3 * 2 and rec["counts"]["mma"] > 0
+    assert 0 < prep["sector_efficiency"] <= 1 and rec["bound"] in rec["times"]
+    assert profile.main(["--show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "Predicted forward times on NVIDIA H200 SXM" in shown and "T=40,H=2,K=64,V=64" in shown
+    assert profile.main(["--show", str(tmp_path / "missing.json")]) == 2
