@@ -47,6 +47,9 @@ template <int DT> __device__ __forceinline__ void store_f32(void* base, i64 idx,
 struct __align__(16) Vec16 {
   u32 w[4];
 };
+struct __align__(8) Vec8 {
+  u32 w[2];
+};
 
 // N consecutive elements of type DT starting at a 16-byte aligned address, as fp32.
 template <int DT, int N> __device__ __forceinline__ void load_row(const void* p, float (&out)[N]) {
@@ -63,6 +66,22 @@ template <int DT, int N> __device__ __forceinline__ void load_row(const void* p,
         u32 bits = (v.w[j / 2] >> (16 * (j % 2))) & 0xffffu;
         out[i * per_vec + j] = DT == KDA_BF16 ? bf16_bits_to_f32(bits) : f16_to_f32(static_cast<u16>(bits));
       }
+    }
+  }
+}
+
+// 4 consecutive elements of type DT (8 or 16 bytes, aligned to that) as fp32.
+template <int DT> __device__ __forceinline__ void load_quad(const void* p, float (&out)[4]) {
+  if constexpr (DT == KDA_F32) {
+    const Vec16 v = *static_cast<const Vec16*>(p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = __uint_as_float(v.w[j]);
+  } else {
+    const Vec8 v = *static_cast<const Vec8*>(p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const u32 bits = (v.w[j / 2] >> (16 * (j % 2))) & 0xffffu;
+      out[j] = DT == KDA_BF16 ? bf16_bits_to_f32(bits) : f16_to_f32(static_cast<u16>(bits));
     }
   }
 }

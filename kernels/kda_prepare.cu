@@ -16,12 +16,29 @@ using namespace kda;
 
 constexpr int K = KDA_K;
 constexpr int NT = 128;
-constexpr int SEG = K / 8;       // elements of one row per thread (8 threads per row)
 constexpr int TS = K + 8;        // padded bf16 tile row (elements)
 // |gc| above this: the pair form. Not 126: 2^gc * scale * q must stay normal fp32 for every
 // element that matters (26 binades of margin), or FTZ (-ftz=true) flushes terms whose product
 // with 2^-gc is O(1); measured under KDACUPY_EMULATE_NUMERICS=hardware at T=8192, g=0, bias=+8.
 constexpr float SAFE_EXPONENT = 100.0f;
+
+// Who owns which channels (docs/design.md section 9: every global access a warp makes covers
+// whole sectors). The 8 threads of row r = tid / 8 take the row's 16-byte pieces of q and k
+// round robin: thread s = tid % 8 owns pieces s, s + 8, ... (PPS of them, E channels each).
+constexpr int E = 16 / elem_bytes<KDA_DT>();  // q / k channels per 16-byte piece
+constexpr int PPS = K / E / 8;                // pieces per thread
+constexpr int SEG = PPS * E;                  // channels per thread
+static_assert(PPS >= 1 && (PPS & (PPS - 1)) == 0 && PPS <= 8, "pieces per thread");
+
+// fp32 rows of [16, K] (the gate sums, and the pair form's q * scale and k): rows of PSM_GS
+// floats (odd, = 1 mod 4) with 4 words of pad after every 32 channels, so that a warp reading
+// a row segment per thread, one column of 16 rows, or 32 channels of one row meets 32 banks.
+__device__ __forceinline__ int gx(int r, int c) { return r * PSM_GS + c + 4 * (c >> 5); }
+static_assert(PSM_GS % 4 == 1 && PSM_GS >= K + K / 8, "padded fp32 rows");
+
+// [16, 16] fp32 tiles (L, Mf): row i's 16 words permuted by an XOR of i's bits 1 and 2, so the
+// mma accumulator stores of bf16_abt and a warp's 32 consecutive elements are conflict-free.
+__device__ __forceinline__ int sw(int i, int j) { return i * CHUNK + (j ^ ((i >> 1 & 1) | (i >> 2 & 1) << 3)); }
 
 // 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6].
 __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
@@ -45,10 +62,60 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const int col = nt * 8 + 2 * t;
-    dst[g * 16 + col] = acc[nt][0];
-    dst[g * 16 + col + 1] = acc[nt][1];
-    dst[(g + 8) * 16 + col] = acc[nt][2];
-    dst[(g + 8) * 16 + col + 1] = acc[nt][3];
+    dst[sw(g, col)] = acc[nt][0];
+    dst[sw(g, col + 1)] = acc[nt][1];
+    dst[sw(g + 8, col)] = acc[nt][2];
+    dst[sw(g + 8, col + 1)] = acc[nt][3];
+  }
+}
+
+// sum(x^2) of row r, bit for bit as when thread s of the row held channels [s * SEG, (s + 1) * SEG)
+// and summed them with one fp32 FMA chain, then over the 8 threads with xor shuffles 4, 2, 1:
+// the chain of old thread s runs through the pieces s * PPS .. s * PPS + PPS - 1, which now sit
+// in lanes (s * PPS + u) % 8, slot (s * PPS) / 8, handed on lane to lane; the 8 chains are then
+// added in the butterfly's order, ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).
+__device__ __forceinline__ float row_sum_sq(const float (&x)[SEG], int s) {
+  if constexpr (PPS == 1) {
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) sq = fmaf(x[i], x[i], sq);
+#pragma unroll
+    for (int m = 4; m >= 1; m >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, m);  // the 8 threads of a row
+    return sq;
+  } else {
+    float chain[PPS];  // per slot: the chain that ends in this lane
+#pragma unroll
+    for (int v = 0; v < PPS; ++v) {
+      float acc = 0.f;
+#pragma unroll
+      for (int h = 0; h < PPS; ++h) {  // hop h: lanes s with s % PPS == h extend the chain of lane s - 1
+        const float from = __shfl_up_sync(0xffffffffu, acc, 1, 8);
+        float mine = (s % PPS == 0) ? 0.f : from;
+#pragma unroll
+        for (int e = 0; e < E; ++e) mine = fmaf(x[v * E + e], x[v * E + e], mine);
+        acc = (s % PPS == h) ? mine : acc;
+      }
+      chain[v] = acc;
+    }
+    float p[8];  // p[s]: old thread s's chain, which ends in lane (s * PPS + PPS - 1) % 8, slot s * PPS / 8
+#pragma unroll
+    for (int o = 0; o < 8; ++o) p[o] = __shfl_sync(0xffffffffu, chain[o * PPS / 8], (o * PPS + PPS - 1) % 8, 8);
+    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+  }
+}
+
+// E consecutive bf16 results at dst (16 or 8 bytes).
+__device__ __forceinline__ void store_piece(void* dst, const u32 (&w)[E / 2]) {
+  if constexpr (E == 8) {
+    Vec16 x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x.w[i] = w[i];
+    *reinterpret_cast<Vec16*>(dst) = x;
+  } else {
+    Vec8 x;
+    x.w[0] = w[0];
+    x.w[1] = w[1];
+    *reinterpret_cast<Vec8*>(dst) = x;
   }
 }
 
@@ -91,42 +158,37 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   u16* sKd = sQd + CHUNK * TS;
   u16* sKi = sKd + CHUNK * TS;
   float* sQs = reinterpret_cast<float*>(sm + PSM_U);  // pair path: q * scale
-  float* sKn = sQs + CHUNK * K;                       // pair path: k
+  float* sKn = sQs + CHUNK * PSM_GS;                  // pair path: k
   float* sL = reinterpret_cast<float*>(sm + PSM_L);
   float* sM = reinterpret_cast<float*>(sm + PSM_M);
   float* sBeta = reinterpret_cast<float*>(sm + PSM_BETA);
 
   unsigned char* blk = ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
-  const int r = tid >> 3, col0 = (tid & 7) * SEG;  // this thread's row and first column
+  const int r = tid >> 3, s = tid & 7;  // this thread's row and its place among the row's 8 threads
   const bool live = r < rows;
   const int h = hv / (HV / H);
 
-  // [1] load and l2-normalise q and k; padded rows are zero
-  float qv[SEG], kv[SEG], gv[SEG];
-  if (live) {
-    load_row<KDA_DT>(static_cast<const unsigned char*>(q) +
-                         (b * q_sb + (t0 + r) * q_st + h * q_sh + col0) * elem_bytes<KDA_DT>(), qv);
-    load_row<KDA_DT>(static_cast<const unsigned char*>(k) +
-                         (b * k_sb + (t0 + r) * k_st + h * k_sh + col0) * elem_bytes<KDA_DT>(), kv);
-    load_row<KDA_G_DT>(static_cast<const unsigned char*>(g) +
-                           (b * g_sb + (t0 + r) * g_st + hv * g_sh + col0) * elem_bytes<KDA_G_DT>(), gv);
-  } else {
+  // [1] load and l2-normalise q and k (this thread: pieces s + 8v, channels (s + 8v) E + e); padded rows are zero
+  float qv[SEG], kv[SEG];
 #pragma unroll
-    for (int i = 0; i < SEG; ++i) qv[i] = kv[i] = gv[i] = 0.f;
+  for (int v = 0; v < PPS; ++v) {
+    float pq[E], pk[E];
+    const i64 c = (s + 8 * v) * E;
+    if (live) {
+      load_row<KDA_DT>(static_cast<const unsigned char*>(q) + (b * q_sb + (t0 + r) * q_st + h * q_sh + c) * elem_bytes<KDA_DT>(), pq);
+      load_row<KDA_DT>(static_cast<const unsigned char*>(k) + (b * k_sb + (t0 + r) * k_st + h * k_sh + c) * elem_bytes<KDA_DT>(), pk);
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) pq[e] = pk[e] = 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      qv[v * E + e] = pq[e];
+      kv[v * E + e] = pk[e];
+    }
   }
   if constexpr (KDA_L2NORM) {
-    float sq = 0.f, sk = 0.f;
-#pragma unroll
-    for (int i = 0; i < SEG; ++i) {
-      sq = fmaf(qv[i], qv[i], sq);
-      sk = fmaf(kv[i], kv[i], sk);
-    }
-#pragma unroll
-    for (int m = 4; m >= 1; m >>= 1) {  // the 8 threads of a row are adjacent lanes
-      sq += __shfl_xor_sync(0xffffffffu, sq, m);
-      sk += __shfl_xor_sync(0xffffffffu, sk, m);
-    }
-    const float iq = rsqrt_approx_ftz(sq + 1e-6f), ik = rsqrt_approx_ftz(sk + 1e-6f);
+    const float iq = rsqrt_approx_ftz(row_sum_sq(qv, s) + 1e-6f), ik = rsqrt_approx_ftz(row_sum_sq(kv, s) + 1e-6f);
 #pragma unroll
     for (int i = 0; i < SEG; ++i) {
       qv[i] *= iq;
@@ -134,14 +196,27 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     }
   }
 
-  // [2] gate, zero on padded rows (activation first, so padding adds no decay)
+  // [2] gate, zero on padded rows (activation first, so padding adds no decay). Four channels
+  // 4 (s + 8 v) .. + 3 at a time: the row's 8 threads read 32 consecutive g and dt_bias values.
   {
     float a = 1.f;
     if (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) a = ex2_approx_ftz(A_log[hv] * LOG2E_F);
+    const float* bias_row = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias + static_cast<i64>(hv) * K : nullptr;
+    const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
+    const unsigned char* grow = static_cast<const unsigned char*>(g) + (b * g_sb + (t0 + r) * g_st + hv * g_sh) * elem_bytes<KDA_G_DT>();
 #pragma unroll
-    for (int i = 0; i < SEG; ++i) {
-      const float bias = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + col0 + i] : 0.f;
-      sG[r * K + col0 + i] = live ? gate_log2<KDA_GATE>(gv[i], a, bias, lb2) : 0.f;  // [2]
+    for (int v = 0; v < K / 32; ++v) {
+      const int c = 4 * (s + 8 * v);
+      float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
+      if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
+      if (bias_vec) {
+        load_quad<KDA_F32>(bias_row + c, bq);
+      } else if (bias_row != nullptr) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bq[e] = bias_row[c + e];
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;  // [2]
     }
   }
   // [3] beta
@@ -156,57 +231,62 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   }
   __syncthreads();
 
-  // [4] running sum over the chunk rows, per channel, sequential fp32
+  // [4] running sum over the chunk rows, per channel, sequential fp32; [9] gexp = ex2(gt)
   bool unsafe = false;
   for (int c = tid; c < K; c += NT) {
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) {
-      acc += sG[i * K + c];
-      sG[i * K + c] = acc;
+      acc += sG[gx(i, c)];
+      sG[gx(i, c)] = acc;
       unsafe |= fabsf(acc) > SAFE_EXPONENT;
     }
+    reinterpret_cast<float*>(blk + WS_GEXP)[c] = ex2_approx_ftz(acc);
   }
   unsafe = __syncthreads_or(unsafe);
 
-  // [5] decayed operands, to the workspace (and shared memory for [6]); [9] gexp
-  const i64 row_off = (static_cast<i64>(r) * K + col0) * 2;
+  // [5] decayed operands, to the workspace (and shared memory for [6]), piece by piece
 #pragma unroll
-  for (int v8 = 0; v8 < SEG / 8; ++v8) {  // 8 channels = one 16-byte bf16 vector at a time
-    Vec16 vq, vk, vr, vi;
+  for (int v = 0; v < PPS; ++v) {
+    const int c0 = (s + 8 * v) * E;
+    u32 wq[E / 2], wk[E / 2], wr[E / 2], wi[E / 2];
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
+    for (int w = 0; w < E / 2; ++w) {
       float qd[2], kd[2], kr[2], ki[2];
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
-        const int i = 8 * v8 + 2 * w + e2;
-        const float gc = sG[r * K + col0 + i], gt = sG[(CHUNK - 1) * K + col0 + i];
+        const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
+        const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)];
         const float e = ex2_approx_ftz(gc);
         qd[e2] = qv[i] * (e * scale);
         kd[e2] = kv[i] * e;
         ki[e2] = kv[i] * ex2_approx_ftz(-gc);
         kr[e2] = kv[i] * ex2_approx_ftz(gt - gc);
-        if (r == CHUNK - 1) reinterpret_cast<float*>(blk + WS_GEXP)[col0 + i] = ex2_approx_ftz(gt);
       }
-      vq.w[w] = pack_bf16x2(qd[0], qd[1]);
-      vk.w[w] = pack_bf16x2(kd[0], kd[1]);
-      vr.w[w] = pack_bf16x2(kr[0], kr[1]);
-      vi.w[w] = pack_bf16x2(ki[0], ki[1]);
+      wq[w] = pack_bf16x2(qd[0], qd[1]);
+      wk[w] = pack_bf16x2(kd[0], kd[1]);
+      wr[w] = pack_bf16x2(kr[0], kr[1]);
+      wi[w] = pack_bf16x2(ki[0], ki[1]);
     }
-    reinterpret_cast<Vec16*>(blk + WS_QDEC + row_off)[v8] = vq;
-    reinterpret_cast<Vec16*>(blk + WS_KDEC + row_off)[v8] = vk;
-    reinterpret_cast<Vec16*>(blk + WS_KRES + row_off)[v8] = vr;
+    const i64 off = (static_cast<i64>(r) * K + c0) * 2;
+    store_piece(blk + WS_QDEC + off, wq);
+    store_piece(blk + WS_KDEC + off, wk);
+    store_piece(blk + WS_KRES + off, wr);
     if (!unsafe) {
-      reinterpret_cast<Vec16*>(sQd + r * TS + col0)[v8] = vq;
-      reinterpret_cast<Vec16*>(sKd + r * TS + col0)[v8] = vk;
-      reinterpret_cast<Vec16*>(sKi + r * TS + col0)[v8] = vi;
+      store_piece(sQd + r * TS + c0, wq);
+      store_piece(sKd + r * TS + c0, wk);
+      store_piece(sKi + r * TS + c0, wi);
     }
   }
   if (unsafe) {
 #pragma unroll
-    for (int i = 0; i < SEG; ++i) {
-      sQs[r * K + col0 + i] = qv[i] * scale;
-      sKn[r * K + col0 + i] = kv[i];
+    for (int v = 0; v < PPS; ++v) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int c = (s + 8 * v) * E + e;
+        sQs[gx(r, c)] = qv[v * E + e] * scale;
+        sKn[gx(r, c)] = kv[v * E + e];
+      }
     }
   }
   __syncthreads();
@@ -216,16 +296,26 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     if (warp == 0) bf16_abt(sL, sKd, sKi, lane);
     if (warp == 1) bf16_abt(sM, sQd, sKi, lane);
   } else {
-    // pair form: every product of two decays taken as one exponent difference
-    for (int p = tid; p < 2 * CHUNK * CHUNK; p += NT) {
-      const bool is_l = p < CHUNK * CHUNK;
-      const int i = (p % (CHUNK * CHUNK)) / CHUNK, j = p % CHUNK;
-      float acc = 0.f;
-      if (is_l ? i > j : i >= j) {
-        const float* a = (is_l ? sKn : sQs) + i * K;
-        for (int c = 0; c < K; ++c) acc = fmaf(a[c] * sKn[j * K + c], ex2_approx_ftz(sG[i * K + c] - sG[j * K + c]), acc);
+    // pair form: every product of two decays taken as one exponent difference. Threads 0-119
+    // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16
+    // diagonals Mf_ii run on warp 3, whose lanes 24-31 have no pair (no divergence inside a warp).
+    if (tid < CHUNK * (CHUNK - 1) / 2) {
+      int i = 1, j = tid;
+      while (j >= i) j -= i++;
+      float accl = 0.f, accm = 0.f;
+      for (int c = 0; c < K; ++c) {
+        const float e = ex2_approx_ftz(sG[gx(i, c)] - sG[gx(j, c)]), kj = sKn[gx(j, c)];
+        accl = fmaf(sKn[gx(i, c)] * kj, e, accl);
+        accm = fmaf(sQs[gx(i, c)] * kj, e, accm);
       }
-      (is_l ? sL : sM)[i * CHUNK + j] = acc;
+      sL[sw(i, j)] = accl;
+      sM[sw(i, j)] = accm;
+    }
+    if (warp == NT / 32 - 1 && lane < CHUNK) {
+      const int i = lane;
+      float acc = 0.f;
+      for (int c = 0; c < K; ++c) acc = fmaf(sQs[gx(i, c)] * sKn[gx(i, c)], ex2_approx_ftz(sG[gx(i, c)] - sG[gx(i, c)]), acc);
+      sM[sw(i, i)] = acc;
     }
   }
   __syncthreads();
@@ -233,8 +323,8 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   // [7] Lb = fp32(L * beta) strictly lower, in place; [9] Mqk = bf16(Mf) on and below the diagonal
   for (int p = tid; p < CHUNK * CHUNK; p += NT) {
     const int i = p / CHUNK, j = p % CHUNK;
-    sL[p] = i > j ? sL[p] * sBeta[i] : 0.f;
-    reinterpret_cast<u16*>(blk + WS_MQK)[p] = i >= j ? f32_to_bf16(sM[p]) : u16(0);
+    sL[sw(i, j)] = i > j ? sL[sw(i, j)] * sBeta[i] : 0.f;
+    reinterpret_cast<u16*>(blk + WS_MQK)[p] = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
   }
   __syncthreads();
 
@@ -248,7 +338,7 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     for (int i = 0; i < CHUNK; ++i) {
       float acc = i == tid ? 1.f : 0.f;
 #pragma unroll
-      for (int j = 0; j < i; ++j) acc = fmaf(-sL[i * CHUNK + j], x[j], acc);
+      for (int j = 0; j < i; ++j) acc = fmaf(-sL[sw(i, j)], x[j], acc);
       x[i] = acc;
       reinterpret_cast<u16*>(blk + WS_INV)[i * CHUNK + tid] = f32_to_bf16(acc);  // a row: 16 adjacent lanes
     }

@@ -44,26 +44,29 @@ static_assert(WS_INV == WS_KRES + CHUNK * K * 2 && WS_MQK == WS_INV + 512 && WS_
 static_assert(WS_BETA == WS_GEXP + K * 4 && RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
 static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CHUNK * TS * 2, "smem tiles");
 
-// Queue the copies of one chunk (workspace block + value tile) into a stage.
+// Queue the copies of one chunk (workspace block + value tile) into a stage. Each 8 lanes (one
+// phase of the 16-byte shared stores) write 128 contiguous bytes of a row, or one piece of 8
+// consecutive padded rows: no bank conflicts; each warp still reads whole sectors.
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
   for (int p = tid; p < WS_STRIDE / 16; p += NT) {
     // without the output, q_dec and Mqk are never read: not copied
     if (!OUTPUT && (p < CHUNK * QCH || (p >= TILE_PIECES + 32 && p < TILE_PIECES + 64))) continue;
-    int dst;
+    int dst, src = p;
     if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
       const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
       dst = RSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16;
-    } else if (p < TILE_PIECES + 64) {  // INV, Mqk (32-byte rows) -> 48-byte rows
-      const int p2 = p - TILE_PIECES, m = p2 / 32, r = (p2 / 2) % CHUNK, c = p2 % 2;
+    } else if (p < TILE_PIECES + 64) {  // INV, Mqk (32-byte rows) -> 48-byte rows, piece c of row r
+      const int p2 = p - TILE_PIECES, m = p2 / 32, r = p2 % CHUNK, c = (p2 / CHUNK) % 2;
       dst = (m ? RSM_MQK : RSM_INV) + r * 48 + c * 16;
+      src = TILE_PIECES + m * 32 + r * 2 + c;
     } else {  // gexp, beta
       dst = RSM_GEXP + (p - TILE_PIECES - 64) * 16;
     }
-    cp_async_16(stage + dst, blk + static_cast<i64>(p) * 16);
+    cp_async_16(stage + dst, blk + static_cast<i64>(src) * 16);
   }
   for (int p = tid; p < CHUNK * VCH; p += NT) {
-    const int r = p / VCH, c = p % VCH;
+    const int r = p % CHUNK, c = p / CHUNK;
     const bool valid = r < rows;  // a ragged tail reads zeros (0 * garbage could be NaN)
     cp_async_16_zfill(stage + RSM_VT + r * RSM_VROW + c * 16, valid ? vrow0 + r * v_row_bytes + c * 16 : vrow0, valid);
   }
@@ -278,8 +281,8 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
       __syncwarp();
       constexpr int PIECES = 16 * ES / 16;  // 16-byte pieces per output row of this warp
       const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-      for (int p = lane; p < CHUNK * PIECES; p += 32) {
-        const int r = p / PIECES, pc = p % PIECES;
+      for (int p = lane; p < CHUNK * PIECES; p += 32) {  // piece pc of row r: 8 rows per phase, whole sectors
+        const int r = p % CHUNK, pc = p / CHUNK;
         if (r < rows) {
           const i64 off = (b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK + r) * o_st + hv * o_sh + vw) * ES;
           reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + off)[pc] =

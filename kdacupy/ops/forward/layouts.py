@@ -35,14 +35,22 @@ def workspace(K: int) -> dict[str, int]:
     return {f"WS_{n}": v for n, v in off.items()} | {"WS_STRIDE": total}
 
 
+def prepare_row(K: int) -> int:
+    """Floats per padded fp32 [16, K] row of kda_prepare: 4 words of pad per 32 channels,
+    rounded up to 1 mod 4 (odd), which keeps its row, column and row-segment accesses free
+    of bank conflicts (kernels/kda_prepare.cu, gx)."""
+    return K + K // 8 + 1
+
+
 def prepare_smem(K: int) -> dict[str, int]:
     """Shared memory of kda_prepare. The fast path keeps bf16 tiles (padded rows
-    for ldmatrix), the pair path fp32 rows of q*scale and k: they share a region."""
+    for ldmatrix), the pair path padded fp32 rows of q*scale and k: they share a region."""
     tile = CHUNK * (K + 8) * 2
-    parts = [("G", CHUNK * K * 4), ("U", max(3 * tile, 2 * CHUNK * K * 4)), ("L", CHUNK * CHUNK * 4),
+    rows = CHUNK * prepare_row(K) * 4
+    parts = [("G", rows), ("U", max(3 * tile, 2 * rows)), ("L", CHUNK * CHUNK * 4),
              ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4)]
     off, total = _place(parts)
-    return {f"PSM_{n}": v for n, v in off.items()} | {"PSM_TOTAL": total}
+    return {f"PSM_{n}": v for n, v in off.items()} | {"PSM_TOTAL": total, "PSM_GS": prepare_row(K)}
 
 
 def recurrence_smem(K: int, BV: int, stages: int, elem_bytes: int) -> dict[str, int]:
