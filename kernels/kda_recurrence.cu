@@ -49,22 +49,18 @@ static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CH
 // consecutive padded rows: no bank conflicts; each warp still reads whole sectors.
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
-  for (int p = tid; p < WS_STRIDE / 16; p += NT) {
-    // without the output, q_dec and Mqk are never read: not copied
-    if (!OUTPUT && (p < CHUNK * QCH || (p >= TILE_PIECES + 32 && p < TILE_PIECES + 64))) continue;
-    int dst, src = p;
-    if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
-      const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
-      dst = RSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16;
-    } else if (p < TILE_PIECES + 64) {  // INV, Mqk (32-byte rows) -> 48-byte rows, piece c of row r
-      const int p2 = p - TILE_PIECES, m = p2 / 32, r = p2 % CHUNK, c = (p2 / CHUNK) % 2;
-      dst = (m ? RSM_MQK : RSM_INV) + r * 48 + c * 16;
-      src = TILE_PIECES + m * 32 + r * 2 + c;
-    } else {  // gexp, beta
-      dst = RSM_GEXP + (p - TILE_PIECES - 64) * 16;
-    }
-    cp_async_16(stage + dst, blk + static_cast<i64>(src) * 16);
+  // q_dec, k_dec, k_res rows -> padded rows (without the output, q_dec is never read: not copied)
+  for (int p = OUTPUT ? tid : CHUNK * QCH + tid; p < TILE_PIECES; p += NT) {
+    const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
+    cp_async_16(stage + RSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16, blk + p * 16);
   }
+  // INV, Mqk (32-byte rows) -> 48-byte rows: piece c of row r (without the output, Mqk is not copied)
+  for (int p = tid; p < (OUTPUT ? 64 : 32); p += NT) {
+    const int m = p >> 5, r = p & 15, c = (p >> 4) & 1;
+    cp_async_16(stage + (m ? RSM_MQK : RSM_INV) + r * 48 + c * 16, blk + (TILE_PIECES + m * 32 + r * 2 + c) * 16);
+  }
+  for (int p = tid; p < WS_STRIDE / 16 - TILE_PIECES - 64; p += NT)  // gexp, beta
+    cp_async_16(stage + RSM_GEXP + p * 16, blk + (TILE_PIECES + 64 + p) * 16);
   for (int p = tid; p < CHUNK * VCH; p += NT) {
     const int r = p % CHUNK, c = p / CHUNK;
     const bool valid = r < rows;  // a ragged tail reads zeros (0 * garbage could be NaN)

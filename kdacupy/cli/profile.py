@@ -1,5 +1,5 @@
 """``python -m kdacupy.profile``: hardware counters of the kernels from the CPU emulation, and a
-roofline per GPU (docs/design.md section 9). No GPU needed.
+roofline per GPU (docs/design.md section 10). No GPU needed.
 
 Runs the kernels on the emulation with KDACUPY_EMULATE_PROFILE=1 and prints, per kernel:
 requests, shared-memory wavefronts per request against the conflict-free ideal, global sector
@@ -43,8 +43,13 @@ from . import roofline
 from .shapes import Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, shape_problem, validated
 from .timing import git_commit, git_dirty
 
-#: FlashKDA's published forward time (H200, H = 64, T = 8192, B = 1; docs/design.md section 9)
-FLASHKDA_MS = {"kimi-T8192-H64": 1.209}
+#: FlashKDA's forward times to set next to the predictions, ms (docs/design.md section 10): on an H200
+#: the quoted H = 64, T = 8192, B = 1 figure; next to a B200 its repository's GB200 table
+FLASHKDA_MS = {
+    "h200": {"kimi-T8192-H64": 1.209},
+    "b200": {"kimi-T8192-H96": 1.0087, "kimi-varlen6-H96": 0.8597, "kimi-varlen8x1024-H96": 0.7064,
+             "kimi-T8192-H64": 0.9247, "kimi-varlen6-H64": 0.6553, "kimi-varlen8x1024-H64": 0.4811},
+}
 DEFAULT_FORWARD = Shape("forward-T256-H2", 256, 2)
 DEFAULT_DECODE = dict(N=16, HV=4, T=1)
 DEFAULT_SEGMENTS = 2
@@ -225,7 +230,7 @@ def run_entry(name, shape, recs, info, gpu, hot) -> dict:
         floor = compulsory_bytes(shape)["total"]
         entry["hbm_floor_bytes"] = floor
         entry["hbm_floor_s"] = floor / (gpu.hbm_tb_s * 1e12)
-        entry["flashkda_ms"] = FLASHKDA_MS.get(shape.name) if gpu.key == "h200" else None
+        entry["flashkda_ms"] = FLASHKDA_MS.get(gpu.key, {}).get(shape.name)
     return entry
 
 
