@@ -1,0 +1,36 @@
+"""What a new user ran into (one test per rough edge): defaults that must agree,
+errors that must name the right argument, every backend applying the kernels'
+input rules."""
+import numpy as np
+import pytest
+
+import kdacupy
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.numerics.reference import kda_reference
+
+from ..inputs import make_inputs, rmse_ratio
+
+
+# ---------------------------------------------------------------------------
+# one pool, one layout
+
+
+def test_prefill_then_decode_with_default_layouts_is_the_one_call_result():
+    """kda_forward(state_pool=) and kda_decode on one pool with no state_layout given: the
+    forward's pooled default is the decode's ("vk"), so the decode step continues the
+    prefilled state. K == V, where a layout mix-up is not caught by any shape check."""
+    T, K = 20, 64
+    x, opts = make_inputs(B=2, T=T + 1, H=1, HV=2, K=K, V=K, seed=3)
+    pre = {n: a[:, :T] for n, a in x.items()}
+    step = {n: a[:, T:] for n, a in x.items()}
+    pool = np.zeros((5, 2, K, K), np.float32)
+    rng = np.random.default_rng(4)
+    s0 = (0.5 * rng.standard_normal((2, 2, K, K))).astype(np.float32)  # [N, HV, K, V]
+    slots = np.array([3, 1], np.int32)
+    pool[slots] = s0.swapaxes(-1, -2)  # the pool is "vk"; its slots hold S^T
+    kdacupy.kda_forward(**pre, **opts, state_pool=pool, state_indices=slots)
+    o1 = kdacupy.kda_decode(**step, **opts, state_pool=pool, state_indices=slots)
+    # the whole sequence in one float64 call from the same states
+    ref, _ = kda_reference(**{n: a.astype(np.float64) for n, a in x.items()},
+                           **{n: v for n, v in opts.items()}, initial_state=s0.astype(np.float64))
+    assert rmse_ratio(o1, ref[:, T:]) < 1e-2  # bf16 output rounding; a layout mix-up gives ~1
