@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .isolation import pytest_addoption, pytest_runtestloop  # noqa: F401  (emulated modules in a forked child)
+
 MARKERS = {
     "gpu": "needs a CUDA GPU (benchmarks/device_check.sh runs these on one)",
     "emulate": "needs a host C++17 compiler (g++, clang++ or $CXX) for the CPU emulation of the kernels",

@@ -1,0 +1,271 @@
+"""Emulated kernels run in a forked child, one per test module: a memory error in an
+emulated kernel (SIGSEGV, SIGBUS, an abort) fails the test that was running, with the
+signal's name, and the rest of the module and of the suite go on.
+
+Without the checks (KDACUPY_EMULATE_CHECK) an out-of-bounds access in an emulated kernel
+is an access of the test process itself. Run in the pytest process, one such bug ends the
+whole run (rc 134/139) with no summary. So every module that uses the emulation (an item
+marked ``emulate``, or a source that names it) runs its tests in a child process forked
+from the pytest process: the child runs pytest's own per-test protocol (fixtures, capture,
+warnings, skips) and sends each report to the parent, which reports it as if it had run
+the test itself. When the child dies, the test it was in gets a failed report naming the
+signal, and a new child takes the rest of the module. One fork per module, not per test:
+the module's compiled kernels stay loaded from one test to the next. ``--emulate-in-process``
+turns this off (e.g. for a debugger); it is off by itself with ``--pdb``, where ``fork`` is
+missing, and for modules of GPU tests (CUDA does not survive a fork).
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import re
+import signal
+import struct
+import sys
+import tempfile
+import time
+import warnings
+
+import pytest
+from _pytest.reports import TestReport
+
+USES_EMULATION = re.compile(r"""backend\s*=\s*["']emulate["']|kdacupy\.emulate|["']emulate["']""")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--emulate-in-process", action="store_true",
+                     help="run the tests that use the CPU emulation in the pytest process, not in a forked child "
+                          "per module (tests/isolation.py)")
+
+
+def _enabled(config) -> bool:
+    return (hasattr(os, "fork") and not config.getoption("--emulate-in-process")
+            and not config.getoption("usepdb", False) and not config.getoption("trace", False)
+            and not hasattr(config, "workerinput"))  # pytest-xdist workers isolate already
+
+
+def isolated(items) -> bool:
+    """Whether a module's items run in a forked child: they use the emulation and no GPU."""
+    if any(i.get_closest_marker("gpu") for i in items):
+        return False
+    if any(i.get_closest_marker("emulate") for i in items):
+        return True
+    path = getattr(items[0], "path", None)
+    try:
+        return bool(USES_EMULATION.search(path.read_text())) if path is not None else False
+    except OSError:
+        return False
+
+
+def _modules(items):
+    """Consecutive runs of items from one file."""
+    start = 0
+    for i in range(1, len(items) + 1):
+        if i == len(items) or items[i].path != items[start].path:
+            yield start, i
+            start = i
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """pytest's own loop (``_pytest.main.pytest_runtestloop``), with isolated modules in a child."""
+    config = session.config
+    if not _enabled(config):
+        return None
+    if session.testsfailed and not config.option.continue_on_collection_errors:
+        raise session.Interrupted(f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} "
+                                  "during collection")
+    if config.option.collectonly:
+        return True
+    items = session.items
+    if items and any(isolated(items[a:b]) for a, b in _modules(items)):
+        factory = getattr(config, "_tmp_path_factory", None)
+        if factory is not None:
+            factory.getbasetemp()  # made once here, so the children share it
+    for a, b in _modules(items):
+        if isolated(items[a:b]):
+            _run_forked(session, items, a, b)
+            if b < len(items):  # what the parent had set up (a package's fixtures) and the next item does not share
+                session._setupstate.teardown_exact(items[b])
+        else:
+            for i in range(a, b):
+                nextitem = items[i + 1] if i + 1 < len(items) else None
+                items[i].config.hook.pytest_runtest_protocol(item=items[i], nextitem=nextitem)
+                _check_stop(session)
+        _check_stop(session)
+    return True
+
+
+def _check_stop(session):
+    if session.shouldfail:
+        raise session.Failed(session.shouldfail)
+    if session.shouldstop:
+        raise session.Interrupted(session.shouldstop)
+
+
+# ---------------------------------------------------------------------------
+# the child
+
+
+def _send(fd, obj):
+    data = pickle.dumps(obj)
+    view = memoryview(struct.pack("<Q", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class _Forwarder:
+    """In the child: the reports and warnings of the protocol go to the parent."""
+
+    def __init__(self, fd, config):
+        self.fd, self.config = fd, config
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report):
+        _send(self.fd, ("report", self.config.hook.pytest_report_to_serializable(config=self.config, report=report)))
+
+    @pytest.hookimpl
+    def pytest_warning_recorded(self, warning_message, when, nodeid, location):
+        w = warning_message
+        _send(self.fd, ("warning", dict(message=str(w.message), category=w.category.__name__,
+                                        module=w.category.__module__, filename=w.filename, lineno=w.lineno,
+                                        when=when, nodeid=nodeid, location=location)))
+
+
+def _child(session, items, start, stop, fd, crash_file):
+    config = session.config
+    code = 0
+    try:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)  # the parent prints
+        config.pluginmanager.register(_Forwarder(fd, config), "kdacupy-forwarder")
+        faulthandler.enable(file=crash_file, all_threads=False)  # the Python stack at a crash, for the report
+        stack = session._setupstate.stack  # collectors the parent set up: the parent tears them down, not this copy
+        for node in list(stack):
+            stack[node] = ([], stack[node][1])
+        for i in range(start, stop):
+            _send(fd, ("start", i))
+            nextitem = items[i + 1] if i + 1 < len(items) else None
+            items[i].config.hook.pytest_runtest_protocol(item=items[i], nextitem=nextitem)
+            _send(fd, ("done", i))
+            if session.shouldfail or session.shouldstop:
+                break
+    except BaseException as e:  # noqa: BLE001  (an error of the machinery: say so in the parent)
+        try:
+            _send(fd, ("error", f"{type(e).__name__}: {e}"))
+        except Exception:  # noqa: BLE001
+            pass
+        code = 3
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+# ---------------------------------------------------------------------------
+# the parent
+
+
+def _messages(fd):
+    buf = b""
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        buf += chunk
+        while len(buf) >= 8:
+            n = struct.unpack("<Q", buf[:8])[0]
+            if len(buf) < 8 + n:
+                break
+            yield pickle.loads(buf[8:8 + n])
+            buf = buf[8 + n:]
+
+
+def _warn(config, w):
+    category = getattr(sys.modules.get(w["module"]), w["category"], UserWarning)
+    if not (isinstance(category, type) and issubclass(category, Warning)):
+        category = UserWarning
+    msg = warnings.WarningMessage(category(w["message"]), category, w["filename"], w["lineno"])
+    config.hook.pytest_warning_recorded.call_historic(
+        kwargs=dict(warning_message=msg, when=w["when"], nodeid=w["nodeid"], location=w["location"]))
+
+
+def _died(status) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"killed by {name} (signal {sig})"
+    return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def _crash_report(item, how, stack, seconds):
+    text = (f"the test process was {how} while running this test (in a forked child: tests/isolation.py).\n"
+            "An emulated kernel that reads or writes outside its arrays does this without the checks: run the "
+            "test with KDACUPY_EMULATE_CHECK=memcheck (or all) to see what and where.")
+    lines = []
+    for line in stack.strip().splitlines():  # the test's own frames, down to pytest's
+        if "/_pytest/" in line or "/pluggy/" in line:
+            break
+        lines.append(line)
+    if lines:
+        text += "\n\nPython stack at the crash (faulthandler, most recent call first):\n" + "\n".join(lines)
+    return TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed", text, "call",
+                      duration=seconds)
+
+
+def _run_forked(session, items, start, stop):
+    config = session.config
+    while start < stop:
+        r, w = os.pipe()
+        crash = tempfile.TemporaryFile()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            _child(session, items, start, stop, w, crash)
+        os.close(w)
+        current, started, error = None, time.monotonic(), None
+        try:
+            for kind, payload in _messages(r):
+                if kind == "start":
+                    current, started = payload, time.monotonic()
+                    items[current].ihook.pytest_runtest_logstart(nodeid=items[current].nodeid,
+                                                                 location=items[current].location)
+                elif kind == "report":
+                    rep = config.hook.pytest_report_from_serializable(config=config, data=payload)
+                    items[current].ihook.pytest_runtest_logreport(report=rep)
+                elif kind == "warning":
+                    _warn(config, payload)
+                elif kind == "done":
+                    items[current].ihook.pytest_runtest_logfinish(nodeid=items[current].nodeid,
+                                                                  location=items[current].location)
+                    current = None
+                elif kind == "error":
+                    error = payload
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+        finally:
+            os.close(r)
+        _, status = os.waitpid(pid, 0)
+        if error is not None:
+            raise session.Failed(f"the forked child of {items[start].path} failed: {error}")
+        if current is None:  # the child ran to its end (or stopped as asked)
+            crash.close()
+            return
+        crash.seek(0)
+        stack = crash.read().decode(errors="replace")
+        crash.close()
+        item = items[current]
+        item.ihook.pytest_runtest_logreport(report=_crash_report(item, _died(status), stack,
+                                                                 time.monotonic() - started))
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        _check_stop(session)
+        start = current + 1  # a new child for the rest of the module
