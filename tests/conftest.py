@@ -26,9 +26,8 @@ def missing(marker: str):
     """Why the resource of ``marker`` is missing here, or None when it is present."""
     try:
         if marker == "gpu":
-            import cupy
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                return "no CUDA GPU"
+            from kdacupy.jit.device import why_no_gpu
+            return why_no_gpu()  # in plain words, e.g. "no CUDA GPU (no NVIDIA driver found)"
         elif marker == "emulate":
             from kdacupy.emulate import find_compiler
             find_compiler()

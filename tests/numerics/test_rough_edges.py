@@ -34,3 +34,51 @@ def test_prefill_then_decode_with_default_layouts_is_the_one_call_result():
     ref, _ = kda_reference(**{n: a.astype(np.float64) for n, a in x.items()},
                            **{n: v for n, v in opts.items()}, initial_state=s0.astype(np.float64))
     assert rmse_ratio(o1, ref[:, T:]) < 1e-2  # bf16 output rounding; a layout mix-up gives ~1
+
+
+# ---------------------------------------------------------------------------
+# the GPU tests' skip reason, in plain words
+
+
+class _FakeRuntimeError(Exception):
+    def __init__(self, status):
+        super().__init__(f"cudaError {status}")
+        self.status = status
+
+
+def _fake_cupy(monkeypatch, driver, count=None, status=None):
+    import sys
+    import types
+
+    def device_count():
+        if status is not None:
+            raise _FakeRuntimeError(status)
+        return count
+
+    rt = types.SimpleNamespace(driverGetVersion=lambda: driver, runtimeGetVersion=lambda: 13000,
+                               getDeviceCount=device_count)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)))
+
+
+@pytest.mark.parametrize("driver, count, status, said", [
+    (0, None, None, "no CUDA GPU (no NVIDIA driver found)"),
+    (12040, None, 35, "no usable CUDA GPU (the NVIDIA driver supports CUDA up to 12.4, older than the CUDA 13.0 "
+                      "runtime)"),
+    (13000, None, 100, "no CUDA GPU (the NVIDIA driver sees no device)"),
+    (13000, 0, None, "no CUDA GPU (the NVIDIA driver sees no device)"),
+    (13000, 2, None, None),
+])
+def test_why_no_gpu_says_it_in_plain_words(monkeypatch, driver, count, status, said):
+    from kdacupy.jit.device import why_no_gpu
+    _fake_cupy(monkeypatch, driver, count, status)
+    assert why_no_gpu() == said
+
+
+def test_the_gpu_skip_reason_is_plain_words():
+    from kdacupy.jit.device import why_no_gpu
+    from ..conftest import MARKERS, missing
+    why = why_no_gpu()
+    assert missing("gpu") == why
+    if why is not None:  # this machine has no GPU: the reason a skipped GPU test shows
+        assert why.startswith(("no CUDA GPU", "no usable CUDA GPU")) and "Error" not in why.split("(")[0]
+        assert MARKERS["gpu"].startswith("needs a CUDA GPU")
