@@ -54,6 +54,9 @@ def kda_forward(
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
         state_dtype=state_dtype, state_precision=state_precision, out=out, backend=backend)
+    if state_dtype is not None and not pooled and problem.state_out_dtype is None:
+        raise ValueError(f"state_dtype: expected None without output_final_state=True (it is the final state's "
+                         f"dtype), got {state_dtype!r}")
     if pooled and sequence_parallel not in (None, 1):
         raise ValueError(f"sequence_parallel: expected None or 1 with state_pool (the split forward does not "
                          f"read or write a pool yet), got {sequence_parallel}")

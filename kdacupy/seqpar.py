@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numbers
 import sys
+import warnings
 
 import numpy as np
 
@@ -40,6 +41,10 @@ from .validation import fail, validate
 
 #: the most segments per sequence the forward accepts (the scan walks them in order)
 MAX_SEGMENTS = 1024
+
+
+class SegmentWarning(UserWarning):
+    """``sequence_parallel`` asks for more segments than a sequence has chunks."""
 
 
 # ---------------------------------------------------------------------------
@@ -97,6 +102,11 @@ def choose_segments(p, requested) -> int:
                  "per-call temporaries cannot live in a graph)", repr(requested))
         return 1
     if requested is not None:
+        chunks = -(-p.T // CHUNK)  # of the whole (packed) T: no sequence has more
+        if requested > 1 and p.T and requested > chunks:
+            warnings.warn(f"sequence_parallel={requested} is more than the {chunks} 16-token chunk(s) of T = {p.T}: "
+                          f"a segment is whole chunks, so {requested - chunks} or more segments per sequence are "
+                          f"empty (correct, but work for nothing)", SegmentWarning, stacklevel=3)
         return requested
     if not p.device:
         return 1

@@ -82,3 +82,66 @@ def test_the_gpu_skip_reason_is_plain_words():
     if why is not None:  # this machine has no GPU: the reason a skipped GPU test shows
         assert why.startswith(("no CUDA GPU", "no usable CUDA GPU")) and "Error" not in why.split("(")[0]
         assert MARKERS["gpu"].startswith("needs a CUDA GPU")
+
+
+# ---------------------------------------------------------------------------
+# smaller: the right argument blamed, nothing accepted silently
+
+
+def test_q_with_no_heads_blames_q():
+    x, opts = make_inputs(T=4, H=1, K=64, V=64)
+    x = dict(x, q=x["q"][:, :, :0], k=x["k"][:, :, :0])
+    with pytest.raises(ValueError, match=r"^q: expected at least one query/key head"):
+        kdacupy.kda_forward(**x, **opts)
+
+
+def test_state_dtype_without_output_final_state_is_refused():
+    x, opts = make_inputs(T=4, H=1, K=64, V=64)
+    with pytest.raises(ValueError, match=r"^state_dtype: expected None without output_final_state=True"):
+        kdacupy.kda_forward(**x, **opts, state_dtype=np.float32)
+    o, s = kdacupy.kda_forward(**x, **opts, state_dtype=np.float32, output_final_state=True)
+    assert s.dtype == np.float32
+
+
+def test_more_segments_than_chunks_warns():
+    from kdacupy.seqpar import SegmentWarning
+    x, opts = make_inputs(T=40, H=1, K=64, V=64)  # 3 chunks
+    with pytest.warns(SegmentWarning, match=r"sequence_parallel=5 is more than the 3 16-token chunk\(s\) of T = 40"):
+        kdacupy.kda_forward(**x, **opts, backend="model", sequence_parallel=5)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kdacupy.kda_forward(**x, **opts, backend="model", sequence_parallel=3)
+
+
+@pytest.mark.parametrize("name, value", [("KDACUPY_EMULATE_CHECK", "memchek"), ("KDACUPY_EMULATE_NUMERICS", "fast"),
+                                         ("KDACUPY_EMULATE_ORDER", "sideways"),
+                                         ("KDACUPY_EMULATE_CP_ASYNC", "late")])
+def test_bad_emulation_switches_raise_the_documented_env_error(monkeypatch, name, value):
+    from kdacupy.emulate import EmulationError
+    from kdacupy.emulate.loader import _mode, checks
+    from kdacupy.emulate.numerics import mode
+    from kdacupy.env import EnvError
+    monkeypatch.setenv(name, value)
+    read = {"KDACUPY_EMULATE_CHECK": checks, "KDACUPY_EMULATE_NUMERICS": mode}.get(name, _mode)
+    with pytest.raises(EnvError, match=f"^{name}='{value}' is not valid") as e:
+        read()
+    assert isinstance(e.value, EmulationError) and isinstance(e.value, ValueError)
+
+
+def test_a_cp_rank_mismatch_in_cu_seqlens_shows_the_values():
+    """kda_forward_cp's agreement check compares each rank's signature: a mismatch names the
+    offsets, not their hashes (two ranks simulated: rank 1's signature from other offsets)."""
+    from kdacupy.distributed import cp
+    x, opts = make_inputs(T=8, H=1, K=64, V=64)
+    locals_ = [cp._Local(*(x[n] for n in "qkvg"), x["beta"], np.array(cu), None, False, "kv", None, None, opts)
+               for cu in ([0, 3, 20], [0, 4, 20])]
+
+    class TwoRanks:
+        def allgather_obj(self, info):
+            other = dict(info, sig=locals_[1].signature())
+            return [info, other]
+
+    with pytest.raises(ValueError) as e:
+        cp._collective_check(TwoRanks(), lambda: locals_[0])
+    assert "disagree on cu_seqlens: rank 0 has [0, 3, 20], rank 1 has [0, 4, 20]" in str(e.value)
