@@ -145,3 +145,36 @@ def test_a_cp_rank_mismatch_in_cu_seqlens_shows_the_values():
     with pytest.raises(ValueError) as e:
         cp._collective_check(TwoRanks(), lambda: locals_[0])
     assert "disagree on cu_seqlens: rank 0 has [0, 3, 20], rank 1 has [0, 4, 20]" in str(e.value)
+
+
+# ---------------------------------------------------------------------------
+# the kernels' input rules on every backend
+
+
+def _strided_last_dim(x):
+    wide = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+    wide[..., ::2] = x
+    return wide[..., ::2]
+
+
+def _misaligned_rows(x):
+    buf = np.zeros(x.size * x.itemsize + 64, np.uint8)
+    off = 2 if buf.ctypes.data % 16 == 0 else 16 - buf.ctypes.data % 16 + 2
+    y = buf[off:off + x.nbytes].view(x.dtype).reshape(x.shape)
+    y[...] = x
+    return y
+
+
+@pytest.mark.parametrize("backend", ["reference", "model"])
+@pytest.mark.parametrize("make, said", [(_strided_last_dim, "a contiguous last dim"),
+                                        (_misaligned_rows, "rows starting on 16-byte boundaries")])
+def test_cpu_backends_refuse_what_the_kernels_refuse(backend, make, said):
+    x, opts = make_inputs(T=8, H=1, K=64, V=64)
+    bad = dict(x, q=make(x["q"]))
+    np.testing.assert_array_equal(bad["q"], x["q"])
+    with pytest.raises(ValueError, match=f"^q: expected {said}"):
+        kdacupy.kda_forward(**bad, **opts, backend=backend)
+    from ..decode_inputs import make_decode
+    xd, od, pool = make_decode(N=2, T=1, H=1, K=64, V=64)
+    with pytest.raises(ValueError, match=f"^k: expected {said}"):
+        kdacupy.kda_decode(**dict(xd, k=make(xd["k"])), **od, state_pool=pool, backend=backend)
