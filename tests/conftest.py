@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .isolation import pytest_addoption, pytest_runtestloop  # noqa: F401  (emulated modules in a forked child)
+from .isolation import pytest_addoption, pytest_runtest_protocol  # noqa: F401  (emulated modules in a forked child)
 
 MARKERS = {
     "gpu": "needs a CUDA GPU (benchmarks/device_check.sh runs these on one)",

@@ -58,50 +58,61 @@ def isolated(items) -> bool:
         return False
 
 
-def _modules(items):
-    """Consecutive runs of items from one file."""
-    start = 0
-    for i in range(1, len(items) + 1):
-        if i == len(items) or items[i].path != items[start].path:
-            yield start, i
-            start = i
+_handled: set = set()  # nodeids a child has run (the parent only skips them)
+_isolated: dict = {}  # module path -> the end index of its items when isolated, else False
+_in_child = [False]
+
+
+def _root(item):
+    """The collection tree's root (pytest's run object: items, stop flags, setup state)."""
+    node = item
+    while node.parent is not None:
+        node = node.parent
+    return node
+
+
+def _module_span(items, item):
+    """(first, end) indices of ``item``'s module in ``items``."""
+    i = items.index(item)
+    start = i
+    while start > 0 and items[start - 1].path == item.path:
+        start -= 1
+    end = i + 1
+    while end < len(items) and items[end].path == item.path:
+        end += 1
+    return start, end
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtestloop(session):
-    """pytest's own loop (``_pytest.main.pytest_runtestloop``), with isolated modules in a child."""
-    config = session.config
-    if not _enabled(config):
+def pytest_runtest_protocol(item, nextitem):
+    """An isolated module's first test forks the child that runs the whole module; the parent
+    then only skips the tests the child reported (and tears down what it had set up)."""
+    if _in_child[0] or not _enabled(item.config):
         return None
-    if session.testsfailed and not config.option.continue_on_collection_errors:
-        raise session.Interrupted(f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} "
-                                  "during collection")
-    if config.option.collectonly:
+    if item.nodeid in _handled:
+        if nextitem is None or nextitem.path != item.path:  # the module's last: what it shared with the parent
+            _root(item)._setupstate.teardown_exact(nextitem)
         return True
-    items = session.items
-    if items and any(isolated(items[a:b]) for a, b in _modules(items)):
-        factory = getattr(config, "_tmp_path_factory", None)
-        if factory is not None:
-            factory.getbasetemp()  # made once here, so the children share it
-    for a, b in _modules(items):
-        if isolated(items[a:b]):
-            _run_forked(session, items, a, b)
-            if b < len(items):  # what the parent had set up (a package's fixtures) and the next item does not share
-                session._setupstate.teardown_exact(items[b])
-        else:
-            for i in range(a, b):
-                nextitem = items[i + 1] if i + 1 < len(items) else None
-                items[i].config.hook.pytest_runtest_protocol(item=items[i], nextitem=nextitem)
-                _check_stop(session)
-        _check_stop(session)
+    root = _root(item)
+    if item.path not in _isolated:
+        start, end = _module_span(root.items, item)
+        _isolated[item.path] = isolated(root.items[start:end]) and end
+    end = _isolated[item.path]
+    if not end:
+        return None
+    factory = getattr(item.config, "_tmp_path_factory", None)
+    if factory is not None:
+        factory.getbasetemp()  # made once here, so the children share it
+    i = root.items.index(item)
+    _run_forked(root, root.items, i, end)
+    _handled.update(x.nodeid for x in root.items[i:end])
+    if nextitem is None or nextitem.path != item.path:
+        root._setupstate.teardown_exact(nextitem)
     return True
 
 
-def _check_stop(session):
-    if session.shouldfail:
-        raise session.Failed(session.shouldfail)
-    if session.shouldstop:
-        raise session.Interrupted(session.shouldstop)
+def _stop_requested(root) -> bool:
+    return bool(root.shouldfail or root.shouldstop)
 
 
 # ---------------------------------------------------------------------------
@@ -133,8 +144,8 @@ class _Forwarder:
                                         when=when, nodeid=nodeid, location=location)))
 
 
-def _child(session, items, start, stop, fd, crash_file):
-    config = session.config
+def _child(root, items, start, stop, fd, crash_file):
+    config = root.config
     code = 0
     try:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -142,7 +153,8 @@ def _child(session, items, start, stop, fd, crash_file):
             config.pluginmanager.unregister(reporter)  # the parent prints
         config.pluginmanager.register(_Forwarder(fd, config), "kdacupy-forwarder")
         faulthandler.enable(file=crash_file, all_threads=False)  # the Python stack at a crash, for the report
-        stack = session._setupstate.stack  # collectors the parent set up: the parent tears them down, not this copy
+        _in_child[0] = True
+        stack = root._setupstate.stack  # collectors the parent set up: the parent tears them down, not this copy
         for node in list(stack):
             stack[node] = ([], stack[node][1])
         for i in range(start, stop):
@@ -150,7 +162,7 @@ def _child(session, items, start, stop, fd, crash_file):
             nextitem = items[i + 1] if i + 1 < len(items) else None
             items[i].config.hook.pytest_runtest_protocol(item=items[i], nextitem=nextitem)
             _send(fd, ("done", i))
-            if session.shouldfail or session.shouldstop:
+            if _stop_requested(root):
                 break
     except BaseException as e:  # noqa: BLE001  (an error of the machinery: say so in the parent)
         try:
@@ -218,8 +230,8 @@ def _crash_report(item, how, stack, seconds):
                       duration=seconds)
 
 
-def _run_forked(session, items, start, stop):
-    config = session.config
+def _run_forked(root, items, start, stop):
+    config = root.config
     while start < stop:
         r, w = os.pipe()
         crash = tempfile.TemporaryFile()
@@ -228,7 +240,7 @@ def _run_forked(session, items, start, stop):
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            _child(session, items, start, stop, w, crash)
+            _child(root, items, start, stop, w, crash)
         os.close(w)
         current, started, error = None, time.monotonic(), None
         try:
@@ -256,7 +268,7 @@ def _run_forked(session, items, start, stop):
             os.close(r)
         _, status = os.waitpid(pid, 0)
         if error is not None:
-            raise session.Failed(f"the forked child of {items[start].path} failed: {error}")
+            raise RuntimeError(f"the forked child of {items[start].path} failed: {error}")
         if current is None:  # the child ran to its end (or stopped as asked)
             crash.close()
             return
@@ -267,5 +279,6 @@ def _run_forked(session, items, start, stop):
         item.ihook.pytest_runtest_logreport(report=_crash_report(item, _died(status), stack,
                                                                  time.monotonic() - started))
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        _check_stop(session)
+        if _stop_requested(root):
+            return
         start = current + 1  # a new child for the rest of the module

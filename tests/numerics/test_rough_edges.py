@@ -178,3 +178,58 @@ def test_cpu_backends_refuse_what_the_kernels_refuse(backend, make, said):
     xd, od, pool = make_decode(N=2, T=1, H=1, K=64, V=64)
     with pytest.raises(ValueError, match=f"^k: expected {said}"):
         kdacupy.kda_decode(**dict(xd, k=make(xd["k"])), **od, state_pool=pool, backend=backend)
+
+
+# ---------------------------------------------------------------------------
+# keyword help beyond kda_forward
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("ssm_state_indices", "state_indices"), ("inplace_final_state", "state_pool="),
+    ("state_v_first", "state_layout='vk'"), ("initial_state", "state_pool="),
+    ("use_qk_l2norm_in_kernel", "qk_l2norm=True"), ("state_precision", "nothing: kda_decode keeps the state in fp32"),
+])
+def test_kda_decode_names_kdacupys_spelling(name, hint):
+    from ..decode_inputs import make_decode
+    x, opts, pool = make_decode(N=2, T=1, H=1, K=64, V=64)
+    with pytest.raises(TypeError, match=rf"^kda_decode\(\) got an unexpected keyword argument '{name}': "
+                                        rf"kdacupy spells it {hint}"):
+        kdacupy.kda_decode(**x, **opts, state_pool=pool, **{name: True})
+
+
+def test_kda_forward_knows_fla_0_6_names():
+    x, opts = make_inputs(T=4, H=1, K=64, V=64)
+    with pytest.raises(TypeError, match=r"'state_v_first': kdacupy spells it state_layout='vk'"):
+        kdacupy.kda_forward(**x, **opts, state_v_first=True)
+
+
+def test_seqpar_explain_takes_the_forwards_keywords_and_names_flas():
+    from kdacupy import seqpar
+    x, opts = make_inputs(T=40, H=1, K=64, V=64, state=np.float32)
+    assert seqpar.explain(**x, **opts, state_precision="fp32", output_final_state=True, state_dtype=BF16) == (
+        1, "off: backend 'reference' runs serially unless sequence_parallel is given")
+    pool = np.zeros((2, 1, 64, 64), np.float32)
+    pooled = {n: v for n, v in opts.items() if n not in ("initial_state", "state_layout")}
+    n, why = seqpar.explain(**x, **pooled, state_pool=pool, state_indices=np.array([0], np.int32), sm_count=132)
+    assert n == 1 and "state_pool" in why
+    with pytest.raises(TypeError, match=r"explain\(\) got an unexpected keyword argument 'use_qk_l2norm_in_kernel': "
+                                        r"kdacupy spells it qk_l2norm=True"):
+        seqpar.explain(**x, use_qk_l2norm_in_kernel=True)
+
+
+def test_state_maps_take_the_forwards_layout_and_precision():
+    """state_layout="vk": the maps for [V, K] states (S0 @ M^T + B^T is the vk final state);
+    state_precision is accepted (the maps are fp32 runs for either)."""
+    from kdacupy import seqpar
+    x, opts = make_inputs(T=40, H=1, HV=2, K=64, V=64, state=np.float32, state_layout="vk")
+    s0 = opts.pop("initial_state").astype(np.float64)
+    opts.pop("state_layout")
+    Mt, Bt = seqpar.state_maps(**x, **opts, state_layout="vk", state_precision="fp32")
+    M, B = seqpar.state_maps(**x, **opts)
+    np.testing.assert_array_equal(Mt, M.swapaxes(-1, -2))
+    np.testing.assert_array_equal(Bt, B.swapaxes(-1, -2))
+    _, s_end = kda_reference(**{n: a.astype(np.float64) for n, a in x.items()}, **opts, initial_state=s0,
+                             state_layout="vk", output_final_state=True)
+    np.testing.assert_allclose(s0 @ Mt + Bt, s_end, rtol=1e-9, atol=1e-9)
+    with pytest.raises(TypeError, match=r"'initial_state': the maps do not depend on a state"):
+        seqpar.state_maps(**x, **opts, initial_state=s0)
