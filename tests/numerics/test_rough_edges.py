@@ -233,3 +233,60 @@ def test_state_maps_take_the_forwards_layout_and_precision():
     np.testing.assert_allclose(s0 @ Mt + Bt, s_end, rtol=1e-9, atol=1e-9)
     with pytest.raises(TypeError, match=r"'initial_state': the maps do not depend on a state"):
         seqpar.state_maps(**x, **opts, initial_state=s0)
+
+
+# ---------------------------------------------------------------------------
+# pool indices under CUDA-graph capture (faked: no GPU needed)
+
+
+def _fake_device_array(host):
+    """A cupy.ndarray over host memory: enough for the checks, which read flags and strides only."""
+    cp = pytest.importorskip("cupy")
+    mem = cp.cuda.UnownedMemory(host.ctypes.data, host.nbytes, host, device_id=0)
+    return cp.ndarray(host.shape, host.dtype, memptr=cp.cuda.MemoryPointer(mem, 0), strides=host.strides)
+
+
+@pytest.mark.parametrize("which", ["state_indices", "num_accepted_tokens"])
+@pytest.mark.parametrize("kind", ["host", "strided device"])
+def test_indices_that_need_a_copy_are_refused_while_capturing(monkeypatch, which, kind):
+    import re
+    from kdacupy.validation import pool as pool_checks
+    N, T = 4, 2
+    good = dict(state_indices=_fake_device_array(np.arange(N * T, dtype=np.int32).reshape(N, T)),
+                num_accepted_tokens=_fake_device_array(np.ones(N, np.int32)))
+    if kind == "host":
+        bad = np.arange(N * T, dtype=np.int32).reshape(N, T) if which == "state_indices" else np.ones(N, np.int32)
+        said = "a device (CuPy) array while the current stream is capturing a CUDA graph (a graph cannot hold"
+    else:
+        wide = np.ones((N, 2 * T) if which == "state_indices" else 2 * N, np.int32)
+        bad = _fake_device_array(wide)[:, ::2] if which == "state_indices" else _fake_device_array(wide)[::2]
+        said = "a C-contiguous device array while the current stream is capturing a CUDA graph (a contiguous copy"
+    args = dict(good, **{which: bad})
+    monkeypatch.setattr(pool_checks, "capturing", lambda cp: True)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{which}: expected {said}")):
+        pool_checks.check_indices(args["state_indices"], args["num_accepted_tokens"], N=N, T=T, P=9, device=True)
+    monkeypatch.setattr(pool_checks, "capturing", lambda cp: False)  # not capturing: no refusal (a copy is fine)
+    if kind == "strided device":
+        monkeypatch.setattr(pool_checks, "cupy_module", lambda: type("xp", (), dict(
+            ascontiguousarray=staticmethod(lambda a: a), asarray=staticmethod(lambda a: a))))
+        pool_checks.check_indices(args["state_indices"], args["num_accepted_tokens"], N=N, T=T, P=9, device=True)
+
+
+def test_kda_forward_and_kda_decode_check_their_indices_in_one_place(monkeypatch):
+    """Both public calls reach pool.check_indices (so the capture rule holds for both)."""
+    from kdacupy.validation import pool as pool_checks
+    from ..decode_inputs import make_decode
+
+    class Reached(Exception):
+        pass
+
+    def check(*a, **k):
+        raise Reached
+
+    monkeypatch.setattr(pool_checks, "check_indices", check)
+    x, opts, pool = make_decode(N=2, T=1, H=1, K=64, V=64)
+    with pytest.raises(Reached):
+        kdacupy.kda_decode(**x, **opts, state_pool=pool)
+    with pytest.raises(Reached):
+        kdacupy.kda_forward(**x, **{n: v for n, v in opts.items() if n != "state_indices"}, state_pool=pool,
+                            state_indices=opts["state_indices"])
