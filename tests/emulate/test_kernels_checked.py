@@ -3,10 +3,11 @@ raise nothing and give results bit-identical to the unchecked run, also in the s
 (cp.async landing at issue, threads in reverse order) on a subset of the cases.
 
 Covered through the public calls: the forward over the whole case matrix (and the rest of
-test_kernels_emulate.py, re-collected here under the autouse fixture), ``kda_decode`` over the
-decode case matrix, each twice (the second call takes the cached fast path, which passes the
+test_kernels_emulate.py, re-collected here under the autouse fixture), ``kda_decode`` on one
+case per kernel path, each twice (the second call takes the cached fast path, which passes the
 pointers itself), the forward through a state pool, the split forward (maps and the scan
-kernel), and a long case. Bit-identity to the unchecked run is the stronger form of the
+kernel), each also in the stress modes, and a long case (2007 tokens: the stress modes'
+reordering is per barrier interval, which a long case repeats, not changes). Bit-identity to the unchecked run is the stronger form of the
 emulated-vs-model parity, so that parity test is not re-run under the checks."""
 import numpy as np
 import pytest
@@ -122,8 +123,8 @@ def test_checked_decode_with_padding_and_out(monkeypatch):
     identical(*checked_and_plain(run, monkeypatch))
 
 
-@pytest.mark.parametrize("layout", ["vk", "kv"])
-def test_checked_forward_through_a_pool(layout, monkeypatch):
+@pytest.mark.parametrize("layout, stress", [("vk", None), ("kv", None), ("vk", "eager"), ("kv", "reverse")])
+def test_checked_forward_through_a_pool(layout, stress, monkeypatch):
     x, opts = make_inputs(cu_seqlens=[5, 0, 21, 17], H=1, HV=2, K=64, V=64)
     pool = (0.5 * np.random.default_rng(7).standard_normal((6, 2, 64, 64))).astype(np.float32)
     idx = np.array([4, 1, -1, 0], np.int32)
@@ -133,14 +134,15 @@ def test_checked_forward_through_a_pool(layout, monkeypatch):
         o, _ = kdacupy.kda_forward(**x, **opts, state_layout=layout, state_pool=p, state_indices=idx,
                                    backend="emulate")
         return o, p
-    identical(*checked_and_plain(run, monkeypatch))
+    identical(*checked_and_plain(run, monkeypatch, **STRESS.get(stress, {})))
 
 
-def test_checked_split_forward_maps_and_scan(monkeypatch):
+@pytest.mark.parametrize("stress", [None, "eager", "reverse"])
+def test_checked_split_forward_maps_and_scan(stress, monkeypatch):
     """sequence_parallel: the two map launches, the scan kernel and the final varlen forward."""
     x, opts = case_inputs("varlen-ragged-zero-vk-bf16", "bf16")
     identical(*checked_and_plain(lambda: kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=3),
-                                 monkeypatch))
+                                 monkeypatch, **STRESS.get(stress, {})))
 
 
 def test_checked_long_case(monkeypatch):
