@@ -12,7 +12,8 @@ the test itself. When the child dies, the test it was in gets a failed report na
 signal, and a new child takes the rest of the module. One fork per module, not per test:
 the module's compiled kernels stay loaded from one test to the next. ``--emulate-in-process``
 turns this off (e.g. for a debugger); it is off by itself with ``--pdb``, where ``fork`` is
-missing, and for modules of GPU tests (CUDA does not survive a fork).
+missing, and on a machine with a usable GPU (the pytest process has initialised CUDA, which
+does not survive a fork; that machine runs the GPU suite, CI runs without one).
 """
 from __future__ import annotations
 
@@ -40,13 +41,26 @@ def pytest_addoption(parser):
 
 
 def _enabled(config) -> bool:
-    return (hasattr(os, "fork") and not config.getoption("--emulate-in-process")
-            and not config.getoption("usepdb", False) and not config.getoption("trace", False)
-            and not hasattr(config, "workerinput"))  # pytest-xdist workers isolate already
+    if "enabled" not in _memo:
+        _memo["enabled"] = (hasattr(os, "fork") and not config.getoption("--emulate-in-process")
+                            and not config.getoption("usepdb", False) and not config.getoption("trace", False)
+                            and not hasattr(config, "workerinput")  # pytest-xdist workers isolate already
+                            and _no_gpu())
+    return _memo["enabled"]
+
+
+def _no_gpu() -> bool:
+    """Where a GPU is usable, the pytest process has initialised CUDA (the gpu marker's check, at
+    collection), and CUDA does not survive a fork: a child could not even ask for the device."""
+    from kdacupy.jit.device import why_no_gpu
+    return why_no_gpu() is not None
+
+
+_memo: dict = {}
 
 
 def isolated(items) -> bool:
-    """Whether a module's items run in a forked child: they use the emulation and no GPU."""
+    """Whether a module's items run in a forked child: they use the emulation (and no GPU)."""
     if any(i.get_closest_marker("gpu") for i in items):
         return False
     if any(i.get_closest_marker("emulate") for i in items):

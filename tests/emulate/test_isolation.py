@@ -3,11 +3,14 @@ a planted probe kernel that stores far outside its array (to page zero: a SIGSEG
 the checks) runs in a small suite between two passing tests; pytest reports it as that
 test's failure, names the signal, and runs the tests after it. In the pytest process
 (``--emulate-in-process``) the same bug ends the run with no summary."""
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from kdacupy.jit.device import why_no_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,10 +41,12 @@ def run_suite(tmp_path, *flags):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.isolation", "-p", "no:cacheprovider",
            "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py"), *flags]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "KDACUPY_EMULATE_CHECK": ""})
+                          env={**os.environ, "KDACUPY_EMULATE_CHECK": ""})
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.skipif(why_no_gpu() is None, reason="a usable GPU here: emulated modules run in process (CUDA does not "
+                                                 "survive a fork; tests/isolation.py)")
 def test_a_crashing_emulated_kernel_fails_its_test_and_the_suite_goes_on(tmp_path):
     r = run_suite(tmp_path, "-rf")
     out = r.stdout + r.stderr
