@@ -171,6 +171,8 @@ def main(argv=None):
                     help="segment counts to time against serial, on every shape "
                     f"(default: {' '.join(map(str, bench_seqpar.DEFAULT_SPLITS))} on the fewhead shapes only)")
     ap.add_argument("--no-split", action="store_true", help="no serial-vs-split columns")
+    ap.add_argument("--decode-n", nargs="+", type=int, metavar="N",
+                    help="with --shapes decode: only these sequence counts (default 1 8 64 256 512)")
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         ap.error("--iters must be >= 1 and --warmup >= 0")
