@@ -156,6 +156,29 @@ def write_json(path, doc):
     return path
 
 
+def dry_run(shapes, gpu: str, sm_count: int, fla_on: bool) -> int:
+    """No GPU: per shape the tiles kda_forward would use on ``gpu`` and where they come from
+    (the tuning files it reads, ``kdacupy.ops.forward.tuning.lookup_paths``, or the heuristic),
+    the compulsory traffic and the sequence-parallel choice; and whether FLA could run."""
+    from ..ops.forward import tuning
+    from ..seqpar import auto_segments
+    from .shapes import shape_problem
+
+    print(f"dry run for {gpu} ({sm_count} SMs): tuning files read, in order: "
+          + ", ".join(str(p) + ("" if p.exists() else " (missing)") for p in tuning.lookup_paths(gpu)))
+    fla_status = "disabled (--no-fla)" if not fla_on else (peers.fla_importable() or "importable")
+    print(f"FLA: {fla_status}")
+    print(f"{'shape':<24} {'tiles':>10} {'source':<40} {'MB':>8} {'split':>6}")
+    for shape in shapes:
+        p = shape_problem(shape)
+        tiles, source = tuning.describe_for(p, gpu, sm_count)
+        n, _ = auto_segments(p, sm_count)
+        print(f"{shape.name:<24} {f'{tiles.BV}/{tiles.stages}':>10} {source:<40} "
+              f"{compulsory_bytes(shape)['total'] / 1e6:8.1f} {n:>6}")
+    print(f"{len(shapes)} shapes; nothing was run (no GPU needed)")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kdacupy.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,6 +196,12 @@ def main(argv=None):
     ap.add_argument("--no-split", action="store_true", help="no serial-vs-split columns")
     ap.add_argument("--decode-n", nargs="+", type=int, metavar="N",
                     help="with --shapes decode: only these sequence counts (default 1 8 64 256 512)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU needed: per shape the tiles (and the tuning file they come from) kda_forward "
+                         "would use on --gpu, the traffic, the split choice; with --shapes decode the host "
+                         "overhead and what the installed FLA offers")
+    ap.add_argument("--gpu", default="NVIDIA H200", help="GPU model of --dry-run (default 'NVIDIA H200')")
+    ap.add_argument("--sm-count", type=int, default=132, help="SM count of --dry-run (default 132)")
     args = ap.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         ap.error("--iters must be >= 1 and --warmup >= 0")
@@ -183,6 +212,8 @@ def main(argv=None):
             ap.error("--shapes decode runs alone")
         from .bench_decode import run
         return run(args)
+    if args.dry_run:
+        return dry_run(resolve_shapes(args.shapes), args.gpu, args.sm_count, not args.no_fla)
     if not timing.gpu_available():
         print(timing.no_gpu_message(ap.prog), file=sys.stderr)
         return 2

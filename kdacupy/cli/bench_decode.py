@@ -459,6 +459,14 @@ def run(args) -> int:
         path.write_text(json.dumps(dict(doc, **(head or {}), **({"shapes": rows} if rows is not None else {})),
                                    indent=1, default=str))
 
+    if getattr(args, "dry_run", False):
+        fla = detect_fla() if not args.no_fla else dict(error="disabled (--no-fla)")
+        print(fla_label(fla))
+        shapes = [s for s in decode_shapes() if not args.decode_n or s["N"] in args.decode_n]
+        for s in shapes:
+            print(f"  {label(s):34s} {step_bytes(s)['total'] / 1e6:9.2f} MB per step")
+        print(f"{len(shapes)} shapes; nothing was run on a GPU (dry run)")
+        return 0
     if not timing.gpu_available():
         print(timing.no_gpu_message("python -m kdacupy.bench --shapes decode", " (host overhead measured above)"),
               file=sys.stderr)
