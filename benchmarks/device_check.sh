@@ -199,9 +199,9 @@ for i in "${!NAMES[@]}"; do
   fi
 done
 
-# Predictions: where the profiler's prediction of each kernel's time (docs/design.md section 8.3)
-# will go next to the measured times, once it exists; nothing is predicted yet.
-echo "predictions (docs/design.md section 8.3): none yet" >> "$SUMMARY"
+# Predictions: where the emulation profiler's prediction of each kernel's time (its counters
+# and roofline) will go, next to the measured times, once it exists; nothing is predicted yet.
+echo "predictions (the emulation profiler's, per kernel): none yet" >> "$SUMMARY"
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
 [ "$MODE" = cpu ] && rm -rf "$SITE"
 
