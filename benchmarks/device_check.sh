@@ -6,6 +6,8 @@
 #   on the GPU machine:    KDACUPY_COMMIT=<sha> bash benchmarks/device_check.sh     (FLA from .whl/)
 #   on any CPU machine:    bash benchmarks/device_check.sh --cpu-rehearsal           (CI runs this)
 #   the steps, no run:     bash benchmarks/device_check.sh --print-steps
+#   a rerun of some steps: bash benchmarks/device_check.sh --only 1 7    (step 1 brings FLA; steps
+#                          6-7 read step 5's tuning file when $OUT still holds it, else heuristic tiles)
 #
 # Boxes (seconds; the sum, 417 s, stays under 7 minutes so that with the machine's start one
 # rerun of a failed step still fits a 15-minute lease):
@@ -74,13 +76,16 @@
 #     -d .whl flash-linear-attention fla-core
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-MODE=gpu
-case "${1:-}" in
-  "") ;;
-  --cpu-rehearsal) MODE=cpu ;;
-  --print-steps) MODE=print ;;
-  *) echo "usage: bash benchmarks/device_check.sh [--cpu-rehearsal | --print-steps]" >&2; exit 2 ;;
-esac
+MODE=gpu ONLY=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cpu-rehearsal) MODE=cpu ;;
+    --print-steps) MODE=print ;;
+    --only) shift; while [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; do ONLY+=" $1"; shift; done; continue ;;
+    *) echo "usage: bash benchmarks/device_check.sh [--cpu-rehearsal | --print-steps] [--only N...]" >&2; exit 2 ;;
+  esac
+  shift
+done
 
 # ---------------------------------------------------------------------------------------------
 # the steps: name, box (s), the GPU command, the CPU rehearsal's command (default: the same).
@@ -148,7 +153,7 @@ SUMMARY=$OUT/summary.txt LOG=$OUT/run.log
 PY=${PYTHON:-python3}
 if [ "$MODE" = gpu ]; then SITE=/tmp/site; else SITE=$(mktemp -d /tmp/kdacupy-site.XXXXXX); fi
 TIMEOUT_OPT=""
-"$PY" -c "import pytest_timeout" >/dev/null 2>&1 && TIMEOUT_OPT="-p pytest_timeout --timeout=45"
+"$PY" -c "import pytest_timeout" >/dev/null 2>&1 && TIMEOUT_OPT="--timeout=45"  # the plugin loads itself
 PYTEST="$PY -m pytest -v -rA -p no:cacheprovider -o faulthandler_timeout=30 $TIMEOUT_OPT"
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
 export PY PYTEST OUT SAN SITE
@@ -193,6 +198,7 @@ step() {
 
 RCS=()
 for i in "${!NAMES[@]}"; do
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $((i + 1)) "* ]]; then RCS+=("skipped"); continue; fi
   step "$i"
   if [ "$i" = 0 ] && [ -n "$(ls -A "$SITE" 2>/dev/null)" ]; then
     export PYTHONPATH=$PYTHONPATH:$SITE  # FLA for every later step
@@ -208,6 +214,7 @@ echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
 if [ "$MODE" = cpu ]; then
   bad=0
   for i in "${!NAMES[@]}"; do
+    [ "${RCS[$i]}" = skipped ] && continue
     if ! grep -q "^===== step $((i + 1)): " "$LOG" || ! grep -q "^===== step $((i + 1)) ended: " "$LOG"; then
       echo "rehearsal: step $((i + 1)) (${NAMES[$i]}) left no log" | tee -a "$SUMMARY"; bad=1
     fi

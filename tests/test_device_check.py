@@ -133,3 +133,16 @@ def test_the_harness_logs_live_records_boxes_and_failures_and_goes_on(tmp_path):
     assert "predictions (the emulation profiler's, per kernel)" in summary  # where its prediction will go
     for i in range(1, n + 1):
         assert f"===== step {i}: " in log and f"===== step {i} ended: " in log
+
+
+def test_only_reruns_the_steps_named(tmp_path):
+    py = tmp_path / "python"
+    py.write_text(STAND_IN)
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(py)}
+    res = subprocess.run([BASH, str(SCRIPT), "--cpu-rehearsal", "--only", "2", "3"], capture_output=True, text=True,
+                         env=env, timeout=60, cwd=tmp_path)
+    summary = (out / "summary.txt").read_text()
+    assert res.returncode == 0, summary
+    assert [int(m.group(1)) for m in re.finditer(r"^ ?(\d+) ", summary, re.M)] == [2, 3]
