@@ -185,8 +185,8 @@ def census():
     from kdacupy.jit.loaders import EmulateLoader
     EmulateLoader.get = Recorder.get
     EmulateLoader.launch = staticmethod(Recorder.launch)
-    from kdacupy import decode_fastpath
-    decode_fastpath.clear()
+    from kdacupy.ops.decode import fastpath
+    fastpath.clear()
     seen = set()
     rows = []
     for name, fn in STEPS:
@@ -202,7 +202,6 @@ def census():
 
 
 def time_variants():
-    from kdacupy.compile import select  # noqa: F401
     from kdacupy.cli.compile import select as pick
     from kdacupy.jit.nvrtc import compile_variant
     for kernel in ("prepare", "recurrence", "decode", "seqpar"):
