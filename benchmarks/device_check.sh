@@ -9,29 +9,30 @@
 #   a rerun of some steps: bash benchmarks/device_check.sh --only 1 7    (step 1 brings FLA; steps
 #                          6-7 read step 5's tuning file when $OUT still holds it, else heuristic tiles)
 #
-# Boxes (seconds; the sum, 417 s, stays under 7 minutes so that with the machine's start one
-# rerun of a failed step still fits a 15-minute lease):
+# Boxes and estimates (seconds; the boxes' sum, 417 s, stays under 7 minutes so that with the
+# machine's start one rerun of a failed step still fits a 15-minute lease; "?": a guess, which
+# only the GPU machine can measure):
 #
-#  #  step                                      box  what it will tell us
-#  1  FLA wheels                                 15  whether FLA is there for the comparisons
-#  2  device info                                10  GPU, driver, CuPy/NVRTC, CuPy's target (sm_90), tools present
-#  3  PTX conformance                            25  whether the CPU twins are the hardware (bit-exact cvt,
-#                                                    ldmatrix, cp.async, mma; .approx bounds; the mma
-#                                                    accumulation model): is the emulation's evidence valid
-#  4  GPU suite: forward, decode, seqpar         55  parity with the precision model over the option matrix,
-#                                                    graphs, streams, 2^31 offsets, DLPack: are the kernels right
-#  5  tuning (Kimi shapes)                       25  the fastest tiles per bucket, into the file kda_forward reads
-#  6  benchmark, Kimi shapes, tuned tiles        20  kdacupy's times, GB/s against the copy bandwidth (the floor)
-#  7  benchmark against FLA (H = 96)             75  FLA / kdacupy on the same inputs, and their agreement
-#  8  compute-sanitizer memcheck                 20  out-of-bounds accesses the emulation cannot see
-#  9  compute-sanitizer racecheck                25  shared-memory races (forward, pool, split, maps)
-# 10  compute-sanitizer synccheck                15  barrier misuse
-# 11  GPU long sweep (T = 8192)                  20  RMSE against the float64 reference over the gate/bias sweep
-# 12  accuracy, T = 8192, fp32 state             12  the fp32-state mode's accuracy on the GPU
-# 13  adversarial accuracy                       15  repeated / collinear keys on the GPU
-# 14  few heads: serial vs split                 30  what sequence parallelism buys (calibrates its heuristic)
-# 15  decode on a state pool, against FLA        40  device / stream / host time per step; FLA's pool decode
-# 16  context parallelism (NCCL, MPI)            15  CP on the GPU; last, so an NCCL hang costs only its box
+#  #  step                                      box  est  what it will tell us
+#  1  FLA wheels                                 15    3  whether FLA is there for the comparisons
+#  2  device info                                10    4  GPU, driver, CuPy/NVRTC, CuPy's target (sm_90), tools present
+#  3  PTX conformance                            25   10  whether the CPU twins are the hardware (bit-exact cvt,
+#                                                         ldmatrix, cp.async, mma; .approx bounds; the mma
+#                                                         accumulation model): is the emulation's evidence valid
+#  4  GPU suite: forward, decode, seqpar         55   37  parity with the precision model over the option matrix,
+#                                                         graphs, streams, 2^31 offsets, DLPack: are the kernels right
+#  5  tuning (Kimi shapes)                       25   15  the fastest tiles per bucket, into the file kda_forward reads
+#  6  benchmark, Kimi shapes, tuned tiles        20   10  kdacupy's times, GB/s against the copy bandwidth (the floor)
+#  7  benchmark against FLA (H = 96)             75  40?  FLA / kdacupy on the same inputs, and their agreement
+#  8  compute-sanitizer memcheck                 20   8?  out-of-bounds accesses the emulation cannot see
+#  9  compute-sanitizer racecheck                25  12?  shared-memory races (forward, pool, split, maps)
+# 10  compute-sanitizer synccheck                15   7?  barrier misuse
+# 11  GPU long sweep (T = 8192)                  20   12  RMSE against the float64 reference over the gate/bias sweep
+# 12  accuracy, T = 8192, fp32 state             12    6  the fp32-state mode's accuracy on the GPU
+# 13  adversarial accuracy                       15    8  repeated / collinear keys on the GPU
+# 14  few heads: serial vs split                 30   15  what sequence parallelism buys (calibrates its heuristic)
+# 15  decode on a state pool, against FLA        40  25?  device / stream / host time per step; FLA's pool decode
+# 16  context parallelism (NCCL, MPI)            15    8  CP on the GPU; last, so an NCCL hang costs only its box
 #
 # How the boxes were sized (measured on a 2-core CPU machine without a GPU, then a margin of
 # about 1.5-2x for what only the GPU machine can tell):
@@ -41,7 +42,8 @@
 #   recurrence, 16 decode, 6 scan), step 5 7 (the other tile candidates), 13 3, 14 2, 15 2, the
 #   rest none (the sanitizer runs reuse step 4's). NVRTC per variant for sm_90 here
 #   (python -m kdacupy.compile --arch sm_90 --jobs 1): prepare 0.19 s, recurrence 0.37 s, decode
-#   0.09 s, scan 0.1 s of CPU; step 4's compiles are ~14 s, run one after another in one process.
+#   0.09 s, scan 0.1 s of CPU (twice that on this machine under a load of 7); step 4's compiles
+#   are ~13 s, one after another in one process.
 # - the CPU side of the checks (one core, this machine): the float64 reference at T = 8192,
 #   H = 4, K = V = 128 1.6 s (H = 1: 0.13 s); the precision model at T = 8192, H = 1 0.6 s; one
 #   job of the long sweep (model chained over 256-token segments plus the reference) 1.6 s,
@@ -51,8 +53,14 @@
 # - GPU time is small everywhere (the largest input is step 4's 45 GB offsets test), except
 #   FLA's first calls on a fresh machine: Triton compiles and autotunes chunk_kda's kernels
 #   (tens of configurations, per head count and per varlen / fixed: not measurable here). So
-#   step 7 is the only box sized by guess; it times kdacupy before FLA on every shape and writes
-#   the JSON after each, so a box that runs out keeps every finished shape.
+#   step 7 is the box sized most by guess; it times kdacupy before FLA on every shape and writes
+#   the JSON after each, so a box that runs out keeps every finished shape. Step 15's FLA is
+#   fused_recurrent_kda_fwd: no autotuning, one Triton compile per head count, pool dtype and
+#   T = 1 / verify (8). compute-sanitizer slows kernels by a factor no CPU measurement gives;
+#   its runs are small (the shapes of step 4's cheapest tests, every variant already compiled).
+# - each box is about 1.5-2x its estimate; an estimate is the sum of the terms above for the
+#   step's own calls (e.g. step 4: 3 s start and collection, 13 s compiles, 5 s references and
+#   model runs, 8 s torch and JAX, 3 s on the GPU, 5 s the tests' own overhead).
 # - the sum is held by tests/test_device_check.py (with every step's CPU form).
 #
 # Output: eight files under $OUT at most, written as the run goes (a run cut off from outside

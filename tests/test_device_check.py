@@ -39,7 +39,7 @@ def test_the_steps_fit_the_budget_and_each_has_a_cpu_form():
     text = SCRIPT.read_text()
     for i, x in enumerate(s, 1):
         assert re.search(rf"^# *{i} +{re.escape(x['name'])} +{x['box']} ", text, re.M), x["name"]
-    assert f"the sum, {sum(x['box'] for x in s)} s" in text
+    assert f"the boxes' sum, {sum(x['box'] for x in s)} s" in text
 
 
 def test_what_the_steps_need_is_there():
