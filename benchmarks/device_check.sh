@@ -10,7 +10,7 @@
 #                          6-7 read step 5's tuning file when $OUT still holds it, else heuristic tiles)
 #
 # Boxes and estimates (seconds; the boxes' sum, 417 s, stays under 7 minutes so that with the
-# machine's start one rerun of a failed step still fits a 15-minute lease; "?": a guess, which
+# machine's start one rerun of a failed step still fits 15 minutes on the machine; "?": a guess, which
 # only the GPU machine can measure):
 #
 #  #  step                                      box  est  what it will tell us

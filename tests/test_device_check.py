@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "device_check.sh"
-BUDGET_S = 7 * 60  # the sum of the boxes: one rerun of a failed step must still fit the lease
+BUDGET_S = 7 * 60  # the sum of the boxes: one rerun of a failed step must still fit 15 minutes of the GPU machine
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None or shutil.which("timeout") is None, reason="needs bash and timeout")
 
