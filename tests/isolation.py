@@ -251,7 +251,9 @@ def _run_forked(root, items, start, stop):
         crash = tempfile.TemporaryFile()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python >= 3.12 warns when other threads exist; ours are joined
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             os.close(r)
             _child(root, items, start, stop, w, crash)
