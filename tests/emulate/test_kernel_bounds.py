@@ -11,7 +11,7 @@ import pytest
 import kdacupy
 from kdacupy.numerics.precision import kda_model
 from kdacupy.validation import validate
-from kdacupy.validation.pool import Pool, validate_forward_pool
+from kdacupy.validation.pool import validate_forward_pool
 
 from ..cases import case_inputs
 from ..decode_inputs import make_decode
