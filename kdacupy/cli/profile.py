@@ -31,14 +31,13 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from ..emulate import counting
 from . import roofline
 from .shapes import Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, shape_problem, validated
 from .timing import git_commit, git_dirty
@@ -58,26 +57,6 @@ NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "libra
 
 def log(msg: str) -> None:
     print(f"[kdacupy.profile] {msg}", file=sys.stderr, flush=True)
-
-
-@contextmanager
-def profiling():
-    """KDACUPY_EMULATE_PROFILE=1 for the block; the records of its launches are yielded into."""
-    from ..emulate import profile_records, profile_reset
-
-    old = os.environ.get("KDACUPY_EMULATE_PROFILE")
-    os.environ["KDACUPY_EMULATE_PROFILE"] = "1"
-    profile_reset()
-    out: list = []
-    try:
-        yield out
-    finally:
-        out.extend(profile_records())
-        profile_reset()
-        if old is None:
-            del os.environ["KDACUPY_EMULATE_PROFILE"]
-        else:
-            os.environ["KDACUPY_EMULATE_PROFILE"] = old
 
 
 def counts_of(rec: dict) -> list[str]:
@@ -125,7 +104,7 @@ def forward_records(shape: Shape, heads: int | None, sms: int, **options) -> tup
     arrays, opts = make_inputs(part)
     opts.update(options)
     p, a = validated(arrays, opts, "emulate")
-    with profiling() as recs:
+    with counting() as recs:
         forward(p, a, tiles)
     factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
     info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages))
@@ -139,7 +118,7 @@ def decode_records() -> tuple[list[dict], dict]:
 
     s = dict(DEFAULT_DECODE, pool=F32)
     a, o = make_case(s)
-    with profiling() as recs:
+    with counting() as recs:
         kda_decode(**a, **o, backend="emulate")
     return recs, dict(N=s["N"], HV=s["HV"], T=s["T"], pool="float32", K=128, V=128)
 
@@ -148,7 +127,7 @@ def split_records(shape: Shape, n: int) -> tuple[list[dict], dict]:
     from ..api import kda_forward
 
     arrays, opts = make_inputs(shape)
-    with profiling() as recs:
+    with counting() as recs:
         kda_forward(**arrays, **opts, sequence_parallel=n, backend="emulate")
     return recs, dict(segments=n)
 

@@ -3,9 +3,9 @@ emulation of blocks, threads (fibers), warps and the PTX wrappers of kernels/ptx
 with KDACUPY_EMULATE_PROFILE=1, hardware counters of every launch (profile_records())."""
 
 from .build import find_compiler
-from .errors import EmulationError
+from .errors import EmulationEnvError, EmulationError
 from .loader import EmulatedModule, pointer
-from .profile import hotspots, profile_records, profile_reset, source_text
+from .profile import counting, hotspots, profile_records, profile_reset, source_text
 
-__all__ = ["EmulatedModule", "EmulationError", "find_compiler", "hotspots", "pointer", "profile_records",
-           "profile_reset", "source_text"]
+__all__ = ["EmulatedModule", "EmulationEnvError", "EmulationError", "counting", "find_compiler", "hotspots", "pointer",
+           "profile_records", "profile_reset", "source_text"]

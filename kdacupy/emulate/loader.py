@@ -14,7 +14,7 @@ import numpy as np
 from .. import env
 from . import numerics, profile
 from .build import build, stats
-from .errors import EmulationError
+from .errors import EmulationEnvError, EmulationError
 from .sources import source_location
 
 MAX_SHARED = 227 * 1024  # per-block dynamic shared memory of a Hopper GPU
@@ -30,7 +30,7 @@ def _mode() -> int:
     try:
         cp, order = env.get("KDACUPY_EMULATE_CP_ASYNC"), env.get("KDACUPY_EMULATE_ORDER")
     except env.EnvError as e:
-        raise EmulationError(str(e)) from None
+        raise EmulationEnvError(str(e)) from None
     return (cp == "eager") | (order == "reverse") << 1
 
 
@@ -42,16 +42,19 @@ def checks() -> int:
     try:
         names = env.get("KDACUPY_EMULATE_CHECK")
     except env.EnvError as e:
-        raise EmulationError(str(e)) from None
+        raise EmulationEnvError(str(e)) from None
     return sum(CHECKS[n] for n in names)
 
 
 def profiling() -> bool:
-    """KDACUPY_EMULATE_PROFILE (kdacupy/env.py): launches count into profile.records (profile.h)."""
+    """KDACUPY_EMULATE_PROFILE (kdacupy/env.py) or a profile.counting() block: launches count
+    into profile.records (profile.h)."""
+    if profile.forced():
+        return True
     try:
         return env.get("KDACUPY_EMULATE_PROFILE")
     except env.EnvError as e:
-        raise EmulationError(str(e)) from None
+        raise EmulationEnvError(str(e)) from None
 
 
 def instrumented() -> bool:

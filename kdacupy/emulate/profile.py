@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from .sources import source_location
@@ -28,6 +29,28 @@ _records: list[dict] = []
 _names: dict[int, list[str]] = {}  # per library handle
 _sources: dict[str, str] = {}  # sha256 -> rendered source, of the sources recorded
 _lock = threading.Lock()
+_forced = [0]  # open counting() blocks
+
+
+@contextmanager
+def counting():
+    """Count every emulated launch of this process inside the block, as KDACUPY_EMULATE_PROFILE=1
+    does, starting from no records; yields the list that receives the block's records at its end."""
+    out: list[dict] = []
+    with _lock:
+        _forced[0] += 1
+        _records.clear()
+    try:
+        yield out
+    finally:
+        with _lock:
+            _forced[0] -= 1
+            out.extend(_records)
+            _records.clear()
+
+
+def forced() -> bool:
+    return _forced[0] > 0
 
 
 def buffers():

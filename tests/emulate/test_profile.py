@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.emulate import EmulatedModule, EmulationError, hotspots, profile_records, profile_reset
+from kdacupy.emulate import EmulatedModule, EmulationError, counting, hotspots, profile_records, profile_reset
 
 from ..cases import case_inputs
 from .test_emulate_runtime import kernel_source
@@ -204,6 +204,15 @@ def test_records_accumulate_until_reset(probes, monkeypatch):
     assert len(profile_records()) == 2
     profile_reset()
     assert profile_records() == []
+
+
+def test_counting_blocks_count_without_the_switch(probes, monkeypatch):
+    monkeypatch.delenv("KDACUPY_EMULATE_PROFILE", raising=False)
+    with counting() as recs:
+        probes.get_function("smem_load")(1, 32, (np.zeros(32, np.float32), np.int32(2)), shared_mem=256)
+    assert [r["smem_wavefronts"] for r in recs] == [2]
+    probes.get_function("smem_load")(1, 32, (np.zeros(32, np.float32), np.int32(2)), shared_mem=256)
+    assert profile_records() == []  # outside the block: not counted
 
 
 def test_a_bad_switch_value_is_refused(probes, monkeypatch):

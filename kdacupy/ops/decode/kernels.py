@@ -75,7 +75,7 @@ def launch_plan(p, pool, device: bool, tiles: DecodeTiles | None = None):
 
 
 def stride_args(arrays):
-    """Stride arguments of q, k, v, g, beta and out (``arrays`` in kdacupy.decode_fastpath.NAMES order)."""
+    """Stride arguments of q, k, v, g, beta and out (``arrays`` in fastpath.NAMES order)."""
     return tuple(tuple(_strides(arrays[i])) for i in (0, 1, 2, 3, 4, 8))
 
 
@@ -89,8 +89,10 @@ def scalar_args(p, pool, arrays):
 
 
 def decode_args(ptrs, strides, scalars):
-    """The kernel's argument tuple from the 11 data pointers (ints, 0 for none)."""
-    u = np.uint64
+    """The kernel's argument tuple from the 11 data pointers (ints, 0 for none; or, for the
+    emulation, ``kdacupy.emulate.pointer`` objects, which carry their arrays' extents)."""
+    def u(p):
+        return np.uint64(p) if isinstance(p, (int, np.integer)) else p
     sq, sk, sv, sg, sb, so = strides
     P, idx64, per_token, acc64, T, H, HV, scale, lb2 = scalars
     return (u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), *sq, *sk, *sv, *sg, *sb,
