@@ -32,7 +32,6 @@ constexpr bool FP32_STATE = KDA_STATE_FP32;
 constexpr bool OUTPUT = !KDA_NO_OUTPUT;
 constexpr int KS = K / 16;            // k-steps of the state matmuls
 constexpr int TS = K + 8;             // padded bf16 row of a [16, K] tile (elements)
-constexpr int SR = 24;                // padded row of a 16x16 tile (elements)
 constexpr int ES = elem_bytes<KDA_DT>();
 constexpr int QCH = 2 * K / 16;       // 16-byte pieces per [16, K] tile row
 constexpr int TILE_PIECES = 3 * CHUNK * QCH;
@@ -44,25 +43,37 @@ static_assert(WS_INV == WS_KRES + CHUNK * K * 2 && WS_MQK == WS_INV + 512 && WS_
 static_assert(WS_BETA == WS_GEXP + K * 4 && RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
 static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CHUNK * TS * 2, "smem tiles");
 
-// Queue the copies of one chunk (workspace block + value tile) into a stage. Each 8 lanes (one
-// phase of the 16-byte shared stores) write 128 contiguous bytes of a row, or one piece of 8
-// consecutive padded rows: no bank conflicts; each warp still reads whole sectors.
+// Piece c (16 bytes) of row r of a 16x16 16-bit tile (INV, Mqk) in shared memory: 32-byte rows,
+// the pieces of rows 4-7 and 12-15 swapped, so that both the copies (8 lanes: 4 rows) and each
+// ldmatrix phase (8 rows, one piece) meet 32 banks.
+__device__ __forceinline__ int small_tile(int r, int c) { return r * 32 + ((c ^ (r >> 2 & 1)) << 4); }
+
+// Byte offset of piece pc (16 bytes) of token row r in a warp's staging tile of 16-bit outputs
+// (16 values per row): 32-byte rows swizzled as small_tile, so the row reads of 8 lanes and the
+// accumulator stores meet 32 banks. (fp32 outputs: padded rows of RSM_OROW bytes.)
+__device__ __forceinline__ int out_piece(int r, int pc) { return small_tile(r, pc); }
+static_assert(ES == 4 || RSM_OROW == 32, "16-bit output rows are 32 bytes");
+
+// Queue the copies of one chunk (workspace block + value tile) into a stage.
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
-  // q_dec, k_dec, k_res rows -> padded rows (without the output, q_dec is never read: not copied)
-  for (int p = OUTPUT ? tid : CHUNK * QCH + tid; p < TILE_PIECES; p += NT) {
-    const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
-    cp_async_16(stage + RSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16, blk + p * 16);
+  for (int p = tid; p < WS_STRIDE / 16; p += NT) {
+    // without the output, q_dec and Mqk are never read: not copied
+    if (!OUTPUT && (p < CHUNK * QCH || (p >= TILE_PIECES + 32 && p < TILE_PIECES + 64))) continue;
+    int dst;
+    if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
+      const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
+      dst = RSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16;
+    } else if (p < TILE_PIECES + 64) {  // INV, Mqk: 32-byte rows, their two pieces swizzled (small_tile)
+      const int p2 = p - TILE_PIECES, m = p2 / 32, r = (p2 / 2) % CHUNK, c = p2 % 2;
+      dst = (m ? RSM_MQK : RSM_INV) + small_tile(r, c);
+    } else {  // gexp, beta
+      dst = RSM_GEXP + (p - TILE_PIECES - 64) * 16;
+    }
+    cp_async_16(stage + dst, blk + static_cast<i64>(p) * 16);
   }
-  // INV, Mqk (32-byte rows) -> 48-byte rows: piece c of row r (without the output, Mqk is not copied)
-  for (int p = tid; p < (OUTPUT ? 64 : 32); p += NT) {
-    const int m = p >> 5, r = p & 15, c = (p >> 4) & 1;
-    cp_async_16(stage + (m ? RSM_MQK : RSM_INV) + r * 48 + c * 16, blk + (TILE_PIECES + m * 32 + r * 2 + c) * 16);
-  }
-  for (int p = tid; p < WS_STRIDE / 16 - TILE_PIECES - 64; p += NT)  // gexp, beta
-    cp_async_16(stage + RSM_GEXP + p * 16, blk + (TILE_PIECES + 64 + p) * 16);
   for (int p = tid; p < CHUNK * VCH; p += NT) {
-    const int r = p % CHUNK, c = p / CHUNK;
+    const int r = p / VCH, c = p % VCH;
     const bool valid = r < rows;  // a ragged tail reads zeros (0 * garbage could be NaN)
     cp_async_16_zfill(stage + RSM_VT + r * RSM_VROW + c * 16, valid ? vrow0 + r * v_row_bytes + c * 16 : vrow0, valid);
   }
@@ -260,29 +271,34 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 
     // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j], rows of INV
     float Ut[2][4] = {};
-    mma_token_block(Ut, va, reinterpret_cast<const u16*>(st + RSM_INV) + brow * SR + bcol);
+    mma_token_block(Ut, va, reinterpret_cast<const u16*>(st + RSM_INV + small_tile(brow, bcol / 8)));
     u32 ua[4];
     to_a_frag(ua, Ut);
 
     // [14] o^T += U^T Mqk^T, rounded once to the output dtype, staged per warp, stored by rows
     if constexpr (OUTPUT) {
-      mma_token_block(Ot, ua, reinterpret_cast<const u16*>(st + RSM_MQK) + brow * SR + bcol);
+      mma_token_block(Ot, ua, reinterpret_cast<const u16*>(st + RSM_MQK + small_tile(brow, bcol / 8)));
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          store_f32<KDA_DT>(ot, (8 * nt + 2 * t + (e & 1)) * (RSM_OROW / ES) + g + 8 * (e >> 1), Ot[nt][e]);
+          const int r = 8 * nt + 2 * t + (e & 1), col = g + 8 * (e >> 1);  // token row, value column
+          if constexpr (ES == 2) {
+            store_f32<KDA_DT>(ot + out_piece(r, col / 8), col % 8, Ot[nt][e]);
+          } else {
+            store_f32<KDA_DT>(ot, r * (RSM_OROW / ES) + col, Ot[nt][e]);
+          }
         }
       }
       __syncwarp();
       constexpr int PIECES = 16 * ES / 16;  // 16-byte pieces per output row of this warp
       const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-      for (int p = lane; p < CHUNK * PIECES; p += 32) {  // piece pc of row r: 8 rows per phase, whole sectors
-        const int r = p % CHUNK, pc = p / CHUNK;
+      for (int p = lane; p < CHUNK * PIECES; p += 32) {
+        const int r = p / PIECES, pc = p % PIECES;
         if (r < rows) {
           const i64 off = (b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK + r) * o_st + hv * o_sh + vw) * ES;
           reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + off)[pc] =
-              reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
+              *reinterpret_cast<const Vec16*>(ot + (ES == 2 ? out_piece(r, pc) : r * RSM_OROW + pc * 16));
         }
       }
       __syncwarp();
