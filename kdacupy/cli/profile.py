@@ -20,7 +20,9 @@ are fewer (16 tokens share a sector when HV = 1); arrays every head reads whole 
 are not scaled. Prepare's choice of the pair form depends
 on the data, and is sampled on the slice's heads.
 
---json FILE writes everything; --show FILE prints a saved file's summary without emulating.
+--json FILE writes everything; --show FILE prints a saved file's summary without emulating, and
+with --measured BENCH_JSON (python -m kdacupy.bench's, same shapes) the measured medians and
+measured / predicted beside it: the model's error, once a GPU has run.
 Predictions are lower bounds: the binding resource at its datasheet rate; latencies other
 than the recurrence's chunk chain, launch gaps and cache misses beyond the compulsory ones are
 not modelled.
@@ -258,19 +260,37 @@ def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
               f"{h['where']}")
 
 
-def print_summary(doc: dict, file=None) -> None:
+def measured_times(bench: dict | None) -> dict:
+    """{shape name: median ms} of a python -m kdacupy.bench JSON."""
+    out = {}
+    for row in (bench or {}).get("shapes", []):
+        k = row.get("kdacupy") or {}
+        if k.get("median_ms") is not None:
+            out[row["shape"]["name"]] = k["median_ms"]
+    return out
+
+
+def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
+    """The predictions per shape; with ``bench`` (a kdacupy.bench JSON of the same shapes) the
+    measured medians and measured / predicted next to them."""
     file = file or sys.stdout
     gpu = doc["gpu"]
-    print(f"\nPredicted forward times on {gpu['name']} (lower bounds; kdacupy.profile, commit {doc['commit']}):",
+    measured = measured_times(bench)
+    print(f"\nPredicted forward times on {gpu['name']} (lower bounds; kdacupy.profile, commit {doc['commit']}, "
+          f"gate lower bound {doc.get('lower_bound', -5.0):g}):", file=file)
+    extra = f" {'measured ms':>11} {'meas/pred':>9}" if bench is not None else ""
+    print(f"{'shape':26} {'predicted ms':>12} {'HBM floor ms':>12} {'FlashKDA ms':>11}{extra}  per kernel (bound)",
           file=file)
-    print(f"{'shape':26} {'predicted ms':>12} {'HBM floor ms':>12} {'FlashKDA ms':>11}  per kernel (bound)", file=file)
     for e in doc["runs"]:
         if "hbm_floor_s" not in e:
             continue
         parts = ", ".join(f"{r['kernel']} {r['time_s'] * 1e3:.3f} ({r['bound']})" for r in e["kernels"])
         fk = f"{e['flashkda_ms']:.3f}" if e.get("flashkda_ms") else "-"
-        print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}  {parts}",
-              file=file)
+        if bench is not None:
+            m = measured.get(e["name"])
+            extra = f" {m:>11.3f} {m / (e['predicted_s'] * 1e3):>9.2f}" if m else f" {'-':>11} {'-':>9}"
+        print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}{extra}  "
+              f"{parts}", file=file)
 
 
 # ---------------------------------------------------------------------------
@@ -308,14 +328,20 @@ def main(argv=None):
     ap.add_argument("--hotspots", type=int, default=3, help="source lines per kernel that waste most (default 3)")
     ap.add_argument("--json", metavar="FILE", help="write every number to FILE")
     ap.add_argument("--show", metavar="FILE", help="print the summary of a saved --json file and exit")
+    ap.add_argument("--measured", metavar="BENCH_JSON",
+                    help="with --show: a python -m kdacupy.bench JSON of the same shapes, set next to the predictions")
     args = ap.parse_args(argv)
+    if args.measured and not args.show:
+        ap.error("--measured needs --show")
     if args.show:
-        try:
-            doc = json.loads(Path(args.show).read_text())
-        except (OSError, ValueError) as e:
-            print(f"{ap.prog}: cannot read {args.show}: {e}", file=sys.stderr)
-            return 2
-        print_summary(doc)
+        docs = []
+        for path in (args.show, args.measured):
+            try:
+                docs.append(json.loads(Path(path).read_text()) if path else None)
+            except (OSError, ValueError) as e:
+                print(f"{ap.prog}: cannot read {path}: {e}", file=sys.stderr)
+                return 2
+        print_summary(docs[0], bench=docs[1] if args.measured else None)
         return 0
     if args.heads < 1:
         ap.error(f"--heads must be >= 1, got {args.heads}")

@@ -100,3 +100,9 @@ def test_cli_tables_json_and_show(tmp_path, capsys):
     shown = capsys.readouterr().out
     assert "Predicted forward times on NVIDIA H200 SXM" in shown and "T=40,H=2,K=64,V=64" in shown
     assert profile.main(["--show", str(tmp_path / "missing.json")]) == 2
+    bench = tmp_path / "bench.json"  # a device run's medians, set next to the prediction
+    predicted_ms = run["predicted_s"] * 1e3
+    bench.write_text(json.dumps(dict(shapes=[dict(shape=dict(name=run["name"]), kdacupy=dict(median_ms=3 * predicted_ms))])))
+    assert profile.main(["--show", str(out), "--measured", str(bench)]) == 0
+    shown = capsys.readouterr().out
+    assert "meas/pred" in shown and f"{3 * predicted_ms:.3f}" in shown and " 3.00 " in shown
