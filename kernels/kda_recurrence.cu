@@ -32,6 +32,7 @@ constexpr bool FP32_STATE = KDA_STATE_FP32;
 constexpr bool OUTPUT = !KDA_NO_OUTPUT;
 constexpr int KS = K / 16;            // k-steps of the state matmuls
 constexpr int TS = K + 8;             // padded bf16 row of a [16, K] tile (elements)
+constexpr int SR = 24;                // padded row of a 16x16 tile (elements)
 constexpr int ES = elem_bytes<KDA_DT>();
 constexpr int QCH = 2 * K / 16;       // 16-byte pieces per [16, K] tile row
 constexpr int TILE_PIECES = 3 * CHUNK * QCH;
@@ -43,17 +44,6 @@ static_assert(WS_INV == WS_KRES + CHUNK * K * 2 && WS_MQK == WS_INV + 512 && WS_
 static_assert(WS_BETA == WS_GEXP + K * 4 && RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
 static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CHUNK * TS * 2, "smem tiles");
 
-// Piece c (16 bytes) of row r of a 16x16 16-bit tile (INV, Mqk) in shared memory: 32-byte rows,
-// the pieces of rows 4-7 and 12-15 swapped, so that both the copies (8 lanes: 4 rows) and each
-// ldmatrix phase (8 rows, one piece) meet 32 banks.
-__device__ __forceinline__ int small_tile(int r, int c) { return r * 32 + ((c ^ (r >> 2 & 1)) << 4); }
-
-// Byte offset of piece pc (16 bytes) of token row r in a warp's staging tile of 16-bit outputs
-// (16 values per row): 32-byte rows swizzled as small_tile, so the row reads of 8 lanes and the
-// accumulator stores meet 32 banks. (fp32 outputs: padded rows of RSM_OROW bytes.)
-__device__ __forceinline__ int out_piece(int r, int pc) { return small_tile(r, pc); }
-static_assert(ES == 4 || RSM_OROW == 32, "16-bit output rows are 32 bytes");
-
 // Queue the copies of one chunk (workspace block + value tile) into a stage.
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
@@ -64,9 +54,9 @@ __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned 
     if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
       const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
       dst = RSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16;
-    } else if (p < TILE_PIECES + 64) {  // INV, Mqk: 32-byte rows, their two pieces swizzled (small_tile)
+    } else if (p < TILE_PIECES + 64) {  // INV, Mqk (32-byte rows) -> 48-byte rows
       const int p2 = p - TILE_PIECES, m = p2 / 32, r = (p2 / 2) % CHUNK, c = p2 % 2;
-      dst = (m ? RSM_MQK : RSM_INV) + small_tile(r, c);
+      dst = (m ? RSM_MQK : RSM_INV) + r * 48 + c * 16;
     } else {  // gexp, beta
       dst = RSM_GEXP + (p - TILE_PIECES - 64) * 16;
     }
@@ -271,23 +261,18 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 
     // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j], rows of INV
     float Ut[2][4] = {};
-    mma_token_block(Ut, va, reinterpret_cast<const u16*>(st + RSM_INV + small_tile(brow, bcol / 8)));
+    mma_token_block(Ut, va, reinterpret_cast<const u16*>(st + RSM_INV) + brow * SR + bcol);
     u32 ua[4];
     to_a_frag(ua, Ut);
 
     // [14] o^T += U^T Mqk^T, rounded once to the output dtype, staged per warp, stored by rows
     if constexpr (OUTPUT) {
-      mma_token_block(Ot, ua, reinterpret_cast<const u16*>(st + RSM_MQK + small_tile(brow, bcol / 8)));
+      mma_token_block(Ot, ua, reinterpret_cast<const u16*>(st + RSM_MQK) + brow * SR + bcol);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = 8 * nt + 2 * t + (e & 1), col = g + 8 * (e >> 1);  // token row, value column
-          if constexpr (ES == 2) {
-            store_f32<KDA_DT>(ot + out_piece(r, col / 8), col % 8, Ot[nt][e]);
-          } else {
-            store_f32<KDA_DT>(ot, r * (RSM_OROW / ES) + col, Ot[nt][e]);
-          }
+          store_f32<KDA_DT>(ot, (8 * nt + 2 * t + (e & 1)) * (RSM_OROW / ES) + g + 8 * (e >> 1), Ot[nt][e]);
         }
       }
       __syncwarp();
@@ -298,7 +283,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
         if (r < rows) {
           const i64 off = (b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK + r) * o_st + hv * o_sh + vw) * ES;
           reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + off)[pc] =
-              *reinterpret_cast<const Vec16*>(ot + (ES == 2 ? out_piece(r, pc) : r * RSM_OROW + pc * 16));
+              reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
         }
       }
       __syncwarp();

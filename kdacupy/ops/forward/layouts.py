@@ -8,7 +8,7 @@ from __future__ import annotations
 
 CHUNK = 16
 PREPARE_THREADS = 128
-SMALL_ROW = 32  # bytes per row of a 16x16 16-bit tile (its pieces swizzled: kernels/kda_recurrence.cu)
+SMALL_ROW = 48  # bytes per row of a padded 16x16 16-bit tile (16 B pad: no ldmatrix bank conflicts)
 
 
 def _align(n, a=16):
@@ -63,7 +63,7 @@ def recurrence_smem(K: int, BV: int, stages: int, elem_bytes: int) -> dict[str, 
              ("MQK", CHUNK * SMALL_ROW), ("GEXP", K * 4), ("BETA", CHUNK * 4), ("VT", CHUNK * vrow)]
     off, stage = _place(parts)
     warps = BV // 16
-    orow = 32 if elem_bytes == 2 else 16 * elem_bytes + 16  # 16-bit: swizzled, no pad (kda_recurrence.cu)
+    orow = 16 * elem_bytes + 16
     out = {f"RSM_{n}": v for n, v in off.items()}
     out.update(RSM_VROW=vrow, RSM_STAGE=stage, RSM_OT=stages * stage, RSM_OROW=orow,
                RSM_TOTAL=stages * stage + warps * CHUNK * orow)
