@@ -98,6 +98,8 @@ def test_offsets_beyond_2_to_the_31():
 
 
 def test_cuda_graph_capture_and_replay():
+    """The replay writes o and the final state again: both are zeroed first (nothing stale can
+    pass), and the uncaptured run they must equal bitwise agrees with the model."""
     x, opts = make_inputs(cu_seqlens=[100, 0, 333], H=4, K=128, V=128, state=BF16)
     dx, dopts = to_dev(x), to_dev(opts)
     stream = cp.cuda.Stream(non_blocking=True)
@@ -107,10 +109,14 @@ def test_cuda_graph_capture_and_replay():
         o, s = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)
         graph = stream.end_capture()
         o.fill(0)
+        s.fill(0)
         graph.launch(stream)
         stream.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(o), cp.asnumpy(ref[0]))
     np.testing.assert_array_equal(cp.asnumpy(s), cp.asnumpy(ref[1]))
+    om, sm = kda_model(**x, **opts, output_final_state=True)
+    agree(cp.asnumpy(ref[0]), om)
+    agree(cp.asnumpy(ref[1]), sm)
 
 
 def test_graph_replay_survives_allocations_between_capture_and_replay():

@@ -31,7 +31,10 @@ def first_then(x, opts, pool, **change):
     return args
 
 
-def test_cached_calls_reject_what_the_first_call_would(null):
+@pytest.mark.emulate
+def test_cached_calls_reject_what_the_first_call_would():
+    """The real emulated kernel runs behind the cache, so "the pool is unchanged" would see a
+    launch made before the rejection (under the null launcher nothing could change it)."""
     x, opts, pool = make_decode(N=3, T=2, H=1, P=8, indices=np.array([[0, 1], [2, 3], [4, 5]], np.int32))
     opts = dict(opts, num_accepted_tokens=np.array([1, 2, 1], np.int32))
     cases = [
@@ -42,7 +45,9 @@ def test_cached_calls_reject_what_the_first_call_would(null):
     ]
     for match, change in cases:
         decode_fastpath.clear()
+        before = pool.copy()
         args = first_then(x, opts, pool, **change)
+        assert not np.array_equal(pool, before)  # the first call ran the kernel: it wrote slots 0-5
         before = pool.copy()
         with pytest.raises(ValueError, match=match):
             kdacupy.kda_decode(**args, backend="emulate")

@@ -25,6 +25,7 @@ from kdacupy.numerics.reference import activate_beta, activate_gate, kda_referen
 from ..cases import CASES, case_inputs
 from ..inputs import make_inputs, rmse_ratio
 from ..seqpar_adversarial import FAMILIES, adversarial_inputs
+from ..seqpar_checks import check_split
 
 try:
     from kdacupy.emulate import find_compiler
@@ -197,10 +198,13 @@ EMU_CASES = ["fixed-gva-sigmoid", "varlen-ragged-zero-vk-bf16", "fp16-inputs", "
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("name", EMU_CASES)
 def test_split_matches_serial_on_the_emulated_kernels(name, precision):
+    """tests/seqpar_checks.py's check, the one the GPU suite runs: split against serial, against
+    the model's split, and no less accurate than serial against the float64 reference."""
     x, opts = case_inputs(name, precision)
-    (o1, s1), (o2, s2) = split_vs_serial("emulate", x, opts, 2)
-    close(o2, o1, GPU)
-    close(s2, s1, GPU)
+
+    def run(x, opts, n):
+        return kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=n)
+    check_split(run, x, opts, 2, GPU, EMULATE)
 
 
 @needs_emu
