@@ -97,3 +97,23 @@ def test_prefill_into_the_pool_then_decode_on_the_gpu():
     assert s is None
     agree(cp.asnumpy(o), om)
     agree(cp.asnumpy(pd), pm)
+
+
+def run_decode(x, opts, pool):
+    pd = cp.asarray(pool)
+    o = kdacupy.kda_decode(**dev(x), state_pool=pd, **dev(opts))
+    return cp.asnumpy(o), cp.asnumpy(pd)
+
+
+@pytest.mark.parametrize("gate", ["log", "softplus", "sigmoid"])
+def test_gates_by_hand(gate):
+    """The decode kernel's gate and beta against the definition written out in
+    tests/activations.py (test_activations.py runs the same on the model and the emulation)."""
+    from .. import activations as act
+    act.decode_gate(run_decode, gate)
+
+
+@pytest.mark.parametrize("mode", ["none", "raw", "sigmoid", "neg_eigval"])
+def test_beta_by_hand(mode):
+    from .. import activations as act
+    act.decode_beta(run_decode, mode)

@@ -269,3 +269,17 @@ def test_long_repeated_keys_against_the_reference(name):
     o, s = gpu_run(x, opts)
     ref = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
     within_model(errors(o, s, *ref), errors(*kda_model(**x, **opts), *ref))
+
+
+@pytest.mark.parametrize("gate", ["log", "softplus", "sigmoid"])
+def test_gates_by_hand(gate):
+    """The gate as the prepare kernel computes it, against the definition written out in
+    tests/activations.py (test_activations.py runs the same on the model and the emulation)."""
+    from .. import activations as act
+    act.forward_gate(gpu_run, gate)
+
+
+@pytest.mark.parametrize("mode", ["none", "raw", "sigmoid", "neg_eigval"])
+def test_beta_by_hand(mode):
+    from .. import activations as act
+    act.forward_beta(gpu_run, mode)
