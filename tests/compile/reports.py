@@ -1,4 +1,4 @@
-"""Compile reports for the budget tests, made once per session and in parallel.
+"""Compile reports for the budget tests, made once per test run and in parallel.
 
 Every (kernel source, arch) pair a budget test needs is compiled once, by the
 first test that asks: it compiles its whole module's list at once on all CPUs
