@@ -154,14 +154,26 @@ def test_decode_tuning_file_lookup(tmp_path, monkeypatch):
 
 
 def test_decode_heuristic_and_tile_space():
+    """The untuned rule over a grid of shapes, in terms of the grid it launches: 4 warps of
+    4 value rows (BV = 16) when that grid has at least 4 CTAs per SM, else 4 warps of 2 rows
+    (BV = 8, twice the CTAs); always a valid tile, and once wide, wide for every larger batch."""
     from kdacupy.ops.decode.kernels import DECODE_TILE_SPACE, DecodeTiles, decode_candidates, decode_heuristic
+    wide, narrow = DecodeTiles(16, 4), DecodeTiles(8, 4)
+    seen = set()
     for K in (64, 128, 256):
         for V in (64, 128, 256):
             assert decode_candidates(K, V) and all(t.valid_for(K, V) for t in decode_candidates(K, V))
-            for rows in (1, 16, 4096):
-                assert decode_heuristic(K, V, rows).valid_for(K, V)
-    assert decode_heuristic(128, 128, 16, 132) == DecodeTiles(8, 4)  # few heads: more, smaller CTAs
-    assert decode_heuristic(128, 128, 64 * 32, 132) == DecodeTiles(16, 4)
+            for sm in (1, 108, 132):
+                was_wide = False
+                for rows in sorted({1, 2, 16, 33, 64, 100, 132, 264, 528, 1000, 2048, 4096, 65536}):
+                    t = decode_heuristic(K, V, rows, sm)
+                    assert t.valid_for(K, V) and t.warps == 4 and t in (wide, narrow), (K, V, rows, sm, t)
+                    ctas_per_sm = rows * (V // wide.BV) / sm  # the grid BV = 16 would launch
+                    assert (t == wide) == (ctas_per_sm >= 4), (K, V, rows, sm, t)
+                    assert t == wide or not was_wide, (K, V, rows, sm)
+                    was_wide = t == wide
+                    seen.add(t)
+    assert seen == {wide, narrow}
     assert len(set(DECODE_TILE_SPACE)) == len(DECODE_TILE_SPACE)
 
 
