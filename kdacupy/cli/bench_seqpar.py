@@ -9,6 +9,8 @@ parity tolerance is 2^-8).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import timing
 
 #: segment counts the fewhead shapes are measured with (calibrates seqpar's heuristic)
@@ -17,7 +19,7 @@ DEFAULT_SPLITS = (4, 8, 16, 32)
 
 def calls_for(sets, n):
     """Closures running ``kda_forward`` on each input set with ``sequence_parallel=n``."""
-    from .api import kda_forward
+    from ..api import kda_forward
 
     return [lambda a=a, o=o: kda_forward(**a, **o, backend="cuda", sequence_parallel=n) for a, o in sets]
 
@@ -30,11 +32,14 @@ def auto_choice(sets):
 
 
 def rms_ratio(x, ref):
-    import cupy
-
-    x, ref = x.astype(cupy.float64), ref.astype(cupy.float64)
-    norm = float(cupy.linalg.norm(ref))
-    return float(cupy.linalg.norm(x - ref)) / norm if norm else 0.0
+    """||x - ref|| / ||ref|| of two CuPy (or NumPy) arrays, on their device."""
+    if isinstance(x, np.ndarray):
+        xp = np
+    else:
+        import cupy as xp
+    x, ref = x.astype(xp.float64), ref.astype(xp.float64)
+    norm = float(xp.linalg.norm(ref))
+    return float(xp.linalg.norm(x - ref)) / norm if norm else 0.0
 
 
 def measure(sets, splits, warmup, iters) -> dict:
