@@ -16,7 +16,7 @@ from kdacupy.numerics.parity import GPU, mismatch
 from kdacupy.numerics.precision import kda_model
 
 from ..cases import CASES, case_inputs, check_against_reference
-from ..inputs import make_inputs, rmse_ratio
+from ..inputs import make_inputs
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
