@@ -66,21 +66,18 @@ def test_scan_kernel_budget(arch, K, V):
     assert split.scan_smem(K) + res.static_smem <= 48 * 1024  # no opt-in needed
 
 
-def test_compile_cli_lists_the_seqpar_variants():
-    import subprocess
-    import sys
+def test_compile_cli_lists_the_seqpar_variants(capsys):
+    # in-process (test_compile.py runs `python -m kdacupy.compile` itself)
+    from kdacupy.cli.compile import main
     from kdacupy.ops.forward.variants import recurrence_variants
     from kdacupy.ops.seqpar.variants import map_variants, scan_variants
     var = list(map_variants()) + list(scan_variants())
     label = lambda v: v.label()  # noqa: E731
     assert {v.K for v in var} == {64, 128, 256} and len(set(map(label, var))) == len(var)
     assert not set(map(label, var)) & set(map(label, recurrence_variants()))
-    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "seqpar",
-                          "--match", "K=64 V=64", "--match", "BV=64 stages=2", "--match", "bfloat16"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("kda_")]
+    assert main(["--arch", "sm_80", "--kernel", "seqpar", "--match", "K=64 V=64", "--match", "BV=64 stages=2",
+                 "--match", "bfloat16"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("kda_")]
     assert len(lines) == 1 and "no_output" in lines[0] and "spill_stores=0" in lines[0]
-    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "seqpar",
-                          "--match", "kda_seqpar_scan K=256 V=64 "], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.count("kda_seqpar_scan") == 1, out.stdout + out.stderr
+    assert main(["--arch", "sm_80", "--kernel", "seqpar", "--match", "kda_seqpar_scan K=256 V=64 "]) == 0
+    assert capsys.readouterr().out.count("kda_seqpar_scan") == 1
