@@ -116,8 +116,8 @@ _announced: set = set()
 
 
 def _capturing() -> bool:
-    from .validation import _cupy, capturing
-    return capturing(_cupy())
+    from .validation import capturing, cupy_module
+    return capturing(cupy_module())
 
 
 #: the heuristic's constants: guesses from the kernels' resources, not measured on a GPU

@@ -113,7 +113,7 @@ class _NullLoader:
 @contextmanager
 def null_launcher():
     """kda_decode's emulation path with nothing compiled and nothing launched."""
-    from .. import decode_fastpath
+    from ..ops.decode import fastpath as decode_fastpath
     from ..ops.decode import kernels as decode_kernels
 
     saved = decode_fastpath.loader, decode_kernels.loader
