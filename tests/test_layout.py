@@ -153,7 +153,7 @@ def test_functions_are_at_most_120_lines(name):
 
 # the framework faces (docs/design.md section 8.2) sit on the public API: each may import
 # kdacupy's public names (the package itself) and the faces listed for it, nothing deeper
-FACES = {"kdacupy.torch": (), "kdacupy.jax": (), "kdacupy.compat": ("kdacupy.torch",)}
+FRAMEWORK_FACES = {"kdacupy.torch": (), "kdacupy.jax": (), "kdacupy.compat": ("kdacupy.torch",)}
 #: third-party frameworks, and the packages that may import each: its face, and the benchmark
 #: CLIs, which time FLA itself on torch tensors
 FRAMEWORKS = {"torch": ("kdacupy.torch", "kdacupy.cli"), "jax": ("kdacupy.jax",), "jaxlib": ("kdacupy.jax",),
@@ -163,12 +163,12 @@ FRAMEWORKS = {"torch": ("kdacupy.torch", "kdacupy.cli"), "jax": ("kdacupy.jax",)
 def test_faces_use_only_the_public_api():
     bad = []
     for mod, deps in import_graph().items():
-        face = next((f for f in FACES if under(mod, f)), None)
+        face = next((f for f in FRAMEWORK_FACES if under(mod, f)), None)
         for d in deps:
             if face is None:
-                if any(under(d, f) for f in FACES):
+                if any(under(d, f) for f in FRAMEWORK_FACES):
                     bad.append(f"{mod} -> {d} (the core never imports a framework face)")
-            elif not (d == "kdacupy" or under(d, face) or any(under(d, f) for f in FACES[face])):
+            elif not (d == "kdacupy" or under(d, face) or any(under(d, f) for f in FRAMEWORK_FACES[face])):
                 bad.append(f"{mod} -> {d} (a face imports only kdacupy's public names)")
     assert not bad, "\n".join(bad)
 
