@@ -1,0 +1,137 @@
+"""kdacupy.jax on the CPU: the buffer callbacks against kdacupy's own NumPy calls, under
+jax.jit and jax.vmap (folded into the batch, and per index), decode with the pool aliased,
+and the errors."""
+import numpy as np
+import pytest
+
+from tests.conftest import MARKERS
+from tests.frameworks.common import CASES, numpy_case
+
+pytestmark = pytest.mark.jax
+jax = pytest.importorskip("jax", reason=MARKERS["jax"])
+pytest.importorskip("jax.experimental.buffer_callback", reason=MARKERS["jax"])
+
+import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
+
+import kdacupy  # noqa: E402
+import kdacupy.jax as kj  # noqa: E402
+
+ARRAYS = ("q", "k", "v", "g", "beta")
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def cast(x, opts, dtype):
+    """The case in ``dtype`` (float parameters float32 unless float64; the state float32)."""
+    x = {n: x[n].astype(dtype) for n in ARRAYS}
+    opts = dict(opts)
+    for n in ("A_log", "dt_bias", "initial_state"):
+        if n in opts and dtype != np.float64:
+            opts[n] = opts[n].astype(np.float32)
+    return x, opts
+
+
+def to_jax(x, opts):
+    return ({n: jnp.asarray(a) for n, a in x.items()},
+            {n: jnp.asarray(a) if isinstance(a, np.ndarray) else a for n, a in opts.items()})
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forward_is_kdacupys_forward(case, dtype, x64):
+    x, opts = cast(*numpy_case(case), dtype)
+    ref_o, ref_s = kdacupy.kda_forward(*(x[n] for n in ARRAYS), output_final_state=True, **opts)
+    jx, jo = to_jax(x, opts)
+    o, s = kj.kda(*(jx[n] for n in ARRAYS), output_final_state=True, **jo)
+    assert o.dtype == ref_o.dtype and np.array_equal(np.asarray(o), ref_o)
+    assert s.dtype == ref_s.dtype and np.array_equal(np.asarray(s), ref_s)
+    jitted = jax.jit(lambda *a: kj.kda(*a, **jo)[0])(*(jx[n] for n in ARRAYS))
+    assert np.array_equal(np.asarray(jitted), ref_o)
+
+
+def test_vmap_over_batch_folds_into_one_call(monkeypatch, x64):
+    """vmap over a batch of sequences (per-head parameters shared): one kdacupy call on the
+    whole batch, the result of the batched call."""
+    x, opts = numpy_case("sigmoid-gva-l2norm")
+    x = {n: np.concatenate([a, 0.5 * a[:, ::-1]]) for n, a in x.items()}  # B = 2
+    ref_o, ref_s = kdacupy.kda_forward(*(x[n] for n in ARRAYS), output_final_state=True, **opts)
+    calls = []
+    real = kdacupy.kda_forward
+    monkeypatch.setattr(kdacupy, "kda_forward", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    jx, jo = to_jax(x, opts)
+
+    def one(q, k, v, g, beta):  # one sequence, [T, H, K]
+        o, s = kj.kda(q[None], k[None], v[None], g[None], beta[None], output_final_state=True, **jo)
+        return o[0], s[0]
+
+    o, s = jax.jit(jax.vmap(one))(*(jx[n] for n in ARRAYS))
+    assert calls == [(2,) + x["q"].shape[1:]]
+    assert np.array_equal(np.asarray(o), ref_o) and np.array_equal(np.asarray(s), ref_s)
+
+
+def test_vmap_with_mapped_parameters_runs_per_index(x64):
+    """A mapped A_log (and a mapped cu_seqlens) cannot fold into B: one call per index."""
+    x, opts = numpy_case("softplus-varlen-vk")
+    A_logs = np.stack([opts["A_log"], opts["A_log"] - 1.0])
+    refs = [kdacupy.kda_forward(*(x[n] for n in ARRAYS), **dict(opts, A_log=a))[0] for a in A_logs]
+    jx, jo = to_jax(x, opts)
+    f = jax.vmap(lambda a: kj.kda(*(jx[n] for n in ARRAYS), **dict(jo, A_log=a))[0])
+    o = f(jnp.asarray(A_logs))
+    assert np.array_equal(np.asarray(o), np.stack(refs))
+
+
+def test_nested_vmap(x64):
+    x, opts = numpy_case("log-raw-beta")
+    xs = {n: np.stack([np.stack([a * (1 + i + j) / 4 for j in range(2)]) for i in range(3)]) for n, a in x.items()}
+    jx, jo = to_jax(xs, opts)
+    f = jax.vmap(jax.vmap(lambda q, k, v, g, b: kj.kda(q, k, v, g, b, **jo)[0]))
+    o = np.asarray(f(*(jx[n] for n in ARRAYS)))
+    for i in range(3):
+        for j in range(2):
+            ref, _ = kdacupy.kda_forward(*(xs[n][i, j] for n in ARRAYS), **opts)
+            assert np.array_equal(o[i, j], ref)
+
+
+def test_decode_returns_the_updated_pool(x64):
+    """Functional decode: the new pool is kdacupy.kda_decode's in-place result; the caller's
+    pool array is left as it was unless donated; under jit with donation it runs too."""
+    rng = np.random.default_rng(3)
+    N, H, HV, K = 3, 1, 2, 64
+    q, k = (rng.standard_normal((N, 2, H, K)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((N, 2, HV, K)).astype(np.float32)
+    g = -rng.uniform(0, 1, (N, 2, HV, K)).astype(np.float32)
+    beta = rng.uniform(0, 1, (N, 2, HV)).astype(np.float32)
+    pool = rng.standard_normal((8, HV, K, K)).astype(np.float32)
+    idx = np.array([[5, 2], [-1, 3], [0, 7]], dtype=np.int32)
+    acc = np.array([2, 1, 1], dtype=np.int32)
+    ref_pool = pool.copy()
+    ref = kdacupy.kda_decode(q, k, v, g, beta, state_pool=ref_pool, state_indices=idx, num_accepted_tokens=acc,
+                             qk_l2norm=True)
+    jpool = jnp.asarray(pool)
+    args = tuple(map(jnp.asarray, (q, k, v, g, beta)))
+    o, new_pool = kj.kda_decode(*args, state_pool=jpool, state_indices=jnp.asarray(idx),
+                                num_accepted_tokens=jnp.asarray(acc), qk_l2norm=True)
+    assert np.array_equal(np.asarray(o), ref) and np.array_equal(np.asarray(new_pool), ref_pool)
+    assert np.array_equal(np.asarray(jpool), pool)  # not donated: the input is unchanged
+    step = jax.jit(lambda p, *a: kj.kda_decode(*a, state_pool=p, state_indices=jnp.asarray(idx),
+                                               num_accepted_tokens=jnp.asarray(acc), qk_l2norm=True),
+                   donate_argnums=0)
+    o2, pool2 = step(jnp.asarray(pool), *args)
+    assert np.array_equal(np.asarray(o2), ref) and np.array_equal(np.asarray(pool2), ref_pool)
+
+
+def test_errors_name_the_argument():
+    x, opts = cast(*numpy_case("log-raw-beta"), np.float32)
+    jx, jo = to_jax(x, opts)
+    args = [jx[n] for n in ARRAYS]
+    with pytest.raises(ValueError, match=r"^q: expected a 4-D array"):
+        kj.kda(args[0][0], *args[1:], **jo)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"ValueError: g: expected shape"):  # in the callback
+        jax.jit(lambda *a: kj.kda(*a, **jo)[0])(*args[:3], args[3][:, :, :1], args[4]).block_until_ready()
+    with pytest.raises(TypeError, match=r"^qk_l2norm: expected a bool"):
+        kj.kda(*args, qk_l2norm="yes")
