@@ -1,9 +1,33 @@
 """Shared inputs for the framework-face tests: the suite's NumPy cases as torch tensors."""
 from __future__ import annotations
 
-import numpy as np
+import contextlib
 
+import numpy as np
+import pytest
+
+from tests.conftest import MARKERS
 from tests.inputs import make_inputs
+
+
+def import_torch():
+    """torch, or a skip with the marker's reason."""
+    return pytest.importorskip("torch", reason=MARKERS["torch"])
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One thread for torch's OpenMP pool and NumPy's OpenBLAS while the block runs. The
+    tests' arrays are small, and on the suite's 2 shared cores the two pools' spinning
+    workers starve each other (measured on the FLA grid: 10-14 s with one thread each,
+    35-82 s with the default two)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # (installed with the test-frameworks extra; without it the tests only run slower)
+        yield
+        return
+    with threadpool_limits(1):
+        yield
 
 #: the options sets the faces are checked on: every gate, beta mode, layout, varlen, GVA
 CASES = {

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import MARKERS
-from tests.frameworks.common import CASES, numpy_case
+from tests.frameworks.common import CASES, numpy_case, one_thread
 
 pytestmark = pytest.mark.jax
 jax = pytest.importorskip("jax", reason=MARKERS["jax"])
@@ -18,6 +18,11 @@ import kdacupy  # noqa: E402
 import kdacupy.jax as kj  # noqa: E402
 
 ARRAYS = ("q", "k", "v", "g", "beta")
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_thread():
+        yield
 
 
 @pytest.fixture

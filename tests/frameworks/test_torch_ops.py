@@ -4,11 +4,10 @@ traces, the state pool, and the errors."""
 import numpy as np
 import pytest
 
-from tests.conftest import MARKERS
-from tests.frameworks.common import CASES, numpy_case
+from tests.frameworks.common import CASES, import_torch, numpy_case, one_thread
 
 pytestmark = pytest.mark.torch
-torch = pytest.importorskip("torch", reason=MARKERS["torch"])
+torch = import_torch()
 
 import kdacupy  # noqa: E402
 import kdacupy.torch as kt  # noqa: E402
@@ -16,6 +15,11 @@ from kdacupy.torch.bridge import to_array, to_tensor  # noqa: E402
 
 ARRAYS = ("q", "k", "v", "g", "beta")
 TENSOR_OPTIONS = ("initial_state", "A_log", "dt_bias", "cu_seqlens")
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_thread():
+        yield
 
 
 def as_torch(x, opts, dtype=torch.float64):
