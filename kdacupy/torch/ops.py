@@ -59,7 +59,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor], 
             lower_bound=lower_bound, state_layout=state_layout, state_dtype=numpy_dtype(state_dtype),
             state_precision=state_precision, sequence_parallel=sequence_parallel, out=to_array(o),
             backend=backend)
-        return o, (to_tensor(final) if final is not None else _nothing(v))
+        return o, (to_tensor(final).contiguous() if final is not None else _nothing(v))  # as the fake: C order
 
 
 @forward.register_fake
@@ -125,7 +125,7 @@ def backward(do: Tensor, dfinal_state: Optional[Tensor], q: Tensor, k: Tensor, v
             elif dx is None:  # an argument the result does not depend on
                 out.append(torch.zeros_like(x))
             else:  # gradients come back in the argument's dtype and shape, as autograd requires
-                out.append(to_tensor(dx).reshape(x.shape).to(x.dtype))
+                out.append(to_tensor(dx).reshape(x.shape).to(x.dtype).contiguous())
         return tuple(out)
 
 

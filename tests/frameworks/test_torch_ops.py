@@ -100,15 +100,19 @@ def test_prefill_into_pool_then_decode_in_place():
     assert not o_dec[1].any()  # slot -1: padding, zeros
 
 
-def _forward_args(dtype=torch.float32):
-    t, o = as_torch(*numpy_case("sigmoid-gva-l2norm"), dtype)
-    return (t["q"], t["k"], t["v"], t["g"], t["beta"], None, None, o["A_log"], o["dt_bias"], None, True, True,
-            True, True, "sigmoid", -5.0, "kv", None, "bf16", None, None)
+def _forward_args(case, dtype=torch.float32):
+    """The forward op's positional arguments for a case, with output_final_state."""
+    t, o = as_torch(*numpy_case(case), dtype)
+    return (t["q"], t["k"], t["v"], t["g"], t["beta"], o.get("initial_state"), o.get("cu_seqlens"), o.get("A_log"),
+            o.get("dt_bias"), o.get("scale"), True, o.get("qk_l2norm", False), o.get("beta_sigmoid", False),
+            o.get("allow_neg_eigval", False), o.get("gate", "log"), o.get("lower_bound"), o.get("state_layout", "kv"),
+            None, "bf16", None, None)
 
 
-def test_opcheck_forward():
-    """Schema, fake tensor, autograd registration and AOT dispatch of the forward op."""
-    torch.library.opcheck(torch.ops.kdacupy.forward.default, _forward_args(),
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_opcheck_forward(case):
+    """Schema, fake tensor (shapes, dtypes and strides of the real results) and AOT dispatch of the forward op."""
+    torch.library.opcheck(torch.ops.kdacupy.forward.default, _forward_args(case),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
