@@ -140,3 +140,67 @@ def test_errors_name_the_argument():
         jax.jit(lambda *a: kj.kda(*a, **jo)[0])(*args[:3], args[3][:, :, :1], args[4]).block_until_ready()
     with pytest.raises(TypeError, match=r"^qk_l2norm: expected a bool"):
         kj.kda(*args, qk_l2norm="yes")
+
+
+DIFFERENTIABLE = ARRAYS + ("initial_state", "A_log", "dt_bias")
+
+
+def _loss_parts(case, dtype=np.float64):
+    x, opts = cast(*numpy_case(case), dtype)
+    jx, jo = to_jax(x, opts)
+    names = [n for n in DIFFERENTIABLE if n in jx or n in jo]
+    static = {n: a for n, a in jo.items() if n not in names}
+
+    def call(*xs):
+        given = dict(zip(names, xs))
+        return kj.kda(*(given[n] for n in ARRAYS), output_final_state=True,
+                      **dict(static, **{n: given[n] for n in names if n not in ARRAYS}))
+
+    return x, opts, names, [jx[n] if n in jx else jo[n] for n in names], call
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_grad_is_kda_backwards(case, x64):
+    """jax.grad (under jit) of sum(o * do) + sum(final * dfinal) equals kdacupy.kda_backward."""
+    x, opts, names, args, call = _loss_parts(case)
+    rng = np.random.default_rng(5)
+    o, s = call(*args)
+    do, ds = rng.standard_normal(o.shape), rng.standard_normal(s.shape)
+
+    def loss(*xs):
+        o, s = call(*xs)
+        return (o * do).sum() + (s * ds).sum()
+
+    grads = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
+    ref = kdacupy.kda_backward(do, *(x[n] for n in ARRAYS), dfinal_state=ds, **opts)
+    for n, r in zip(DIFFERENTIABLE, ref):
+        if n in names:
+            assert np.array_equal(np.asarray(grads[names.index(n)]), r), n
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_check_grads_float64(case, x64):
+    """jax.test_util.check_grads: reverse mode against finite differences in float64."""
+    from jax.test_util import check_grads
+    _, _, _, args, call = _loss_parts(case)
+    check_grads(lambda *xs: call(*xs), args, order=1, modes=("rev",), eps=1e-6, atol=1e-6, rtol=1e-6)
+
+
+def test_vmap_of_grad_gives_per_example_gradients(x64):
+    """Per-example gradients (vmap of grad, A_log shared): each is kda_backward's for its example."""
+    x, opts = numpy_case("sigmoid-gva-l2norm")
+    xs = {n: np.stack([a, 0.7 * a]) for n, a in x.items()}
+    jx, jo = to_jax(xs, opts)
+
+    def loss(q, k, v, g, beta, A_log):
+        o, s = kj.kda(q, k, v, g, beta, output_final_state=True, **dict(jo, A_log=A_log))
+        return o.sum() + 0.5 * s.sum()
+
+    grads = jax.vmap(jax.grad(loss, argnums=(0, 5)), in_axes=(0, 0, 0, 0, 0, None))(
+        *(jx[n] for n in ARRAYS), jo["A_log"])
+    for i in range(2):
+        o, s = kdacupy.kda_forward(*(xs[n][i] for n in ARRAYS), output_final_state=True, **opts)
+        ref = kdacupy.kda_backward(np.ones_like(o), *(xs[n][i] for n in ARRAYS), dfinal_state=np.full_like(s, 0.5),
+                                   **opts)
+        assert np.array_equal(np.asarray(grads[0][i]), ref.dq)
+        assert np.array_equal(np.asarray(grads[1][i]), ref.dA_log)

@@ -40,7 +40,10 @@ def leaves(case, dtype=torch.float64):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_gradcheck_float64(case):
     """Finite differences of the op against its backward, every differentiable input at once
-    (fast mode: random directions, so the reference runs a handful of times, not per element)."""
+    (fast mode: random directions, so the reference runs a handful of times, not per element).
+    Fast mode scales atol by the sums of its random vectors (~50 x 50 here), hence the tight
+    atol: it fails a 0.1% error in one gradient (and then spends minutes in slow mode to
+    report it)."""
     t, o = leaves(case)
     names = [n for n in DIFFERENTIABLE if n in t or n in o]
     tensors = tuple(t[n] if n in t else o[n] for n in names)
@@ -51,7 +54,7 @@ def test_gradcheck_float64(case):
                             **dict(o, **{n: given[n] for n in names if n not in ARRAYS}))
         return out, final
 
-    assert torch.autograd.gradcheck(f, tensors, fast_mode=True, eps=1e-6, atol=1e-7, rtol=1e-5)
+    assert torch.autograd.gradcheck(f, tensors, fast_mode=True, eps=1e-6, atol=1e-12, rtol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
