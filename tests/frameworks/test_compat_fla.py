@@ -1,6 +1,7 @@
 """kdacupy.compat.fla against fla-core 0.6.0 itself: its signatures, patch()/unpatch() on the
-imported fla.ops.kda, and results against fla-core's own naive references
-(fla.ops.kda.naive, fla.ops.kda.gate) on the grid of fla-core's tests/ops/test_kda.py.
+imported fla.ops.kda, and results (and chunk_kda's gradients, through kdacupy.kda_backward)
+against fla-core's own naive references (fla.ops.kda.naive, fla.ops.kda.gate, differentiated
+by torch's autograd) on the grid of fla-core's tests/ops/test_kda.py.
 
 fla-core's public functions run only on Triton GPUs (on the CPU they fail inside Triton even
 under TRITON_INTERPRET=1), so here the references are its naive torch functions, in float32 as
@@ -82,6 +83,22 @@ def check(o, ht, ref, ref_ht, dtype):
     assert o.dtype == dtype and ht.dtype == torch.float32
     assert rmse_ratio(o, ref) < TOL[dtype]
     assert rmse_ratio(ht, ref_ht) < TOL[torch.float32]
+
+
+def gradients(o, ht, leaves, seed=7):
+    """The leaves' gradients of sum(o * do) + sum(ht * dht) for fixed random do, dht (fla-core's test loss)."""
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen).to(o.dtype)
+    dht = torch.randn(ht.shape, generator=gen).to(ht.dtype)
+    return torch.autograd.grad((o * do).sum() + (ht * dht).sum(), leaves)
+
+
+def check_gradients(ours, ref):
+    """Each gradient in its leaf's dtype, within that dtype's bound of TOL (for float32 leaves the
+    naive float32 reverse sweep's own rounding; measured: at most 0.3 of the bound)."""
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        assert a.dtype == b.dtype, i
+        assert rmse_ratio(a, b) < TOL[a.dtype], (i, rmse_ratio(a, b))
 
 
 def test_signatures_are_fla_cores():
@@ -218,12 +235,15 @@ def test_chunk_against_naive(B, T, H, HV, D, scale, norm, mask_p, l2, gate_in_ke
     gate = naive_kda_lowerbound_gate if safe_gate else naive_kda_gate
     if not l2:
         q, k = unit(q), unit(k)
+    leaves = [x.requires_grad_() for x in (q, k, v, g, beta, h0, A_log, dt_bias) if x is not None]
     ref, ref_ht = naive(q, k, v, gate(g, A_log, dt_bias) if gate_in_kernel else g, beta, scale, h0, normalize=l2)
+    ref_grads = gradients(ref, ref_ht, leaves)
     o, ht = compat.chunk_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=h0,
                              output_final_state=True, use_qk_l2norm_in_kernel=l2, use_gate_in_kernel=gate_in_kernel,
                              safe_gate=safe_gate, lower_bound=lower_bound, disable_recompute=True,
                              chunk_size=chunk_size)
     check(o, ht, ref, ref_ht, dtype)
+    check_gradients(gradients(o, ht, leaves), ref_grads)
 
 
 # fla-core's test_chunk_varlen / test_chunk_varlen_prefill (D in 64/128/256):
@@ -252,13 +272,16 @@ def test_chunk_varlen_against_naive(H, D, mask_p, cu, gate_in_kernel, safe_gate)
         g = g.clamp(-5, 0)
     beta = torch.rand(1, T, H, dtype=dtype).sigmoid()
     h0 = torch.randn(N, H, D, D)
+    leaves = [x.requires_grad_() for x in (q, k, v, g, beta, h0, A_log, dt_bias) if x is not None]
     g_ref = naive_kda_gate(g.float(), A_log, dt_bias) if gate_in_kernel else g
     ref, ref_ht = naive(q, k, v, g_ref, beta, None, h0, cu, normalize=False)
+    ref_grads = gradients(ref, ref_ht, leaves)
     cu_t = torch.tensor(cu, dtype=torch.long)
     o, ht = compat.chunk_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias,
                              initial_state=h0, output_final_state=True, cu_seqlens=cu_t, cu_seqlens_cpu=cu_t,
                              use_gate_in_kernel=gate_in_kernel, safe_gate=safe_gate)
     check(o, ht, ref, ref_ht, dtype)
+    check_gradients(gradients(o, ht, leaves), ref_grads)
 
 
 # fla-core's test_fused_recurrent_vllm_decode (which fla-core runs only on CUDA/NPU):
