@@ -151,7 +151,7 @@ def test_functions_are_at_most_120_lines(name):
     assert not long, f"{MODULES[name]}: {', '.join(long)}"
 
 
-# the framework faces (docs/design.md section 8.2) sit on the public API: each may import
+# the framework faces (docs/design.md section 10) sit on the public API: each may import
 # kdacupy's public names (the package itself) and the faces listed for it, nothing deeper
 FRAMEWORK_FACES = {"kdacupy.torch": (), "kdacupy.jax": (), "kdacupy.compat": ("kdacupy.torch",)}
 #: third-party frameworks, and the packages that may import each: its face, and the benchmark

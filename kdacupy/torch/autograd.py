@@ -1,7 +1,7 @@
 """Autograd for ``torch.ops.kdacupy.forward``: ``torch.library.register_autograd``.
 
 The forward saves only its inputs (kdacupy's backward is stateless: it recomputes
-what it needs, docs/design.md section 8.1); the backward is the custom op
+what it needs, docs/design.md section 9); the backward is the custom op
 ``torch.ops.kdacupy.backward``, so ``torch.compile`` traces it as one opaque call
 too. Second derivatives are not provided (the backward op has no autograd of its
 own: differentiating through it raises).
