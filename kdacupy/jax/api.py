@@ -60,7 +60,7 @@ def _final_state_struct(opts, q, v, initial_state, cu_seqlens):
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     HV, K, V = v.shape[2], q.shape[3], v.shape[3]
     if opts.state_dtype is not None:
-        dtype = kdacupy_dtype(opts.state_dtype)
+        dtype = _named_dtype(opts.state_dtype)
     elif initial_state is not None:
         dtype = initial_state.dtype
     else:
@@ -68,7 +68,7 @@ def _final_state_struct(opts, q, v, initial_state, cu_seqlens):
     return _struct((N, HV, K, V) if opts.state_layout == "kv" else (N, HV, V, K), dtype)
 
 
-def kdacupy_dtype(name):
+def _named_dtype(name):
     import ml_dtypes
     return ml_dtypes.bfloat16 if name in ("bfloat16", "bf16") else np.dtype(name)
 
@@ -92,7 +92,7 @@ def _forward_body(opts, a, out):
     _, final = kdacupy.kda_forward(
         a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["initial_state"], A_log=a["A_log"],
         dt_bias=a["dt_bias"], cu_seqlens=a["cu_seqlens"], output_final_state=opts.output_final_state,
-        state_dtype=None if opts.state_dtype is None else kdacupy_dtype(opts.state_dtype),
+        state_dtype=None if opts.state_dtype is None else _named_dtype(opts.state_dtype),
         sequence_parallel=opts.sequence_parallel, out=out["o"], **opts.forward_kwargs())
     if "final_state" in out:
         out["final_state"][...] = final

@@ -8,6 +8,11 @@ NumPy backends (float64 tensors on the float64 reference), so everything,
 ``torch.autograd.gradcheck`` included, runs without a GPU. This package is the
 only part of kdacupy that imports torch.
 """
-from .api import kda, kda_decode
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as e:
+    raise ImportError("kdacupy.torch needs PyTorch (>= 2.4): pip install 'kdacupy[torch]'") from e
+
+from .api import kda, kda_decode  # noqa: E402
 
 __all__ = ["kda", "kda_decode"]
