@@ -44,6 +44,17 @@ def _index_tensor(name, x):
     raise TypeError(f"{name}: expected an integer tensor, a list of ints or None, got {type(x).__name__}")
 
 
+def _rows(x):
+    """x as kdacupy reads it: strided views (e.g. of a fused projection) as they are when the
+    last dim is contiguous, a contiguous copy otherwise (as torch ops take any strides)."""
+    return x if x is None or x.dim() == 0 or x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
+def _dense(x):
+    """States and per-head parameters: kdacupy reads them C-contiguous (a copy only if they are not)."""
+    return None if x is None else x.contiguous()
+
+
 def _unexpected(fn, unknown):
     name = next(iter(unknown))
     hint = (" (kdacupy.torch returns new tensors: torch custom ops may not return their inputs)" if name == "out"
@@ -78,6 +89,8 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
                   allow_neg_eigval=_flag("allow_neg_eigval", allow_neg_eigval), gate=_name("gate", gate),
                   lower_bound=_real("lower_bound", lower_bound), state_layout=_name("state_layout", state_layout))
     cu = _index_tensor("cu_seqlens", cu_seqlens)
+    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
+    initial_state, A_log, dt_bias = (_dense(x) for x in (initial_state, A_log, dt_bias))
     if state_pool is not None or state_indices is not None:
         for n, x in (("initial_state", initial_state), ("state_dtype", state_dtype)):
             if x is not None:
@@ -112,6 +125,8 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
     for n, x in (("state_pool", state_pool), ("state_indices", state_indices)):
         if x is None:
             raise TypeError(f"{n}: expected a tensor, got None")
+    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
+    A_log, dt_bias = _dense(A_log), _dense(dt_bias)
     out = torch.empty(tuple(v.shape), dtype=v.dtype, device=v.device)
     ops.decode(q, k, v, g, beta, state_pool, _index_tensor("state_indices", state_indices),
                _index_tensor("num_accepted_tokens", num_accepted_tokens), A_log, dt_bias, out,

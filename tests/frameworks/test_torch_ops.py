@@ -65,15 +65,23 @@ def test_bridge_shares_memory(dtype):
     assert x[0, 0, 0].item() == 7
 
 
-def test_strided_inputs_read_in_place():
-    """q, k, v as views of one fused projection give the result of contiguous copies."""
+def test_strided_inputs_read_in_place(monkeypatch):
+    """q, k, v as views of one fused projection are read where they are (no copy) and give the
+    result of contiguous copies; a view whose last dim is not contiguous is copied first."""
     t, o = as_torch(*numpy_case("log-raw-beta"), torch.float32)
     fused = torch.cat([t["q"], t["k"], t["v"].flatten(2, 3).unflatten(2, (2, 64))], dim=2)
     q, k, v = fused[:, :, :1], fused[:, :, 1:2], fused[:, :, 2:]
     assert not q.is_contiguous()
+    seen, real = [], kdacupy.kda_forward
+    monkeypatch.setattr(kdacupy, "kda_forward", lambda *a, **kw: seen.append(a[0].ctypes.data) or real(*a, **kw))
     out, _ = kt.kda(q, k, v, t["g"], t["beta"], **o)
+    assert seen == [q.data_ptr()]
     ref, _ = kt.kda(q.contiguous(), k.contiguous(), v.contiguous(), t["g"], t["beta"], **o)
     assert torch.equal(out, ref)
+    g_t = t["g"].transpose(-1, -2).contiguous().transpose(-1, -2)  # last-dim stride 2 (HV): copied
+    assert g_t.stride(-1) != 1 and torch.equal(kt.kda(q, k, v, g_t, t["beta"], **o)[0], ref)
+    h0 = o["initial_state"].transpose(-1, -2).contiguous().transpose(-1, -2)  # a transposed state: copied
+    assert torch.equal(kt.kda(q, k, v, t["g"], t["beta"], **dict(o, initial_state=h0))[0], ref)
 
 
 def test_prefill_into_pool_then_decode_in_place():
