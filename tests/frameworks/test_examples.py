@@ -1,7 +1,8 @@
-"""The examples under examples/ run: the torch and JAX KDA layers train (the loss falls over a
-few steps on the CPU backends, gradients through kdacupy.kda_backward), and the serving loop
-with FLA's names (prefill into a pool, decode, speculative verify) gives what one chunk_kda
-pass over each request's accepted tokens gives."""
+"""The torch examples under examples/ run: the KDA layer trains (the loss falls over a few
+steps on the CPU backends, gradients through kdacupy.kda_backward), and the serving loop with
+FLA's names (prefill into a pool, decode, speculative verify) gives what one chunk_kda pass over
+each request's accepted tokens gives. (The JAX layer's test is in test_jax.py, whose module
+runs in a forked child.)"""
 import importlib.util
 from pathlib import Path
 
@@ -30,13 +31,6 @@ def load(name):
 def test_torch_layer_trains():
     pytest.importorskip("torch", reason=MARKERS["torch"])
     losses = load("torch_kda_layer").train(steps=4)
-    assert all(b < a for a, b in zip(losses, losses[1:])), losses
-
-
-@pytest.mark.jax
-def test_jax_layer_trains():
-    pytest.importorskip("jax.experimental.buffer_callback", reason=MARKERS["jax"])
-    losses = load("jax_kda_layer").train(steps=4)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
 
 

@@ -1,6 +1,11 @@
 """kdacupy.jax on the CPU: the buffer callbacks against kdacupy's own NumPy calls, under
-jax.jit and jax.vmap (folded into the batch, and per index), decode with the pool aliased,
-and the errors."""
+jax.jit and jax.vmap (folded into the batch, and per index), the CUDA kernels' own code
+(backend="emulate") on XLA's buffers, gradients, decode with the pool aliased, the errors, and
+examples/jax_kda_layer.py training.
+
+Naming the emulation makes this module run in a forked child (tests/isolation.py), so JAX's
+runtime, with its threads, starts there and never in the pytest process, which later forks
+the emulated modules' children (JAX warns at every fork after it has started)."""
 import numpy as np
 import pytest
 
@@ -128,6 +133,30 @@ def test_decode_returns_the_updated_pool(x64):
                    donate_argnums=0)
     o2, pool2 = step(jnp.asarray(pool), *args)
     assert np.array_equal(np.asarray(o2), ref) and np.array_equal(np.asarray(pool2), ref_pool)
+
+
+@pytest.mark.emulate
+def test_jit_runs_the_cuda_kernels_emulated():
+    """backend="emulate" through the callback: XLA's buffers go through the .cu kernels the GPU
+    runs (compiled for the CPU), bit for bit kdacupy's own emulated call."""
+    from tests.inputs import make_inputs
+    x, opts = make_inputs()  # bf16, the sigmoid gate, beta logits: the emulated suite's variant
+    ref, _ = kdacupy.kda_forward(*(x[n] for n in ARRAYS), **opts, backend="emulate")
+    jx, jo = to_jax(x, opts)
+    o = jax.jit(lambda *a: kj.kda(*a, **jo, backend="emulate")[0])(*(jx[n] for n in ARRAYS))
+    assert np.array_equal(np.asarray(o), ref)
+
+
+def test_example_layer_trains():
+    """examples/jax_kda_layer.py: a few jitted Adam steps, the loss falls at every step."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "examples" / "jax_kda_layer.py"
+    spec = importlib.util.spec_from_file_location("examples_jax_kda_layer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    losses = module.train(steps=4)
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
 
 
 def test_errors_name_the_argument():
