@@ -22,7 +22,7 @@ constexpr int TS = K + 8;        // padded bf16 tile row (elements)
 // with 2^-gc is O(1); measured under KDACUPY_EMULATE_NUMERICS=hardware at T=8192, g=0, bias=+8.
 constexpr float SAFE_EXPONENT = 100.0f;
 
-// Who owns which channels (docs/design.md section 10: every global access a warp makes covers
+// Who owns which channels (docs/design.md section 11: every global access a warp makes covers
 // whole sectors). The 8 threads of row r = tid / 8 take the row's 16-byte pieces of q and k
 // round robin: thread s = tid % 8 owns pieces s, s + 8, ... (PPS of them, E channels each).
 constexpr int E = 16 / elem_bytes<KDA_DT>();  // q / k channels per 16-byte piece

@@ -21,6 +21,33 @@ DECODE_CASES = {
     "g-and-beta-fp32": dict(N=2, T=2, H=1, K=64, V=64, f32_gate_beta=True),
 }
 
+#: the pool slots each case writes, by hand (not through decode_plan): [N] indices are slots
+#: 1, 3, ..., 2N - 1 (make_decode), each written once, after the last token; [N, T] indices are
+#: slots 1 .. N * T, every token's state stored whatever num_accepted_tokens says
+WRITTEN = {
+    "vk-fp32-pool-gva": {1, 3, 5},
+    "vk-bf16-pool-verify": {1, 2, 3, 4, 5, 6},
+    "kv-fp32-pool-verify": {1, 2, 3, 4, 5, 6},
+    "kv-bf16-pool": {1, 3, 5},
+    "softplus-raw-beta-128": {1, 3},
+    "log-gate-no-beta": {1, 3},
+    "fp16-inputs": {1, 3},
+    "fp32-inputs": {1, 3},
+    "K256": {1, 3},
+    "V256": {1},
+    "no-l2norm-neg-eigval": {1, 3},
+    "g-and-beta-fp32": {1, 3},
+}
+
+
+def written_slots(name, N=None):
+    """WRITTEN[name], or for another N the same rule by hand: odd slots up to 2N - 1 ([N]
+    indices), slots 1 .. N * T ([N, T])."""
+    case = DECODE_CASES[name]
+    if N is None or N == case["N"]:
+        return WRITTEN[name]
+    return set(range(1, N * case["T"] + 1)) if case.get("indices") == "NT" else set(range(1, 2 * N, 2))
+
 
 def decode_case(name, **size):
     """(inputs, options, pool) of one case; ``size`` overrides its arguments."""

@@ -9,6 +9,8 @@ parity tolerance is 2^-8).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import timing
 
 #: segment counts the fewhead shapes are measured with (calibrates seqpar's heuristic)
@@ -30,11 +32,14 @@ def auto_choice(sets):
 
 
 def rms_ratio(x, ref):
-    import cupy
-
-    x, ref = x.astype(cupy.float64), ref.astype(cupy.float64)
-    norm = float(cupy.linalg.norm(ref))
-    return float(cupy.linalg.norm(x - ref)) / norm if norm else 0.0
+    """||x - ref|| / ||ref|| of two CuPy (or NumPy) arrays, on their device."""
+    if isinstance(x, np.ndarray):
+        xp = np
+    else:
+        import cupy as xp
+    x, ref = x.astype(xp.float64), ref.astype(xp.float64)
+    norm = float(xp.linalg.norm(ref))
+    return float(xp.linalg.norm(x - ref)) / norm if norm else 0.0
 
 
 def measure(sets, splits, warmup, iters) -> dict:

@@ -1,5 +1,5 @@
 """``python -m kdacupy.profile``: hardware counters of the kernels from the CPU emulation, and a
-roofline per GPU (docs/design.md section 10). No GPU needed.
+roofline per GPU (docs/design.md section 11). No GPU needed.
 
 Runs the kernels on the emulation with KDACUPY_EMULATE_PROFILE=1 and prints, per kernel:
 requests, shared-memory wavefronts per request against the conflict-free ideal, global sector
@@ -44,7 +44,7 @@ from . import roofline
 from .shapes import Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, shape_problem, validated
 from .timing import git_commit, git_dirty
 
-#: FlashKDA's forward times to set next to the predictions, ms (docs/design.md section 10): on an H200
+#: FlashKDA's forward times to set next to the predictions, ms (docs/design.md section 11): on an H200
 #: the quoted H = 64, T = 8192, B = 1 figure; next to a B200 its repository's GB200 table
 FLASHKDA_MS = {
     "h200": {"kimi-T8192-H64": 1.209},

@@ -1,13 +1,13 @@
-"""A roofline per GPU for the emulation's counters (docs/design.md section 10): the time each
+"""A roofline per GPU for the emulation's counters (docs/design.md section 11): the time each
 resource needs for one launch's work, which one binds, and the occupancy the compile report
-allows. Every figure of GPUS is sourced in docs/design.md section 10; none is measured here."""
+allows. Every figure of GPUS is sourced in docs/design.md section 11; none is measured here."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 MMA_FLOP = 2 * 16 * 8 * 16  # one mma.sync m16n8k16: the only tensor-core shape the kernels use
-#: critical path of one chunk of kda_recurrence, cycles (docs/design.md section 10): its chunks run
+#: critical path of one chunk of kda_recurrence, cycles (docs/design.md section 11): its chunks run
 #: in order, so a sequence of n chunks takes at least n times this, whatever the throughput
 CHAIN_CYCLES_PER_CHUNK = 500
 CHAIN_KERNELS = ("kda_recurrence",)

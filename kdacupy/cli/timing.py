@@ -166,14 +166,17 @@ def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
 
 
 def finite(x) -> bool:
-    """No NaN/Inf in a bf16/fp16/fp32 CuPy array (through its bits: no float cast needed)."""
-    import cupy
+    """No NaN/Inf in a bf16/fp16/fp32 CuPy (or NumPy) array (through its bits: no float cast needed)."""
+    if isinstance(x, np.ndarray):
+        xp = np
+    else:
+        import cupy as xp
 
     if x.dtype.itemsize == 2:
-        bits = x.view(cupy.uint16)
+        bits = x.view(xp.uint16)
         mask = 0x7F80 if x.dtype == BF16 else 0x7C00
         return not bool(((bits & mask) == mask).any())
-    return bool(cupy.isfinite(x).all())
+    return bool(xp.isfinite(x).all())
 
 
 def git_commit() -> str | None:

@@ -1,6 +1,6 @@
 // Hardware counters of an instrumented build (KDACUPY_EMULATE_PROFILE=1): Nsight
 // Compute's request / wavefront / sector vocabulary, computed exactly from the
-// emulated run (docs/design.md section 10). Included by checks.h: the same
+// emulated run (docs/design.md section 11). Included by checks.h: the same
 // -fsanitize=thread hooks that feed the checks feed these counters.
 //
 // A request is one execution of one warp-level instruction. The emulation runs

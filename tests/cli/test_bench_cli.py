@@ -15,6 +15,7 @@ import kdacupy.cli.peers as peers
 import kdacupy.cli.timing as timing
 from kdacupy.cli.shapes import (KIMI_VARLEN, Shape, compulsory_bytes, fewhead_shapes, kimi_shapes, make_inputs, parse_shape,
                             shape_problem)
+from kdacupy.numerics.dtypes import BF16
 from kdacupy.ops.forward.tuning import TileConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,31 +135,80 @@ INFO = dict(name="NVIDIA H200", model="NVIDIA-H200", sm_count=132, device_id=0, 
             cuda_driver=13000, kdacupy="0.1.0", python="3.11")
 
 
+class DeviceClock:
+    """A simulated GPU under the benchmark's own timing: ``timing.time_calls`` runs unchanged,
+    its CUDA events read a virtual clock, and every kdacupy call advances that clock by a known
+    time. So the JSON's times are what the benchmark measured, through its own median / min,
+    warm-up and first-call handling, and the tests compute what they must be."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def advance(self, ms):
+        self.now += ms
+
+    def event(self):
+        clock = self
+
+        class Event:
+            def record(self, stream=None):
+                self.t = clock.now
+
+            def synchronize(self):
+                pass
+        return Event()
+
+    @staticmethod
+    def elapsed(start, end):
+        return end.t - start.t
+
+
+def call_ms(shape, i):
+    """The simulated time of the i-th kdacupy call (0: the first, untimed one) on ``shape``:
+    the bigger the shape, the longer, and every call a little longer than the last, so
+    timing a warm-up call (or missing one) shows in the median and the min."""
+    return shape.T * shape.H / (8192 * 96) * (1.0 + i / 100)
+
+
+def expected_times(shape, warmup, iters):
+    """(median, min) the benchmark must report: one untimed first call, ``warmup`` untimed calls,
+    then ``iters`` timed ones."""
+    timed = [call_ms(shape, i) for i in range(1 + warmup, 1 + warmup + iters)]
+    return float(np.median(timed)), min(timed)
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    calls = dict(timed=0, kdacupy=0)
-
-    def fake_time(fns, warmup, iters, clock="cupy"):
-        calls["timed"] += 1
-        for f in fns:
-            f()
-        return (2.0, 1.5) if clock == "torch" else (0.5, 0.45)
+    """The GPU steps replaced: device facts, inputs (a shape tag), kernel calls (NumPy outputs,
+    so the benchmark's own finiteness check runs) and the device clock under its timing."""
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    clock = DeviceClock()
+    calls = dict(kdacupy=0, nonfinite=set())
 
     def fake_calls(sets):
-        def run(a=sets[0][0], o=sets[0][1]):
+        shape = sets[0][0]["shape"]
+        count = [0]
+
+        def run():
+            clock.advance(call_ms(shape, count[0]))
+            count[0] += 1
             calls["kdacupy"] += 1
-            return "o", "s"
+            o = np.full(4, np.nan if shape.name in calls["nonfinite"] else 1.0, BF16)
+            return o, np.ones(4, np.float32)
         return [run for _ in sets]
 
     monkeypatch.setattr(timing, "gpu_available", lambda: True)
     monkeypatch.setattr(timing, "device_info", lambda: dict(INFO))
     monkeypatch.setattr(timing, "copy_bandwidth", lambda: 4000.0)
-    monkeypatch.setattr(bench, "device_inputs", lambda shape, seed: ("arrays", "options"))
-    monkeypatch.setattr(bench, "selection", lambda a, o: (TileConfig(32, 2), "heuristic (untuned)"))
+    monkeypatch.setattr(bench, "device_inputs", lambda shape, seed: (dict(shape=shape), {}))
+    monkeypatch.setattr(bench, "selection", lambda a, o: (TileConfig(32 if a["shape"].H > 64 else 64, 2),
+                                                          "heuristic (untuned)"))
     monkeypatch.setattr(bench, "kdacupy_calls", fake_calls)
-    monkeypatch.setattr(timing, "finite", lambda x: True)
-    monkeypatch.setattr(timing, "time_calls", fake_time)
+    monkeypatch.setattr(cupy.cuda, "Event", clock.event)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: None)
+    monkeypatch.setattr(cupy.cuda, "get_elapsed_time", clock.elapsed)
     monkeypatch.setenv("KDACUPY_COMMIT", "cafe" * 10)
+    calls["clock"] = clock
     return calls
 
 
@@ -171,18 +221,30 @@ def test_json_without_fla(fake_gpu, tmp_path, capsys):
     assert doc["commit"] and len(doc["commit"]) == 40  # git rev-parse, or KDACUPY_COMMIT
     assert doc["copy_bandwidth_gbps"] == 4000.0 and doc["iters"] == 3 and doc["complete"] is True
     assert len(doc["shapes"]) == 6 and doc["geomean_fla_over_kdacupy_kimi"] is None
+    by_name = {s.name: s for s in kimi_shapes()}
     for r in doc["shapes"]:
-        k = r["kdacupy"]
-        assert (k["median_ms"], k["min_ms"], k["tiles"], k["tiles_source"]) == (
-            0.5, 0.45, dict(BV=32, stages=2), "heuristic (untuned)")
+        k, shape = r["kdacupy"], by_name[r["shape"]["name"]]
+        med, mn = expected_times(shape, 10, 3)  # --warmup 10 (the default), --iters 3
+        assert k["median_ms"] == pytest.approx(med) and k["min_ms"] == pytest.approx(mn)
+        assert k["tiles"] == dict(BV=32 if shape.H > 64 else 64, stages=2) and k["finite"] is True
         assert r["bytes"]["total"] == compulsory_bytes(parse_shape(
             f"T=8192,H={r['shape']['H']}" if r["shape"]["lens"] is None else
             f"varlen={':'.join(map(str, r['shape']['lens']))},H={r['shape']['H']}"))["total"]
-        assert r["achieved_gbps"] == pytest.approx(r["bytes"]["total"] / 0.5e-3 / 1e9)
+        assert r["achieved_gbps"] == pytest.approx(r["bytes"]["total"] / (med * 1e-3) / 1e9)
         assert r["fla"] is None and r["ratio_fla_over_kdacupy"] is None
     out = capsys.readouterr().out
     assert "kimi-T8192-H96" in out and "FLA did not run" in out and str(path) in out
-    assert fake_gpu["timed"] == 6
+    assert fake_gpu["kdacupy"] == 6 * (1 + 10 + 3)
+
+
+def test_non_finite_output_is_recorded_and_fails_the_run(fake_gpu, tmp_path, capsys):
+    """The benchmark's own finiteness check (timing.finite on the first call's outputs)."""
+    fake_gpu["nonfinite"].add("kimi-T8192-H64")
+    path = tmp_path / "r.json"
+    assert bench.main(["--shapes", "kimi", "--json", str(path), "--no-fla", "--iters", "2"]) == 1
+    rows = {r["shape"]["name"]: r for r in json.loads(path.read_text())["shapes"]}
+    assert [n for n, r in rows.items() if not r["kdacupy"]["finite"]] == ["kimi-T8192-H64"]
+    assert "non-finite output for kimi-T8192-H64" in capsys.readouterr().err
 
 
 class FakeFLA:
@@ -197,7 +259,7 @@ def test_json_with_fla_ratios_errors_and_geomean(fake_gpu, tmp_path, monkeypatch
     monkeypatch.setattr(peers, "FLA", FakeFLA)
 
     def fake_run_fla(fla, sets, o, s, warmup, iters):
-        assert isinstance(fla, FakeFLA) and (o, s) == ("o", "s")
+        assert isinstance(fla, FakeFLA) and bench.timing.finite(o) and s.dtype == np.float32  # the first call's
         name = fake_run_fla.names.pop(0)
         if name == "kimi-varlen6-H64":
             raise RuntimeError("triton: out of resources")
@@ -211,12 +273,17 @@ def test_json_with_fla_ratios_errors_and_geomean(fake_gpu, tmp_path, monkeypatch
     assert bench.main(["--shapes", "kimi", "--json", str(path)]) == 0
     doc = json.loads(path.read_text())
     rows = {r["shape"]["name"]: r for r in doc["shapes"]}
-    assert rows["kimi-T8192-H96"]["ratio_fla_over_kdacupy"] == pytest.approx(4.0)
-    assert rows["kimi-T8192-H64"]["ratio_fla_over_kdacupy"] == pytest.approx(16.0)
-    assert rows["kimi-varlen6-H64"]["fla"] == dict(error="RuntimeError: triton: out of resources")
-    assert rows["kimi-varlen6-H64"]["ratio_fla_over_kdacupy"] is None
-    # three H96 shapes at 4x, two H64 shapes at 16x (one failed)
-    assert doc["geomean_fla_over_kdacupy_kimi"] == pytest.approx(math.exp((3 * math.log(4) + 2 * math.log(16)) / 5))
+    ratios = []
+    for shape in kimi_shapes():
+        r = rows[shape.name]
+        if shape.name == "kimi-varlen6-H64":
+            assert r["fla"] == dict(error="RuntimeError: triton: out of resources")
+            assert r["ratio_fla_over_kdacupy"] is None
+            continue
+        med = expected_times(shape, 10, 100)[0]  # the defaults: --warmup 10, --iters 100
+        ratios.append((2.0 if shape.H == 96 else 8.0) / med)
+        assert r["ratio_fla_over_kdacupy"] == pytest.approx(ratios[-1])
+    assert doc["geomean_fla_over_kdacupy_kimi"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 5))
     assert doc["kimi_shapes_with_fla"] == 5
     assert doc["fla_status"].startswith("fla 0.0-test")
     assert rows["kimi-T8192-H96"]["fla"]["state_dtype"] == "float32"
@@ -231,7 +298,7 @@ def test_default_json_path(fake_gpu, tmp_path, monkeypatch):
 
 def test_small_inputs_rotate_two_sets(fake_gpu, tmp_path, monkeypatch):
     seeds = []
-    monkeypatch.setattr(bench, "device_inputs", lambda shape, seed: seeds.append(seed) or ("a", "o"))
+    monkeypatch.setattr(bench, "device_inputs", lambda shape, seed: seeds.append(seed) or (dict(shape=shape), {}))
     path = tmp_path / "r.json"
     assert bench.main(["--shapes", "T=64,H=2", "T=65536,H=12", "--no-fla",
                        "--json", str(path)]) == 0
@@ -283,7 +350,7 @@ def test_a_failing_shape_is_recorded_and_the_rest_run(fake_gpu, tmp_path, monkey
     assert bench.main(["--shapes", "T=64,H=2", "T=128,H=2", "--no-fla", "--json", str(path)]) == 1
     rows = json.loads(path.read_text())["shapes"]
     assert rows[0]["error"] == "RuntimeError: CUDA_ERROR_OUT_OF_MEMORY" and rows[0]["kdacupy"] is None
-    assert rows[1]["kdacupy"]["median_ms"] == 0.5
+    assert rows[1]["kdacupy"]["median_ms"] == pytest.approx(expected_times(parse_shape("T=128,H=2"), 10, 100)[0])
     out = capsys.readouterr()
     assert "ERROR: RuntimeError" in out.out and "T=64,H=2" in out.err
 

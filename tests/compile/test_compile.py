@@ -1,13 +1,15 @@
 """Every arch compiles the kernels on the CPU (NVRTC), within the resource budgets:
 no spills and no local memory in the recurrence at the default configurations,
-its matmuls on the tensor cores, shared memory within each arch's limit."""
+its matmuls on the tensor cores, shared memory within each arch's limit.
+The reports come from tests/compile/reports.py: one parallel batch for the module,
+the SASS mix on its SASS_ARCH (and on every arch for each kernel's first variant)."""
 import subprocess
 import sys
 
 import pytest
 
 from kdacupy.jit import registry, render as jit
-from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT, compile_variant
+from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT
 from kdacupy.ops.forward.variants import prepare_variants, recurrence_variants
 from kdacupy.numerics.dtypes import BF16, F32
 from kdacupy.ops.forward.kernels import PrepareVariant, RecurrenceVariant
@@ -15,13 +17,9 @@ from kdacupy.ops.forward.tuning import TileConfig
 from kdacupy.ops.decode.variants import decode_variants
 from kdacupy.ops.decode.kernels import DecodeTiles, DecodeVariant, decode_candidates
 
-pytestmark = pytest.mark.nvrtc  # skipped where NVRTC cannot load (tests/conftest.py)
+from .reports import HAVE_NVDISASM, SASS_ARCH, compile_all, matrix, report
 
-try:
-    from cuda.pathfinder import find_nvidia_binary_utility
-    HAVE_NVDISASM = find_nvidia_binary_utility("nvdisasm") is not None
-except Exception:  # noqa: BLE001
-    HAVE_NVDISASM = False
+pytestmark = pytest.mark.nvrtc  # skipped where NVRTC cannot load (tests/conftest.py)
 
 # the variants the Kimi shapes run with (the heuristic picks BV 32 or 128 there)
 DEFAULTS = [RecurrenceVariant(128, 128, BF16, fp32, TileConfig(bv, 2))
@@ -35,12 +33,13 @@ HMMA_PER_CHUNK = 2 * 2 * 128 // 16 + 4 + 128 // 8
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("var", DEFAULTS, ids=registry.label)
+@pytest.mark.usefixtures("compiled")
 def test_recurrence_budget(arch, var):
-    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    res = report(var, arch)
     assert res.ok, res.log
     assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
     assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
-    if HAVE_NVDISASM:
+    if res.sass:
         assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
         assert res.sass["HMMA"] == HMMA_PER_CHUNK  # the chunk loop is not unrolled: one chunk's worth
         assert res.sass["LDSM"] > 0 and res.sass["LDGSTS"] > 0  # ldmatrix operands, cp.async pipeline
@@ -48,13 +47,23 @@ def test_recurrence_budget(arch, var):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("var", PREPARE_DEFAULTS, ids=registry.label)
+@pytest.mark.usefixtures("compiled")
 def test_prepare_budget(arch, var):
-    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    res = report(var, arch)
     assert res.ok, res.log
     assert (res.spill_stores, res.spill_loads) == (0, 0), res.log
     assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
-    if HAVE_NVDISASM:
+    if res.sass:
         assert res.sass["HMMA"] > 0 and res.sass["LDL"] == 0
+
+
+@pytest.mark.usefixtures("compiled")
+def test_the_sass_mix_is_taken_where_the_budgets_read_it():
+    if not HAVE_NVDISASM:
+        pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
+    for variants in (DEFAULTS, PREPARE_DEFAULTS, DECODE_DEFAULTS):
+        assert all(report(v, SASS_ARCH).sass for v in variants)
+        assert all(report(variants[0], a).sass for a in ARCHS)
 
 
 def test_variant_enumeration_covers_the_options():
@@ -97,19 +106,32 @@ DECODE_DEFAULTS = [DecodeVariant(128, 128, BF16, BF16, BF16, "sigmoid", "sigmoid
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("var", DECODE_DEFAULTS, ids=registry.label)
+@pytest.mark.usefixtures("compiled")
 def test_decode_budget(arch, var):
-    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    res = report(var, arch)
     assert res.ok, res.log
     assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
-    if HAVE_NVDISASM:
+    if res.sass:
         assert res.sass["LDL"] == 0 and res.sass["STL"] == 0 and res.sass["HMMA"] == 0
 
 
+def other_head_dims(K):
+    return [DecodeVariant(K, K, BF16, BF16, BF16, "softplus", "raw", False, BF16, "vk", tiles)
+            for tiles in decode_candidates(K, K)[::4]]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Every report this module checks, compiled in one parallel batch before its first test."""
+    jobs = matrix(DEFAULTS, ARCHS) + matrix(PREPARE_DEFAULTS, ARCHS) + matrix(DECODE_DEFAULTS, ARCHS)
+    compile_all(jobs + [(v, "sm_90a", False) for K in (64, 256) for v in other_head_dims(K)])
+
+
 @pytest.mark.parametrize("K", [64, 256])
+@pytest.mark.usefixtures("compiled")
 def test_decode_other_head_dims_compile_without_spills(K):
-    for tiles in decode_candidates(K, K)[::4]:
-        res = compile_variant(DecodeVariant(K, K, BF16, BF16, BF16, "softplus", "raw", False, BF16, "vk", tiles),
-                              "sm_90a")
+    for var in other_head_dims(K):
+        res = report(var, "sm_90a")
         assert res.ok and (res.spill_stores, res.spill_loads) == (0, 0), res.log
 
 

@@ -2,7 +2,8 @@
 compiles on every arch without spills, and drops the output's matmuls."""
 import pytest
 
-from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT, compile_variant
+from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT
+from kdacupy.jit.render import render
 from kdacupy.numerics.dtypes import BF16
 from kdacupy.ops.forward.kernels import RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
@@ -13,26 +14,38 @@ try:
 except Exception as e:  # noqa: BLE001
     pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
 
-try:
-    from cuda.pathfinder import find_nvidia_binary_utility
-    HAVE_NVDISASM = find_nvidia_binary_utility("nvdisasm") is not None
-except Exception:  # noqa: BLE001
-    HAVE_NVDISASM = False
+from .reports import HAVE_NVDISASM, SASS_ARCH, Source, compile_all, matrix, report
 
 # per chunk and warp: W (2 x K/16), U (2), the state update (K/8); no o (2 x K/16) and no U Mqk (2)
 HMMA_PER_CHUNK = 2 * 128 // 16 + 2 + 128 // 8
+MAP_VARIANTS = [RecurrenceVariant(128, 128, BF16, True, TileConfig(bv, 2), no_output=True) for bv in (32, 128)]
+
+
+def scan_source(K, V):
+    from kdacupy.ops.seqpar import split
+    return Source(f"kda_seqpar_scan K={K} V={V}", render("kda_seqpar_scan", split.scan_config(K, V)))
+
+
+SCAN_SHAPES = [(64, 64), (128, 128), (256, 256)]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Every report this module checks, compiled in one parallel batch (tests/compile/reports.py)."""
+    compile_all(matrix(MAP_VARIANTS, ARCHS) + [(scan_source(K, V), a, False) for K, V in SCAN_SHAPES for a in ARCHS])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("bv", [32, 128])
-def test_map_variant_budget(arch, bv):
-    var = RecurrenceVariant(128, 128, BF16, True, TileConfig(bv, 2), no_output=True)
+@pytest.mark.parametrize("var", MAP_VARIANTS, ids=lambda v: f"BV={v.tiles.BV}")
+@pytest.mark.usefixtures("compiled")
+def test_map_variant_budget(arch, var):
     assert var.config()["KDA_NO_OUTPUT"] == 1
-    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    res = report(var, arch)
     assert res.ok, res.log
     assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
     assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
-    if HAVE_NVDISASM:
+    assert bool(res.sass) == (HAVE_NVDISASM and (arch == SASS_ARCH or var is MAP_VARIANTS[0]))
+    if res.sass:
         assert res.sass["HMMA"] == HMMA_PER_CHUNK
         assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
 
@@ -43,32 +56,28 @@ def test_default_variant_config_is_unchanged():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("K, V", [(64, 64), (128, 128), (256, 256)])
+@pytest.mark.parametrize("K, V", SCAN_SHAPES)
+@pytest.mark.usefixtures("compiled")
 def test_scan_kernel_budget(arch, K, V):
-    from kdacupy.jit.nvrtc import nvrtc_compile
-    from kdacupy.jit.render import render
     from kdacupy.ops.seqpar import split
-    res = nvrtc_compile(render("kda_seqpar_scan", split.scan_config(K, V)), arch)
+    res = report(scan_source(K, V), arch)
     assert res.ok, res.log
     assert (res.spill_stores, res.spill_loads) == (0, 0), res.log
     assert split.scan_smem(K) + res.static_smem <= 48 * 1024  # no opt-in needed
 
 
-def test_compile_cli_lists_the_seqpar_variants():
-    import subprocess
-    import sys
+def test_compile_cli_lists_the_seqpar_variants(capsys):
+    # in-process (test_compile.py runs `python -m kdacupy.compile` itself)
+    from kdacupy.cli.compile import main
     from kdacupy.ops.forward.variants import recurrence_variants
     from kdacupy.ops.seqpar.variants import map_variants, scan_variants
     var = list(map_variants()) + list(scan_variants())
     label = lambda v: v.label()  # noqa: E731
     assert {v.K for v in var} == {64, 128, 256} and len(set(map(label, var))) == len(var)
     assert not set(map(label, var)) & set(map(label, recurrence_variants()))
-    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "seqpar",
-                          "--match", "K=64 V=64", "--match", "BV=64 stages=2", "--match", "bfloat16"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("kda_")]
+    assert main(["--arch", "sm_80", "--kernel", "seqpar", "--match", "K=64 V=64", "--match", "BV=64 stages=2",
+                 "--match", "bfloat16"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("kda_")]
     assert len(lines) == 1 and "no_output" in lines[0] and "spill_stores=0" in lines[0]
-    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "seqpar",
-                          "--match", "kda_seqpar_scan K=256 V=64 "], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.count("kda_seqpar_scan") == 1, out.stdout + out.stderr
+    assert main(["--arch", "sm_80", "--kernel", "seqpar", "--match", "kda_seqpar_scan K=256 V=64 "]) == 0
+    assert capsys.readouterr().out.count("kda_seqpar_scan") == 1

@@ -6,12 +6,12 @@ import pytest
 
 import kdacupy
 from kdacupy.ops.decode.kernels import DecodeTiles, decode_candidates
-from kdacupy.numerics.decode_reference import decode_plan
 from kdacupy.numerics.dtypes import BF16
 from kdacupy.emulate import find_compiler
 from kdacupy.numerics.parity import EMULATE, mismatch
 
-from ..decode_cases import DECODE_CASES, decode_case
+from ..decode_cases import DECODE_CASES, decode_case, written_slots
+from ..decode_checks import check_decode_step
 from ..decode_inputs import make_decode
 
 try:
@@ -42,14 +42,9 @@ def untouched(after, before, written):
 @pytest.mark.parametrize("name", list(DECODE_CASES))
 def test_emulated_decode_matches_the_model(name):
     x, opts, pool = decode_case(name)
-    oe, om, pe, pm = run_both(x, opts, pool)
-    assert oe.dtype == x["v"].dtype and oe.shape == x["v"].shape
-    close(oe, om)
-    _, write = decode_plan(opts["state_indices"], opts.get("num_accepted_tokens"), x["q"].shape[0],
-                           x["q"].shape[1], pool.shape[0])
-    written = set(write[write >= 0].tolist())
-    close(pe[sorted(written)], pm[sorted(written)])
-    assert untouched(pe, pool, written)
+    pe = pool.copy()
+    oe = kdacupy.kda_decode(**x, state_pool=pe, **opts, backend="emulate")
+    check_decode_step(oe, pe, pool, x, opts, written_slots(name), [], EMULATE)
 
 
 @pytest.mark.parametrize("tiles", [DecodeTiles(8, 1), DecodeTiles(16, 2), DecodeTiles(32, 8), DecodeTiles(64, 4)])
@@ -73,6 +68,9 @@ def test_padding_at_every_position_gives_zeros_and_touches_nothing(form):
     """The anchor bug: a -1 index that crashed the kernel or wrapped to the last slot."""
     N, T, P = 3, 2, 7
     x, opts, pool = make_decode(N=N, T=T, H=1, K=64, V=64, P=P)
+    # by hand: [N] indices 0, 2, 4 write their own slot; [N, T] rows [0, 1], [2, 3], [4, 5] both;
+    # the padded row writes none
+    writes = {"N": [{2, 4}, {0, 4}, {0, 2}], "NT": [{2, 3, 4, 5}, {0, 1, 4, 5}, {0, 1, 2, 3}]}[form]
     for pad in range(N):
         if form == "N":
             idx = np.array([0, 2, 4], np.int32)
@@ -84,21 +82,13 @@ def test_padding_at_every_position_gives_zeros_and_touches_nothing(form):
         o = dict(opts, state_indices=idx)
         p = pool.copy()
         kdacupy.kda_decode(**x, state_pool=p, **o, backend="emulate", out=out)
-        assert not np.any(out[pad].astype(np.float32)), pad
-        assert np.isfinite(out.astype(np.float32)).all()
-        _, write = decode_plan(idx, None, N, T, P)
-        written = set(write[write >= 0].tolist())
-        assert untouched(p, pool, written) and (P - 1) not in written
-        pm = pool.copy()
-        om = kdacupy.kda_decode(**x, state_pool=pm, **o, backend="model")
-        close(out, om)
-        close(p, pm)
+        check_decode_step(out, p, pool, x, o, writes[pad], [pad], EMULATE)
 
 
 def test_device_style_out_of_range_indices_are_padding():
     """Device indices are not validated by the host: the kernel treats a slot
     >= P like a negative one (launcher called directly, as the host checks
-    would reject these)."""
+    would reject these). The CPU twin of test_gpu_decode.py's padding test."""
     from kdacupy.ops.decode.fastpath import DecodeCall
     from kdacupy.validation.pool import Pool
     from kdacupy.validation import validate
@@ -114,8 +104,8 @@ def test_device_style_out_of_range_indices_are_padding():
     call = DecodeCall(p, Pool(3, pool.dtype, "vk", False, False), arrays)
     assert call.checked(arrays) is None  # the host check refuses slot 99; the kernel is launched regardless
     o = call.launch(arrays, [call._ptr(x) for x in arrays])
-    assert not np.any(o[0].astype(np.float32)) and np.any(o[1].astype(np.float32))
-    assert untouched(pool, before, {1})
+    # by hand: slot 99 means padding (row 0 zero, nothing written), row 1 writes slot 1
+    check_decode_step(o, pool, before, x, dict(opts, state_indices=np.array([-1, 1], np.int32)), {1}, [0], EMULATE)
 
 
 def test_one_token_sequences_with_exact_sized_inputs():

@@ -26,6 +26,10 @@ def prefill_case(layout="vk", pool_dtype=np.float32, P=6, seed=0):
     return x, opts, pool, np.array([4, 1, -1, 0], np.int32)
 
 
+def bf16(x):
+    return np.asarray(x, np.float32).astype(BF16)
+
+
 def close(x, ref):
     why = mismatch(x, ref, EMULATE)
     assert why is None, why
@@ -103,10 +107,13 @@ def test_decode_after_prefill_equals_one_forward_over_all_tokens(backend, layout
                                        backend=backend))
         t += s
     o = np.concatenate(outs, axis=1)
-    err = rmse_ratio(o[:, T0:], ref_o[:, T0:])
-    # reference: only the bf16 output rounding; kernels / model: the forward's bf16 operands too
-    assert err < (2.0 ** -8 if backend == "reference" else 2.0 ** -5), err
-    assert rmse_ratio(o[:, :T0], ref_o[:, :T0]) < (2.0 ** -8 if backend == "reference" else 2.0 ** -5)
+    # in units of the floor (the exact output rounded to bf16 once): the reference backend is
+    # that rounding alone; the decode steps (fp32 state, one rounding of o) measure 1.14 floors
+    # on the model and the emulated kernels, the prefill (the forward's bf16 operands and bf16
+    # state) 2.07 floors; bounds about twice that. A [K, V] / [V, K] mix-up is O(1).
+    for part, bound in ((slice(T0, None), 2.0), (slice(0, T0), 4.0)):
+        err, floor = rmse_ratio(o[:, part], ref_o[:, part]), rmse_ratio(bf16(ref_o[:, part]), ref_o[:, part])
+        assert err <= (1.0 + 1e-6 if backend == "reference" else bound) * floor, (part, err, floor)
 
 
 def test_validation_of_the_pool_keywords():

@@ -13,7 +13,7 @@ from kdacupy.numerics.parity import EMULATE, mismatch
 from kdacupy.numerics.precision import kda_model
 from kdacupy.ops.forward.tuning import TileConfig
 
-from ..cases import CASES, case_inputs
+from ..cases import CASES, case_inputs, check_against_reference
 from ..inputs import make_inputs, rmse_ratio
 
 pytestmark = pytest.mark.emulate  # skipped without a host C++ compiler (tests/conftest.py)
@@ -33,6 +33,7 @@ def test_emulated_kernels_match_the_model(name, precision):
     assert s.dtype == sm.dtype and s.shape == sm.shape
     close(o, om)
     close(s, sm)
+    check_against_reference(name, x, opts, o, s)  # the definition itself, not only the model
 
 
 @pytest.mark.parametrize("tiles", [TileConfig(16, 2), TileConfig(32, 3), TileConfig(64, 2), TileConfig(128, 3)])

@@ -1,16 +1,17 @@
 """The decode kernel and the pool-reading forward on a GPU: parity with the
-decode precision model (tolerance ``kdacupy.parity.GPU``), padding, and a
+decode precision model (tolerance ``kdacupy.numerics.parity.GPU``), padding, and a
 decode step captured into a CUDA graph and replayed with new tokens and slots.
-Skipped without a GPU."""
+The step comparison is tests/decode_checks.py's, which the emulated suite runs on
+the CPU. Skipped without a GPU."""
 import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.numerics.decode_reference import decode_plan
 from kdacupy.numerics.dtypes import BF16
 from kdacupy.numerics.parity import GPU, mismatch
 
-from ..decode_cases import DECODE_CASES, decode_case
+from ..decode_cases import DECODE_CASES, decode_case, written_slots
+from ..decode_checks import check_decode_step
 from ..decode_inputs import make_decode
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
@@ -31,31 +32,24 @@ def test_decode_kernel_matches_the_model(name):
         if size and "indices" in DECODE_CASES[name]:
             size = dict(N=37, accepted=list(np.arange(37) % DECODE_CASES[name]["T"] + 1))
         x, opts, pool = decode_case(name, **size)
-        pm = pool.copy()
-        om = kdacupy.kda_decode(**x, state_pool=pm, **opts, backend="model")
         pd = cp.asarray(pool)
         o = kdacupy.kda_decode(**dev(x), state_pool=pd, **dev(opts))
-        agree(cp.asnumpy(o), om)
-        _, write = decode_plan(opts["state_indices"], opts.get("num_accepted_tokens"), x["q"].shape[0],
-                               x["q"].shape[1], pool.shape[0])
-        w = sorted(set(write[write >= 0].tolist()))
-        got = cp.asnumpy(pd)
-        agree(got[w], pm[w])
-        keep = np.setdiff1d(np.arange(pool.shape[0]), w)
-        assert np.array_equal(got[keep].view(np.uint8), pool[keep].view(np.uint8))
+        check_decode_step(cp.asnumpy(o), cp.asnumpy(pd), pool, x, opts, written_slots(name, x["q"].shape[0]), [],
+                          GPU)
 
 
 def test_padding_and_device_indices_out_of_range():
+    """Rows 0 (-1) and 2 (99: device indices are not validated, >= P is padding) give zeros
+    and touch nothing; rows 1 and 3 match the model from slots 5 and 0 and write them back;
+    slots 1-4 stay bitwise (tests/decode_checks.py; the CPU twin is test_decode_emulate.py's
+    test_device_style_out_of_range_indices_are_padding)."""
     x, opts, pool = make_decode(N=4, T=1, H=2, HV=4, K=128, V=128, P=6, pool_dtype=BF16)
-    idx = cp.asarray(np.array([-1, 5, 99, 0], np.int32))  # 99: not validated on the device, treated as padding
+    idx = cp.asarray(np.array([-1, 5, 99, 0], np.int32))
     pd = cp.asarray(pool)
     out = cp.full(x["v"].shape, np.nan, dtype=x["v"].dtype)
     kdacupy.kda_decode(**dev(x), state_pool=pd, **dev(dict(opts, state_indices=idx)), out=out)
-    o = cp.asnumpy(out).astype(np.float32)
-    assert not np.any(o[[0, 2]]) and np.all(np.isfinite(o)) and np.any(o[1]) and np.any(o[3])
-    got = cp.asnumpy(pd)
-    for s in (1, 2, 3, 4):
-        assert np.array_equal(got[s].view(np.uint16), pool[s].view(np.uint16))
+    host = dict(opts, state_indices=np.array([-1, 5, -1, 0], np.int32))  # what 99 means
+    check_decode_step(cp.asnumpy(out), cp.asnumpy(pd), pool, x, host, {5, 0}, [0, 2], GPU)
 
 
 def test_decode_step_captures_into_a_cuda_graph_and_replays():
@@ -103,3 +97,23 @@ def test_prefill_into_the_pool_then_decode_on_the_gpu():
     assert s is None
     agree(cp.asnumpy(o), om)
     agree(cp.asnumpy(pd), pm)
+
+
+def run_decode(x, opts, pool):
+    pd = cp.asarray(pool)
+    o = kdacupy.kda_decode(**dev(x), state_pool=pd, **dev(opts))
+    return cp.asnumpy(o), cp.asnumpy(pd)
+
+
+@pytest.mark.parametrize("gate", ["log", "softplus", "sigmoid"])
+def test_gates_by_hand(gate):
+    """The decode kernel's gate and beta against the definition written out in
+    tests/activations.py (test_activations.py runs the same on the model and the emulation)."""
+    from .. import activations as act
+    act.decode_gate(run_decode, gate)
+
+
+@pytest.mark.parametrize("mode", ["none", "raw", "sigmoid", "neg_eigval"])
+def test_beta_by_hand(mode):
+    from .. import activations as act
+    act.decode_beta(run_decode, mode)

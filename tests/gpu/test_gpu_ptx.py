@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kdacupy import jit
+from kdacupy.jit.nvrtc import NVRTC_OPTIONS
 from kdacupy.emulate.numerics import MMA_BLOCK, MMA_GUARD, REL_BOUND, mma_dot
 
 from ..emulate.test_ptx_twins import (TEST_KERNELS, approx_inputs, gather_d, kernel_source,
@@ -39,7 +39,7 @@ class Gpu:
     """The test kernels as cupy.RawModule builds them at run time (same options as kdacupy.jit)."""
 
     def __init__(self):
-        self.mod = cp.RawModule(code=kernel_source(TEST_KERNELS), options=jit.NVRTC_OPTIONS)
+        self.mod = cp.RawModule(code=kernel_source(TEST_KERNELS), options=NVRTC_OPTIONS)
 
     def __call__(self, name, grid, block, args, shared_mem=0):
         dev = [cp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
@@ -68,6 +68,19 @@ def canonical(ref_bits, x):
     ref = ref_bits.copy()  # NaN -> the canonical 0x7FFF the twins give
     ref[np.isnan(x)] = 0x7FFF
     return ref
+
+
+def test_runtime_builds_flush_subnormals():
+    """The FTZ claim of docs/design.md section 2, on the device: a RawModule kernel built with
+    the runtime's options (CuPy adds -ftz=true) flushes a subnormal product to zero; the same
+    product in NumPy is the subnormal 1e-40 (the multiply is not folded: operands at run time)."""
+    a = np.array([1e-20, 1e-20], np.float32)
+    assert 0 < np.float32(a[0] * a[1]) < np.finfo(np.float32).tiny
+    mod = cp.RawModule(code='extern "C" __global__ void mul(const float* a, float* o) { o[0] = a[0] * a[1]; }',
+                       options=NVRTC_OPTIONS)
+    o = cp.full(1, 7.0, cp.float32)
+    mod.get_function("mul")((1,), (1,), (cp.asarray(a), o))
+    assert float(o.get()[0]) == 0.0
 
 
 @pytest.mark.parametrize("op, dt", [(0, ml_dtypes.bfloat16), (1, np.float16)], ids=["bf16", "f16"])

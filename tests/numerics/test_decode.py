@@ -60,6 +60,14 @@ def test_public_api_updates_the_pool_and_leaves_other_slots_bitwise(backend):
     assert not np.array_equal(pool[touched].astype(np.float32), before[touched].astype(np.float32))
 
 
+#: the slots each padding case writes, by hand: [N] indices 1, 3, 5 write their own slot; [N, T]
+#: rows [0, 1], [2, 3], [4, 5] write both; a padded row ([-1, 6] in NT) writes none, not even slot 6
+PADDED_WRITES = {
+    ("N", 0): {3, 5}, ("N", 1): {1, 5}, ("N", 2): {1, 3},
+    ("NT", 0): {2, 3, 4, 5}, ("NT", 1): {0, 1, 4, 5}, ("NT", 2): {0, 1, 2, 3},
+}
+
+
 @pytest.mark.parametrize("form", ["N", "NT"])
 @pytest.mark.parametrize("pad_at", [0, 1, 2])
 def test_padding_gives_zeros_and_touches_nothing(form, pad_at):
@@ -72,8 +80,7 @@ def test_padding_gives_zeros_and_touches_nothing(form, pad_at):
         idx = np.array([[0, 1], [2, 3], [4, 5]], np.int32)
         idx[pad_at] = [-1, 6]  # a padded start: slot 6 must not be written either
     opts["state_indices"] = idx
-    written = set(decode_plan(idx, None, N, T, 8)[1].ravel().tolist()) - {-1}
-    assert len(written) == (2 if form == "N" else 4)
+    written = PADDED_WRITES[form, pad_at]
     for backend in ("reference", "model"):
         p = pool.copy()
         o = kdacupy.kda_decode(**x, state_pool=p, **pool_opts(opts), backend=backend)
@@ -185,11 +192,23 @@ def test_validation_errors():
     bad("g: expected shape", g=np.zeros((3, 2, 1, 32), BF16))
 
 
-def test_padded_rows_may_repeat_slots():
-    """Slots named by a padded sequence are not written, so they may repeat live ones."""
+@pytest.mark.parametrize("backend", ["reference", "model", pytest.param("emulate", marks=pytest.mark.emulate)])
+def test_padded_rows_may_repeat_slots(backend):
+    """Slots named by a padded sequence are not written, so they may repeat live ones: slots 1
+    and 2 hold sequence 0's states after its tokens 0 and 1 (as sequence 0 run alone writes
+    them), the padded row's output is zero, every other slot is unchanged."""
     x, opts, pool = make_decode(N=2, T=2, H=1, P=8)
     idx = np.array([[1, 2], [-1, 2]], np.int32)
-    kdacupy.kda_decode(**x, state_pool=pool, **dict(pool_opts(opts), state_indices=idx))
+    p = pool.copy()
+    o = kdacupy.kda_decode(**x, state_pool=p, **dict(pool_opts(opts), state_indices=idx), backend=backend)
+    alone = pool.copy()
+    o0 = kdacupy.kda_decode(**{n: a[:1] for n, a in x.items()}, state_pool=alone,
+                            **dict(pool_opts(opts), state_indices=idx[:1]), backend=backend)
+    np.testing.assert_array_equal(o[:1], o0)
+    assert not np.any(o[1].astype(np.float32))
+    np.testing.assert_array_equal(p[[1, 2]], alone[[1, 2]])
+    assert not np.array_equal(p[1], pool[1]) and not np.array_equal(p[2], p[1])
+    np.testing.assert_array_equal(p[[0, 3, 4, 5, 6, 7]], pool[[0, 3, 4, 5, 6, 7]])
 
 
 def test_out_and_inputs_may_not_overlap_the_pool():

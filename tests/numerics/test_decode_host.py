@@ -31,7 +31,10 @@ def first_then(x, opts, pool, **change):
     return args
 
 
-def test_cached_calls_reject_what_the_first_call_would(null):
+@pytest.mark.emulate
+def test_cached_calls_reject_what_the_first_call_would():
+    """The real emulated kernel runs behind the cache, so "the pool is unchanged" would see a
+    launch made before the rejection (under the null launcher nothing could change it)."""
     x, opts, pool = make_decode(N=3, T=2, H=1, P=8, indices=np.array([[0, 1], [2, 3], [4, 5]], np.int32))
     opts = dict(opts, num_accepted_tokens=np.array([1, 2, 1], np.int32))
     cases = [
@@ -42,7 +45,9 @@ def test_cached_calls_reject_what_the_first_call_would(null):
     ]
     for match, change in cases:
         decode_fastpath.clear()
+        before = pool.copy()
         args = first_then(x, opts, pool, **change)
+        assert not np.array_equal(pool, before)  # the first call ran the kernel: it wrote slots 0-5
         before = pool.copy()
         with pytest.raises(ValueError, match=match):
             kdacupy.kda_decode(**args, backend="emulate")
@@ -102,15 +107,55 @@ def test_bench_decode_shapes_and_bytes():
     assert o["state_indices"].shape == (8, 4) and len(set(o["state_indices"].ravel().tolist())) == 32
 
 
+def test_host_overhead_times_the_whole_host_path_and_launches_nothing(monkeypatch):
+    """bench_decode.host_overhead on a simulated clock: every kda_decode call takes 7 us, so the
+    report must say 7.0 us per call (its min over repeats of the mean); each timed call went all
+    the way to the (null) launch, and nothing ran: the pool is untouched."""
+    import types
+
+    import kdacupy.decode
+    now = [0.0]
+    monkeypatch.setattr(bench_decode, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    real = kdacupy.decode.kda_decode
+    counts = dict(calls=0, launches=0)
+
+    def timed(*a, **kw):
+        now[0] += 7e-6
+        counts["calls"] += 1
+        return real(*a, **kw)
+
+    def launch(fn, grid, block, args, shared_mem):
+        counts["launches"] += 1
+
+    monkeypatch.setattr(kdacupy.decode, "kda_decode", timed)
+    monkeypatch.setattr(bench_decode._NullLoader, "launch", staticmethod(launch))
+    pools = []
+    real_case = bench_decode.make_case
+    monkeypatch.setattr(bench_decode, "make_case", lambda s: pools.append(real_case(s)) or pools[-1])
+    rows = bench_decode.host_overhead(calls=5, repeats=2)
+    assert [(r["T"], r["out_given"]) for r in rows] == [(1, True), (1, False), (4, True), (4, False)]
+    assert all((r["N"], r["HV"]) == (64, 32) for r in rows)
+    assert all(r["us_per_call"] == pytest.approx(7.0) and r["numpy_pointer_us"] == 0.0 for r in rows)
+    assert counts["calls"] == counts["launches"] == 4 * (1 + 5 * 2)
+    for _, o in pools:  # zeros when built (too big to fill): still zeros, nothing was launched
+        assert not o["state_pool"].any()
+
+
 def test_bench_cli_measures_host_overhead_without_a_gpu(tmp_path):
     path = tmp_path / "decode.json"
     out = subprocess.run([sys.executable, "-m", "kdacupy.bench", "--shapes", "decode", "--json", str(path),
                           "--iters", "2"],
                          capture_output=True, text=True, timeout=600)
     doc = json.loads(path.read_text())
-    assert {r["T"] for r in doc["host_overhead"]} == {1, 4}
-    assert all(r["us_per_call"] > 0 for r in doc["host_overhead"]) and doc["forward_validation_us"] > 0
-    assert "host overhead of kda_decode" in out.stdout
+    rows = doc["host_overhead"]
+    assert [(r["N"], r["HV"], r["T"], r["out_given"]) for r in rows] == [
+        (64, 32, 1, True), (64, 32, 1, False), (64, 32, 4, True), (64, 32, 4, False)]
+    for r in rows:  # what the JSON holds is what the table printed
+        assert 0 < r["numpy_pointer_us"] and 0 < r["us_per_call"] < float("inf")
+        line = (f"N=64 HV=32 T={r['T']} out {'given' if r['out_given'] else 'allocated'}: "
+                f"{r['us_per_call']:.1f} us per call, of which {r['numpy_pointer_us']:.1f} us")
+        assert line in out.stdout, (line, out.stdout)
+    assert f"kda_forward's validation alone: {doc['forward_validation_us']:.1f} us" in out.stdout
     if "shapes" not in doc:
         assert out.returncode == 2 and "no CUDA GPU" in out.stderr
 
@@ -149,14 +194,26 @@ def test_decode_tuning_file_lookup(tmp_path, monkeypatch):
 
 
 def test_decode_heuristic_and_tile_space():
+    """The untuned rule over a grid of shapes, in terms of the grid it launches: 4 warps of
+    4 value rows (BV = 16) when that grid has at least 4 CTAs per SM, else 4 warps of 2 rows
+    (BV = 8, twice the CTAs); always a valid tile, and once wide, wide for every larger batch."""
     from kdacupy.ops.decode.kernels import DECODE_TILE_SPACE, DecodeTiles, decode_candidates, decode_heuristic
+    wide, narrow = DecodeTiles(16, 4), DecodeTiles(8, 4)
+    seen = set()
     for K in (64, 128, 256):
         for V in (64, 128, 256):
             assert decode_candidates(K, V) and all(t.valid_for(K, V) for t in decode_candidates(K, V))
-            for rows in (1, 16, 4096):
-                assert decode_heuristic(K, V, rows).valid_for(K, V)
-    assert decode_heuristic(128, 128, 16, 132) == DecodeTiles(8, 4)  # few heads: more, smaller CTAs
-    assert decode_heuristic(128, 128, 64 * 32, 132) == DecodeTiles(16, 4)
+            for sm in (1, 108, 132):
+                was_wide = False
+                for rows in sorted({1, 2, 16, 33, 64, 100, 132, 264, 528, 1000, 2048, 4096, 65536}):
+                    t = decode_heuristic(K, V, rows, sm)
+                    assert t.valid_for(K, V) and t.warps == 4 and t in (wide, narrow), (K, V, rows, sm, t)
+                    ctas_per_sm = rows * (V // wide.BV) / sm  # the grid BV = 16 would launch
+                    assert (t == wide) == (ctas_per_sm >= 4), (K, V, rows, sm, t)
+                    assert t == wide or not was_wide, (K, V, rows, sm)
+                    was_wide = t == wide
+                    seen.add(t)
+    assert seen == {wide, narrow}
     assert len(set(DECODE_TILE_SPACE)) == len(DECODE_TILE_SPACE)
 
 

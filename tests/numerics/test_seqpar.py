@@ -12,6 +12,8 @@ and on the model is held to ``EMULATE``. Maps from the fp32-state runs against
 the float64 definition: 2^-7 relative (their operands are bf16, as in every
 state matmul of the kernels).
 """
+import itertools
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,7 @@ from kdacupy.numerics.reference import activate_beta, activate_gate, kda_referen
 from ..cases import CASES, case_inputs
 from ..inputs import make_inputs, rmse_ratio
 from ..seqpar_adversarial import FAMILIES, adversarial_inputs
+from ..seqpar_checks import check_split
 
 try:
     from kdacupy.emulate import find_compiler
@@ -199,10 +202,13 @@ EMU_CASES = ["fixed-gva-sigmoid", "varlen-ragged-zero-vk-bf16", "fp16-inputs", "
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("name", EMU_CASES)
 def test_split_matches_serial_on_the_emulated_kernels(name, precision):
+    """tests/seqpar_checks.py's check, the one the GPU suite runs: split against serial, against
+    the model's split, and no less accurate than serial against the float64 reference."""
     x, opts = case_inputs(name, precision)
-    (o1, s1), (o2, s2) = split_vs_serial("emulate", x, opts, 2)
-    close(o2, o1, GPU)
-    close(s2, s1, GPU)
+
+    def run(x, opts, n):
+        return kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=n)
+    check_split(run, x, opts, 2, GPU, EMULATE)
 
 
 @needs_emu
@@ -283,35 +289,56 @@ def test_split_writes_into_a_fixed_length_out():
         close(o, om)
 
 
-def test_auto_choice_heuristic():
-    def problem(N=1, HV=16, T=65536, V=128, varlen=False):
-        x, _ = make_inputs(T=16, H=1, K=64, V=64)
-        p, _ = kdacupy.validation.validate(
-            *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False,
-            cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None,
-            dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None,
-            backend="model")
-        import dataclasses
-        return dataclasses.replace(p, N=N, B=1 if varlen else N, HV=HV, T=T, K=128, V=V, varlen=varlen, device=True)
+def device_problem(N=1, HV=16, T=65536, V=128, varlen=False, precision="bf16"):
+    """A validated GPU-shaped problem (faked on the CPU: only its shape fields matter here)."""
+    import dataclasses
+    x, _ = make_inputs(T=16, H=1, K=64, V=64)
+    p, _ = kdacupy.validation.validate(
+        *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False,
+        cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None,
+        dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, state_precision=precision, out=None,
+        backend="model")
+    return dataclasses.replace(p, N=N, B=1 if varlen else N, HV=HV, T=T, K=128, V=V, varlen=varlen, device=True)
 
-    auto = lambda **kw: seqpar.auto_segments(problem(**kw), 132)[0]  # noqa: E731
-    assert auto(HV=16, T=65536) == 16  # few heads, long sequence
-    assert auto(HV=12, T=131072) == 16
-    assert auto(HV=16, T=16384) == 16  # 1024 chunks: segments of 64 chunks at least
-    assert auto(HV=16, T=8192) == 1  # under 16K tokens: serial
-    assert seqpar.auto_segments(problem(HV=16, T=8192), 132)[1] == "off: 512 chunks per sequence (< 1024)"
-    assert auto(HV=64, T=65536) == 1  # the serial run fills the SMs: the chain does not bound it
-    assert auto(N=2, HV=12, T=2 * 65536, varlen=True) == 8
-    assert auto(N=2, HV=16, T=2 * 16384, varlen=True) == 1  # predicted gain 1.46x < 1.5
-    assert auto(N=8, HV=16, T=8 * 32768, varlen=True) == 1
-    n, why = seqpar.auto_segments(problem(HV=64), 132)
-    assert n == 1 and why.startswith("off: predicted gain 1.00x")
-    for kw in (dict(HV=16, T=65536), dict(HV=12, T=16384), dict(N=2, HV=16, T=262144, varlen=True)):
-        p = problem(**kw)
-        n, why = seqpar.auto_segments(p, 132)
-        assert n > 1 and why.startswith("on")
-        gain = seqpar._predicted_time(p, 1, 132) / seqpar._predicted_time(p, n, 132)
-        assert gain >= seqpar.AUTO_MIN_GAIN
+
+def test_auto_choice_follows_its_rule_over_a_grid():
+    """seqpar.auto_segments' rule, checked over a grid of shapes rather than at a few of its
+    outputs: serial below AUTO_MIN_CHUNKS chunks per sequence; otherwise the candidate
+    (n = 2, 4, ... <= AUTO_MAX with >= AUTO_SEG_CHUNKS chunks per segment) of least predicted
+    time, taken only when it beats serial by AUTO_MIN_GAIN; and where the serial run's warps
+    already fill the SMs, never a split (each of its three runs would cost the serial time)."""
+    seen = {"short": 0, "on": 0, "off below the gain": 0, "a gain under 1.5x": 0, "full SMs": 0}
+    for sm, N, HV, per_seq, varlen, V, precision in itertools.product(
+            (108, 132), (1, 2, 8), (1, 4, 12, 16, 32, 64, 96), (4096, 16384, 65536, 131072), (False, True),
+            (64, 128), ("bf16", "fp32")):
+        if varlen and N == 1:
+            continue
+        p = device_problem(N=N, HV=HV, T=per_seq * (N if varlen else 1), V=V, varlen=varlen, precision=precision)
+        n, why = seqpar.auto_segments(p, sm)
+        chunks = per_seq // 16
+        if chunks < seqpar.AUTO_MIN_CHUNKS:
+            assert n == 1 and why.startswith("off"), (p, n, why)
+            seen["short"] += 1
+            continue
+        cands = [c for c in (2 ** i for i in range(1, 11)) if c <= seqpar.AUTO_MAX and chunks // c >= seqpar.AUTO_SEG_CHUNKS]
+        t = {c: seqpar._predicted_time(p, c, sm) for c in [1] + cands}
+        best = min([1] + cands, key=t.get)  # serial first: a tie stays serial
+        gain = t[1] / t[best]
+        assert float(why.split("gain ")[1].split("x")[0]) == pytest.approx(gain, abs=0.006), why
+        if gain >= seqpar.AUTO_MIN_GAIN:
+            assert n == best and why.startswith("on"), (p, n, why)
+            seen["on"] += 1
+        else:
+            assert n == 1 and why.startswith("off"), (p, n, why)
+            seen["off below the gain"] += 1
+            seen["a gain under 1.5x"] += gain > 1.0
+        if N * HV * V / 16 <= seqpar.WARPS_PER_SM[precision] * sm:  # latency-bound: the chain length
+            assert t[1] == pytest.approx(chunks)
+        capacity = seqpar.WARPS_PER_SM["fp32"] * sm  # the split's runs keep the state in fp32
+        if N * HV * V / 16 >= capacity:
+            assert n == 1 and all(t[c] > t[1] for c in cands), (p, n, t)
+            seen["full SMs"] += 1
+    assert all(seen.values()), seen  # every branch of the rule is exercised
 
 
 def test_explain_shows_the_choice():
@@ -326,19 +353,17 @@ def test_explain_shows_the_choice():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_split_on_adversarial_inputs_is_no_worse_than_serial(family):
-    """Repeated / near-collinear keys, no or slow decay, beta near 0 or 2: the
-    split is as accurate against the float64 reference as the serial run. Where
-    the serial run itself is wrong or non-finite (the fp16 Neumann inverse on
-    collinear keys), the split can be no better: it must fail the same way."""
+    """Repeated / near-collinear keys, no or slow decay, beta near 0 or 2: both runs
+    are finite (the fp32 forward substitution has no overflow to hide behind; the
+    fp16 Neumann inverse it replaced gave NaN here) and the split is as accurate
+    against the float64 reference as the serial run."""
     x, opts = adversarial_inputs(family, 192)
     ro, rs = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
-    with np.errstate(all="ignore"):
-        (o1, s1), (o2, s2) = split_vs_serial("model", x, opts, 4)
-    finite = lambda a: bool(np.isfinite(np.asarray(a, np.float64)).all())  # noqa: E731
-    assert finite(o2) == finite(o1) and finite(s2) == finite(s1)
-    if finite(o1) and finite(s1):
-        no_less_accurate(o2, o1, ro)
-        no_less_accurate(s2, s1, rs)
+    (o1, s1), (o2, s2) = split_vs_serial("model", x, opts, 4)
+    for a in (o1, s1, o2, s2):
+        assert np.isfinite(np.asarray(a, np.float64)).all()
+    no_less_accurate(o2, o1, ro)
+    no_less_accurate(s2, s1, rs)
 
 
 def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
@@ -354,10 +379,12 @@ def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
         qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
         lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend="model")
     p = dataclasses.replace(p, T=65536, HV=16, K=128, V=128, device=True, backend="cuda")
-    assert seqpar.choose_segments(p, None) == 16
-    assert seqpar.choose_segments(p, None) == 16
+    auto = seqpar.auto_segments(p, 132)[0]
+    assert auto > 1  # few heads, a long sequence: the split is on
+    assert seqpar.choose_segments(p, None) == auto
+    assert seqpar.choose_segments(p, None) == auto
     err = capsys.readouterr().err
-    assert err.count("[kdacupy.seqpar]") == 1 and "16 segment(s) per sequence; on: predicted gain" in err
+    assert err.count("[kdacupy.seqpar]") == 1 and f"{auto} segment(s) per sequence; on: predicted gain" in err
     assert seqpar.choose_segments(p, 1) == 1  # an explicit request is not second-guessed
 
 
@@ -422,7 +449,7 @@ def test_under_graph_capture_the_split_stays_off(monkeypatch):
         lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend="model")
     p = dataclasses.replace(p, T=65536, HV=16, K=128, V=128, device=True, backend="cuda")
     monkeypatch.setattr(seqpar, "_capturing", lambda: False)
-    assert seqpar.choose_segments(p, None) == 16
+    assert seqpar.choose_segments(p, None) == seqpar.auto_segments(p, 132)[0] > 1
     monkeypatch.setattr(seqpar, "_capturing", lambda: True)
     assert seqpar.choose_segments(p, None) == 1
     assert seqpar.choose_segments(p, 1) == 1
