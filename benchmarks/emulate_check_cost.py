@@ -43,7 +43,7 @@ def main() -> None:
     os.environ["KDACUPY_EMULATE_THREADS"] = "1"
     x, opts = make_inputs(T=args.T, H=2, K=args.K, V=args.V, state=np.float32)
     from kdacupy.emulate import EmulatedModule
-    from tests.test_emulate_runtime import kernel_source
+    from tests.emulate.test_emulate_runtime import kernel_source
     fn = EmulatedModule(kernel_source(PROBE), ["stream"]).get_function("stream")
     n = 4096
     xs, ys = np.arange(16 * n, dtype=np.float32), np.zeros(16 * n, np.float32)

@@ -1,4 +1,4 @@
-"""Size ``kdacupy.parity.GPU``: the kernels through the emulation under
+"""Size ``kdacupy.numerics.parity.GPU``: the kernels through the emulation under
 KDACUPY_EMULATE_NUMERICS=hardware against the precision model, over the GPU
 suite's option matrix (tests/cases.py, both state precisions, the suite's two
 sizes) and the long-sequence segments (tests/longseq.py, T = 8192, one head,
@@ -14,7 +14,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kdacupy  # noqa: E402
-from kdacupy.precision import kda_model  # noqa: E402
+from kdacupy.numerics.precision import kda_model  # noqa: E402
 from tests.cases import CASES, case_inputs  # noqa: E402
 from tests.longseq import check_long, measure  # noqa: E402
 
@@ -36,7 +36,7 @@ def main():
                           flush=True)
     print(f"option matrix worst: max/range {worst[0]:.3g} rms {worst[1]:.3g}")
     if "--long" in sys.argv:
-        from kdacupy.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs
+        from kdacupy.cli.accuracy import BIAS_REGIMES, G_REGIMES, OPTIONS, make_inputs
         lw = [0.0, 0.0]
         for gr, br in zip(G_REGIMES, BIAS_REGIMES):
             x = make_inputs(8192, 1, 128, 128, gr, br, seed=5)

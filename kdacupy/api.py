@@ -50,7 +50,7 @@ def kda_forward(
         raise ValueError(f"sequence_parallel: expected None or 1 with state_pool (the split forward does not "
                          f"read or write a pool yet), got {sequence_parallel}")
     if pooled:
-        from .decode_validation import validate_forward_pool
+        from .validation.pool import validate_forward_pool
         problem, a = validate_forward_pool(problem, a, state_pool, state_indices, initial_state=initial_state,
                                            output_final_state=output_final_state, state_dtype=state_dtype)
         if problem.backend not in ("cuda", "emulate"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import decode_fastpath as fastpath
-from .decode_validation import validate_pool
+from .ops.decode import fastpath
 from .validation import validate
+from .validation.pool import validate_pool
 
 
 def kda_decode(

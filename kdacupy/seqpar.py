@@ -65,6 +65,11 @@ def state_maps(q, k, v, g, beta=None, *, scale=None, cu_seqlens=None, qk_l2norm=
         qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
         A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout="kv", state_dtype=None,
         state_precision="fp32", out=None, backend=backend)
+    if p.device and _capturing():
+        # the map launches read per-call temporaries (the identity and zero operands) that a
+        # captured graph would keep pointing at after CuPy's pool hands their memory out again
+        raise ValueError("state_maps: expected a stream that is not capturing a CUDA graph (the maps' per-call "
+                         "temporaries cannot live in a graph), got a capturing stream")
     if p.backend in ("cuda", "emulate"):
         return KernelRun(p, a).maps()
     return numpy_maps(p, a)
@@ -116,8 +121,8 @@ _announced: set = set()
 
 
 def _capturing() -> bool:
-    from .validation import _cupy, capturing
-    return capturing(_cupy())
+    from .validation import capturing, cupy_module
+    return capturing(cupy_module())
 
 
 #: the heuristic's constants: guesses from the kernels' resources, not measured on a GPU

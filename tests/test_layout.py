@@ -9,6 +9,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "kdacupy"
 ENTRY_POINTS = {"kdacupy.tune", "kdacupy.bench", "kdacupy.compile", "kdacupy.accuracy"}
+#: the top of the package: public faces only (everything else lives in the layer it serves)
+FACES = {"kdacupy", "kdacupy.api", "kdacupy.backward", "kdacupy.decode", "kdacupy.seqpar", "kdacupy.env", "kdacupy.paths"}
 
 
 def module_name(path: Path) -> str:
@@ -75,7 +77,8 @@ def test_the_graph_sees_relative_and_function_level_imports():
     g = import_graph()
     assert "kdacupy.ops.forward.kernels" in g["kdacupy.api"]  # inside kda_forward, relative
     assert "kdacupy.jit.loaders" in g["kdacupy.ops.forward.kernels"]
-    assert "kdacupy.numerics.dtypes" in g["kdacupy.validation"]
+    assert "kdacupy.numerics.dtypes" in g["kdacupy.validation.arrays"]
+    assert "kdacupy.validation.problem" in g["kdacupy.validation"]  # a package's __init__ counts as a module
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
@@ -103,6 +106,8 @@ FORBIDDEN = {
     "kdacupy.emulate": ("kdacupy.ops", "kdacupy.jit", "kdacupy.cli", "kdacupy.numerics", "kdacupy.api"),
     "kdacupy.jit": ("kdacupy.ops", "kdacupy.cli", "kdacupy.api", "kdacupy.validation"),
     "kdacupy.ops": ("kdacupy.cli", "kdacupy.api", "kdacupy.validation"),
+    "kdacupy.validation": ("kdacupy.jit", "kdacupy.emulate", "kdacupy.cli", "kdacupy.api", "kdacupy.decode",
+                           "kdacupy.seqpar", "kdacupy.distributed"),
 }
 
 
@@ -118,6 +123,18 @@ def test_layers_import_only_downwards():
                 bad += [f"{mod} -> {d}" for d in deps if any(under(d, b) for b in banned)]
         if not under(mod, "kdacupy.cli") and mod not in ENTRY_POINTS:
             bad += [f"{mod} -> {d}" for d in deps if under(d, "kdacupy.cli")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_top_of_the_package_holds_only_faces_and_entry_points():
+    top = {m for m in MODULES if m.count(".") <= 1 and not is_package(m) or m == "kdacupy"}
+    assert top == FACES | ENTRY_POINTS, sorted(top ^ (FACES | ENTRY_POINTS))
+
+
+def test_validation_reaches_ops_only_for_the_kernels_limits():
+    """Checks come before dispatch: the validation layer knows the kernels' limits, not their launchers."""
+    bad = [f"{m} -> {d}" for m, deps in import_graph().items() if under(m, "kdacupy.validation")
+           for d in deps if under(d, "kdacupy.ops") and d != "kdacupy.ops.forward.limits"]
     assert not bad, "\n".join(bad)
 
 

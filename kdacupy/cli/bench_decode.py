@@ -6,13 +6,21 @@ T = 1 (decode, ``state_indices`` [N]) and T = 4 (verify, [N, T] indices with
 beta logits, the sigmoid gate with A_log and dt_bias, qk_l2norm (Kimi Linear's
 options). Slots are a random permutation of a pool of N * T + 1 slots.
 
-Per shape: median and min time (CUDA events, one per call), the bytes a step
-must move (state read once and written once per stored token, inputs read, o
-written) as GB/s and as a fraction of the measured device copy bandwidth, the
-host time of one call (wall clock around the Python call, launch included),
-and FLA's ``fused_recurrent_kda`` on the same inputs when torch and fla are
-importable (best effort: FLA's keyword set varies between versions; a failure
-is recorded, not fatal).
+Per shape, three times per step: the device time (GRAPH_STEPS steps captured
+in one CUDA graph and replayed between CUDA events: the kernel with no host in
+the way), the stream time (GRAPH_STEPS eager calls between one event pair: what
+an engine calling from Python gets; one event pair per call would time the host
+path at small shapes) and the host time (wall clock per call, launch included);
+the host's overhead is stream - device where the host is the bottleneck. Then
+the bytes a step must move (state read once and written once per stored token,
+inputs read, o written) as GB/s of the device time and as a fraction of the
+measured device copy bandwidth. FLA, when torch and fla are importable and the
+installed FLA offers a pool decode (``detect_fla``: ``fused_recurrent_kda_fwd``
+with ``ssm_state_indices`` / ``num_accepted_tokens`` / ``inplace_final_state``,
+``state_v_first`` or ``transpose_state_layout``), on the same inputs and a copy
+of the pool, timed the same three ways; the call timed is printed first and kept
+in the JSON, and one call of each from the same pool is compared first (RMS
+ratio of output and written slots). ``--decode-n`` keeps some N only.
 
 Always, also without a GPU: the host overhead of ``kda_decode`` with a null
 launcher on the CPU (validation, cache lookup, argument packing; NumPy arrays,
@@ -113,7 +121,7 @@ class _NullLoader:
 @contextmanager
 def null_launcher():
     """kda_decode's emulation path with nothing compiled and nothing launched."""
-    from .. import decode_fastpath
+    from ..ops.decode import fastpath as decode_fastpath
     from ..ops.decode import kernels as decode_kernels
 
     saved = decode_fastpath.loader, decode_kernels.loader
@@ -185,52 +193,189 @@ def forward_validation_us(calls: int = 500, repeats: int = 5) -> float:
 # GPU timing
 
 
-def fla_decode(s, a, o):
-    """A closure running FLA's fused_recurrent_kda on the same inputs and pool
-    copy, or an error string. Sequences are packed (B = 1, cu_seqlens), the pool
-    is FLA's initial_state updated in place through ssm_state_indices."""
+#: what the decode comparison needs from FLA's pool entry point, and what it uses when there
+FLA_POOL = ("initial_state", "inplace_final_state", "ssm_state_indices")
+FLA_OPTIONS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "lower_bound",
+               "A_log", "dt_bias")
+
+
+def detect_fla() -> dict:
+    """What the installed FLA offers for decode on a state pool, without a GPU.
+
+    The pool arguments (``ssm_state_indices``, ``num_accepted_tokens``,
+    ``inplace_final_state``) are taken by ``fla.ops.kda.fused_recurrent.
+    fused_recurrent_kda_fwd`` only (fla-core 0.6.0's public ``fused_recurrent_kda``
+    drops them); the [V, K] state layout keyword is ``state_v_first``, in older
+    releases ``transpose_state_layout``, and without either FLA gets the pool in
+    its [K, V] layout. Returns ``call`` (the dotted name), ``params``, ``layout_keyword``,
+    ``verify`` (num_accepted_tokens taken), ``missing_options`` (Kimi options it
+    lacks: its math would differ, so it is not timed) and ``error`` (why FLA
+    cannot be timed; None when it can)."""
+    from .peers import fla_importable, layout_keyword, signature_params
+
+    info = dict(call=None, params=[], layout_keyword=None, verify=False, missing_options=[], error=None,
+                version=None)
+    why = fla_importable()
+    if why:
+        return dict(info, error=why)
     try:
-        import inspect
+        import importlib
         import os
 
-        os.environ.setdefault("FLA_FLASH_KDA", "0")
+        os.environ.setdefault("FLA_FLASH_KDA", "0")  # FLA's own Triton kernels, not a FlashKDA backend
+        import fla
+
+        info["version"] = getattr(fla, "__version__", "unknown")
+        mod = importlib.import_module("fla.ops.kda.fused_recurrent")
+    except Exception as e:  # noqa: BLE001
+        return dict(info, error=f"import fla.ops.kda.fused_recurrent failed: {type(e).__name__}: {e}"[:300])
+    fn = getattr(mod, "fused_recurrent_kda_fwd", None)
+    if fn is None:
+        return dict(info, error="fla.ops.kda.fused_recurrent has no fused_recurrent_kda_fwd")
+    params = signature_params(fn)
+    info.update(call="fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd", params=sorted(params),
+                layout_keyword=layout_keyword(params), verify="num_accepted_tokens" in params,
+                missing_options=[n for n in FLA_OPTIONS if n not in params], function=fn)
+    missing = [n for n in FLA_POOL if n not in params]
+    if missing:
+        info["error"] = f"fused_recurrent_kda_fwd takes no {', '.join(missing)} (no state pool)"
+    elif info["missing_options"]:
+        info["error"] = f"fused_recurrent_kda_fwd takes no {', '.join(info['missing_options'])} (other math)"
+    return info
+
+
+def fla_decode(fla: dict, s, a, o):
+    """A closure running FLA's pool decode on the same inputs and a copy of the
+    pool (``call.pool``: FLA's copy, in its layout), or an error string. The
+    inputs go as ``[N, T, ...]`` (one sequence per row, no cu_seqlens), the
+    pool as ``initial_state`` updated in place through ``ssm_state_indices``
+    (``[N]``, or ``[N, T]`` with ``num_accepted_tokens``: one slot per token,
+    the same contract as kda_decode's); ``out`` given when FLA takes it."""
+    if fla.get("error"):
+        return fla["error"]
+    if s["T"] > 1 and not fla["verify"]:
+        return "this fla's fused_recurrent_kda_fwd takes no num_accepted_tokens (no speculative verify)"
+    try:
         import torch
-        from fla.ops.kda import fused_recurrent_kda
 
         from .peers import to_torch
 
-        params = set(inspect.signature(fused_recurrent_kda).parameters)
-        if "ssm_state_indices" not in params:
-            return "this fla has no ssm_state_indices keyword"
-        N, T, HV = s["N"], s["T"], s["HV"]
-        flat = lambda x: to_torch(x).reshape((1, N * T) + tuple(x.shape[2:]))  # noqa: E731
-        pool = to_torch(o["state_pool"]).clone()
-        kw = dict(q=flat(a["q"]), k=flat(a["k"]), v=flat(a["v"]), g=flat(a["g"]), beta=flat(a["beta"]),
-                  initial_state=pool, inplace_final_state=True,
-                  cu_seqlens=torch.arange(0, N * T + 1, T, device=pool.device, dtype=torch.long),
-                  ssm_state_indices=to_torch(o["state_indices"]).to(torch.long),
-                  use_qk_l2norm_in_kernel=True, A_log=to_torch(o["A_log"]),
-                  dt_bias=to_torch(o["dt_bias"]).reshape(-1), lower_bound=o["lower_bound"])
-        if "num_accepted_tokens" in o:
-            kw["num_accepted_tokens"] = to_torch(o["num_accepted_tokens"]).to(torch.long)
-        for name in ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel"):
-            if name in params:
-                kw[name] = True
-        if "state_v_first" in params:
-            kw["state_v_first"] = True
-        kw = {n: x for n, x in kw.items() if n in params or n in ("q", "k", "v", "g", "beta")}
+        fn = fla["function"]
+        kw = fla_kwargs(fla, a, o, to_torch, lambda x: x.clone(memory_format=torch.contiguous_format),
+                        torch.empty_like)
+        pool = kw["initial_state"]
 
         def call():
             with torch.inference_mode():
-                return fused_recurrent_kda(**kw)
+                return fn(**kw)
+
         call()
-        call.keywords = sorted(kw)  # what this fla accepted (gate options missing: its math differs)
+        torch.cuda.synchronize()
+        call.pool, call.out = pool, kw.get("out")
+        call.keywords = sorted(kw)
         return call
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"[:300]
 
 
+def fla_kwargs(fla: dict, a, o, convert, copy, empty_like) -> dict:
+    """The keywords of FLA's pool decode for kdacupy's inputs ``a`` and options
+    ``o``: ``convert`` makes FLA's tensors (zero-copy), ``copy`` a contiguous copy
+    (FLA's own pool, transposed to [K, V] when FLA has no layout keyword), ``empty_like`` its
+    output buffer when it takes ``out``. Only keywords the signature names."""
+    params = set(fla["params"])
+    pool = copy(convert(o["state_pool"]))  # [P, HV, V, K]
+    if fla["layout_keyword"] is None:
+        pool = copy(pool.swapaxes(-1, -2))
+    kw = dict(q=convert(a["q"]), k=convert(a["k"]), v=convert(a["v"]), g=convert(a["g"]), beta=convert(a["beta"]),
+              A_log=convert(o["A_log"]), dt_bias=convert(o["dt_bias"]).reshape(-1), initial_state=pool,
+              inplace_final_state=True, ssm_state_indices=convert(o["state_indices"]),
+              use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+              lower_bound=o["lower_bound"])
+    if "num_accepted_tokens" in o:
+        kw["num_accepted_tokens"] = convert(o["num_accepted_tokens"])
+    if fla["layout_keyword"] is not None:
+        kw[fla["layout_keyword"]] = True
+    if "out" in params:
+        kw["out"] = empty_like(kw["v"])
+    return kw
+
+
+def fla_label(fla: dict) -> str:
+    """Which call is timed, in words (printed before the table, kept in the JSON)."""
+    if fla.get("error"):
+        return f"FLA not timed: {fla['error']}"
+    layout = f"{fla['layout_keyword']}=True" if fla["layout_keyword"] else "its [K, V] pool layout (no layout keyword)"
+    return (f"FLA {fla['version']}: {fla['call']}(ssm_state_indices=, inplace_final_state=True, "
+            f"{'num_accepted_tokens= (verify), ' if fla['verify'] else ''}{layout}, use_gate_in_kernel=True, "
+            "use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True, lower_bound=-5)")
+
+
+def _from_torch(t):
+    """A torch CUDA tensor as a CuPy array, zero-copy (bf16 through its bits)."""
+    import cupy
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return cupy.from_dlpack(t.view(torch.int16)).view(BF16)
+    return cupy.from_dlpack(t)
+
+
+def agreement(o, ours_pool, ours_out, f) -> dict:
+    """RMS ratio of FLA's written pool slots and output against kdacupy's, each
+    run once from the same pool (``ours_pool`` / ``f.pool`` after one call): a
+    wrongly wired call shows as O(1) here, both kernels' rounding as ~1e-3."""
+    import cupy
+
+    from .bench_seqpar import rms_ratio
+
+    written = cupy.asarray(o["state_indices"]).reshape(-1)
+    ours, theirs = ours_pool[written], _from_torch(f.pool)[written]
+    if theirs.shape != ours.shape:  # FLA's [K, V] layout
+        theirs = theirs.swapaxes(-1, -2)
+    res = dict(rms_ratio_state=rms_ratio(theirs.astype(cupy.float32), ours.astype(cupy.float32)))
+    if f.out is not None:
+        res["rms_ratio_o"] = rms_ratio(_from_torch(f.out).astype(cupy.float32), ours_out.astype(cupy.float32))
+    return res
+
+
+#: graph-captured steps per event pair, and pairs per measurement
+GRAPH_STEPS, REPEATS = 20, 5
+
+
+def measure(call, clock, warmup, repeats=REPEATS, steps=GRAPH_STEPS) -> dict:
+    """Per step: device time (a captured graph of ``steps`` calls, replayed),
+    stream time (``steps`` eager calls per event pair: what an engine calling
+    from Python gets) and host time (wall clock per call); the host's share is
+    stream - device when the host is the bottleneck."""
+    from . import timing
+
+    for _ in range(warmup):
+        call()
+    host = timing.host_us_per_call(call)
+    stream, stream_min = timing.time_steps(call, steps, repeats, clock)
+    try:
+        dev, dev_min = timing.time_graph(call, steps, repeats, clock)
+        graph_error = None
+    except Exception as e:  # noqa: BLE001  (record it: the eager numbers still stand)
+        dev = dev_min = None
+        graph_error = f"{type(e).__name__}: {e}"[:300]
+    out = dict(device_us=None if dev is None else dev * 1e3, device_min_us=None if dev_min is None else dev_min * 1e3,
+               stream_us=stream * 1e3, stream_min_us=stream_min * 1e3, host_us_per_call=host)
+    if graph_error:
+        out["graph_error"] = graph_error
+    if dev is not None:
+        out["host_overhead_us"] = max(0.0, stream - dev) * 1e3
+        out["host_bound"] = host > dev * 1e3
+    return out
+
+
 def bench_gpu(shapes, warmup, iters, fla_on=True, on_row=None) -> tuple[dict, list]:
+    """Every shape: kdacupy's device, stream and host time per step (``measure``;
+    ``iters`` calls per measurement), and FLA's on the same inputs when it offers
+    a pool decode (``detect_fla``), after one call of each checks they agree."""
+    import math
+
     import cupy
 
     from . import timing
@@ -238,38 +383,58 @@ def bench_gpu(shapes, warmup, iters, fla_on=True, on_row=None) -> tuple[dict, li
 
     info = timing.device_info()
     copy_gbps = timing.copy_bandwidth()
+    repeats = max(3, math.ceil(iters / GRAPH_STEPS))
+    fla = detect_fla() if fla_on else dict(error="disabled (--no-fla)")
+    head = dict(device=info, copy_bandwidth_gbps=copy_gbps, fla_call=fla_label(fla),
+                fla={n: v for n, v in fla.items() if n != "function"},
+                method=f"device: {GRAPH_STEPS} steps captured in one CUDA graph, replayed {repeats} times between "
+                       f"event pairs; stream: {GRAPH_STEPS} eager calls per event pair; host: wall clock per call")
+    print(head["fla_call"], flush=True)
+    print(f"  {'shape':34s} {'device us':>9} {'GB/s':>6} {'%copy':>5} {'stream us':>9} {'host us':>8}"
+          f"  {'FLA dev us':>10} {'FLA str us':>10} {'FLA/kda':>7} {'rms o':>8}", flush=True)
     rows = []
     for s in shapes:
         a, o = make_case(s, cupy)
         out = cupy.empty(a["v"].shape, a["v"].dtype)
+        f = fla_decode(fla, s, a, o) if fla_on else None  # before ours: FLA's pool copy is the start state
         call = lambda: kda_decode(**a, **o, out=out)  # noqa: E731
         call()
         cupy.cuda.get_current_stream().synchronize()
-        t0 = time.perf_counter()
-        for _ in range(200):
-            call()
-        host_us = (time.perf_counter() - t0) / 200 * 1e6
-        cupy.cuda.get_current_stream().synchronize()
-        med, mn = timing.time_calls([call], warmup, iters)
-        b = step_bytes(s)
-        gbps = b["total"] / (med * 1e-3) / 1e9
-        row = dict(shape={**s, "pool": dtype_name(s["pool"])}, median_us=med * 1e3, min_us=mn * 1e3, bytes=b,
-                   achieved_gbps=gbps, fraction_of_copy_bw=gbps / copy_gbps, host_us_per_call=host_us, fla=None)
-        if fla_on:
-            f = fla_decode(s, a, o)
-            if callable(f):
-                fm, fmin = timing.time_calls([f], warmup, iters, "torch")
-                row["fla"] = dict(median_us=fm * 1e3, min_us=fmin * 1e3, ratio_fla_over_kdacupy=fm / med,
-                                  keywords=f.keywords)
-            else:
-                row["fla"] = dict(error=f)
+        row = dict(shape={**s, "pool": dtype_name(s["pool"])}, bytes=step_bytes(s), fla=None)
+        if callable(f):
+            try:
+                row["agreement"] = agreement(o, o["state_pool"], out, f)
+            except Exception as e:  # noqa: BLE001
+                row["agreement"] = dict(error=f"{type(e).__name__}: {e}"[:300])
+        row["kdacupy"] = measure(call, "cupy", warmup, repeats)
+        k = row["kdacupy"]
+        t = k["device_us"] or k["stream_us"]
+        row["achieved_gbps"] = row["bytes"]["total"] / (t * 1e-6) / 1e9
+        row["fraction_of_copy_bw"] = row["achieved_gbps"] / copy_gbps
+        if callable(f):
+            try:
+                fm = row["fla"] = measure(f, "torch", warmup, repeats)
+                both = fm["device_us"] is not None and k["device_us"] is not None  # like for like
+                fm["ratio_fla_over_kdacupy"] = fm["device_us"] / k["device_us"] if both else \
+                    fm["stream_us"] / k["stream_us"]
+                fm["ratio_of"] = "device" if both else "stream"
+            except Exception as e:  # noqa: BLE001
+                row["fla"] = dict(error=f"{type(e).__name__}: {e}"[:300])
+        elif f is not None:
+            row["fla"] = dict(error=f)
         rows.append(row)
         if on_row is not None:
-            on_row(dict(device=info, copy_bandwidth_gbps=copy_gbps), rows)
-        print(f"  {label(s):34s} {med * 1e3:8.2f} us  {gbps:7.0f} GB/s  {gbps / copy_gbps:5.2f} of copy  "
-              f"host {host_us:6.1f} us" + (f"  FLA {row['fla'].get('median_us', float('nan')):8.2f} us"
-                                           if row["fla"] else ""), flush=True)
-    return dict(device=info, copy_bandwidth_gbps=copy_gbps), rows
+            on_row(head, rows)
+        fr = row["fla"] or {}
+        cell = lambda x, w, p: f"{x:{w}.{p}f}" if isinstance(x, (int, float)) else f"{'-':>{w}}"  # noqa: E731
+        print(f"  {label(s):34s} {cell(k['device_us'], 9, 2)} {row['achieved_gbps']:6.0f} "
+              f"{100 * row['fraction_of_copy_bw']:5.1f} {k['stream_us']:9.2f} {k['host_us_per_call']:8.1f}  "
+              f"{cell(fr.get('device_us'), 10, 2)} {cell(fr.get('stream_us'), 10, 2)} "
+              f"{cell(fr.get('ratio_fla_over_kdacupy'), 7, 2)} "
+              f"{cell((row.get('agreement') or {}).get('rms_ratio_o'), 8, 5)}", flush=True)
+        del a, o, out, f
+        timing.free_memory()
+    return head, rows
 
 
 def run(args) -> int:
@@ -294,6 +459,14 @@ def run(args) -> int:
         path.write_text(json.dumps(dict(doc, **(head or {}), **({"shapes": rows} if rows is not None else {})),
                                    indent=1, default=str))
 
+    if getattr(args, "dry_run", False):
+        fla = detect_fla() if not args.no_fla else dict(error="disabled (--no-fla)")
+        print(fla_label(fla))
+        shapes = [s for s in decode_shapes() if not args.decode_n or s["N"] in args.decode_n]
+        for s in shapes:
+            print(f"  {label(s):34s} {step_bytes(s)['total'] / 1e6:9.2f} MB per step")
+        print(f"{len(shapes)} shapes; nothing was run on a GPU (dry run)")
+        return 0
     if not timing.gpu_available():
         print(timing.no_gpu_message("python -m kdacupy.bench --shapes decode", " (host overhead measured above)"),
               file=sys.stderr)
@@ -302,6 +475,7 @@ def run(args) -> int:
             print(f"wrote {path}")
         return 2
     write()
-    bench_gpu(decode_shapes(), args.warmup, args.iters, not args.no_fla, on_row=write)
+    shapes = [s for s in decode_shapes() if not getattr(args, "decode_n", None) or s["N"] in args.decode_n]
+    bench_gpu(shapes, args.warmup, args.iters, not args.no_fla, on_row=write)
     print(f"wrote {path}")
     return 0

@@ -17,7 +17,7 @@ DEFAULT_SPLITS = (4, 8, 16, 32)
 
 def calls_for(sets, n):
     """Closures running ``kda_forward`` on each input set with ``sequence_parallel=n``."""
-    from .api import kda_forward
+    from ..api import kda_forward
 
     return [lambda a=a, o=o: kda_forward(**a, **o, backend="cuda", sequence_parallel=n) for a, o in sets]
 

@@ -75,7 +75,8 @@ def fewhead_shapes():
     return out
 
 
-SHAPE_SETS = {"kimi": kimi_shapes, "fewhead": fewhead_shapes, "all": lambda: kimi_shapes() + fewhead_shapes()}
+SHAPE_SETS = {"kimi": kimi_shapes, "kimi96": lambda: [s for s in kimi_shapes() if s.H == 96],
+              "fewhead": fewhead_shapes, "all": lambda: kimi_shapes() + fewhead_shapes()}
 SPEC_KEYS = ("B", "T", "H", "HV", "K", "V", "varlen", "dtype", "state")
 
 

@@ -77,6 +77,81 @@ def time_calls(calls, warmup: int, iters: int, clock: str = "cupy") -> tuple[flo
     return float(np.median(ms)), float(np.min(ms))
 
 
+def _clock(clock):
+    """(event factory, current stream, elapsed ms of an event pair) for CuPy or torch."""
+    if clock == "torch":
+        import torch
+
+        return (lambda: torch.cuda.Event(enable_timing=True)), torch.cuda.current_stream(), \
+            (lambda s, e: s.elapsed_time(e))
+    import cupy
+
+    return cupy.cuda.Event, cupy.cuda.get_current_stream(), cupy.cuda.get_elapsed_time
+
+
+def time_steps(call, steps: int, repeats: int, clock: str = "cupy") -> tuple[float, float]:
+    """(median, min) milliseconds per call with ``steps`` back-to-back calls between
+    one event pair (``repeats`` pairs): a stream of calls as an engine issues them,
+    so the time is the device's when it is the bottleneck and the host's (launch
+    path) when that is. Warm the call up first."""
+    ev, stream, elapsed = _clock(clock)
+    pairs = [(ev(), ev()) for _ in range(repeats)]
+    for start, end in pairs:
+        start.record(stream)
+        for _ in range(steps):
+            call()
+        end.record(stream)
+    pairs[-1][1].synchronize()
+    ms = [elapsed(s, e) / steps for s, e in pairs]
+    return float(np.median(ms)), float(np.min(ms))
+
+
+def time_graph(call, steps: int, repeats: int, clock: str = "cupy") -> tuple[float, float]:
+    """(median, min) milliseconds per call, ``steps`` calls captured into one CUDA
+    graph (CuPy's, or torch's with ``clock="torch"``) and the graph replayed
+    ``repeats`` times between event pairs: the device time of the calls without
+    the host's launch path. Warm the call up (compiled, memory allocated) first."""
+    if clock == "torch":
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            with torch.cuda.graph(graph, stream=side):
+                for _ in range(steps):
+                    call()
+        torch.cuda.current_stream().wait_stream(side)
+        replay = graph.replay
+    else:
+        import cupy
+
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            try:
+                for _ in range(steps):
+                    call()
+            finally:
+                graph = stream.end_capture()
+        replay = lambda: graph.launch(cupy.cuda.get_current_stream())  # noqa: E731
+    replay()  # the first launch uploads the graph
+    med, mn = time_steps(replay, 1, repeats, clock)
+    return med / steps, mn / steps
+
+
+def host_us_per_call(call, calls: int = 200) -> float:
+    """Wall-clock microseconds per call of ``calls`` back-to-back calls (no
+    synchronisation inside: fewer calls than the launch queue holds, so this is
+    the host's cost of a call, launch included, not the device's)."""
+    import time
+
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
 def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + written), median."""
     import cupy

@@ -420,7 +420,7 @@ def dry_run(buckets, arch: str, jobs: int) -> int:
 
 
 def main(argv=None):
-    from ..jit.nvrtc import ARCHS
+    from ..jit.nvrtc import ARCHS, RUNTIME_ARCHS
 
     ap = argparse.ArgumentParser(prog="python -m kdacupy.tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -432,7 +432,8 @@ def main(argv=None):
                     help="YAML to write (default: the user tuning directory file for this GPU model)")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU needed: list buckets and candidates and compile each through NVRTC")
-    ap.add_argument("--arch", default="sm_90a", choices=ARCHS, help="target of --dry-run (default sm_90a)")
+    ap.add_argument("--arch", default="sm_90a", choices=ARCHS + RUNTIME_ARCHS,
+                    help="target of --dry-run (default sm_90a; sm_90 is what CuPy builds on an H100 / H200)")
     ap.add_argument("--sm-count", type=int, default=tuning.DEFAULT_SM_COUNT,
                     help=f"SM count for the buckets of --dry-run (default {tuning.DEFAULT_SM_COUNT})")
     g = ap.add_mutually_exclusive_group()
@@ -463,6 +464,10 @@ def main(argv=None):
     dev = timing.device_info()
     buckets = group_buckets(shapes, dev["sm_count"])
     output = args.output or tuning.user_dir() / f"{tuning.model_name(dev['name'])}.yaml"
+    read = tuning.lookup_paths(dev["name"])
+    if output.resolve() not in [p.resolve() for p in read]:
+        print(f"note: kda_forward does not read {output}: for {dev['name']} it reads {read[0]}, then {read[1]} "
+              f"(omit --output, or copy the file to the first)", file=sys.stderr)
     fingerprint = dict(gpu=dev["name"], sm_count=dev["sm_count"], kernels=kernels_hash(), kdacupy=_version())
     sidecar = Sidecar(output.with_name(output.name + ".partial.json"), fingerprint, args.restart)
     print(f"kdacupy tune on {dev['name']} ({dev['sm_count']} SMs): {len(shapes)} shapes, {len(buckets)} buckets"
@@ -484,7 +489,10 @@ def main(argv=None):
     entries = [r.entry for r in results if r.entry is not None]
     write_yaml(output, dev, merged_entries(output, dev["name"], entries))
     sidecar.remove()
-    print(f"wrote {output} ({len(entries)} buckets tuned in {time.perf_counter() - t0:.0f} s)")
+    used = output.resolve() == read[0].resolve() or (output.resolve() == read[1].resolve() and
+                                                      not read[0].exists())
+    print(f"wrote {output} ({len(entries)} buckets tuned in {time.perf_counter() - t0:.0f} s); "
+          + ("kda_forward reads it" if used else f"kda_forward does not read it (it reads {read[0]} first)"))
     return 0 if len(entries) == len(results) else 1
 
 

@@ -20,7 +20,7 @@ def tune(args) -> int:
     import numpy as np
     import yaml
 
-    from .. import decode_fastpath
+    from ..ops.decode import fastpath as decode_fastpath
     from ..decode import kda_decode
     from ..jit.nvrtc import compile_variant
     from ..numerics.parity import GPU, mismatch

@@ -5,6 +5,6 @@ ranks exchange fp32 state maps through an mpi4py communicator or CuPy's NCCL
 communicator. This package is the only place that imports MPI or NCCL, and
 only when a communicator of that kind is passed in.
 """
-from .cp import kda_forward_cp
+from .cp import ContextParallelError, kda_forward_cp
 
-__all__ = ["kda_forward_cp"]
+__all__ = ["kda_forward_cp", "ContextParallelError"]

@@ -5,6 +5,10 @@ and only when such a communicator is used.
 Every collective is blocking on the host: context parallelism needs the
 ranks' token counts on the host to plan the pieces, so it synchronises once
 per call by nature (unlike ``kda_forward``).
+
+``agree`` is the small collective that keeps a failure on one rank from
+hanging the others: each rank contributes None or its failure, every rank gets
+all of them (kdacupy/distributed/cp.py runs one after each local step).
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import warnings
 import numpy as np
 
 _OBJ_BYTES = 1 << 16  # fixed size of a pickled object in allgather_obj (NCCL needs equal sizes)
+_STATUS_BYTES = 1 << 12  # fixed size of one rank's status in agree
+_STATUS_TEXT = 1500  # characters of a failure message that travel (the rest is cut)
 _warned_host_staging = False
 
 
@@ -31,14 +37,20 @@ def _is_nccl(comm) -> bool:
     return type(comm).__name__ == "NcclCommunicator" and "nccl" in (type(comm).__module__ or "")
 
 
+NCCL_NEEDS_DEVICE = ("an mpi4py communicator for NumPy arrays (NCCL moves device memory only)",
+                     "cupy.cuda.nccl.NcclCommunicator")
+
+
 def wrap(comm, device: bool):
-    """The engine for ``comm``; ``device``: the arrays are CuPy arrays."""
+    """The engine for ``comm``; ``device``: this rank's arrays are CuPy arrays.
+
+    Raises only for an object that is no communicator at all (there is no one to
+    tell). A communicator that does not suit this rank's arrays (NCCL with NumPy
+    arrays) is still wrapped: the caller reports that through the engine
+    (``requires_device``), so every rank raises instead of some waiting."""
     if _is_mpi(comm):
         return MpiComm(comm, device)
     if _is_nccl(comm):
-        if not device:
-            raise TypeError("comm: expected an mpi4py communicator for NumPy arrays (NCCL moves device "
-                            "memory only), got cupy.cuda.nccl.NcclCommunicator")
         return NcclComm(comm)
     raise TypeError(f"comm: expected an mpi4py communicator (e.g. mpi4py.MPI.COMM_WORLD) or a "
                     f"cupy.cuda.nccl.NcclCommunicator, got {type(comm).__module__}.{type(comm).__name__}")
@@ -47,13 +59,25 @@ def wrap(comm, device: bool):
 class _Engine:
     rank: int
     size: int
+    requires_device = False  # True for NCCL: it moves device buffers only
 
-    def allgather_obj(self, obj) -> list:
-        """Every rank's ``obj`` (picklable, at most 64 KiB pickled), in rank order."""
+    def agree(self, failure) -> list:
+        """Every rank's status, in rank order: ``failure`` is None (this rank's step
+        went well) or ``(exception type name, message)``; the message is cut to a
+        fixed size so the collective is small and never fails itself."""
+        if failure is not None:
+            kind, msg = failure
+            msg = msg if len(msg) <= _STATUS_TEXT else msg[:_STATUS_TEXT] + " [...]"
+            failure = (str(kind)[:100], msg)
+        return self.allgather_obj(failure, _STATUS_BYTES)
+
+    def allgather_obj(self, obj, nbytes: int = _OBJ_BYTES) -> list:
+        """Every rank's ``obj`` (picklable, at most ``nbytes`` - 8 bytes pickled; the
+        same ``nbytes`` on every rank), in rank order."""
         raw = pickle.dumps(obj, protocol=4)
-        if len(raw) + 8 > _OBJ_BYTES:
-            raise ValueError(f"allgather_obj: object of {len(raw)} bytes exceeds {_OBJ_BYTES - 8}")
-        buf = np.zeros(_OBJ_BYTES, np.uint8)
+        if len(raw) + 8 > nbytes:
+            raise ValueError(f"allgather_obj: object of {len(raw)} bytes exceeds {nbytes - 8}")
+        buf = np.zeros(nbytes, np.uint8)
         buf[:8] = np.frombuffer(np.int64(len(raw)).tobytes(), np.uint8)
         buf[8:8 + len(raw)] = np.frombuffer(raw, np.uint8)
         rows = self._allgather_host_bytes(buf)
@@ -125,6 +149,8 @@ def _mpi_cuda_aware(MPI) -> bool:
 
 class NcclComm(_Engine):
     """CuPy's NCCL communicator: device buffers on CuPy's current stream."""
+
+    requires_device = True
 
     _TYPES = {np.dtype(np.float32): "NCCL_FLOAT32", np.dtype(np.uint8): "NCCL_UINT8",
               np.dtype(np.int64): "NCCL_INT64"}

@@ -17,7 +17,7 @@ from .. import api
 from ..seqpar import state_maps
 from ..numerics.dtypes import F32, STATE_DTYPES, as_dtype, dtype_name
 from ..validation import as_array, fail, is_device, validate
-from .comm import wrap
+from .comm import NCCL_NEEDS_DEVICE, wrap
 from .plan import plan_fixed, plan_varlen, start_state_sources
 
 # kda_forward keywords a CP call takes through **options (the rest are CP's own; a state
@@ -114,26 +114,75 @@ def _host_cu_seqlens(cu, B):
 def _looks_device(x) -> bool:
     try:
         return is_device(as_array("q", x))
-    except TypeError:
+    except Exception:  # noqa: BLE001  (validation on every rank reports a bad q)
         return False
+
+
+class ContextParallelError(RuntimeError):
+    """A rank of ``kda_forward_cp`` failed (out of memory, a compile failure, a
+    bug): raised on every rank with the same message, naming the rank(s) and
+    the step, so no rank waits for a collective the failed one never joins. On
+    the failed rank the original exception is the ``__cause__``."""
+
+
+def _failure(e: BaseException, validating: bool = False):
+    """What a rank tells the others of its exception: bad input found by the
+    validation keeps its kind (ValueError / TypeError, as kda_forward raises
+    it); anything else becomes a ContextParallelError naming the original type."""
+    if validating and isinstance(e, (ValueError, TypeError)):
+        return ("TypeError" if isinstance(e, TypeError) else "ValueError", str(e))
+    return ("ContextParallelError", f"{type(e).__name__}: {e}")
+
+
+def _raise_collective(what: str | None, statuses, cause):
+    """Every rank raises the same error from the gathered statuses."""
+    bad = [(r, s) for r, s in enumerate(statuses) if s is not None]
+    if not bad:
+        return
+    r, (kind, msg) = bad[0]
+    if what is None:  # validation: the message of the first bad rank, as kda_forward would raise it
+        more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
+        text = f"kda_forward_cp: rank {r}: {msg}{more}"
+    else:
+        text = f"kda_forward_cp: rank {r} failed {what}: {msg}" + "".join(
+            f"; rank {r2}: {m2}" for r2, (_, m2) in bad[1:4]) + (
+            f"; and {len(bad) - 4} more rank(s)" if len(bad) > 4 else "")
+    input_error = all(k in ("ValueError", "TypeError") for _, (k, _m) in bad)
+    exc = (TypeError if kind == "TypeError" else ValueError) if input_error else ContextParallelError
+    raise exc(text) from cause
+
+
+def _agreed(eng, what: str, fn):
+    """This rank's local work between two collectives: run ``fn``, then agree with
+    every rank that all went well (one small allgather) before anyone goes on to
+    the next collective; on any failure every rank raises the same error."""
+    result, failure, cause = None, None, None
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001  (whatever it is, the other ranks must hear of it)
+        failure, cause = _failure(e), e
+    _raise_collective(what, eng.agree(failure), cause)
+    return result
 
 
 def _collective_check(eng, local_fn):
     """Validate on every rank, then agree: every rank raises the same error
-    when any rank's input is bad or the ranks disagree."""
-    local, err = None, None
+    when any rank's input is bad (or its validation fails in any other way) or
+    the ranks disagree."""
+    local, failure, cause, sig, tokens = None, None, None, None, None
     try:
         local = local_fn()
-    except (ValueError, TypeError) as e:
-        err = (type(e).__name__, str(e))
-    info = dict(error=err, sig=None if local is None else local.signature(),
-                tokens=None if local is None else local.p.T)
-    infos = eng.allgather_obj(info)
-    bad = [(r, i["error"]) for r, i in enumerate(infos) if i["error"] is not None]
-    if bad:
-        r, (kind, msg) = bad[0]
-        more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
-        raise (TypeError if kind == "TypeError" else ValueError)(f"kda_forward_cp: rank {r}: {msg}{more}")
+        if eng.requires_device and not local.p.device:
+            fail("comm", *NCCL_NEEDS_DEVICE, TypeError)
+        sig, tokens = local.signature(), local.p.T
+    except Exception as e:  # noqa: BLE001
+        failure, cause = _failure(e, validating=True), e
+    if failure is not None:
+        failure = (failure[0], failure[1][:4000])
+    infos = eng.allgather_obj(dict(error=failure, sig=sig, tokens=tokens))
+    errors = [i["error"] for i in infos]
+    unexpected = any(e is not None and e[0] not in ("ValueError", "TypeError") for e in errors)
+    _raise_collective("validating its input" if unexpected else None, errors, cause)
     first = infos[0]["sig"]
     for r, i in enumerate(infos[1:], 1):
         for key, val in first.items():
@@ -159,7 +208,11 @@ def kda_forward_cp(q, k, v, g, beta=None, *, comm, cu_seqlens=None, initial_stat
     Communication: one small allgather of each rank's call signature (bad or
     mismatched input raises the same error on every rank), one allgather of
     the fp32 maps (ranks x HV x K x (K + V) x 4 bytes per carried sequence),
-    and with ``output_final_state`` one allreduce of the final states.
+    and with ``output_final_state`` one allreduce of the final states. After
+    each local step (the maps, the local forward) the ranks agree through one
+    small allgather (4 KiB per rank): a rank that fails in any way (out of
+    memory, a compile failure) makes every rank raise the same
+    ``ContextParallelError`` naming it, instead of leaving the others waiting.
     """
     eng = wrap(comm, _looks_device(q))
     local, tokens = _collective_check(eng, lambda: _Local(
@@ -172,8 +225,17 @@ def kda_forward_cp(q, k, v, g, beta=None, *, comm, cu_seqlens=None, initial_stat
     xp = _xp(p.device)
 
     maps = _gather_maps(eng, local, plans, xp)
-    starts = _start_states(local, plans, eng.rank, maps, xp)
-    mine = plans[eng.rank]
+    o, contribution = _agreed(eng, "running its local forward",
+                              lambda: _local_forward(local, plans, eng.rank, maps, xp))
+    final = _final_states(eng, local, plans, contribution, xp) if local.output_final_state else None
+    return o, final
+
+
+def _local_forward(local, plans, rank, maps, xp):
+    """This rank's output, and its contribution to the final states (None
+    without output_final_state)."""
+    starts = _start_states(local, plans, rank, maps, xp)
+    mine = plans[rank]
     a = local.a
     o, final_local = None, None
     if mine.pieces:
@@ -186,8 +248,8 @@ def kda_forward_cp(q, k, v, g, beta=None, *, comm, cu_seqlens=None, initial_stat
         o = a["out"]
     else:
         o = xp.empty(a["v"].shape, a["v"].dtype)
-    final = _final_states(eng, local, plans, final_local, xp) if local.output_final_state else None
-    return o, final
+    contribution = _final_contribution(local, mine, final_local, xp) if local.output_final_state else None
+    return o, contribution
 
 
 def _xp(device):
@@ -216,14 +278,19 @@ def _carry_rows(plan, fixed):
 def _gather_maps(eng, local, plans, xp):
     """Every rank's carried maps, ``[ranks, C, HV, K, K + V]`` fp32 (M | B),
     C = B for fixed-length input, else 1 (only a slice's last piece can
-    continue past it). None when no sequence crosses a rank boundary."""
-    p = local.p
-    fixed = local.cu is None
+    continue past it). None when no sequence crosses a rank boundary (every
+    rank knows this from the plans: then no collective at all)."""
     if not any(pl.carry for pl in plans):
         return None
+    buf = _agreed(eng, "computing its state maps", lambda: _local_maps(local, plans[eng.rank], xp))
+    return eng.allgather(buf)
+
+
+def _local_maps(local, mine, xp):
+    p = local.p
+    fixed = local.cu is None
     C = p.B if fixed else 1
     buf = xp.zeros((C, p.HV, p.K, p.K + p.V), F32)
-    mine = plans[eng.rank]
     if mine.carry:
         if fixed:
             M, Bm = piece_maps(local, 0, p.T)
@@ -232,7 +299,7 @@ def _gather_maps(eng, local, plans, xp):
             M, Bm = piece_maps(local, last.lo, last.hi)
         buf[:, :, :, :p.K] = M
         buf[:, :, :, p.K:] = Bm
-    return eng.allgather(buf)
+    return buf
 
 
 def piece_maps(local, lo, hi):
@@ -263,16 +330,23 @@ def _start_states(local, plans, rank, maps, xp):
     return out
 
 
-def _final_states(eng, local, plans, final_local, xp):
+def _final_contribution(local, mine, final_local, xp):
+    """This rank's share of every final state: the states of the sequences that
+    end here, zeros elsewhere (fp32, kv)."""
+    p = local.p
+    acc = xp.zeros((local.N, p.HV, p.K, p.V), F32)
+    for i, piece in enumerate(mine.pieces):
+        if piece.ends:
+            acc[piece.seq] = final_local[i].astype(F32)
+    return acc
+
+
+def _final_states(eng, local, plans, contribution, xp):
     """Every sequence's final state, the same on every rank: the rank that
     holds a sequence's end contributes it, one fp32 allreduce (adding exact
     zeros) shares it; sequences without tokens keep their initial state."""
     p = local.p
-    acc = xp.zeros((local.N, p.HV, p.K, p.V), F32)
-    for i, piece in enumerate(plans[eng.rank].pieces):
-        if piece.ends:
-            acc[piece.seq] = final_local[i].astype(F32)
-    acc = eng.allreduce_sum(acc)
+    acc = eng.allreduce_sum(contribution)
     held = {piece.seq for plan in plans for piece in plan.pieces}
     for n in range(local.N):
         if n not in held:

@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import kdacupy  # noqa: E402
 from kdacupy.distributed import kda_forward_cp  # noqa: E402
-from kdacupy.numerics.dtypes import BF16, F32  # noqa: E402
+from kdacupy.numerics.dtypes import F32  # noqa: E402
+from tests.dist.cases import CASES, cuts_for as _cuts_for  # noqa: E402
 from tests.inputs import make_inputs, rmse_ratio  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -22,14 +23,7 @@ U = 2.0 ** -9  # bf16 unit roundoff: the contract's error unit (tests/numerics/t
 
 
 def cuts_for(T, style):
-    """Slice boundaries: even, or uneven (rank 0 holds one token, rank 1 none
-    when there are 3+ ranks, the rest growing shares of the remainder)."""
-    if style == "even":
-        return np.linspace(0, T, RANKS + 1).astype(int)
-    head = [0, 1] + ([1] if RANKS > 2 else [])
-    rest = RANKS + 1 - len(head)
-    w = np.cumsum(np.arange(1, rest + 1, dtype=float))
-    return np.concatenate([head, 1 + np.round(w / w[-1] * (T - 1))]).astype(int)
+    return _cuts_for(T, style, RANKS)
 
 
 def run_case(name, inputs, extra, style, backend, exact=False):
@@ -98,26 +92,6 @@ def error_cases():
         **lv, comm=COMM, cu_seqlens=cu_bad, **ov, backend="model"), "cu_seqlens: expected last value 40"
     yield "unknown keyword", lambda: kda_forward_cp(**local, comm=COMM, **opts, use_qk_l2norm_in_kernel=True), \
         "unexpected keyword 'use_qk_l2norm_in_kernel'"
-
-
-CASES = [
-    # name, make_inputs kwargs, extra options, slicing, backend, exact
-    ("fixed even model", dict(B=2, T=70, H=1, HV=2, K=64, V=64, state=F32), dict(qk_l2norm=True), "even", "model", False),
-    ("fixed uneven model vk bf16", dict(B=2, T=53, H=2, K=64, V=64, state=BF16, state_layout="vk"),
-     dict(qk_l2norm=True), "uneven", "model", False),
-    ("varlen spanning model", dict(cu_seqlens=[7, 0, 90, 3, 0, 41], H=2, K=64, V=64, state=F32),
-     dict(qk_l2norm=True), "uneven", "model", False),
-    ("varlen softplus model fp32-state", dict(cu_seqlens=[33, 64, 1], H=1, HV=2, K=64, V=128, gate="softplus",
-                                                beta="raw"), dict(qk_l2norm=True, state_precision="fp32"),
-     "even", "model", False),
-    ("varlen reference exact", dict(cu_seqlens=[20, 0, 77, 9], H=1, K=64, V=64, dtype=F32, state=F32),
-     {}, "uneven", "reference", True),
-    ("fixed reference exact", dict(B=2, T=45, H=1, K=64, V=64, dtype=F32, state=F32), {}, "even", "reference", True),
-    ("varlen emulate", dict(cu_seqlens=[19, 50, 0, 12], H=1, K=64, V=64, state=F32), dict(qk_l2norm=True),
-     "uneven", "emulate", False),
-    ("fixed emulate slow decay", dict(B=1, T=40, H=1, K=64, V=64, state=BF16, gate="log", g_scale=0.05, beta="raw"),
-     dict(qk_l2norm=True), "even", "emulate", False),
-]
 
 
 def main():

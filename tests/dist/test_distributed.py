@@ -1,10 +1,14 @@
 """Context parallelism (kdacupy.distributed): the piece plan, a one-rank call,
-and real multi-process runs under ``mpiexec`` (2, 3 and 4 ranks; fixed and
-varlen; uneven slices with a one-token and an empty rank; model, emulate and
-the float64 reference) against the single-process forward and the reference.
-The MPI runs skip when mpi4py or mpiexec is missing (``pip install ".[distributed]"``)."""
+and real multi-process runs under ``mpiexec`` (3 ranks: fixed and varlen;
+uneven slices with a one-token and an empty rank, even ones with a rank wholly
+inside a sequence; model, emulate and the float64 reference) against the
+single-process forward and the reference; a rank failing with an unexpected
+exception makes every rank raise, never hang. The MPI runs skip when mpi4py or
+mpiexec is missing (``pip install ".[distributed]"``) and are killed, as a
+failure, when they outlast their time limit."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +21,7 @@ from kdacupy.distributed import kda_forward_cp
 from kdacupy.distributed.plan import plan_fixed, plan_varlen, start_state_sources
 
 from ..inputs import make_inputs
+from .cases import CASES, RANKS, case_tokens, cuts_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,15 +88,102 @@ def _mpiexec():
     return exe
 
 
-@pytest.mark.parametrize("ranks", [2, 3, 4])
-def test_context_parallel_under_mpiexec(ranks):
+def run_mpi(ranks, script, timeout, *args):
+    """``mpiexec -n ranks python script`` in its own process group, killed whole (every
+    rank) when it outlasts ``timeout`` seconds: a hang fails the test instead of CI."""
     exe = _mpiexec()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([exe, "-n", str(ranks), sys.executable, str(ROOT / "tests" / "dist" / "cp_worker.py")],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("ok:", "FAIL:"))]
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
-    assert len(lines) >= 12 and all(ln.startswith("ok:") for ln in lines), res.stdout
+    proc = subprocess.Popen([exe, "-n", str(ranks), sys.executable, str(ROOT / "tests" / "dist" / script), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{script} under mpiexec -n {ranks} did not finish in {timeout} s (a hang):\n"
+                    f"{out[-4000:]}\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def test_context_parallel_under_mpiexec():
+    rc, out, err = run_mpi(RANKS, "cp_worker.py", timeout=300)
+    lines = [ln for ln in out.splitlines() if ln.startswith(("ok:", "FAIL:"))]
+    assert rc == 0, out[-6000:] + err[-3000:]
+    assert len(lines) == len(CASES) + 4 and all(ln.startswith("ok:") for ln in lines), out
+
+
+def test_a_failing_rank_makes_every_rank_raise(tmp_path):
+    """Before the first collective and between collectives, one rank (or two) raises an
+    exception no validation expects: every rank raises the same ContextParallelError naming
+    it, and the next call works; uncaught, every rank exits with an error."""
+    rc, out, err = run_mpi(3, "cp_fail_worker.py", 120, str(tmp_path))
+    lines = [ln for ln in out.splitlines() if ln.startswith(("ok:", "FAIL:"))]
+    assert len(lines) == 5 and all(ln.startswith("ok:") for ln in lines), out + err[-3000:]
+    assert "scenarios done on 3 ranks" in out, out + err[-3000:]
+    assert rc != 0 and "returned normally" not in out, out
+    for r in range(3):
+        assert (tmp_path / f"rank{r}.err").read_text() == (
+            "ContextParallelError: kda_forward_cp: rank 1 failed computing its state maps: "
+            "LinAlgError: injected: uncaught\n"), r
+
+
+def test_the_cases_cover_every_edge_case():
+    """At RANKS ranks the worker's cases still hold every situation of the piece plan that
+    more ranks would: an empty rank and a one-token rank; for fixed-length and for varlen
+    input a rank wholly inside a sequence and a start state built from two ranks' maps; a
+    rank whose first piece ends a sequence and whose last one is carried on."""
+    seen = set()
+    for _, inputs, _, style, _, _ in CASES:
+        T, cu = case_tokens(inputs)
+        c = cuts_for(T, style, RANKS)
+        tokens = np.diff(c).tolist()
+        kind = "fixed" if cu is None else "varlen"
+        plans = plan_fixed(inputs.get("B", 1), tokens) if cu is None else plan_varlen(cu, tokens)
+        for r, pl in enumerate(plans):
+            seen |= {"empty rank"} if tokens[r] == 0 else set()
+            seen |= {"one-token rank"} if tokens[r] == 1 else set()
+            if any(not p.starts and not p.ends for p in pl.pieces):
+                seen.add(f"{kind}: a rank inside a sequence")
+            if any(len(src) >= 2 for src in start_state_sources(plans, r).values()):
+                seen.add(f"{kind}: two ranks' maps")
+            if len(pl.pieces) >= 2 and not pl.pieces[0].starts and pl.carry:
+                seen.add(f"{kind}: ends one, carries another")
+    want = {"empty rank", "one-token rank", "fixed: a rank inside a sequence", "fixed: two ranks' maps",
+            "varlen: a rank inside a sequence", "varlen: two ranks' maps", "varlen: ends one, carries another"}
+    assert want <= seen, want - seen
+
+
+def test_nccl_with_host_arrays_is_refused_through_the_ranks(monkeypatch):
+    """NCCL moves device memory only: NumPy arrays with an NCCL communicator are refused
+    after the ranks agree (a rank raising on its own would leave the others waiting)."""
+    import pickle
+
+    from kdacupy.distributed import comm as comm_mod
+
+    class NcclCommunicator:  # what kdacupy recognises CuPy's NCCL communicator by
+        pass
+
+    NcclCommunicator.__module__ = "cupy.cuda.nccl"
+
+    class OneRank(comm_mod._Engine):  # the engine NCCL would give, on the host, for one rank
+        requires_device, rank, size = True, 0, 1
+        gathered = []
+
+        def __init__(self, comm):
+            pass
+
+        def _allgather_host_bytes(self, buf):
+            self.gathered.append(buf.size)
+            return buf[None]
+
+    monkeypatch.setattr(comm_mod, "NcclComm", OneRank)
+    x, opts = make_inputs(T=16, H=1, K=64, V=64)
+    with pytest.raises(TypeError, match=r"kda_forward_cp: rank 0: comm: expected an mpi4py communicator for "
+                                        r"NumPy arrays \(NCCL moves device memory only\)"):
+        kda_forward_cp(**x, comm=NcclCommunicator(), **opts)
+    assert OneRank.gathered == [1 << 16]  # the refusal went through the collective check
+    assert pickle.dumps(None)  # (the engine's host path needs nothing else)
 
 
 def test_a_state_pool_is_refused():

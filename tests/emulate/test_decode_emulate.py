@@ -54,7 +54,7 @@ def test_emulated_decode_matches_the_model(name):
 
 @pytest.mark.parametrize("tiles", [DecodeTiles(8, 1), DecodeTiles(16, 2), DecodeTiles(32, 8), DecodeTiles(64, 4)])
 def test_every_tile_configuration_computes_the_same(tiles, monkeypatch):
-    import kdacupy.decode_fastpath as fp
+    import kdacupy.ops.decode.fastpath as fp
     import kdacupy.ops.decode.kernels as dk
     assert tiles in decode_candidates(64, 64)
     monkeypatch.setattr(dk, "select_decode_tiles", lambda p, pool: tiles)
@@ -99,8 +99,8 @@ def test_device_style_out_of_range_indices_are_padding():
     """Device indices are not validated by the host: the kernel treats a slot
     >= P like a negative one (launcher called directly, as the host checks
     would reject these)."""
-    from kdacupy.decode_fastpath import DecodeCall
-    from kdacupy.decode_validation import Pool
+    from kdacupy.ops.decode.fastpath import DecodeCall
+    from kdacupy.validation.pool import Pool
     from kdacupy.validation import validate
     x, opts, pool = make_decode(N=2, T=1, H=1, K=64, V=64, P=3)
     idx = np.array([99, 1], np.int32)

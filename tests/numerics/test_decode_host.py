@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy import decode_fastpath
+from kdacupy.ops.decode import fastpath as decode_fastpath
 from kdacupy.cli import bench_decode
 from kdacupy.numerics.dtypes import BF16
 

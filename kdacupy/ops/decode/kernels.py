@@ -75,7 +75,7 @@ def launch_plan(p, pool, device: bool, tiles: DecodeTiles | None = None):
 
 
 def stride_args(arrays):
-    """Stride arguments of q, k, v, g, beta and out (``arrays`` in kdacupy.decode_fastpath.NAMES order)."""
+    """Stride arguments of q, k, v, g, beta and out (``arrays`` in fastpath.NAMES order)."""
     return tuple(tuple(_strides(arrays[i])) for i in (0, 1, 2, 3, 4, 8))
 
 

@@ -1,6 +1,6 @@
 """What the forward kernels support: ``supports(problem) -> reason | None``.
 
-Argument checks that hold for every backend live in kdacupy/validation.py;
+Argument checks that hold for every backend live in kdacupy/validation/;
 these are the kernel family's own limits (the NumPy backends mirror them, so a
 call that runs on the CPU also runs on the GPU).
 """

@@ -359,10 +359,17 @@ def device_facts() -> tuple[int, str, int]:
     return (dev, *facts)
 
 
+def lookup_paths(device_name: str, udir: Path | None = None) -> list[Path]:
+    """The files kda_forward reads for a GPU model, in order: the user tuning
+    directory's ``<model>.yaml``, then the shipped one (``python -m kdacupy.tune``
+    writes the first by default; a file under any other name is never read)."""
+    model = model_name(device_name)
+    return [(udir if udir is not None else user_dir()) / f"{model}.yaml", shipped_dir() / f"{model}.yaml"]
+
+
 def _lookup(bucket: dict, device_name: str, udir: Path):
     key = bucket_key(bucket)
-    model = model_name(device_name)
-    for path in (udir / f"{model}.yaml", shipped_dir() / f"{model}.yaml"):
+    for path in lookup_paths(device_name, udir):
         table = load_table(path)
         if table is None:
             continue
@@ -373,6 +380,13 @@ def _lookup(bucket: dict, device_name: str, udir: Path):
         if entry is not None:
             return entry.config, str(path)
     return None
+
+
+def describe_for(p, device_name: str, sm_count: int) -> tuple[TileConfig, str]:
+    """``describe_selection`` for a named GPU model and SM count, without a
+    device (``python -m kdacupy.bench --dry-run``); not cached."""
+    hit = _lookup(bucket_of(p, sm_count), device_name, user_dir())
+    return hit if hit is not None else (heuristic(p, sm_count), HEURISTIC_SOURCE)
 
 
 def describe_selection(p) -> tuple[TileConfig, str]:

@@ -128,13 +128,15 @@ class KernelRun:
 
     def __init__(self, p, a):
         from ...jit.loaders import loader
-        from ..forward.kernels import launch_prepare, slots
-        from ..forward.layouts import workspace
+        from ..forward.kernels import launch_prepare, slots, workspace
 
-        self.p, self.a, self.xp = p, a, _xp(p)
+        self.p, self.xp = p, _xp(p)
         self.run = loader("cuda" if p.device else "emulate")
         self.nslots, self.per_seq = slots(p)
-        self.ws = self.xp.empty(p.HV * self.nslots * workspace(p.K)["WS_STRIDE"], dtype=np.uint8)
+        # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
+        # allocation), a strided cu_seqlens copied to its end; the emulation takes a fresh one
+        self.ws, self.a = workspace(p, a, self.nslots, self.xp)
+        a = self.a
         if self.nslots:
             launch_prepare(self.run, p, a, self.ws, self.nslots, self.per_seq)
 
@@ -149,8 +151,8 @@ class KernelRun:
         p, a, xp = self.p, self.a, self.xp
         K = p.K
         fp32 = dict(state_precision="fp32", state_layout="kv", state_out_dtype=F32)
-        M = xp.empty((p.N, p.HV, K, K), dtype=F32)
-        M[...] = xp.eye(K, dtype=F32)
+        M = xp.zeros((p.N, p.HV, K, K), dtype=F32)
+        M.reshape(-1, K * K)[:, ::K + 1] = 1  # the identity in place: no temporary
         Bm = xp.empty((p.N, p.HV, K, p.V), dtype=F32)
         # M: value columns = the K columns of I, v = 0 (a zero-stride view), the state updated in place
         zero_v = xp.broadcast_to(xp.zeros((1, 1, 1, K), dtype=p.dtype), a["v"].shape[:3] + (K,))

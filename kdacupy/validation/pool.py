@@ -1,9 +1,8 @@
 """Argument checking for the state pool (docs/design.md section 7.1): ``kda_decode``'s
 pool, indices and ``num_accepted_tokens``, and the pool keywords of ``kda_forward``.
 
-The per-token arrays and options are checked by ``kdacupy.validation.validate``
-(the same rules as ``kda_forward``); this module adds what is particular to a
-pool. Host (NumPy) indices are fully checked: in range, and no slot written
+The per-token arrays and options are checked by ``validate`` (problem.py; the
+same rules as ``kda_forward``); this module adds what is particular to a pool. Host (NumPy) indices are fully checked: in range, and no slot written
 twice. Device indices are
 never read by the host: the kernels treat a slot outside ``[0, P)`` as padding.
 """
@@ -14,9 +13,9 @@ from typing import Optional
 
 import numpy as np
 
-from .numerics.decode_reference import decode_plan
-from .numerics.dtypes import STATE_DTYPES, dtype_name
-from .validation import _check_dtype, _cupy, as_array, fail, is_device
+from ..numerics.decode_reference import decode_plan
+from ..numerics.dtypes import STATE_DTYPES, dtype_name
+from .arrays import as_array, check_dtype, cupy_module, fail, is_device
 
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -55,14 +54,14 @@ def check_pool(state_pool, *, HV, K, V, layout, device, name="state_pool"):
         fail(name, f"a {'CuPy (device)' if device else 'NumPy (host)'} array like q",
              f"a {'CuPy (device)' if is_device(pool) else 'NumPy (host)'} array")
     if device:
-        cur = _cupy().cuda.Device().id
+        cur = cupy_module().cuda.Device().id
         if pool.device.id != cur:
             fail(name, f"an array on the current CUDA device {cur}", f"device {pool.device.id}")
     want = ("P", HV, V, K) if layout == "vk" else ("P", HV, K, V)
     if pool.ndim != 4 or tuple(pool.shape[1:]) != want[1:] or pool.shape[0] < 1:
         fail(name, f"shape (P >= 1, {', '.join(map(str, want[1:]))}) ([P, HV, "
              f"{'V, K' if layout == 'vk' else 'K, V'}] for state_layout={layout!r})", tuple(pool.shape))
-    _check_dtype(name, pool, STATE_DTYPES)
+    check_dtype(name, pool, STATE_DTYPES)
     if not pool.flags.c_contiguous:
         fail(name, "a C-contiguous array (it is updated in place)", f"strides {pool.strides}")
     if not device and not pool.flags.writeable:
@@ -107,11 +106,11 @@ def check_indices(state_indices, num_accepted_tokens, *, N, T, P, device, allow_
             # [N]: every live slot is written (once per call, whatever T is)
             check_host_plan(idx if idx.ndim == 1 else decode_plan(idx, acc, N, T, P)[1])
         if device:
-            idx = _cupy().asarray(idx)  # host -> device copy: no device-to-host sync
+            idx = cupy_module().asarray(idx)  # host -> device copy: no device-to-host sync
     if acc is not None and device and not is_device(acc):
-        acc = _cupy().asarray(acc)
+        acc = cupy_module().asarray(acc)
     if device:
-        cp = _cupy()
+        cp = cupy_module()
         idx = cp.ascontiguousarray(idx)
         acc = None if acc is None else cp.ascontiguousarray(acc)
     else:
@@ -122,7 +121,7 @@ def check_indices(state_indices, num_accepted_tokens, *, N, T, P, device, allow_
 
 def check_pool_overlap(pool, arrays, names):
     """The pool is updated in place: it may not share memory with inputs or out."""
-    shares = _cupy().may_share_memory if is_device(pool) else np.may_share_memory
+    shares = cupy_module().may_share_memory if is_device(pool) else np.may_share_memory
     for n in names:
         x = arrays.get(n)
         if x is not None and shares(pool, x):

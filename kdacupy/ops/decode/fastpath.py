@@ -4,7 +4,7 @@ A decode step costs microseconds on the GPU, so the Python around it matters.
 Everything that depends only on the arguments' types, shapes, strides, dtypes,
 devices and options (the validated problem, the kernel variant, its compiled
 function, grid and stride arguments) is cached under that key after one full
-validation (``kdacupy.decode``). A call that hits the cache redoes only what
+validation (``kdacupy.decode``, ``kdacupy.validation``). A call that hits the cache redoes only what
 depends on the arrays' addresses and host values: alignment, overlap of the
 pool and ``out`` with the inputs (the same bounds test as ``may_share_memory``),
 writeable flags, and host index values. If any of those fails, the call takes
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops.decode.kernels import decode_args, launch_plan, scalar_args, stride_args
-from .jit.loaders import loader
+from ...jit.loaders import loader
+from .kernels import decode_args, launch_plan, scalar_args, stride_args
 
 #: (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias)
 NAMES = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "out", "A_log", "dt_bias")
@@ -31,9 +31,11 @@ def clear():
 
 
 def _cupy_ndarray():
-    from .validation import _cupy
-    cp = _cupy()
-    return None if cp is None else cp.ndarray
+    try:
+        import cupy
+    except Exception:  # noqa: BLE001  (no CuPy, or CuPy without CUDA libraries)
+        return None
+    return cupy.ndarray
 
 
 def call_key(arrays, options):
@@ -79,7 +81,7 @@ class DecodeCall:
         self.device = problem.device
         self.plan = launch_plan(problem, pool, problem.device, tiles)
         self.spans = [_span(x) for x in arrays]
-        # alignment the kernels need: 16-byte rows (beta: its element), as validation.check_kernel_layout
+        # alignment the kernels need: 16-byte rows (beta: its element), as kdacupy.validation's check_kernel_layout
         self.align = [(i, 16 if i != 4 else arrays[4].dtype.itemsize) for i in (0, 1, 2, 3, 4, 8)
                       if arrays[i] is not None and arrays[i].size]
         self.host_idx = not self.device
@@ -101,7 +103,7 @@ class DecodeCall:
         return x.data.ptr if self.device else x.ctypes.data
 
     def _host_indices_ok(self, idx, acc) -> bool:
-        """The host checks of decode_validation.check_indices, in few NumPy calls."""
+        """The host checks of kdacupy.validation.pool.check_indices, in few NumPy calls."""
         if not idx.size:
             return True
         if idx.max() >= self.pool.P:

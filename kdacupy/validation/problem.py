@@ -1,0 +1,91 @@
+"""``validate``: every check of docs/design.md section 1 for the per-token arrays
+and options, in order, before any work starts, so a failing call writes
+nothing; the validated call comes back as a ``Problem``. Each concern has its
+module in this package; the kernels' own limits (head dims) come from the
+kernel family's ``supports`` (kdacupy/ops/forward/limits.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from ..ops.forward.limits import supports
+from .arrays import as_array, check_bool, fail
+from .memory import check_backend, check_devices, check_kernel_layouts, check_out
+from .options import check_beta, check_gate, check_scale
+from .seqlens import check_seqlens
+from .shapes import check_input_dtypes, check_shapes
+from .state import check_state
+
+BACKENDS = (None, "cuda", "reference", "model", "emulate")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The validated call: sizes, dtypes and options the backends specialise on."""
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    N: int
+    dtype: np.dtype  # q, k, v (and out)
+    g_dtype: np.dtype
+    beta_dtype: Optional[np.dtype]
+    gate: str
+    beta_mode: str  # "none", "raw", "sigmoid", "sigmoid2"
+    qk_l2norm: bool
+    scale: float
+    lower_bound: Optional[float]
+    state_layout: str
+    state_in_dtype: Optional[np.dtype]
+    state_out_dtype: Optional[np.dtype]
+    state_precision: str
+    varlen: bool
+    device: bool  # CuPy arrays (else NumPy)
+    backend: str
+
+
+def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens, qk_l2norm,
+             beta_sigmoid, allow_neg_eigval, gate, A_log, dt_bias, lower_bound, state_layout,
+             state_dtype, state_precision, out, backend) -> tuple[Problem, dict[str, Any]]:
+    """Check every argument; return the Problem and the arrays to use."""
+    if backend not in BACKENDS:
+        fail("backend", "one of " + ", ".join(map(repr, BACKENDS)), repr(backend))
+    arrays = _arrays(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias,
+                     out=out)
+    device = check_devices(arrays)
+    backend = check_backend(backend, device)
+    sizes = check_shapes(arrays)
+    reason = supports(sizes)  # the kernels' limits, before anything that depends on the sizes
+    if reason:
+        raise ValueError(reason)
+    B, T, H, HV, K, V = sizes
+    check_input_dtypes(arrays, backend)
+    flags = {n: check_bool(n, x) for n, x in (("beta_sigmoid", beta_sigmoid), ("allow_neg_eigval", allow_neg_eigval),
+                                               ("qk_l2norm", qk_l2norm), ("output_final_state", output_final_state))}
+    beta_mode = check_beta(arrays, (B, T, HV), flags["beta_sigmoid"], flags["allow_neg_eigval"])
+    lower_bound = check_gate(gate, arrays, dt_bias, lower_bound, HV, K)
+    scale = check_scale(scale, K)
+    cu, N = check_seqlens(cu_seqlens, B, T, device)
+    s0, state_out = check_state(arrays, state_layout, state_precision, state_dtype, (N, HV, K, V),
+                                 flags["output_final_state"])
+    check_out(arrays, device)
+    if backend in ("cuda", "emulate"):
+        check_kernel_layouts(arrays)
+
+    problem = Problem(
+        B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, dtype=arrays["q"].dtype, g_dtype=arrays["g"].dtype,
+        beta_dtype=None if arrays["beta"] is None else arrays["beta"].dtype, gate=gate, beta_mode=beta_mode,
+        qk_l2norm=flags["qk_l2norm"], scale=scale, lower_bound=lower_bound, state_layout=state_layout,
+        state_in_dtype=None if s0 is None else s0.dtype, state_out_dtype=state_out,
+        state_precision=state_precision, varlen=cu is not None, device=device, backend=backend)
+    arrays["cu_seqlens"] = cu
+    return problem, arrays
+
+
+def _arrays(**given) -> dict:
+    return {n: None if x is None and n not in ("q", "k", "v", "g") else as_array(n, x) for n, x in given.items()}

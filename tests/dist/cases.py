@@ -1,0 +1,52 @@
+"""The context-parallel cases the mpiexec workers run, and how each cuts its
+tokens into the ranks' slices (pure Python: tests/dist/test_distributed.py
+checks, without MPI, that the cases at RANKS ranks hold every edge case of the
+piece plan)."""
+import numpy as np
+
+from kdacupy.numerics.dtypes import BF16, F32
+
+#: the ranks the workers run with: enough for an empty rank, a one-token rank, a rank
+#: wholly inside a sequence and a chain of two maps (test_the_cases_cover_every_edge_case)
+RANKS = 3
+
+
+def cuts_for(T, style, ranks):
+    """Slice boundaries: even, or uneven (rank 0 holds one token, rank 1 none
+    when there are 3+ ranks, the rest growing shares of the remainder)."""
+    if style == "even":
+        return np.linspace(0, T, ranks + 1).astype(int)
+    head = [0, 1] + ([1] if ranks > 2 else [])
+    rest = ranks + 1 - len(head)
+    w = np.cumsum(np.arange(1, rest + 1, dtype=float))
+    return np.concatenate([head, 1 + np.round(w / w[-1] * (T - 1))]).astype(int)
+
+
+CASES = [
+    # name, make_inputs kwargs, extra options, slicing, backend, exact
+    ("fixed even model", dict(B=2, T=70, H=1, HV=2, K=64, V=64, state=F32), dict(qk_l2norm=True), "even", "model", False),
+    ("fixed uneven model vk bf16", dict(B=2, T=53, H=2, K=64, V=64, state=BF16, state_layout="vk"),
+     dict(qk_l2norm=True), "uneven", "model", False),
+    ("varlen spanning model", dict(cu_seqlens=[7, 0, 90, 3, 0, 41], H=2, K=64, V=64, state=F32),
+     dict(qk_l2norm=True), "uneven", "model", False),
+    ("varlen across every rank model", dict(cu_seqlens=[5, 120, 3], H=1, K=64, V=64, state=BF16),
+     dict(qk_l2norm=True), "even", "model", False),
+    ("varlen softplus model fp32-state", dict(cu_seqlens=[33, 64, 1], H=1, HV=2, K=64, V=128, gate="softplus",
+                                                beta="raw"), dict(qk_l2norm=True, state_precision="fp32"),
+     "even", "model", False),
+    ("varlen reference exact", dict(cu_seqlens=[20, 0, 77, 9], H=1, K=64, V=64, dtype=F32, state=F32),
+     {}, "uneven", "reference", True),
+    ("fixed reference exact", dict(B=2, T=45, H=1, K=64, V=64, dtype=F32, state=F32), {}, "even", "reference", True),
+    ("varlen emulate", dict(cu_seqlens=[19, 50, 0, 12], H=1, K=64, V=64, state=F32), dict(qk_l2norm=True),
+     "uneven", "emulate", False),
+    ("fixed emulate slow decay", dict(B=1, T=40, H=1, K=64, V=64, state=BF16, gate="log", g_scale=0.05, beta="raw"),
+     dict(qk_l2norm=True), "even", "emulate", False),
+]
+
+
+def case_tokens(inputs):
+    """(T, cu_seqlens or None) of a case's make_inputs arguments."""
+    lens = inputs.get("cu_seqlens")
+    if lens is None:
+        return inputs["T"], None
+    return int(sum(lens)), np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
