@@ -62,7 +62,9 @@ def kda_backward(
         return _reference(problem, a)
     if problem.backend == "model":
         return _model(problem, a)
-    raise NotImplementedError(f"kda_backward: backend={problem.backend!r} is not built yet")
+    from .ops.backward.kernels import backward  # launchers import the JIT machinery: load it only when used
+    grads = backward(problem, a)
+    return KDAGradients(**grads)
 
 
 def _same_kind(name, x, q):

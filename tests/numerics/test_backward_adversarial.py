@@ -35,7 +35,9 @@ from .test_backward_model import measured
 U_BF16 = 2.0 ** -9
 F = math.sqrt(np.mean(np.arange(1, 17)))
 T_TEST = 256
-SHORT = [n for n, case in ADVERSARIAL.items() if case[-1] is None]
+#: one case per family the bounds distinguish (the other short cases measure alike: the accuracy report)
+CASES = ["repeat-token g=0 beta=.999", "collinear 1e-3 g=0", "repeat-key slow", "collinear 1e-3 fast",
+         "collinear 1e-3 beta~2", "zero-keys slow", "collinear 1e-3 softplus"]
 
 
 def bound(name, field, T):
@@ -48,7 +50,7 @@ def bound(name, field, T):
     return b
 
 
-@pytest.mark.parametrize("name", SHORT)
+@pytest.mark.parametrize("name", CASES)
 def test_model_is_finite_and_within_bound(name):
     x, opts = adversarial_inputs(name, T_TEST, 1, 64, 64, seed=1)
     args, o = loss_inputs(x, opts, seed=1)
