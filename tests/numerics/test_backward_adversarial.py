@@ -15,7 +15,7 @@ u = 2^-9, the 10u of test_backward_model for random keys):
   stays while the exact value decays after the first token: the ratio grows as sqrt(T/16)
   (chunks), 10u F sqrt(T/16).
 
-Measured (T = 256, one head, K = V = 64): 1.1e-2 outside those families; 9.3e-2 with beta ~ 2;
+Measured (T = 256, one head, K = V = 64): 1.3e-2 outside those families; 9.3e-2 with beta ~ 2;
 dS0 0.15 under fast decay; dbeta 0.11 for the repeated token; the emulated kernels give the
 model's values bit for bit on these inputs too (tests/emulate/test_backward_emulate.py), since
 they do the same arithmetic.
