@@ -118,7 +118,7 @@ def scratch_layout(p, nslots: int) -> dict:
     return out
 
 
-def _views(buf, lay, p, a, xp):
+def _views(buf, lay, a):
     """The scratch buffer's parts as arrays, and ``a`` with a strided cu_seqlens copied in."""
     part = lambda name: buf[lay[name][0]:lay[name][0] + lay[name][1]]  # noqa: E731
     cu = a["cu_seqlens"]
@@ -151,7 +151,7 @@ def backward(p, a, tiles: TileConfig | None = None):
         buf = device_workspace(total)
     else:
         buf = xp.empty(total, dtype=np.uint8)
-    sc, a = _views(buf, lay, p, a, xp)
+    sc, a = _views(buf, lay, a)
     grads = dict(dq=_out(xp, a["q"]), dk=_out(xp, a["k"]), dv=_out(xp, a["v"]), dg=_out(xp, a["g"]),
                  dbeta=_out(xp, a["beta"]), dinitial_state=_out(xp, a["initial_state"]),
                  dA_log=_out(xp, a["A_log"], dtype=F32), ddt_bias=_out(xp, a["dt_bias"], dtype=F32))

@@ -5,8 +5,7 @@ from __future__ import annotations
 from ...numerics.backward_model import vblock
 from ..forward.layouts import CHUNK, SMALL_ROW, _place
 
-CHAIN_THREADS_PER_WARP_ROWS = 16  # value rows per warp of kda_bwd_chain
-REDUCE_THREADS = 128  # kda_bwd_reduce
+REDUCE_THREADS = 128  # kernels/kda_bwd_reduce.cu's block (its __launch_bounds__ and loop stride)
 
 
 def chunk_threads(K: int) -> int:
