@@ -9,7 +9,7 @@ from .validation import check_keywords, validate
 def kda_forward(
     q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False,
     cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log",
-    A_log=None, dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, out=None,
+    A_log=None, dt_bias=None, lower_bound=None, state_layout=None, state_dtype=None, out=None,
     backend=None, state_precision="bf16", state_pool=None, state_indices=None, sequence_parallel=None,
     **unknown,
 ):
@@ -19,6 +19,9 @@ def kda_forward(
     Returns ``(o, final_state)``: o has v's shape and dtype (written into ``out``
     when given); final_state is ``[N, HV, K, V]`` (``state_layout="vk"``:
     ``[N, HV, V, K]``) in ``state_dtype`` when ``output_final_state``, else None.
+    state_layout: "kv" or "vk"; None (the default) means "kv" for initial_state /
+    final_state and "vk" with a state_pool, the default of ``kda_decode``, so that one
+    pool has one layout for prefill and decode.
 
     backend: None picks by array type (CuPy -> "cuda", NumPy -> "reference");
     "cuda" (CuPy arrays), "reference" (float64 NumPy; float64 inputs give
@@ -34,18 +37,26 @@ def kda_forward(
     of ``kda_decode`` and int32/int64 slots [N]; sequence n starts from
     ``state_pool[idx[n]]`` and its final state is written back there in place
     (a negative slot starts from zeros and writes nothing); final_state is then
-    None. Excludes initial_state, output_final_state and state_dtype.
+    None. Excludes initial_state, output_final_state and state_dtype. Host
+    (NumPy) slots are checked; device slots are not read by the host: a slot
+    outside ``[0, P)`` is padding, and two sequences given the same slot race
+    (the result is undefined), so distinct slots are the caller's duty there.
     """
     if unknown:
         check_keywords(unknown)
     from .seqpar import check_sequence_parallel, choose_segments
     sequence_parallel = check_sequence_parallel(sequence_parallel)
+    pooled = state_pool is not None or state_indices is not None
+    if state_layout is None:  # one pool, one layout: kda_decode's default, "vk"
+        state_layout = "vk" if pooled else "kv"
     problem, a = validate(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
         state_dtype=state_dtype, state_precision=state_precision, out=out, backend=backend)
-    pooled = state_pool is not None or state_indices is not None
+    if state_dtype is not None and not pooled and problem.state_out_dtype is None:
+        raise ValueError(f"state_dtype: expected None without output_final_state=True (it is the final state's "
+                         f"dtype), got {state_dtype!r}")
     if pooled and sequence_parallel not in (None, 1):
         raise ValueError(f"sequence_parallel: expected None or 1 with state_pool (the split forward does not "
                          f"read or write a pool yet), got {sequence_parallel}")

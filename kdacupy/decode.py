@@ -6,13 +6,14 @@ import numpy as np
 
 from .ops.decode import fastpath
 from .validation import validate
+from .validation.keywords import DECODE_KEYWORDS, check_keywords
 from .validation.pool import validate_pool
 
 
 def kda_decode(
     q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
     qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
-    lower_bound=None, state_layout="vk", out=None, backend=None,
+    lower_bound=None, state_layout="vk", out=None, backend=None, **unknown,
 ):
     """Kimi Delta Attention, token by token from states held in a pool.
 
@@ -28,7 +29,16 @@ def kda_decode(
     The state is kept in fp32 across the tokens of a call and rounded to the
     pool's dtype only when stored. backend: as for ``kda_forward`` ("cuda",
     "reference", "model", "emulate"; None picks by array type).
+    Host (NumPy) indices are checked (``< P``, no slot written twice); device
+    indices are not read by the host: a slot outside ``[0, P)`` pads (or skips
+    its store) and ``num_accepted_tokens`` is clamped to ``[1, T]`` in the kernel,
+    but a slot that two sequences write (or one reads while another writes)
+    races across CTAs and the result is undefined: distinct slots are the
+    caller's duty there. FLA's and FlashInfer's keywords raise a TypeError that
+    names kdacupy's spelling.
     """
+    if unknown:
+        check_keywords(unknown, "kda_decode", DECODE_KEYWORDS)
     options = (scale, qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend)
     arrays = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias)
     key = fastpath.call_key(arrays, options)

@@ -30,16 +30,21 @@ from __future__ import annotations
 
 import numbers
 import sys
+import warnings
 
 import numpy as np
 
 from . import env
 from .ops.forward.layouts import CHUNK
 from .ops.seqpar.split import KernelRun, numpy_maps
-from .validation import fail, validate
+from .validation import check_keywords, fail, validate
 
 #: the most segments per sequence the forward accepts (the scan walks them in order)
 MAX_SEGMENTS = 1024
+
+
+class SegmentWarning(UserWarning):
+    """``sequence_parallel`` asks for more segments than a sequence has chunks."""
 
 
 # ---------------------------------------------------------------------------
@@ -47,32 +52,57 @@ MAX_SEGMENTS = 1024
 
 
 def state_maps(q, k, v, g, beta=None, *, scale=None, cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False,
-               allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None, lower_bound=None, backend=None):
+               allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None, lower_bound=None, state_layout="kv",
+               state_precision="bf16", backend=None, **unknown):
     """Affine state maps ``(M, B)`` of each sequence (or sequence piece).
 
-    Takes the inputs and options of ``kda_forward`` (no state options: the maps
-    do not depend on a state). Returns ``M: [N, HV, K, K]`` and ``B: [N, HV, K, V]``
-    such that a sequence run from any state ``S0`` (kv orientation, ``[K, V]``)
-    ends in ``M @ S0 + B``; N is B, or the number of sequences with ``cu_seqlens``;
-    a zero-length sequence has ``(I, 0)``. float32 (float64 on "reference").
+    Takes the inputs and options of ``kda_forward`` except its state arguments
+    (the maps do not depend on a state). Returns ``M: [N, HV, K, K]`` and
+    ``B: [N, HV, K, V]`` such that a sequence run from any state ``S0`` (kv
+    orientation, ``[K, V]``) ends in ``M @ S0 + B``; N is B, or the number of
+    sequences with ``cu_seqlens``; a zero-length sequence has ``(I, 0)``.
+    float32 (float64 on "reference"). With ``state_layout="vk"`` the maps come
+    for states stored ``[V, K]``: ``M^T: [N, HV, K, K]`` and ``B^T: [N, HV, V, K]``,
+    so a sequence run from ``S0: [V, K]`` ends in ``S0 @ M^T + B^T``.
+    ``state_precision`` is accepted so the forward's options pass as they are:
+    the maps are fp32-state runs for either (the ones the split forward uses).
 
     backend: as ``kda_forward``: "cuda" (CuPy arrays), "emulate", "model"
     (NumPy arrays; the kernels' and the precision model's fp32-state runs) or
-    "reference" (float64 definition). For the "vk" layout ``S_end^T = S0^T M^T + B^T``.
+    "reference" (float64 definition).
     """
+    if unknown:
+        _refuse_keywords(unknown, "kdacupy.seqpar.state_maps")
     p, a = validate(
         q, k, v, g, beta, scale=scale, initial_state=None, output_final_state=False, cu_seqlens=cu_seqlens,
         qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
-        A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout="kv", state_dtype=None,
-        state_precision="fp32", out=None, backend=backend)
+        A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout, state_dtype=None,
+        state_precision=state_precision, out=None, backend=backend)
     if p.device and _capturing():
         # the map launches read per-call temporaries (the identity and zero operands) that a
         # captured graph would keep pointing at after CuPy's pool hands their memory out again
         raise ValueError("state_maps: expected a stream that is not capturing a CUDA graph (the maps' per-call "
                          "temporaries cannot live in a graph), got a capturing stream")
-    if p.backend in ("cuda", "emulate"):
-        return KernelRun(p, a).maps()
-    return numpy_maps(p, a)
+    import dataclasses
+    p = dataclasses.replace(p, state_layout="kv", state_precision="fp32")  # the runs behind the maps
+    M, B = KernelRun(p, a).maps() if p.backend in ("cuda", "emulate") else numpy_maps(p, a)
+    if state_layout == "vk":
+        M, B = M.swapaxes(-1, -2).copy(), B.swapaxes(-1, -2).copy()
+    return M, B
+
+
+#: kda_forward's arguments that are about a state: the maps take none of them
+_STATE_ARGUMENTS = ("initial_state", "output_final_state", "state_dtype", "out", "state_pool", "state_indices",
+                    "sequence_parallel")
+
+
+def _refuse_keywords(unknown, fn):
+    name = next(iter(unknown))
+    if name in _STATE_ARGUMENTS:
+        raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}: the maps do not depend on a state "
+                        "(a sequence run from S0 ends in M @ S0 + B), so they take none of kda_forward's state "
+                        "arguments")
+    check_keywords(unknown, fn)
 
 
 # ---------------------------------------------------------------------------
@@ -102,6 +132,11 @@ def choose_segments(p, requested) -> int:
                  "per-call temporaries cannot live in a graph)", repr(requested))
         return 1
     if requested is not None:
+        chunks = -(-p.T // CHUNK)  # of the whole (packed) T: no sequence has more
+        if requested > 1 and p.T and requested > chunks:
+            warnings.warn(f"sequence_parallel={requested} is more than the {chunks} 16-token chunk(s) of T = {p.T}: "
+                          f"a segment is whole chunks, so {requested - chunks} or more segments per sequence are "
+                          f"empty (correct, but work for nothing)", SegmentWarning, stacklevel=3)
         return requested
     if not p.device:
         return 1
@@ -181,15 +216,20 @@ def auto_segments(p, sm_count) -> tuple[int, str]:
 
 
 def explain(q, k, v, g, beta=None, *, sequence_parallel=None, sm_count=None, **options) -> tuple[int, str]:
-    """The segment count ``kda_forward`` would use for these arguments, and why
-    (a debug aid; nothing runs). ``sm_count`` stands in for the device's (for
-    NumPy arrays it makes the GPU's choice visible on the CPU)."""
+    """The segment count ``kda_forward`` would use for these arguments (any of
+    ``kda_forward``'s), and why (a debug aid; nothing runs). ``sm_count`` stands
+    in for the device's (for NumPy arrays it makes the GPU's choice visible on the CPU)."""
     requested = check_sequence_parallel(sequence_parallel)
-    kw = dict(scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, qk_l2norm=False,
-              beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None, lower_bound=None,
-              state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend=None)
-    kw.update(options)
+    pooled = any([options.pop(n, None) is not None for n in ("state_pool", "state_indices")])
+    unknown = {n: x for n, x in options.items() if n not in _VALIDATE_DEFAULTS}
+    if unknown:
+        check_keywords(unknown, "kdacupy.seqpar.explain")
+    kw = dict(_VALIDATE_DEFAULTS, **options)
+    if kw["state_layout"] is None:  # kda_forward's default: "vk" with a pool
+        kw["state_layout"] = "vk" if pooled else "kv"
     p, _ = validate(q, k, v, g, beta, **kw)
+    if pooled:
+        return 1, "off: a call with state_pool runs serially (the split does not read or write a pool)"
     if requested is not None:
         return requested, "requested"
     if sm_count is None:
@@ -198,3 +238,10 @@ def explain(q, k, v, g, beta=None, *, sequence_parallel=None, sm_count=None, **o
         from .ops.forward.tuning import device_facts
         sm_count = device_facts()[2]
     return auto_segments(p, sm_count)
+
+
+#: kda_forward's defaults of the arguments ``validate`` checks
+_VALIDATE_DEFAULTS = dict(scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, qk_l2norm=False,
+                          beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+                          lower_bound=None, state_layout=None, state_dtype=None, state_precision="bf16", out=None,
+                          backend=None)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .isolation import pytest_addoption, pytest_runtest_protocol  # noqa: F401  (emulated modules in a forked child)
+
 MARKERS = {
     "gpu": "needs a CUDA GPU (benchmarks/device_check.sh runs these on one)",
     "emulate": "needs a host C++17 compiler (g++, clang++ or $CXX) for the CPU emulation of the kernels",
@@ -24,9 +26,8 @@ def missing(marker: str):
     """Why the resource of ``marker`` is missing here, or None when it is present."""
     try:
         if marker == "gpu":
-            import cupy
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                return "no CUDA GPU"
+            from kdacupy.jit.device import why_no_gpu
+            return why_no_gpu()  # in plain words, e.g. "no CUDA GPU (no NVIDIA driver found)"
         elif marker == "emulate":
             from kdacupy.emulate import find_compiler
             find_compiler()

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from ..numerics.dtypes import BF16
-from .timing import gpu_available
+from .args import at_least, writable_file
 
 G_REGIMES = ("-8", "-4", "0", "8", "U(-8,8)", "N(0,8)")
 BIAS_REGIMES = ("+4", "-4", "+8", "-8", "U(-8,8)", "N(0,8)")
@@ -85,10 +85,11 @@ def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pa
     for gr, br in pairs:
         inputs = make_inputs(T, H, K, V, gr, br, seed)
         ref_opts = {n: x for n, x in OPTIONS.items() if n != "state_dtype"}
-        ref_o, ref_s = kda_reference(**inputs, **ref_opts)
         t0 = time.perf_counter()
+        ref_o, ref_s = kda_reference(**inputs, **ref_opts)
+        t1 = time.perf_counter()
         o, s = run_backend(backend, inputs, state_precision, sequence_parallel=sequence_parallel)
-        rows.append(_row(dict(g=gr, dt_bias=br), o, s, ref_o, ref_s, time.perf_counter() - t0))
+        rows.append(_row(dict(g=gr, dt_bias=br), o, s, ref_o, ref_s, time.perf_counter() - t1, t1 - t0))
         if progress:
             progress(len(rows), len(pairs), rows[-1])
     return rows
@@ -96,7 +97,8 @@ def sweep(backend="model", T=2048, H=4, K=128, V=128, state_precision="bf16", pa
 
 def print_progress(i, n, row):
     what = f"case={row['case']}" if "case" in row else f"g={row['g']} dt_bias={row['dt_bias']}"
-    print(f"[{i}/{n}] {what}: o ratio {row['o_rmse']:.2e} ({row['seconds']:.1f} s)", file=sys.stderr, flush=True)
+    print(f"[{i}/{n}] {what}: o ratio {row['o_rmse']:.2e} ({row['seconds']:.1f} s; the float64 reference "
+          f"{row['reference_seconds']:.1f} s)", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -176,22 +178,24 @@ def adversarial_sweep(backend="model", T=2048, H=4, K=128, V=128, state_precisio
     rows = []
     for name in names or ADVERSARIAL:
         x, opts = adversarial_inputs(name, T, H, K, V, seed)
-        ref_o, ref_s = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
         t0 = time.perf_counter()
+        ref_o, ref_s = kda_reference(**x, **{n: v for n, v in opts.items() if n != "state_dtype"})
+        t1 = time.perf_counter()
         o, s = run_backend(backend, x, state_precision, opts, sequence_parallel)
-        rows.append(_row(dict(case=name, T=x["q"].shape[1]), o, s, ref_o, ref_s, time.perf_counter() - t0))
+        rows.append(_row(dict(case=name, T=x["q"].shape[1]), o, s, ref_o, ref_s, time.perf_counter() - t1,
+                         t1 - t0))
         if progress:
             progress(len(rows), len(names or ADVERSARIAL), rows[-1])
     return rows
 
 
-def _row(key, o, s, ref_o, ref_s, seconds):
+def _row(key, o, s, ref_o, ref_s, seconds, reference_seconds):
     o_max, o_rmse = errors(o, ref_o)
     s_max, s_rmse = errors(s, ref_s)
     _, floor = errors(ref_o.astype(np.float32).astype(BF16), ref_o)
     finite = bool(np.isfinite(np.asarray(o, np.float64)).all() and np.isfinite(np.asarray(s, np.float64)).all())
     return key | dict(o_max=o_max, o_rmse=o_rmse, state_max=s_max, state_rmse=s_rmse, o_bf16_floor=floor,
-                      finite=finite, seconds=seconds)
+                      finite=finite, seconds=seconds, reference_seconds=reference_seconds)
 
 
 def format_table(rows):
@@ -214,30 +218,38 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+def segments(text: str) -> int:
+    from ..seqpar import MAX_SEGMENTS
+    n = at_least(1)(text)
+    if n > MAX_SEGMENTS:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, {MAX_SEGMENTS}], got {n}")
+    return n
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kdacupy.accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="model", choices=("model", "emulate", "cuda", "reference"),
                    help="what to measure (default: model, the NumPy precision model of the kernels)")
-    p.add_argument("--T", type=int, default=2048, help="sequence length (default 2048)")
-    p.add_argument("--H", type=int, default=4, help="heads (default 4)")
+    p.add_argument("--T", type=at_least(1), default=2048, help="sequence length (default 2048)")
+    p.add_argument("--H", type=at_least(1), default=4, help="heads (default 4)")
     p.add_argument("--K", type=int, default=128, choices=(64, 128, 256))
     p.add_argument("--V", type=int, default=128, choices=(64, 128, 256))
     p.add_argument("--state-precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--quick", action="store_true", help="pair each g regime with one dt_bias regime only")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--adversarial", action="store_true",
                    help="sweep the adversarial cases (ADVERSARIAL) instead of the gate/bias regimes")
-    p.add_argument("--sequence-parallel", type=int, default=None, metavar="N",
+    p.add_argument("--sequence-parallel", type=segments, default=None, metavar="N",
                    help="segments per sequence (kda_forward's sequence_parallel; default: the library's choice)")
-    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--json", metavar="PATH", type=writable_file, help="also write the rows as JSON")
     p.add_argument("--backward", action="store_true",
                    help="the gradients of kda_backward instead of the forward (kdacupy/cli/accuracy_backward.py)")
     args = p.parse_args(argv)
-    if args.backend == "cuda" and not gpu_available():
-        print("kdacupy.accuracy: --backend cuda needs a CUDA GPU and driver; the other backends run on the CPU",
-              file=sys.stderr)
-        return 2
+    if args.backend == "cuda":
+        from ..jit.device import why_no_gpu
+        if why := why_no_gpu():
+            p.error(f"--backend cuda: {why}; the other backends run on the CPU")
     if args.backward:
         from .accuracy_backward import main as backward_main
         return backward_main(args, sys.modules[__name__])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..jit import registry
@@ -25,6 +26,7 @@ from ..ops.backward import variants as _backward  # noqa: F401  (registers the b
 from ..ops.decode import variants as _decode  # noqa: F401  (registers the decode kernel)
 from ..ops.forward import variants as _forward  # noqa: F401  (registers the forward's kernels)
 from ..ops.seqpar import variants as _seqpar  # noqa: F401  (registers the split's map and scan kernels)
+from .args import at_least
 
 KERNELS = {"prepare": ("kda_prepare",), "recurrence": ("kda_recurrence",), "decode": ("kda_decode",),
            "seqpar": ("kda_seqpar_maps", "kda_seqpar_scan"),
@@ -38,6 +40,10 @@ def select(kernel: str, match: list) -> list:
     return [v for v in found if all(m in v.label() + " " for m in match)]
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kdacupy.compile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,7 +52,7 @@ def main(argv=None):
     ap.add_argument("--kernel", choices=(*KERNELS, "all"), default="all")
     ap.add_argument("--match", metavar="TEXT", action="append", default=[],
                     help="only variants whose line contains TEXT (e.g. 'K=128'); may repeat")
-    ap.add_argument("--jobs", type=int, default=0, help="parallel compiles (default: CPU count)")
+    ap.add_argument("--jobs", type=at_least(0), default=0, help="parallel compiles (default 0: the CPU count)")
     args = ap.parse_args(argv)
     if args.sass and nvdisasm() is None:
         print(f"{ap.prog}: {NVDISASM_HINT}", file=sys.stderr)
@@ -58,8 +64,19 @@ def main(argv=None):
         return 2
     jobs = args.jobs or os.cpu_count() or 1
     failed = 0
+    print(f"{len(variants)} variant(s) for {args.arch}, {jobs} parallel compile(s); an estimate follows the first",
+          file=sys.stderr, flush=True)
+
+    def timed(v):
+        t0 = time.perf_counter()
+        return compile_variant(v, args.arch, args.sass), time.perf_counter() - t0
+
     with ThreadPoolExecutor(jobs) as pool:  # NVRTC releases the GIL inside ctypes calls
-        for var, res in zip(variants, pool.map(lambda v: compile_variant(v, args.arch, args.sass), variants)):
+        for i, (var, (res, seconds)) in enumerate(zip(variants, pool.map(timed, variants))):
+            if i == 0 and len(variants) > 1:
+                left = seconds * (len(variants) - 1) / jobs
+                print(f"  the first took {seconds:.1f} s: about {_duration(left)} for the other "
+                      f"{len(variants) - 1}", file=sys.stderr, flush=True)
             smem = var.smem + res.static_smem
             if not res.ok:
                 failed += 1

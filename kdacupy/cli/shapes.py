@@ -204,23 +204,27 @@ def validated(arrays, options, backend):
     names = [n for n, p in inspect.signature(validate).parameters.items() if p.kind == p.KEYWORD_ONLY]
     kw = {n: options.get(n, defaults.get(n)) for n in names}
     kw["backend"] = backend
+    if kw.get("state_layout") is None:  # kda_forward's None: "kv" without a pool
+        kw["state_layout"] = "kv"
     return validate(arrays["q"], arrays["k"], arrays["v"], arrays["g"], arrays.get("beta"), **kw)
 
 
 def shape_problem(shape: Shape):
-    """The Problem of a shape without allocating it (zero-stride NumPy views,
+    """The Problem of a shape without allocating its per-token arrays (views of one row,
     validated as for the "model" backend); ``device`` is True, as on the GPU."""
     import dataclasses
 
     def fake(shp, dt):
-        return np.broadcast_to(np.ones((), dtype=dt), shp)
+        # one row, repeated: the last dim contiguous as the kernels' layout checks want, nothing large allocated
+        row = np.ones(shp[-1], dtype=dt)
+        return np.lib.stride_tricks.as_strided(row, shp, (0,) * (len(shp) - 1) + (row.itemsize,), writeable=False)
 
     B, T, H, HV, K, V, N = shape.B, shape.T, shape.H, shape.hv, shape.K, shape.V, shape.N
     dt = shape.np_dtype
     arrays = dict(q=fake((B, T, H, K), dt), k=fake((B, T, H, K), dt), v=fake((B, T, HV, V), dt),
                   g=fake((B, T, HV, K), dt), beta=fake((B, T, HV), dt))
     options = dict(qk_l2norm=True, beta_sigmoid=True, gate="sigmoid", lower_bound=LOWER_BOUND,
-                   A_log=fake((HV,), F32), dt_bias=fake((HV, K), F32), initial_state=fake((N, HV, V, K), BF16),
+                   A_log=np.ones(HV, F32), dt_bias=np.ones((HV, K), F32), initial_state=np.ones((N, HV, V, K), BF16),
                    state_layout="vk", output_final_state=True, state_dtype=BF16,
                    state_precision=shape.state_precision)
     if shape.lens is not None:

@@ -1,4 +1,4 @@
-"""Demo: ``mpiexec -n 4 python -m kdacupy.distributed [--backend model|emulate|cuda]``.
+"""Demo: ``.venv/bin/mpiexec -n 4 .venv/bin/python -m kdacupy.distributed [--backend model|emulate|cuda]``.
 
 Every rank makes the same seeded inputs (varlen, one sequence spanning every
 rank), keeps its contiguous slice, runs ``kda_forward_cp`` and reports its
@@ -11,12 +11,30 @@ import argparse
 import numpy as np
 
 
+def _tokens(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 10, got {text!r}") from None
+    if n < 10:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 10 (three sequences over every rank), got {n}")
+    return n
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kdacupy.distributed", description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="model", choices=["model", "emulate", "reference", "cuda"])
-    ap.add_argument("--T", type=int, default=1000, help="total tokens (default 1000)")
+    ap.add_argument("--T", type=_tokens, default=256, help="total tokens (default 256)")
     args = ap.parse_args(argv)
-    from mpi4py import MPI
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        ap.error(f"mpi4py is not importable ({e}): pip install \".[distributed]\" brings it and MPICH")
+    if args.backend == "cuda":
+        from ..jit.device import why_no_gpu
+        why = why_no_gpu()
+        if why:
+            ap.error(f"--backend cuda: {why}; the CPU backends (model, emulate, reference) need none")
 
     import kdacupy
     from kdacupy.distributed import kda_forward_cp

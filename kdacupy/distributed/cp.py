@@ -87,8 +87,30 @@ class _Local:
         return sig
 
 
-def _digest(x) -> str:
-    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()[:16]
+class _Values:
+    """A host array in a rank's signature: compared by content hash, shown by its values
+    (the first and last few of a long one), so a mismatch message says what differs."""
+
+    def __init__(self, x):
+        x = np.ascontiguousarray(x)
+        self.digest = hashlib.sha256(x.tobytes()).hexdigest()[:16]
+        flat = x.ravel()
+        if flat.size <= 16:
+            self.shown = "[" + ", ".join(map(str, flat.tolist())) + "]"
+        else:
+            head = ", ".join(map(str, flat[:6].tolist()))
+            tail = ", ".join(map(str, flat[-6:].tolist()))
+            self.shown = f"[{head}, ..., {tail}] ({flat.size} values)"
+
+    def __eq__(self, other):
+        return isinstance(other, _Values) and other.digest == self.digest
+
+    def __repr__(self):
+        return self.shown
+
+
+def _digest(x) -> _Values:
+    return _Values(x)
 
 
 def _host_cu_seqlens(cu, B):

@@ -2,7 +2,7 @@
 emulation of blocks, threads (fibers), warps and the PTX wrappers of kernels/ptx.cuh."""
 
 from .build import find_compiler
-from .errors import EmulationError
+from .errors import EmulationEnvError, EmulationError
 from .loader import EmulatedModule, pointer
 
-__all__ = ["EmulatedModule", "EmulationError", "find_compiler", "pointer"]
+__all__ = ["EmulatedModule", "EmulationEnvError", "EmulationError", "find_compiler", "pointer"]

@@ -16,7 +16,7 @@ import numpy as np
 from .. import env
 from . import numerics
 from .build import build, stats
-from .errors import EmulationError
+from .errors import EmulationEnvError, EmulationError
 
 MAX_SHARED = 227 * 1024  # per-block dynamic shared memory of a Hopper GPU
 _loaded: dict[tuple[str, tuple[str, ...], bool], tuple[ctypes.CDLL, Path]] = {}
@@ -31,7 +31,7 @@ def _mode() -> int:
     try:
         cp, order = env.get("KDACUPY_EMULATE_CP_ASYNC"), env.get("KDACUPY_EMULATE_ORDER")
     except env.EnvError as e:
-        raise EmulationError(str(e)) from None
+        raise EmulationEnvError(str(e)) from None
     return (cp == "eager") | (order == "reverse") << 1
 
 
@@ -43,7 +43,7 @@ def checks() -> int:
     try:
         names = env.get("KDACUPY_EMULATE_CHECK")
     except env.EnvError as e:
-        raise EmulationError(str(e)) from None
+        raise EmulationEnvError(str(e)) from None
     return sum(CHECKS[n] for n in names)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import env
-from .errors import EmulationError
+from .errors import EmulationEnvError
 
 VARIABLE = "KDACUPY_EMULATE_NUMERICS"
 MODES = {"exact": 0, "hardware": 1}
@@ -30,7 +30,7 @@ def mode() -> str:
     try:
         return env.get(VARIABLE)
     except env.EnvError as e:
-        raise EmulationError(str(e)) from None
+        raise EmulationEnvError(str(e)) from None
 
 
 def define(which: str | None = None) -> str:

@@ -3,8 +3,11 @@ pool, indices and ``num_accepted_tokens``, and the pool keywords of ``kda_forwar
 
 The per-token arrays and options are checked by ``validate`` (problem.py; the
 same rules as ``kda_forward``); this module adds what is particular to a pool. Host (NumPy) indices are fully checked: in range, and no slot written
-twice. Device indices are
-never read by the host: the kernels treat a slot outside ``[0, P)`` as padding.
+twice. Device indices are never read by the host: the kernels treat a slot
+outside ``[0, P)`` as padding and clamp ``num_accepted_tokens`` to ``[1, T]``;
+duplicate device slots are not seen (two CTAs then race on one slot). While the
+stream captures a CUDA graph, indices must be C-contiguous device arrays
+(``check_capturable``): no per-call copy may end up in a graph.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import numpy as np
 
 from ..numerics.decode_reference import decode_plan
 from ..numerics.dtypes import STATE_DTYPES, dtype_name
-from .arrays import as_array, check_dtype, cupy_module, fail, is_device
+from .arrays import as_array, capturing, check_dtype, cupy_module, fail, is_device
 
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -97,6 +100,8 @@ def check_indices(state_indices, num_accepted_tokens, *, N, T, P, device, allow_
         if not is_device(acc) and acc.size and (acc.min() < 1 or acc.max() > T):
             bad = int(np.flatnonzero((acc < 1) | (acc > T))[0])
             fail("num_accepted_tokens", f"values in [1, T = {T}]", f"num_accepted_tokens[{bad}] = {int(acc[bad])}")
+    if device and capturing(cupy_module()):
+        check_capturable(idx, acc)
     if not is_device(idx):
         if idx.size and idx.max() >= P:
             where = np.unravel_index(int(np.argmax(idx >= P)), idx.shape)
@@ -117,6 +122,22 @@ def check_indices(state_indices, num_accepted_tokens, *, N, T, P, device, allow_
         idx = np.ascontiguousarray(idx)
         acc = None if acc is None else np.ascontiguousarray(acc)
     return idx, acc
+
+
+def check_capturable(idx, acc):
+    """While the current stream captures a CUDA graph the indices must be usable as they are:
+    a host array would need a host-to-device copy a graph cannot hold, and a strided device
+    array a per-call contiguous copy that the graph would keep using after it is freed."""
+    for name, x in (("state_indices", idx), ("num_accepted_tokens", acc)):
+        if x is None:
+            continue
+        if not is_device(x):
+            fail(name, "a device (CuPy) array while the current stream is capturing a CUDA graph (a graph "
+                 "cannot hold a copy from host memory)", "a host (NumPy) array or list")
+        if not x.flags.c_contiguous:
+            fail(name, "a C-contiguous device array while the current stream is capturing a CUDA graph (a "
+                 "contiguous copy would be a per-call temporary the graph keeps after it is freed)",
+                 f"strides {x.strides}")
 
 
 def check_pool_overlap(pool, arrays, names):

@@ -74,8 +74,7 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
     s0, state_out = check_state(arrays, state_layout, state_precision, state_dtype, (N, HV, K, V),
                                  flags["output_final_state"])
     check_out(arrays, device)
-    if backend in ("cuda", "emulate"):
-        check_kernel_layouts(arrays)
+    check_kernel_layouts(arrays)  # on every backend: code that runs on "model" runs on "cuda"
 
     problem = Problem(
         B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, dtype=arrays["q"].dtype, g_dtype=arrays["g"].dtype,

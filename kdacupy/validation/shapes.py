@@ -28,7 +28,9 @@ def check_shapes(arrays) -> Sizes:
     check_shape("k", k, q.shape, "(like q: [B, T, H, K])")
     if tuple(v.shape[:2]) != (B, T):
         fail("v", f"shape ({B}, {T}, HV, V) (B, T of q)", tuple(v.shape))
-    if H < 1 or HV % H:
+    if H < 1:
+        fail("q", "at least one query/key head (H >= 1 in [B, T, H, K])", f"shape {tuple(q.shape)}")
+    if HV % H:
         fail("v", f"a value-head count HV that is a multiple of H = {H}", f"HV = {HV}")
     check_shape("g", g, (B, T, HV, K), "([B, T, HV, K])")
     return Sizes(B, T, H, HV, K, V)

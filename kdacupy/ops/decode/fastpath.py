@@ -156,9 +156,18 @@ class DecodeCall:
             strides = self.fresh_out_strides
         if self.p.N and self.p.T:
             fn, grid, block = self.plan
+            if not self.device:  # the emulation: each pointer carries its array's extent (memcheck)
+                ptrs = [_emulated_pointer(x) for x in (*arrays[:8], out, *arrays[9:])]
             loader("cuda" if self.device else "emulate").launch(fn, grid, block,
                                                                 decode_args(ptrs, strides, self.scalars), 0)
         return out
+
+
+def _emulated_pointer(x):
+    if x is None:
+        return 0
+    from ...emulate import pointer
+    return pointer(x)
 
 
 def lookup(key):

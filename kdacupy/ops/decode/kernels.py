@@ -89,8 +89,10 @@ def scalar_args(p, pool, arrays):
 
 
 def decode_args(ptrs, strides, scalars):
-    """The kernel's argument tuple from the 11 data pointers (ints, 0 for none)."""
-    u = np.uint64
+    """The kernel's argument tuple from the 11 data pointers (ints, 0 for none; or, for the
+    emulation, ``kdacupy.emulate.pointer`` objects, which carry their arrays' extents)."""
+    def u(p):
+        return np.uint64(p) if isinstance(p, (int, np.integer)) else p
     sq, sk, sv, sg, sb, so = strides
     P, idx64, per_token, acc64, T, H, HV, scale, lb2 = scalars
     return (u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), *sq, *sk, *sv, *sg, *sb,

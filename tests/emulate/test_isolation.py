@@ -1,0 +1,62 @@
+"""A memory error in an emulated kernel fails one test, not the suite (tests/isolation.py):
+a planted probe kernel that stores far outside its array (to page zero: a SIGSEGV without
+the checks) runs in a small suite between two passing tests; pytest reports it as that
+test's failure, names the signal, and runs the tests after it. In the pytest process
+(``--emulate-in-process``) the same bug ends the run with no summary."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kdacupy.jit.device import why_no_gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = '''
+import numpy as np
+from kdacupy.emulate import EmulatedModule
+
+SOURCE = 'extern "C" __global__ void wild_store(float* y, long long off) { y[off + threadIdx.x] = 1.f; }'
+
+
+def test_before():
+    pass
+
+
+def test_out_of_bounds_store():
+    fn = EmulatedModule(SOURCE, ["wild_store"]).get_function("wild_store")
+    y = np.zeros(32, np.float32)
+    fn((1,), (32,), (y, np.int64(16 // 4 - y.ctypes.data // 4)))  # y + off = address 16
+
+
+def test_after():
+    pass
+'''
+
+
+def run_suite(tmp_path, *flags):
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.isolation", "-p", "no:cacheprovider",
+           "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py"), *flags]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KDACUPY_EMULATE_CHECK": ""})
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.skipif(why_no_gpu() is None, reason="a usable GPU here: emulated modules run in process (CUDA does not "
+                                                 "survive a fork; tests/isolation.py)")
+def test_a_crashing_emulated_kernel_fails_its_test_and_the_suite_goes_on(tmp_path):
+    r = run_suite(tmp_path, "-rf")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "1 failed, 2 passed" in out, out
+    assert "FAILED" in out and "test_out_of_bounds_store" in out and "SIGSEGV" in out, out
+    assert "KDACUPY_EMULATE_CHECK=memcheck" in out  # the report says how to see what and where
+
+
+def test_in_process_the_same_bug_ends_the_run_without_a_summary(tmp_path):
+    r = run_suite(tmp_path, "--emulate-in-process")
+    assert r.returncode < 0 or r.returncode >= 128, r.stdout + r.stderr  # killed by a signal
+    assert "passed" not in r.stdout
