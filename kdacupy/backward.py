@@ -84,8 +84,7 @@ def _check_do(do, a, p):
         fail("do", f"shape {tuple(a['v'].shape)} (the shape of o, i.e. of v)", tuple(do.shape))
     if do.dtype != a["v"].dtype:
         fail("do", f"dtype {dtype_name(a['v'].dtype)} (o's dtype, i.e. v's)", dtype_name(do.dtype), TypeError)
-    if p.backend in ("cuda", "emulate"):
-        check_kernel_layout("do", do)
+    check_kernel_layout("do", do)  # on every backend, as the forward's inputs: what runs on "model" runs on "cuda"
     return do
 
 
@@ -102,7 +101,7 @@ def _check_dfinal(ds, a, p):
     allowed = STATE_DTYPES + ((F64,) if p.dtype == F64 else ())
     if ds.dtype not in allowed:
         fail("dfinal_state", "dtype " + " or ".join(map(dtype_name, allowed)), dtype_name(ds.dtype), TypeError)
-    if p.backend in ("cuda", "emulate") and not ds.flags.c_contiguous:
+    if not ds.flags.c_contiguous:
         fail("dfinal_state", "a C-contiguous array", f"strides {ds.strides}")
     return ds
 
