@@ -109,8 +109,8 @@ __device__ __forceinline__ void mma_token_block(float (&acc)[2][4], const u32 (&
 
 // fp32 state (twice the registers): a minimum-blocks figure that allows 256
 // registers per thread makes ptxas use what it needs; left to itself it settles
-// at 128 and spills a few bytes.
-#if KDA_STATE_FP32
+// at 128 and spills a few bytes. The same for the state store (sm_100a settled at 80 and spilled).
+#if KDA_STATE_FP32 || KDA_STORE_STATES
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
 #else
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)
