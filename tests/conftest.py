@@ -17,6 +17,9 @@ MARKERS = {
     "gpu": "needs a CUDA GPU (benchmarks/device_check.sh runs these on one)",
     "emulate": "needs a host C++17 compiler (g++, clang++ or $CXX) for the CPU emulation of the kernels",
     "nvrtc": "needs NVRTC (pip's cuda-toolkit[nvrtc]); no GPU or driver",
+    "torch": "needs PyTorch for kdacupy.torch (pip install 'kdacupy[torch]'; the tests' CPU build: '[test-frameworks]')",
+    "jax": "needs JAX with jax.experimental.buffer_callback for kdacupy.jax (pip install 'kdacupy[jax]')",
+    "fla": "needs fla-core 0.6.0 (and its Triton) for the kdacupy.compat.fla checks (pip install '.[test-frameworks]')",
 }
 AREAS = {"gpu": "gpu", "emulate": "emulate"}  # directory -> the marker all its tests carry
 
@@ -34,6 +37,15 @@ def missing(marker: str):
         elif marker == "nvrtc":
             from kdacupy.jit.nvrtc import _nvrtc
             _nvrtc()
+        elif marker == "torch":
+            import torch  # noqa: F401
+        elif marker == "jax":
+            from jax.experimental.buffer_callback import buffer_callback  # noqa: F401
+        elif marker == "fla":
+            import importlib.metadata
+            if (version := importlib.metadata.version("fla-core")) != "0.6.0":
+                return f"fla-core {version} installed"
+            import fla.ops.kda  # noqa: F401  (imports Triton)
     except Exception as e:  # noqa: BLE001  (no CuPy, no driver, no compiler, no library)
         return f"{type(e).__name__}: {e}".splitlines()[0]
     return None

@@ -149,3 +149,39 @@ def test_functions_are_at_most_120_lines(name):
     long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(tree)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 120]
     assert not long, f"{MODULES[name]}: {', '.join(long)}"
+
+
+# the framework faces (docs/design.md section 10) sit on the public API: each may import
+# kdacupy's public names (the package itself) and the faces listed for it, nothing deeper
+FRAMEWORK_FACES = {"kdacupy.torch": (), "kdacupy.jax": (), "kdacupy.compat": ("kdacupy.torch",)}
+#: third-party frameworks, and the packages that may import each: its face, and the benchmark
+#: CLIs, which time FLA itself on torch tensors
+FRAMEWORKS = {"torch": ("kdacupy.torch", "kdacupy.cli"), "jax": ("kdacupy.jax",), "jaxlib": ("kdacupy.jax",),
+              "fla": ("kdacupy.compat", "kdacupy.cli")}
+
+
+def test_faces_use_only_the_public_api():
+    bad = []
+    for mod, deps in import_graph().items():
+        face = next((f for f in FRAMEWORK_FACES if under(mod, f)), None)
+        for d in deps:
+            if face is None:
+                if any(under(d, f) for f in FRAMEWORK_FACES):
+                    bad.append(f"{mod} -> {d} (the core never imports a framework face)")
+            elif not (d == "kdacupy" or under(d, face) or any(under(d, f) for f in FRAMEWORK_FACES[face])):
+                bad.append(f"{mod} -> {d} (a face imports only kdacupy's public names)")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_its_face_imports_a_framework():
+    bad = []
+    for name, path in MODULES.items():
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                tops = [a.name.split(".")[0] for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and not n.level:
+                tops = [(n.module or "").split(".")[0]]
+            else:
+                continue
+            bad += [f"{name} imports {t}" for t in tops if t in FRAMEWORKS and not any(under(name, p) for p in FRAMEWORKS[t])]
+    assert not bad, "\n".join(bad)

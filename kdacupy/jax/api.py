@@ -1,0 +1,243 @@
+"""``kdacupy.jax.kda`` (``jax.custom_vjp``) and ``kdacupy.jax.kda_decode``.
+
+Each is one ``jax.experimental.buffer_callback`` per direction: XLA hands the
+callback its buffers (device buffers and XLA's stream on a GPU, so no host round
+trip; host buffers on the CPU), the callback runs ``kdacupy.kda_forward`` /
+``kdacupy.kda_backward`` / ``kdacupy.kda_decode`` on them and writes the results
+into XLA's output buffers. So the calls work under ``jax.jit``, ``jax.grad`` (the
+backward is ``kdacupy.kda_backward``: only the inputs are saved) and ``jax.vmap``
+(kdacupy/jax/batching.py). Arguments are checked by kdacupy when the callback runs;
+its ValueError / TypeError text reaches the caller inside JAX's runtime error.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple, Optional
+
+import jax
+import numpy as np
+from jax.experimental.buffer_callback import buffer_callback
+
+import kdacupy
+
+from . import batching
+from .buffers import arrays_of
+
+#: the differentiable inputs, then cu_seqlens, in the order of the custom_vjp's arguments
+_INPUTS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "cu_seqlens")
+#: what may fold into the batch dim under vmap (per-sequence arrays)
+_PER_SEQUENCE = ("q", "k", "v", "g", "beta", "initial_state", "do", "dfinal_state")
+
+
+class Options(NamedTuple):
+    """The static options of one call (hashable: they specialise the traced function)."""
+    scale: Optional[float]
+    output_final_state: bool
+    qk_l2norm: bool
+    beta_sigmoid: bool
+    allow_neg_eigval: bool
+    gate: str
+    lower_bound: Optional[float]
+    state_layout: str
+    state_dtype: Optional[str]
+    state_precision: str
+    sequence_parallel: Optional[int]
+    backend: Optional[str]
+    ranks: tuple  # each input's rank as given (None when absent): vmap adds leading dims to these
+
+    def forward_kwargs(self):
+        return dict(scale=self.scale, qk_l2norm=self.qk_l2norm, beta_sigmoid=self.beta_sigmoid,
+                    allow_neg_eigval=self.allow_neg_eigval, gate=self.gate, lower_bound=self.lower_bound,
+                    state_layout=self.state_layout, state_precision=self.state_precision, backend=self.backend)
+
+
+def _struct(shape, dtype):
+    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+
+
+def _final_state_struct(opts, q, v, initial_state, cu_seqlens):
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    if opts.state_dtype is not None:
+        dtype = _named_dtype(opts.state_dtype)
+    elif initial_state is not None:
+        dtype = initial_state.dtype
+    else:
+        dtype = np.float64 if np.dtype(q.dtype) == np.float64 else np.float32
+    return _struct((N, HV, K, V) if opts.state_layout == "kv" else (N, HV, V, K), dtype)
+
+
+def _named_dtype(name):
+    import ml_dtypes
+    return ml_dtypes.bfloat16 if name in ("bfloat16", "bf16") else np.dtype(name)
+
+
+def _callback(body, opts, names, out_names, out_ranks):
+    """A buffer_callback body: buffers -> arrays, then ``body`` over the vmap's leading dims."""
+    base = {n: r for n, r in zip(_INPUTS + ("do", "dfinal_state"), opts.ranks + (4, 4)) if r is not None}
+
+    def callback(ctx, outs, *bufs):
+        with arrays_of(ctx, tuple(bufs) + tuple(outs)) as array:
+            inputs = dict.fromkeys(_INPUTS)
+            inputs.update(zip(names, map(array, bufs)))
+            outputs = dict(zip(out_names, map(array, outs)))
+            fold = inputs["cu_seqlens"] is None and not ("A_log" in out_names or "dt_bias" in out_names)
+            batching.run(functools.partial(body, opts), inputs, base, outputs, dict(zip(out_names, out_ranks)),
+                         _PER_SEQUENCE, fold=fold)
+    return callback
+
+
+def _forward_body(opts, a, out):
+    _, final = kdacupy.kda_forward(
+        a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["initial_state"], A_log=a["A_log"],
+        dt_bias=a["dt_bias"], cu_seqlens=a["cu_seqlens"], output_final_state=opts.output_final_state,
+        state_dtype=None if opts.state_dtype is None else _named_dtype(opts.state_dtype),
+        sequence_parallel=opts.sequence_parallel, out=out["o"], **opts.forward_kwargs())
+    if "final_state" in out:
+        out["final_state"][...] = final
+
+
+def _backward_body(opts, a, out):
+    kw = opts.forward_kwargs()
+    del kw["backend"]
+    grads = kdacupy.kda_backward(
+        a["do"], a["q"], a["k"], a["v"], a["g"], a["beta"], dfinal_state=a.get("dfinal_state"),
+        initial_state=a["initial_state"], cu_seqlens=a["cu_seqlens"], A_log=a["A_log"], dt_bias=a["dt_bias"],
+        backend=opts.backend, **kw)
+    for name, grad in zip(_INPUTS[:8], tuple(grads)):
+        if name in out:
+            if grad is None:
+                out[name][...] = 0
+            else:
+                out[name][...] = grad.reshape(out[name].shape)
+
+
+def _forward(opts, args):
+    q, _, v = args[:3]
+    names = tuple(n for n, x in zip(_INPUTS, args) if x is not None)
+    present = [x for x in args if x is not None]
+    outs, out_names, out_ranks = [_struct(v.shape, v.dtype)], ["o"], [4]
+    if opts.output_final_state:
+        outs.append(_final_state_struct(opts, q, v, args[5], args[8]))
+        out_names.append("final_state")
+        out_ranks.append(4)
+    call = buffer_callback(_callback(_forward_body, opts, names, tuple(out_names), tuple(out_ranks)), tuple(outs),
+                           vmap_method="expand_dims")
+    results = call(*present)
+    return results[0], (results[1] if opts.output_final_state else None)
+
+
+def _backward(opts, do, dfinal_state, args):
+    extra = (("do", do),) + ((("dfinal_state", dfinal_state),) if opts.output_final_state else ())
+    names = tuple(n for n, x in zip(_INPUTS, args) if x is not None) + tuple(n for n, _ in extra)
+    present = [x for x in args if x is not None] + [x for _, x in extra]
+    wrt = [(n, x) for n, x in zip(_INPUTS[:8], args) if x is not None]
+    call = buffer_callback(
+        _callback(_backward_body, opts, names, tuple(n for n, _ in wrt), tuple(x.ndim for _, x in wrt)),
+        tuple(_struct(x.shape, x.dtype) for _, x in wrt), vmap_method="expand_dims")
+    grads = dict(zip((n for n, _ in wrt), call(*present)))
+    return tuple(grads.get(n) for n in _INPUTS[:8])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _kda(opts, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens):
+    return _forward(opts, (q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens))
+
+
+def _kda_fwd(opts, *args):
+    return _forward(opts, args), args
+
+
+def _kda_bwd(opts, args, cotangents):
+    do, dfinal_state = cotangents
+    return _backward(opts, do, dfinal_state, args) + (None,)
+
+
+_kda.defvjp(_kda_fwd, _kda_bwd)
+
+
+def _flag(name, x):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {x!r}")
+    return bool(x)
+
+
+def _real(name, x):
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x):
+        raise TypeError(f"{name}: expected a finite real number or None, got {x!r}")
+    return float(x)
+
+
+def _rank(name, x, ranks):
+    if x is not None and getattr(x, "ndim", None) not in ranks:
+        raise ValueError(f"{name}: expected a {' or '.join(map(str, ranks))}-D array, got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+
+
+def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+        lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", sequence_parallel=None,
+        backend=None):
+    """Kimi Delta Attention forward on JAX arrays: ``(o, final_state)``, as ``kdacupy.kda_forward``.
+
+    Differentiable (``jax.custom_vjp``; the backward is ``kdacupy.kda_backward``) with respect
+    to q, k, v, g, beta, initial_state, A_log and dt_bias; works under ``jax.jit``,
+    ``jax.grad`` and ``jax.vmap``. On a GPU it runs kdacupy's CUDA kernels on XLA's device
+    buffers and stream; on the CPU the NumPy backends (``backend=None``: the float64
+    reference, rounded to the inputs' dtype). ``state_dtype``: a dtype or its name, or None.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("initial_state", initial_state)):
+        _rank(name, x, (4,))
+    _rank("beta", beta, (3,))
+    _rank("A_log", A_log, (1,))
+    _rank("dt_bias", dt_bias, (1, 2))
+    _rank("cu_seqlens", cu_seqlens, (1,))
+    if state_dtype is not None:
+        state_dtype = "bfloat16" if str(state_dtype) in ("bf16", "bfloat16") else np.dtype(state_dtype).name
+    if sequence_parallel is not None and (isinstance(sequence_parallel, bool) or not isinstance(sequence_parallel,
+                                                                                                 int)):
+        raise TypeError(f"sequence_parallel: expected None or an int, got {sequence_parallel!r}")
+    args = (q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens)
+    opts = Options(scale=_real("scale", scale), output_final_state=_flag("output_final_state", output_final_state),
+                   qk_l2norm=_flag("qk_l2norm", qk_l2norm), beta_sigmoid=_flag("beta_sigmoid", beta_sigmoid),
+                   allow_neg_eigval=_flag("allow_neg_eigval", allow_neg_eigval), gate=gate,
+                   lower_bound=_real("lower_bound", lower_bound), state_layout=state_layout, state_dtype=state_dtype,
+                   state_precision=state_precision, sequence_parallel=sequence_parallel, backend=backend,
+                   ranks=tuple(None if x is None else x.ndim for x in args))
+    return _kda(opts, *args)
+
+
+def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
+               qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+               lower_bound=None, state_layout="vk", backend=None):
+    """One decode or speculative-verify step on a state pool, as ``kdacupy.kda_decode``, the
+    functional way: returns ``(o, new_state_pool)``. The new pool aliases the old one's
+    buffer, so under ``jax.jit(..., donate_argnums=...)`` of the pool XLA updates it in place
+    (without donation XLA copies the pool first). No autograd."""
+    names = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "A_log", "dt_bias")
+    given = [(n, x) for n, x in zip(names, (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens,
+                                            A_log, dt_bias)) if x is not None]
+    for name, x in given[:4]:
+        _rank(name, x, (4,))
+    _rank("state_pool", state_pool, (4,))
+    opts = dict(scale=_real("scale", scale), qk_l2norm=_flag("qk_l2norm", qk_l2norm),
+                beta_sigmoid=_flag("beta_sigmoid", beta_sigmoid),
+                allow_neg_eigval=_flag("allow_neg_eigval", allow_neg_eigval), gate=gate,
+                lower_bound=_real("lower_bound", lower_bound), state_layout=state_layout, backend=backend)
+    pool_at = [n for n, _ in given].index("state_pool")
+
+    def callback(ctx, outs, *bufs):
+        with arrays_of(ctx, tuple(bufs) + tuple(outs)) as array:
+            a = dict(zip((n for n, _ in given), map(array, bufs)))
+            o, pool = array(outs[0]), array(outs[1])  # pool: the output buffer, holding the input's contents
+            kdacupy.kda_decode(a["q"], a["k"], a["v"], a["g"], a.get("beta"), state_pool=pool,
+                               state_indices=a["state_indices"], num_accepted_tokens=a.get("num_accepted_tokens"),
+                               A_log=a.get("A_log"), dt_bias=a.get("dt_bias"), out=o, **opts)
+
+    call = buffer_callback(callback, (_struct(v.shape, v.dtype), _struct(state_pool.shape, state_pool.dtype)),
+                           input_output_aliases={pool_at: 1}, vmap_method="sequential")
+    o, pool = call(*(x for _, x in given))
+    return o, pool

@@ -1,0 +1,136 @@
+"""The user-facing torch calls: ``kda`` (autograd, ``torch.compile``) and ``kda_decode``.
+
+They take kdacupy's keywords (README "API"; FLA's names are in
+kdacupy/compat/fla.py), put Python scalars into the types the op schemas want,
+and call the custom ops of kdacupy/torch/ops.py.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from . import autograd  # noqa: F401  (registers the forward op's autograd)
+from . import ops
+
+
+def _flag(name, x):
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected a bool, got {x!r}")
+    return x
+
+
+def _real(name, x):
+    if x is None:
+        return None
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        raise TypeError(f"{name}: expected a real number or None, got {x!r}")
+    return float(x)
+
+
+def _name(name, x):
+    if x is not None and not isinstance(x, str):
+        raise TypeError(f"{name}: expected a str, got {x!r}")
+    return x
+
+
+def _index_tensor(name, x):
+    """Integer tensors as given; Python lists become int64 tensors on the CPU (kdacupy checks
+    host values and copies them to the device itself)."""
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (list, tuple)):
+        return torch.tensor(x, dtype=torch.int64)
+    raise TypeError(f"{name}: expected an integer tensor, a list of ints or None, got {type(x).__name__}")
+
+
+def _rows(x):
+    """x as kdacupy reads it: strided views (e.g. of a fused projection) as they are when the
+    last dim is contiguous, a contiguous copy otherwise (as torch ops take any strides)."""
+    return x if x is None or x.dim() == 0 or x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
+def _dense(x):
+    """States and per-head parameters: kdacupy reads them C-contiguous (a copy only if they are not)."""
+    return None if x is None else x.contiguous()
+
+
+def _unexpected(fn, unknown):
+    name = next(iter(unknown))
+    hint = (" (kdacupy.torch returns new tensors: torch custom ops may not return their inputs)" if name == "out"
+            else "; FLA's keywords are taken by kdacupy.compat.fla, kdacupy's are listed in the README")
+    raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}{hint}")
+
+
+def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+        lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", sequence_parallel=None,
+        state_pool=None, state_indices=None, backend=None, **unknown):
+    """Kimi Delta Attention forward on torch tensors: ``(o, final_state)``, as ``kdacupy.kda_forward``.
+
+    Differentiable with respect to q, k, v, g, beta, initial_state, A_log and dt_bias
+    (``kdacupy.kda_backward``); traceable by ``torch.compile(fullgraph=True)``.
+    CUDA tensors run the CUDA kernels on torch's current stream; CPU tensors run
+    the NumPy backends (``backend=None``: the float64 reference, results rounded
+    to the inputs' dtype; ``"model"``, ``"emulate"`` as in kdacupy).
+    ``state_dtype``: a torch dtype or None. With ``state_pool``/``state_indices``
+    (chunked prefill, no autograd) the final states go to the pool in place and
+    ``final_state`` is None.
+    """
+    if unknown:
+        _unexpected("kda", unknown)
+    if state_dtype is not None and not isinstance(state_dtype, torch.dtype):
+        raise TypeError(f"state_dtype: expected a torch dtype or None, got {state_dtype!r}")
+    if sequence_parallel is not None and (not isinstance(sequence_parallel, int) or isinstance(sequence_parallel,
+                                                                                                 bool)):
+        raise TypeError(f"sequence_parallel: expected None or an int, got {sequence_parallel!r}")
+    common = dict(scale=_real("scale", scale), qk_l2norm=_flag("qk_l2norm", qk_l2norm),
+                  beta_sigmoid=_flag("beta_sigmoid", beta_sigmoid),
+                  allow_neg_eigval=_flag("allow_neg_eigval", allow_neg_eigval), gate=_name("gate", gate),
+                  lower_bound=_real("lower_bound", lower_bound), state_layout=_name("state_layout", state_layout))
+    cu = _index_tensor("cu_seqlens", cu_seqlens)
+    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
+    initial_state, A_log, dt_bias = (_dense(x) for x in (initial_state, A_log, dt_bias))
+    if state_pool is not None or state_indices is not None:
+        for n, x in (("initial_state", initial_state), ("state_dtype", state_dtype)):
+            if x is not None:
+                raise ValueError(f"{n}: expected None with state_pool (states come from and go to the pool), "
+                                 f"got {x!r}")
+        if output_final_state:
+            raise ValueError("output_final_state: expected False with state_pool (final states are written to "
+                             "the pool), got True")
+        if state_pool is None:
+            raise TypeError("state_pool: expected a state pool tensor with state_indices, got None")
+        o = ops.forward_pool(q, k, v, g, beta, state_pool, _index_tensor("state_indices", state_indices), cu,
+                             A_log, dt_bias, common["scale"], common["qk_l2norm"], common["beta_sigmoid"],
+                             common["allow_neg_eigval"], common["gate"], common["lower_bound"],
+                             common["state_layout"], _name("state_precision", state_precision),
+                             _name("backend", backend))
+        return o, None
+    output_final_state = _flag("output_final_state", output_final_state)
+    o, final = ops.forward(q, k, v, g, beta, initial_state, cu, A_log, dt_bias, common["scale"], output_final_state,
+                           common["qk_l2norm"], common["beta_sigmoid"], common["allow_neg_eigval"], common["gate"],
+                           common["lower_bound"], common["state_layout"], state_dtype,
+                           _name("state_precision", state_precision), sequence_parallel, _name("backend", backend))
+    return o, (final if output_final_state else None)
+
+
+def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
+               qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+               lower_bound=None, state_layout="vk", backend=None, **unknown):
+    """One decode or speculative-verify step on a state pool, as ``kdacupy.kda_decode``:
+    returns o ``[N, T, HV, V]``; ``state_pool`` is updated in place (no autograd)."""
+    if unknown:
+        _unexpected("kda_decode", unknown)
+    for n, x in (("state_pool", state_pool), ("state_indices", state_indices)):
+        if x is None:
+            raise TypeError(f"{n}: expected a tensor, got None")
+    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
+    A_log, dt_bias = _dense(A_log), _dense(dt_bias)
+    out = torch.empty(tuple(v.shape), dtype=v.dtype, device=v.device)
+    ops.decode(q, k, v, g, beta, state_pool, _index_tensor("state_indices", state_indices),
+               _index_tensor("num_accepted_tokens", num_accepted_tokens), A_log, dt_bias, out,
+               _real("scale", scale), _flag("qk_l2norm", qk_l2norm), _flag("beta_sigmoid", beta_sigmoid),
+               _flag("allow_neg_eigval", allow_neg_eigval), _name("gate", gate), _real("lower_bound", lower_bound),
+               _name("state_layout", state_layout), _name("backend", backend))
+    return out
