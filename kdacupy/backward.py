@@ -43,7 +43,9 @@ def kda_backward(
 
     backend: None picks by array type (CuPy -> "cuda", NumPy -> "reference"); "reference" is
     the float64 gradient (float64 inputs give float64 gradients, the others are rounded to
-    their argument's dtype).
+    their argument's dtype); "model" the NumPy precision model of the backward kernels
+    (kdacupy/numerics/backward_model.py), bit for bit what they compute on the CPU emulation.
+    state_precision: the forward's (it decides the states the backward recomputes).
     """
     if unknown:
         name = next(iter(unknown))
@@ -58,7 +60,11 @@ def kda_backward(
     a["dfinal_state"] = _check_dfinal(dfinal_state, a, problem)
     if problem.backend == "reference":
         return _reference(problem, a)
-    raise NotImplementedError(f"kda_backward: backend={problem.backend!r} is not built yet")
+    if problem.backend == "model":
+        return _model(problem, a)
+    from .ops.backward.kernels import backward  # launchers import the JIT machinery: load it only when used
+    grads = backward(problem, a)
+    return KDAGradients(**grads)
 
 
 def _same_kind(name, x, q):
@@ -78,8 +84,7 @@ def _check_do(do, a, p):
         fail("do", f"shape {tuple(a['v'].shape)} (the shape of o, i.e. of v)", tuple(do.shape))
     if do.dtype != a["v"].dtype:
         fail("do", f"dtype {dtype_name(a['v'].dtype)} (o's dtype, i.e. v's)", dtype_name(do.dtype), TypeError)
-    if p.backend in ("cuda", "emulate"):
-        check_kernel_layout("do", do)
+    check_kernel_layout("do", do)  # on every backend, as the forward's inputs: what runs on "model" runs on "cuda"
     return do
 
 
@@ -96,7 +101,7 @@ def _check_dfinal(ds, a, p):
     allowed = STATE_DTYPES + ((F64,) if p.dtype == F64 else ())
     if ds.dtype not in allowed:
         fail("dfinal_state", "dtype " + " or ".join(map(dtype_name, allowed)), dtype_name(ds.dtype), TypeError)
-    if p.backend in ("cuda", "emulate") and not ds.flags.c_contiguous:
+    if not ds.flags.c_contiguous:
         fail("dfinal_state", "a C-contiguous array", f"strides {ds.strides}")
     return ds
 
@@ -109,12 +114,21 @@ def _round(x, like):
     return x if dt == F64 else x.astype(F32).astype(dt)
 
 
+def _options(p, a) -> dict:
+    return dict(dfinal_state=a["dfinal_state"], scale=p.scale, initial_state=a["initial_state"],
+                cu_seqlens=a["cu_seqlens"], qk_l2norm=p.qk_l2norm, beta_sigmoid=p.beta_mode in ("sigmoid", "sigmoid2"),
+                allow_neg_eigval=p.beta_mode == "sigmoid2", gate=p.gate, A_log=a["A_log"], dt_bias=a["dt_bias"],
+                lower_bound=p.lower_bound, state_layout=p.state_layout)
+
+
+def _model(p, a) -> KDAGradients:
+    from .numerics.backward_model import kda_backward_model
+    return KDAGradients(*kda_backward_model(a["do"], a["q"], a["k"], a["v"], a["g"], a["beta"], **_options(p, a),
+                                            state_precision=p.state_precision))
+
+
 def _reference(p, a) -> KDAGradients:
     from .numerics.backward_reference import kda_backward_reference
-    grads = kda_backward_reference(
-        a["do"], a["q"], a["k"], a["v"], a["g"], a["beta"], dfinal_state=a["dfinal_state"], scale=p.scale,
-        initial_state=a["initial_state"], cu_seqlens=a["cu_seqlens"], qk_l2norm=p.qk_l2norm,
-        beta_sigmoid=p.beta_mode in ("sigmoid", "sigmoid2"), allow_neg_eigval=p.beta_mode == "sigmoid2",
-        gate=p.gate, A_log=a["A_log"], dt_bias=a["dt_bias"], lower_bound=p.lower_bound, state_layout=p.state_layout)
+    grads = kda_backward_reference(a["do"], a["q"], a["k"], a["v"], a["g"], a["beta"], **_options(p, a))
     likes = [a[n] for n in ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")]
     return KDAGradients(*(_round(x, like) if like is not None else None for x, like in zip(grads, likes)))

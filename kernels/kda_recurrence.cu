@@ -12,11 +12,16 @@
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (v and o), KDA_BV, KDA_STAGES,
 // KDA_STATE_FP32, WS_* and RSM_* layouts; optional KDA_NO_OUTPUT (1: o is
 // neither computed nor written, only the final state: the segment maps of the
-// sequence-parallel forward, kdacupy/seqpar.py).
+// sequence-parallel forward, kdacupy/seqpar.py); optional KDA_STORE_STATES (1: the state at
+// each chunk's start, as held, goes to ``states`` [HV, slots, V, K]: what the backward reads,
+// kdacupy/ops/backward/).
 #include "common.cuh"
 
 #ifndef KDA_NO_OUTPUT
 #define KDA_NO_OUTPUT 0
+#endif
+#ifndef KDA_STORE_STATES
+#define KDA_STORE_STATES 0
 #endif
 
 namespace {
@@ -104,8 +109,8 @@ __device__ __forceinline__ void mma_token_block(float (&acc)[2][4], const u32 (&
 
 // fp32 state (twice the registers): a minimum-blocks figure that allows 256
 // registers per thread makes ptxas use what it needs; left to itself it settles
-// at 128 and spills a few bytes.
-#if KDA_STATE_FP32
+// at 128 and spills a few bytes. The same for the state store (sm_100a settled at 80 and spilled).
+#if KDA_STATE_FP32 || KDA_STORE_STATES
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
 #else
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)
@@ -114,7 +119,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
     const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
     const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq,
-    const void* pool_idx, int pool_idx_i64, i64 pool_slots) {
+    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* states) {
   constexpr int VB = V / BV;
   const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -194,6 +199,25 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const u16* kres = reinterpret_cast<const u16*>(st + RSM_KRES);
     const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
     const float* bet = reinterpret_cast<const float*>(st + RSM_BETA);
+
+#if KDA_STORE_STATES
+    {  // the state entering chunk c, [V, K] rows of this warp, in the precision it is held in
+      const i64 blk = (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq) + c) * V;
+#pragma unroll
+      for (int j = 0; j < K / 8; ++j) {
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const i64 e0 = (blk + vw + g + 8 * h2) * K + 8 * j + 2 * t;
+          if constexpr (FP32_STATE) {
+            reinterpret_cast<float*>(states)[e0] = Sf[j][2 * h2];
+            reinterpret_cast<float*>(states)[e0 + 1] = Sf[j][2 * h2 + 1];
+          } else {
+            reinterpret_cast<u32*>(states)[e0 / 2] = Sa[j / 2][2 * (j & 1) + h2];
+          }
+        }
+      }
+    }
+#endif
 
     // [11]-[12] W^T and the state part of o^T, both with the state as A
     float Wt[2][4] = {}, Ot[2][4] = {};

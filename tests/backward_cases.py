@@ -25,7 +25,8 @@ def problem(B=1, T=4, H=1, HV=None, K=64, V=64, lens=None, gate="log", A_log=Tru
     HV = HV or H
     if lens is not None:
         T = int(sum(lens))
-    x = dict(q=0.5 * rng.standard_normal((B, T, H, K)), k=0.5 * rng.standard_normal((B, T, H, K)),
+    unit = K ** -0.5  # |q|, |k| ~ 1: with beta <= 1 the delta rule stays a contraction without l2norm too
+    x = dict(q=unit * rng.standard_normal((B, T, H, K)), k=unit * rng.standard_normal((B, T, H, K)),
              v=rng.standard_normal((B, T, HV, V)))
     opts = dict(qk_l2norm=l2norm, gate=gate, state_layout=layout)
     if scale is not None:

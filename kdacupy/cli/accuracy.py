@@ -7,6 +7,8 @@ the exact output to bf16). Inputs follow FlashKDA's tests: l2-normalised bf16
 q/k, bf16 v, bf16 gate logits g and beta logits, sigmoid gate with
 lower_bound = -5, A_log ~ U(0, 1), no initial state, fp32 final state.
 
+``--backward`` measures the gradients of ``kda_backward`` instead (each gradient's RMSE ratio).
+
 ``--adversarial`` sweeps the inputs that random keys never produce but real
 text does (repeated and near-collinear keys, no or saturated decay, beta at 0,
 1 and 2, zero keys, extreme softplus gates, long sequences): see ADVERSARIAL.
@@ -241,11 +243,16 @@ def main(argv=None):
     p.add_argument("--sequence-parallel", type=segments, default=None, metavar="N",
                    help="segments per sequence (kda_forward's sequence_parallel; default: the library's choice)")
     p.add_argument("--json", metavar="PATH", type=writable_file, help="also write the rows as JSON")
+    p.add_argument("--backward", action="store_true",
+                   help="the gradients of kda_backward instead of the forward (kdacupy/cli/accuracy_backward.py)")
     args = p.parse_args(argv)
     if args.backend == "cuda":
         from ..jit.device import why_no_gpu
         if why := why_no_gpu():
             p.error(f"--backend cuda: {why}; the other backends run on the CPU")
+    if args.backward:
+        from .accuracy_backward import main as backward_main
+        return backward_main(args, sys.modules[__name__])
     pairs = list(zip(G_REGIMES, BIAS_REGIMES)) if args.quick else None
     print(f"kdacupy accuracy: backend={args.backend} T={args.T} H={args.H} K={args.K} V={args.V} "
           f"state_precision={args.state_precision}{' adversarial' if args.adversarial else ''} "

@@ -187,9 +187,11 @@ def dry_run(shapes, gpu: str, sm_count: int, fla_on: bool) -> int:
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kdacupy.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", type=lambda t: t if t == "decode" else shape_arg(t), default=["all"],
-                    metavar="SET|SPEC", help="kimi, kimi96, fewhead, all (default) or explicit shape specs; "
-                    "decode: the decode kernel on a state pool (kdacupy/cli/bench_decode.py)")
+    ap.add_argument("--shapes", nargs="+", type=lambda t: t if t in ("decode", "backward") else shape_arg(t),
+                    default=["all"], metavar="SET|SPEC", help="kimi, kimi96, fewhead, all (default) or explicit "
+                    "shape specs; decode: the decode kernel on a state pool (kdacupy/cli/bench_decode.py); "
+                    "backward [SPEC ...]: forward + backward against FLA's (kdacupy/cli/bench_backward.py; "
+                    "default the Kimi shapes)")
     ap.add_argument("--json", metavar="PATH", help="where to write the results "
                     "(default benchmarks/<model>_<date>.json)")
     ap.add_argument("--iters", type=int, default=100, help="timed calls per measurement (default 100)")
@@ -212,6 +214,9 @@ def main(argv=None):
         ap.error("--iters must be >= 1 and --warmup >= 0")
     if args.split is not None and min(args.split) < 1:
         ap.error("--split counts must be >= 1")
+    if args.shapes[0] == "backward":
+        from .bench_backward import run as run_backward
+        return run_backward(args)
     if "decode" in args.shapes:
         if args.shapes != ["decode"]:
             ap.error("--shapes decode runs alone")

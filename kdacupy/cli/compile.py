@@ -22,13 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 from ..jit import registry
 from ..jit.nvrtc import ARCHS, RUNTIME_ARCHS, SMEM_LIMIT, compile_variant
 from ..jit.sass import NVDISASM_HINT, nvdisasm
+from ..ops.backward import variants as _backward  # noqa: F401  (registers the backward's kernels)
 from ..ops.decode import variants as _decode  # noqa: F401  (registers the decode kernel)
 from ..ops.forward import variants as _forward  # noqa: F401  (registers the forward's kernels)
 from ..ops.seqpar import variants as _seqpar  # noqa: F401  (registers the split's map and scan kernels)
 from .args import at_least
 
 KERNELS = {"prepare": ("kda_prepare",), "recurrence": ("kda_recurrence",), "decode": ("kda_decode",),
-           "seqpar": ("kda_seqpar_maps", "kda_seqpar_scan")}
+           "seqpar": ("kda_seqpar_maps", "kda_seqpar_scan"),
+           "backward": ("kda_recurrence_store", "kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce")}
 
 
 def select(kernel: str, match: list) -> list:
@@ -47,7 +49,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_90a", choices=ARCHS + RUNTIME_ARCHS)
     ap.add_argument("--sass", action="store_true", help="disassemble and count HMMA/LDSM/LDL/STL/LDG/STG")
-    ap.add_argument("--kernel", choices=("prepare", "recurrence", "decode", "seqpar", "all"), default="all")
+    ap.add_argument("--kernel", choices=(*KERNELS, "all"), default="all")
     ap.add_argument("--match", metavar="TEXT", action="append", default=[],
                     help="only variants whose line contains TEXT (e.g. 'K=128'); may repeat")
     ap.add_argument("--jobs", type=at_least(0), default=0, help="parallel compiles (default 0: the CPU count)")

@@ -64,6 +64,8 @@ def test_without_a_loss_on_the_final_state_the_state_gradient_comes_from_o_alone
     (dict(dfinal_state="list"), TypeError, "dfinal_state: expected a NumPy or CuPy array"),
     (dict(lower_bound=-6.0), ValueError, "lower_bound: expected a number in [-5, 0)"),
     (dict(use_qk_l2norm_in_kernel=True), TypeError, "unexpected keyword argument 'use_qk_l2norm_in_kernel'"),
+    (dict(do="strided"), ValueError, "do: expected a contiguous last dim"),
+    (dict(dfinal_state="transposed"), ValueError, "dfinal_state: expected a C-contiguous array"),
     (dict(backend="fast"), ValueError, "backend: expected one of"),
 ])
 def test_bad_arguments_are_named(bad, exc, words):
@@ -75,9 +77,11 @@ def test_bad_arguments_are_named(bad, exc, words):
         value = do[:, :3]
     elif name == "do" and value == "float32":
         value = do.astype(np.float32)
+    elif name == "do" and value == "strided":
+        value = np.zeros(do.shape[:-1] + (2 * do.shape[-1],), do.dtype)[..., ::2]
     elif name == "dfinal_state":
         value = {"vk": np.swapaxes(ds, -1, -2)[:, :, :32], "float16": ds.astype(np.float16),
-                 "list": ds.tolist()}[value]
+                 "list": ds.tolist(), "transposed": np.swapaxes(np.swapaxes(ds, -1, -2).copy(), -1, -2)}[value]
     args[name] = value
     with pytest.raises(exc) as e:
         kdacupy.kda_backward(**args)

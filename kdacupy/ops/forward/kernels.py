@@ -55,9 +55,12 @@ class RecurrenceVariant:
     state_fp32: bool
     tiles: TileConfig
     no_output: bool = False  # final state only (segment maps, kdacupy/seqpar.py)
+    store_states: bool = False  # the state at each chunk's start to ``states`` (the backward)
 
     def config(self) -> dict:
         extra = dict(KDA_NO_OUTPUT=1) if self.no_output else {}
+        if self.store_states:
+            extra["KDA_STORE_STATES"] = 1
         return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_BV=self.tiles.BV,
                     KDA_STAGES=self.tiles.stages, KDA_STATE_FP32=int(self.state_fp32),
                     **layouts.workspace(self.K), **self._smem(), **extra)
@@ -76,15 +79,15 @@ class RecurrenceVariant:
     def label(self) -> str:
         return (f"kda_recurrence K={self.K} V={self.V} dt={dtype_name(self.dtype)} "
                 f"state={'fp32' if self.state_fp32 else 'bf16'} BV={self.tiles.BV} stages={self.tiles.stages}"
-                + (" no_output" if self.no_output else ""))
+                + (" no_output" if self.no_output else "") + (" store_states" if self.store_states else ""))
 
 
 def prepare_variant(p) -> PrepareVariant:
     return PrepareVariant(p.K, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm)
 
 
-def recurrence_variant(p, tiles: TileConfig, no_output: bool = False) -> RecurrenceVariant:
-    return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles, no_output)
+def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> RecurrenceVariant:
+    return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles, no_output, store_states)
 
 
 def slots(p) -> tuple[int, int]:
@@ -133,14 +136,15 @@ def launch_prepare(run, p, a, ws, nslots, per_seq):
     run.launch(fn, (nslots, p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
 
 
-def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False):
-    var = recurrence_variant(p, tiles, no_output)
+def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False, states=None):
+    """``states``: with it, the variant that stores each chunk's start state there ([HV, slots, V, K])."""
+    var = recurrence_variant(p, tiles, no_output, states is not None)
     fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
     args = [_ptr(ws), _ptr(a["v"]), *_strides(a["v"]), _ptr(o), *_strides(o),
             _ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             _ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
             *_cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
-            *_pool_args(a)]
+            *_pool_args(a), _ptr(states)]
     run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 

@@ -1,0 +1,206 @@
+"""Launchers of the backward: the forward's prepare and recurrence (storing each chunk's start
+state), then kda_bwd_chain, kda_bwd_chunk and kda_bwd_reduce (docs/design.md section 9.3).
+
+The same code serves the GPU (CuPy arrays) and the CPU emulation (NumPy arrays), as the
+forward's launchers do. Nothing here reads device memory or synchronises; scratch memory is the
+forward's persistent per-(device, stream) workspace (ops/forward/workspace.py), so a call can
+be captured in a CUDA graph; only the gradients are allocated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ...jit.enums import BETA_CODE, DTYPE_CODE, GATE_CODE, STATE_DTYPE_CODE
+from ...jit.loaders import loader
+from ...numerics.dtypes import F32, dtype_name
+from ..forward import kernels as fwd
+from ..forward import layouts as fwd_layouts
+from ..forward.tuning import TileConfig, select_tiles
+from . import layouts
+
+LOG2E = 1.0 / np.log(2.0)
+
+
+@dataclass(frozen=True)
+class ChainVariant:
+    kernel: ClassVar[str] = "kda_bwd_chain"
+    K: int
+    V: int
+    dtype: np.dtype  # do's
+    tiles: TileConfig
+
+    def config(self) -> dict:
+        return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_BV=self.tiles.BV,
+                    KDA_STAGES=self.tiles.stages, **fwd_layouts.workspace(self.K), **self._smem())
+
+    def _smem(self) -> dict:
+        return layouts.chain_smem(self.K, self.tiles.BV, self.tiles.stages, np.dtype(self.dtype).itemsize)
+
+    @property
+    def smem(self) -> int:
+        return self._smem()["BSM_TOTAL"]
+
+    @property
+    def threads(self) -> int:
+        return self.tiles.BV // 16 * 32
+
+    def label(self) -> str:
+        return (f"kda_bwd_chain K={self.K} V={self.V} dt={dtype_name(self.dtype)} BV={self.tiles.BV} "
+                f"stages={self.tiles.stages}")
+
+
+@dataclass(frozen=True)
+class ChunkVariant:
+    kernel: ClassVar[str] = "kda_bwd_chunk"
+    K: int
+    dtype: np.dtype
+    g_dtype: np.dtype
+    beta_dtype: np.dtype  # any valid dtype when beta_mode == "none"
+    gate: str
+    beta_mode: str
+    l2norm: bool
+
+    def config(self) -> dict:
+        return dict(KDA_K=self.K, KDA_DT=DTYPE_CODE[self.dtype], KDA_G_DT=DTYPE_CODE[self.g_dtype],
+                    KDA_BETA_DT=DTYPE_CODE[self.beta_dtype], KDA_GATE=GATE_CODE[self.gate],
+                    KDA_BETA_MODE=BETA_CODE[self.beta_mode], KDA_L2NORM=int(self.l2norm),
+                    **layouts.chunk_smem(self.K))
+
+    @property
+    def smem(self) -> int:
+        return layouts.chunk_smem(self.K)["CSM_TOTAL"]
+
+    @property
+    def threads(self) -> int:
+        return layouts.chunk_threads(self.K)
+
+    def label(self) -> str:
+        return (f"kda_bwd_chunk K={self.K} dt={dtype_name(self.dtype)} g={dtype_name(self.g_dtype)} "
+                f"beta={self.beta_mode}:{dtype_name(self.beta_dtype)} gate={self.gate} l2norm={int(self.l2norm)}")
+
+
+@dataclass(frozen=True)
+class ReduceVariant:
+    kernel: ClassVar[str] = "kda_bwd_reduce"
+    K: int
+    smem: ClassVar[int] = 0
+
+    def config(self) -> dict:
+        return dict(KDA_K=self.K)
+
+    def label(self) -> str:
+        return f"kda_bwd_reduce K={self.K}"
+
+
+def chain_variant(p, tiles: TileConfig) -> ChainVariant:
+    return ChainVariant(p.K, p.V, p.dtype, tiles)
+
+
+def chunk_variant(p) -> ChunkVariant:
+    return ChunkVariant(p.K, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm)
+
+
+def scratch_layout(p, nslots: int) -> dict:
+    """Byte offsets in the backward's scratch buffer: the forward's workspace, the chunk states,
+    the chunk gradient states, the partial sums, and room for a strided cu_seqlens' copy."""
+    per_chunk = p.HV * nslots * p.V * p.K
+    sb = 4 if p.state_precision == "fp32" else 2
+    parts = [("ws", p.HV * nslots * fwd_layouts.workspace(p.K)["WS_STRIDE"]), ("states", per_chunk * sb),
+             ("dstates", per_chunk * 2), ("ddt", p.HV * nslots * p.K * 4), ("dA", p.HV * nslots * 4)]
+    out, off = {}, 0
+    for name, size in parts:
+        out[name] = (off, size)
+        off = -(-(off + size) // 256) * 256
+    out["total"] = off
+    return out
+
+
+def _views(buf, lay, a):
+    """The scratch buffer's parts as arrays, and ``a`` with a strided cu_seqlens copied in."""
+    part = lambda name: buf[lay[name][0]:lay[name][0] + lay[name][1]]  # noqa: E731
+    cu = a["cu_seqlens"]
+    if cu is not None and not cu.flags.c_contiguous:
+        dense = buf[lay["total"]:lay["total"] + cu.nbytes].view(cu.dtype)
+        dense[...] = cu
+        a = dict(a, cu_seqlens=dense)
+    return dict(ws=part("ws"), states=part("states"), dstates=part("dstates"),
+                ddt=part("ddt").view(np.float32), dA=part("dA").view(np.float32)), a
+
+
+def _out(xp, like, shape=None, dtype=None):
+    return None if like is None else xp.empty(like.shape if shape is None else shape, dtype=dtype or like.dtype)
+
+
+def backward(p, a, tiles: TileConfig | None = None):
+    """Every launch of one kda_backward call; returns the eight gradients (None where not asked)."""
+    if p.device:
+        import cupy as xp
+    else:
+        xp = np
+    run = loader("cuda" if p.device else "emulate")
+    tiles = tiles or select_tiles(p)
+    nslots, per_seq = fwd.slots(p)
+    lay = scratch_layout(p, nslots)
+    cu = a["cu_seqlens"]
+    total = lay["total"] + (cu.nbytes if cu is not None and not cu.flags.c_contiguous else 0)
+    if p.device:
+        from ..forward.workspace import device_workspace
+        buf = device_workspace(total)
+    else:
+        buf = xp.empty(total, dtype=np.uint8)
+    sc, a = _views(buf, lay, a)
+    grads = dict(dq=_out(xp, a["q"]), dk=_out(xp, a["k"]), dv=_out(xp, a["v"]), dg=_out(xp, a["g"]),
+                 dbeta=_out(xp, a["beta"]), dinitial_state=_out(xp, a["initial_state"]),
+                 dA_log=_out(xp, a["A_log"], dtype=F32), ddt_bias=_out(xp, a["dt_bias"], dtype=F32))
+    if nslots:
+        fwd.launch_prepare(run, p, a, sc["ws"], nslots, per_seq)
+        fwd.launch_recurrence(run, p, a, sc["ws"], None, None, nslots, per_seq, tiles, no_output=True,
+                              states=sc["states"])
+    launch_chain(run, p, a, sc, grads["dinitial_state"], nslots, per_seq, tiles)
+    if nslots:
+        launch_chunk(run, p, a, sc, grads, nslots, per_seq)
+    if grads["dA_log"] is not None or grads["ddt_bias"] is not None:
+        launch_reduce(run, p, sc, grads, nslots)
+    return grads
+
+
+def launch_chain(run, p, a, sc, dinit, nslots, per_seq, tiles):
+    var = chain_variant(p, tiles)
+    fn = run.get("kda_bwd_chain", var.config(), "kda_bwd_chain")
+    ds = a["dfinal_state"]
+    args = [fwd._ptr(sc["ws"]), fwd._ptr(a["do"]), *fwd._strides(a["do"]),
+            fwd._ptr(ds), np.int32(STATE_DTYPE_CODE[None if ds is None else np.dtype(ds.dtype)]),
+            fwd._ptr(dinit), np.int32(STATE_DTYPE_CODE[None if dinit is None else np.dtype(dinit.dtype)]),
+            np.int32(p.state_layout == "vk"), fwd._ptr(sc["dstates"]), *fwd._cu_args(a["cu_seqlens"]),
+            np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq)]
+    run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
+
+
+def launch_chunk(run, p, a, sc, grads, nslots, per_seq):
+    var = chunk_variant(p)
+    fn = run.get("kda_bwd_chunk", var.config(), "kda_bwd_chunk")
+    lb2 = np.float32(p.lower_bound * LOG2E) if p.lower_bound is not None else np.float32(0)
+    lb = np.float32(p.lower_bound) if p.lower_bound is not None else np.float32(0)
+    args = [fwd._ptr(a[n]) for n in ("q", "k", "v", "g", "beta", "do")]
+    for n in ("q", "k", "v", "g", "beta", "do"):
+        args += fwd._strides(a[n])
+    args += [fwd._ptr(a["A_log"]), fwd._ptr(a["dt_bias"]), *fwd._cu_args(a["cu_seqlens"]), np.int32(p.T),
+             np.int32(p.H), np.int32(p.HV), np.int32(p.V), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
+             np.float32(p.scale), lb2, lb, fwd._ptr(sc["states"]), np.int32(p.state_precision == "fp32"),
+             fwd._ptr(sc["dstates"])]
+    args += [fwd._ptr(grads[n]) for n in ("dq", "dk", "dv", "dg", "dbeta")]
+    args += [fwd._ptr(sc["ddt"] if grads["ddt_bias"] is not None else None),
+             fwd._ptr(sc["dA"] if grads["dA_log"] is not None else None)]
+    run.launch(fn, (nslots, p.H), (var.threads,), tuple(args), var.smem)
+
+
+def launch_reduce(run, p, sc, grads, nslots):
+    var = ReduceVariant(p.K)
+    fn = run.get("kda_bwd_reduce", var.config(), "kda_bwd_reduce")
+    ddt, dA = grads["ddt_bias"], grads["dA_log"]
+    args = [fwd._ptr(sc["ddt"] if ddt is not None else None), fwd._ptr(sc["dA"] if dA is not None else None),
+            fwd._ptr(ddt), fwd._ptr(dA), np.int32(nslots)]
+    run.launch(fn, (p.HV,), (layouts.REDUCE_THREADS,), tuple(args), 0)

@@ -1,0 +1,270 @@
+// kda_bwd_chain: the sequential half of the KDA backward (docs/design.md section 9.3).
+// One CTA per (sequence, value head, slice of BV value rows), as kda_recurrence, walking the
+// chunks in reverse: each warp keeps 16 value rows of D = dS^T [V, K], the gradient of the
+// loss with respect to the state, in fp32 registers in the mma accumulator layout. Per chunk,
+// streamed through a cp.async pipeline from the forward's prepare workspace and the do tile:
+//   dS_c = bf16(D) (stored: the gradient at the chunk's end, for kda_bwd_chunk)
+//   dU^T = bf16(do^T Mqk + D k_res^T);  dY^T = dU^T INV;  dX^T = beta dY^T
+//   D = fma(D, gexp, do^T q_dec - dX^T k_dec)          (the transposed transition)
+// and at the sequence's start D is the initial state's gradient.
+// Rounding points: kdacupy/numerics/backward_model.py steps [C1]-[C6].
+//
+// Rendered configuration: KDA_K, KDA_V, KDA_DT (do), KDA_BV, KDA_STAGES, WS_* (the forward's
+// workspace, kdacupy/ops/forward/layouts.py) and BSM_* (kdacupy/ops/backward/layouts.py).
+#include "common.cuh"
+
+namespace {
+using namespace kda;
+
+constexpr int K = KDA_K;
+constexpr int V = KDA_V;
+constexpr int BV = KDA_BV;
+constexpr int NW = BV / 16;
+constexpr int NT = NW * 32;
+constexpr int STAGES = KDA_STAGES;
+constexpr int KS = K / 16;
+constexpr int TS = K + 8;
+constexpr int SR = 24;
+constexpr int ES = elem_bytes<KDA_DT>();
+constexpr int QCH = 2 * K / 16;
+constexpr int TILE_PIECES = 3 * CHUNK * QCH;
+constexpr int DCH = BV * ES / 16;
+
+static_assert(V % BV == 0 && BV % 16 == 0, "value slices are whole warps");
+static_assert(WS_KDEC == WS_QDEC + CHUNK * K * 2 && WS_KRES == WS_KDEC + CHUNK * K * 2, "workspace tiles");
+static_assert(WS_INV == WS_KRES + CHUNK * K * 2 && WS_MQK == WS_INV + 512 && WS_GEXP == WS_MQK + 512, "workspace");
+static_assert(WS_BETA == WS_GEXP + K * 4 && BSM_BETA == BSM_GEXP + K * 4, "gexp and beta travel together");
+static_assert(BSM_KDEC == BSM_QDEC + CHUNK * TS * 2 && BSM_KRES == BSM_KDEC + CHUNK * TS * 2, "smem tiles");
+
+__device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
+                                           const unsigned char* dorow0, i64 do_row_bytes, int rows, int tid) {
+  for (int p = tid; p < WS_STRIDE / 16; p += NT) {
+    int dst;
+    if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
+      const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
+      dst = BSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16;
+    } else if (p < TILE_PIECES + 64) {  // INV, Mqk (32-byte rows) -> 48-byte rows
+      const int p2 = p - TILE_PIECES, m = p2 / 32, r = (p2 / 2) % CHUNK, c = p2 % 2;
+      dst = (m ? BSM_MQK : BSM_INV) + r * 48 + c * 16;
+    } else {  // gexp, beta
+      dst = BSM_GEXP + (p - TILE_PIECES - 64) * 16;
+    }
+    cp_async_16(stage + dst, blk + static_cast<i64>(p) * 16);
+  }
+  for (int p = tid; p < CHUNK * DCH; p += NT) {
+    const int r = p / DCH, c = p % DCH;
+    const bool valid = r < rows;  // a ragged tail reads zeros
+    cp_async_16_zfill(stage + BSM_DO + r * BSM_DOROW + c * 16, valid ? dorow0 + r * do_row_bytes + c * 16 : dorow0,
+                      valid);
+  }
+}
+
+__device__ __forceinline__ i64 state_index(int layout_vk, i64 nh, int v, int kd) {
+  return layout_vk ? (nh * V + v) * K + kd : (nh * K + kd) * V + v;
+}
+__device__ __forceinline__ float load_state(const void* s, int dtype, i64 idx) {
+  return dtype == KDA_STATE_NONE ? 0.f : dtype == KDA_STATE_BF16 ? load_f32<KDA_BF16>(s, idx) : load_f32<KDA_F32>(s, idx);
+}
+__device__ __forceinline__ void store_state(void* s, int dtype, i64 idx, float x) {
+  if (dtype == KDA_STATE_BF16) store_f32<KDA_BF16>(s, idx, x); else store_f32<KDA_F32>(s, idx, x);
+}
+
+__device__ __forceinline__ void to_a_frag(u32 (&a)[4], const float (&x)[2][4]) {
+  a[0] = pack_bf16x2(x[0][0], x[0][1]);
+  a[1] = pack_bf16x2(x[0][2], x[0][3]);
+  a[2] = pack_bf16x2(x[1][0], x[1][1]);
+  a[3] = pack_bf16x2(x[1][2], x[1][3]);
+}
+
+// acc[2] += a (16 value rows x 16 tokens) times B[k = token i][n = token j] = tile[i][j] (Mqk, INV).
+__device__ __forceinline__ void mma_token_block_t(float (&acc)[2][4], const u32 (&a)[4], const u16* row) {
+  u32 b[4];
+  ldmatrix_x4_trans(b, row);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const u32 bb[2] = {b[2 * nt], b[2 * nt + 1]};
+    mma_bf16_m16n8k16(acc[nt], a, bb, acc[nt]);
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
+    const unsigned char* ws, const void* dout, i64 d_sb, i64 d_st, i64 d_sh,
+    const void* dfinal, int dfinal_dtype, void* dinit, int dinit_dtype, int layout_vk, u16* dstates,
+    const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq) {
+  constexpr int VB = V / BV;
+  const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int vw = v0 + 16 * warp;
+  const i64 nh = static_cast<i64>(n) * HV + hv;
+  const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
+
+  if (seq.len == 0) {  // [C6] the initial state's gradient is the final state's
+    if (dinit != nullptr) {
+      for (int e = lane; e < 16 * K; e += 32) {
+        const i64 idx = state_index(layout_vk, nh, vw + e / K, e % K);
+        store_state(dinit, dinit_dtype, idx, load_state(dfinal, dfinal_dtype, idx));
+      }
+    }
+    return;
+  }
+
+  // [C1] the warp's 16 x K slice of D: n-tile j holds (row g / g+8, column 8j + 2t, +1)
+  float D[K / 8][4];
+#pragma unroll
+  for (int j = 0; j < K / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      D[j][e] = load_state(dfinal, dfinal_dtype, state_index(layout_vk, nh, vw + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)));
+    }
+  }
+
+  unsigned char* sm = dynamic_smem();
+  const int b = cu_seqlens == nullptr ? n : 0;
+  const i64 tok0 = cu_seqlens == nullptr ? 0 : seq.bos;
+  const unsigned char* dbase = static_cast<const unsigned char*>(dout) + (b * d_sb + tok0 * d_st + hv * d_sh + v0) * ES;
+  const i64 slot0 = static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq);
+  const unsigned char* wsbase = ws + slot0 * WS_STRIDE;
+  const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
+  auto issue = [&](int p) {  // the p-th chunk processed is chunk nchunks - 1 - p
+    if (p < nchunks) {
+      const int c = nchunks - 1 - p;
+      const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
+      load_chunk(sm + (p % STAGES) * BSM_STAGE, wsbase + static_cast<i64>(c) * WS_STRIDE,
+                 dbase + static_cast<i64>(c) * CHUNK * d_st * ES, d_st * ES, rows, tid);
+    }
+    cp_async_commit();
+  };
+#pragma unroll 1
+  for (int p = 0; p < STAGES - 1; ++p) issue(p);
+
+  const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);  // B = tile^T
+  const int trow = (lane & 7) + 8 * ((lane >> 3) & 1), tcol = 8 * (lane >> 4);  // B = tile, transposed load
+
+#pragma unroll 1
+  for (int p = 0; p < nchunks; ++p) {
+    const int c = nchunks - 1 - p;
+    issue(p + STAGES - 1);
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    const unsigned char* st = sm + (p % STAGES) * BSM_STAGE;
+    const u16* qdec = reinterpret_cast<const u16*>(st + BSM_QDEC);
+    const u16* kdec = reinterpret_cast<const u16*>(st + BSM_KDEC);
+    const u16* kres = reinterpret_cast<const u16*>(st + BSM_KRES);
+    const float* gexp = reinterpret_cast<const float*>(st + BSM_GEXP);
+    const float* bet = reinterpret_cast<const float*>(st + BSM_BETA);
+
+    // [C2] Dop = bf16(D), to dstates [HV, slots, V, K]
+    u32 Dop[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      Dop[s][0] = pack_bf16x2(D[2 * s][0], D[2 * s][1]);
+      Dop[s][1] = pack_bf16x2(D[2 * s][2], D[2 * s][3]);
+      Dop[s][2] = pack_bf16x2(D[2 * s + 1][0], D[2 * s + 1][1]);
+      Dop[s][3] = pack_bf16x2(D[2 * s + 1][2], D[2 * s + 1][3]);
+      const i64 row0 = ((slot0 + c) * V + vw + g) * K + 16 * s + 2 * t;
+      u32* out = reinterpret_cast<u32*>(dstates);
+      out[row0 / 2] = Dop[s][0];
+      out[(row0 + 8 * K) / 2] = Dop[s][1];
+      out[(row0 + 8) / 2] = Dop[s][2];
+      out[(row0 + 8 * K + 8) / 2] = Dop[s][3];
+    }
+
+    // do^T as an A operand (16 value rows x 16 tokens), from the tile's (token row, value column)
+    float dt[2][4];
+    if constexpr (ES == 2) {
+      u32 r[4];
+      const int m = lane >> 3;
+      ldmatrix_x4_trans(r, st + BSM_DO + ((lane & 7) + 8 * (m >> 1)) * BSM_DOROW + (16 * warp + 8 * (m & 1)) * 2);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const u32 x = r[2 * nt + h2];
+          if constexpr (KDA_DT == KDA_BF16) {
+            dt[nt][2 * h2] = bf16_lo(x);
+            dt[nt][2 * h2 + 1] = bf16_hi(x);
+          } else {
+            dt[nt][2 * h2] = f16_to_f32(static_cast<u16>(x & 0xffffu));
+            dt[nt][2 * h2 + 1] = f16_to_f32(static_cast<u16>(x >> 16));
+          }
+        }
+      }
+    } else {
+      const float* dtile = reinterpret_cast<const float*>(st + BSM_DO);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dt[nt][e] = dtile[(8 * nt + 2 * t + (e & 1)) * (BSM_DOROW / 4) + 16 * warp + g + 8 * (e >> 1)];
+        }
+      }
+    }
+    u32 da[4];
+    to_a_frag(da, dt);
+
+    // [C3] dU^T = do^T Mqk, then + D k_res^T (k-steps over channels)
+    float dUt[2][4] = {};
+    mma_token_block_t(dUt, da, reinterpret_cast<const u16*>(st + BSM_MQK) + trow * SR + tcol);
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      u32 bk[4];
+      ldmatrix_x4(bk, kres + brow * TS + 16 * s + bcol);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const u32 bb[2] = {bk[2 * nt], bk[2 * nt + 1]};
+        mma_bf16_m16n8k16(dUt[nt], Dop[s], bb, dUt[nt]);
+      }
+    }
+    u32 ua[4];
+    to_a_frag(ua, dUt);
+
+    // [C4] dY^T = dU^T INV;  dX^T = dY^T beta, negated as an operand
+    float dYt[2][4] = {};
+    mma_token_block_t(dYt, ua, reinterpret_cast<const u16*>(st + BSM_INV) + trow * SR + tcol);
+    float nx[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) nx[nt][e] = -(dYt[nt][e] * bet[8 * nt + 2 * t + (e & 1)]);
+    }
+    u32 xa[4];
+    to_a_frag(xa, nx);
+
+    // [C5] D = fma(D, gexp, do^T q_dec + (-dX^T) k_dec)
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      u32 bq[4], bk[4];
+      ldmatrix_x4_trans(bq, qdec + trow * TS + 16 * s + tcol);
+      ldmatrix_x4_trans(bk, kdec + trow * TS + 16 * s + tcol);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * s + jj;
+        const u32 b0[2] = {bq[2 * jj], bq[2 * jj + 1]}, b1[2] = {bk[2 * jj], bk[2 * jj + 1]};
+        const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+        float acc[4];
+        mma_bf16_m16n8k16(acc, da, b0, zero);
+        mma_bf16_m16n8k16(acc, xa, b1, acc);
+        const float ge0 = gexp[8 * j + 2 * t], ge1 = gexp[8 * j + 2 * t + 1];
+        D[j][0] = fmaf(D[j][0], ge0, acc[0]);
+        D[j][1] = fmaf(D[j][1], ge1, acc[1]);
+        D[j][2] = fmaf(D[j][2], ge0, acc[2]);
+        D[j][3] = fmaf(D[j][3], ge1, acc[3]);
+      }
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's issue()
+  }
+  cp_async_wait<0>();
+
+  // [C6] the initial state's gradient
+  if (dinit != nullptr) {
+#pragma unroll
+    for (int j = 0; j < K / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        store_state(dinit, dinit_dtype, state_index(layout_vk, nh, vw + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)), D[j][e]);
+      }
+    }
+  }
+}

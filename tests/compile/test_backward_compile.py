@@ -1,0 +1,59 @@
+"""The backward's kernels compile on every arch (NVRTC on the CPU) within budget at the tuned
+shape K = V = 128: no spills and no local memory, the matmuls on the tensor cores, shared
+memory within the arch's limit; every option has its variant."""
+import subprocess
+import sys
+
+import pytest
+
+from kdacupy.jit import registry
+from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT, compile_variant
+from kdacupy.numerics.dtypes import BF16
+from kdacupy.ops.backward.kernels import ChainVariant, ChunkVariant
+from kdacupy.ops.backward.variants import chain_variants, chunk_variants, reduce_variants, state_store_variants
+from kdacupy.ops.forward.kernels import RecurrenceVariant
+from kdacupy.ops.forward.tuning import TileConfig
+
+from .test_compile import HAVE_NVDISASM
+
+pytestmark = pytest.mark.nvrtc
+
+CHUNK = ChunkVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", True)
+CHAIN = ChainVariant(128, 128, BF16, TileConfig(32, 2))
+STORE = RecurrenceVariant(128, 128, BF16, False, TileConfig(32, 2), no_output=True, store_states=True)
+# the per-chunk kernel is the one near the register limit (sm_100a's ptxas takes 240-250): every arch;
+# the chain (~220-245 registers) and the state store (the forward's recurrence plus one store) on sm_90a
+# here, every arch in the compile report (benchmarks/backward-compile.md)
+CASES = [(a, CHUNK) for a in ARCHS] + [("sm_90a", CHAIN), ("sm_90a", STORE)]
+
+
+@pytest.mark.parametrize("arch,var", CASES, ids=[f"{a}-{v.label()}" for a, v in CASES])
+def test_backward_budget(arch, var):
+    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
+    assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
+    if HAVE_NVDISASM:
+        assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
+        assert res.sass["HMMA"] > 0 and res.sass["LDSM"] > 0
+
+
+def test_variants_cover_the_options():
+    chunk, chain, store = list(chunk_variants()), list(chain_variants()), list(state_store_variants())
+    assert {v.gate for v in chunk} == {"log", "softplus", "sigmoid"}
+    assert {v.beta_mode for v in chunk} == {"none", "raw", "sigmoid", "sigmoid2"}
+    assert {v.K for v in chunk} == {64, 128, 256} and {v.l2norm for v in chunk} == {False, True}
+    assert {(v.K, v.V) for v in chain} == {(k, v) for k in (64, 128, 256) for v in (64, 128, 256)}
+    assert all(v.store_states and v.no_output for v in store) and {v.state_fp32 for v in store} == {False, True}
+    every = chunk + chain + store + list(reduce_variants())
+    assert len(set(map(registry.label, every))) == len(every)
+    for v in chunk:  # the largest shared memory fits every arch's limit (static smem is 0)
+        assert v.smem <= min(SMEM_LIMIT[a] for a in ARCHS), v.label()
+
+
+def test_cli_compiles_the_backward():
+    out = subprocess.run([sys.executable, "-m", "kdacupy.compile", "--arch", "sm_80", "--kernel", "backward",
+                          "--match", "kda_bwd_reduce"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("kda_bwd_reduce")]
+    assert len(lines) == 3 and all("spill_stores=0" in ln and "smem=" in ln for ln in lines)
