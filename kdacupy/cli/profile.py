@@ -334,14 +334,18 @@ def main(argv=None):
     if args.measured and not args.show:
         ap.error("--measured needs --show")
     if args.show:
-        docs = []
-        for path in (args.show, args.measured):
+        try:
+            doc = json.loads(Path(args.show).read_text())
+        except (OSError, ValueError) as e:
+            print(f"{ap.prog}: cannot read {args.show}: {e}", file=sys.stderr)
+            return 2
+        bench = None
+        if args.measured:  # a failed device run leaves no file: the predictions still print
             try:
-                docs.append(json.loads(Path(path).read_text()) if path else None)
+                bench = json.loads(Path(args.measured).read_text())
             except (OSError, ValueError) as e:
-                print(f"{ap.prog}: cannot read {path}: {e}", file=sys.stderr)
-                return 2
-        print_summary(docs[0], bench=docs[1] if args.measured else None)
+                print(f"measured: none ({args.measured}: {type(e).__name__}: {e})")
+        print_summary(doc, bench=bench)
         return 0
     if args.heads < 1:
         ap.error(f"--heads must be >= 1, got {args.heads}")

@@ -106,3 +106,6 @@ def test_cli_tables_json_and_show(tmp_path, capsys):
     assert profile.main(["--show", str(out), "--measured", str(bench)]) == 0
     shown = capsys.readouterr().out
     assert "meas/pred" in shown and f"{3 * predicted_ms:.3f}" in shown and " 3.00 " in shown
+    assert profile.main(["--show", str(out), "--measured", str(tmp_path / "no-bench.json")]) == 0  # no GPU run yet
+    shown = capsys.readouterr().out
+    assert "measured: none" in shown and "Predicted forward times" in shown
