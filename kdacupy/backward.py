@@ -51,13 +51,11 @@ def kda_backward(
         name = next(iter(unknown))
         raise TypeError(f"kda_backward() got an unexpected keyword argument {name!r}; it takes kda_forward's "
                         "options that change the result (see the README)")
-    problem, a = validate(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=dfinal_state is not None,
+    problem, a = validated(
+        do, q, k, v, g, beta, dfinal_state=dfinal_state, scale=scale, initial_state=initial_state,
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
-        state_dtype=None, state_precision=state_precision, out=None, backend=backend)
-    a["do"] = _check_do(do, a, problem)
-    a["dfinal_state"] = _check_dfinal(dfinal_state, a, problem)
+        state_precision=state_precision, backend=backend)
     if problem.backend == "reference":
         return _reference(problem, a)
     if problem.backend == "model":
@@ -65,6 +63,21 @@ def kda_backward(
     from .ops.backward.kernels import backward  # launchers import the JIT machinery: load it only when used
     grads = backward(problem, a)
     return KDAGradients(**grads)
+
+
+def validated(do, q, k, v, g, beta=None, *, dfinal_state=None, scale=None, initial_state=None, cu_seqlens=None,
+              qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
+              lower_bound=None, state_layout="kv", state_precision="bf16", backend=None):
+    """``kda_backward``'s checks: its Problem and its arrays (do and dfinal_state among them), as the
+    launchers take them (kdacupy/ops/backward/kernels.py; the profiler launches them with its own tiles)."""
+    problem, a = validate(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=dfinal_state is not None,
+        cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
+        gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
+        state_dtype=None, state_precision=state_precision, out=None, backend=backend)
+    a["do"] = _check_do(do, a, problem)
+    a["dfinal_state"] = _check_dfinal(dfinal_state, a, problem)
+    return problem, a
 
 
 def _same_kind(name, x, q):

@@ -86,6 +86,20 @@ template <int DT> __device__ __forceinline__ void load_quad(const void* p, float
   }
 }
 
+// 16 bf16 of one row held in the mma accumulator layout (lane t of the row's quad: ``lo`` =
+// columns 2t, 2t + 1, ``hi`` = columns 8 + 2t, 8 + 2t + 1) to row[0..15], one 8-byte store per
+// lane after one shuffle: even lanes store columns 2t..2t+3, odd lanes 8+2t-2..8+2t+1, so the
+// quad writes one whole 32-byte sector (two 4-byte stores per lane would use half of each).
+// Every lane of the warp takes part.
+__device__ __forceinline__ void store_row16(u16* row, u32 lo, u32 hi, int t) {
+  const bool odd = t & 1;
+  const u32 other = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 1);
+  Vec8 x;
+  x.w[0] = odd ? other : lo;
+  x.w[1] = odd ? hi : other;
+  *reinterpret_cast<Vec8*>(row + (odd ? 6 + 2 * t : 2 * t)) = x;
+}
+
 // Low and high halves of a packed bf16x2 as fp32.
 __device__ __forceinline__ float bf16_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf16_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }

@@ -163,12 +163,9 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
       Dop[s][1] = pack_bf16x2(D[2 * s][2], D[2 * s][3]);
       Dop[s][2] = pack_bf16x2(D[2 * s + 1][0], D[2 * s + 1][1]);
       Dop[s][3] = pack_bf16x2(D[2 * s + 1][2], D[2 * s + 1][3]);
-      const i64 row0 = ((slot0 + c) * V + vw + g) * K + 16 * s + 2 * t;
-      u32* out = reinterpret_cast<u32*>(dstates);
-      out[row0 / 2] = Dop[s][0];
-      out[(row0 + 8 * K) / 2] = Dop[s][1];
-      out[(row0 + 8) / 2] = Dop[s][2];
-      out[(row0 + 8 * K + 8) / 2] = Dop[s][3];
+      u16* row = dstates + ((slot0 + c) * V + vw + g) * K + 16 * s;  // whole 32-byte sectors per quad
+      store_row16(row, Dop[s][0], Dop[s][2], t);
+      store_row16(row + 8 * K, Dop[s][1], Dop[s][3], t);
     }
 
     // do^T as an A operand (16 value rows x 16 tokens), from the tile's (token row, value column)

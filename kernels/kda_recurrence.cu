@@ -204,15 +204,20 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     {  // the state entering chunk c, [V, K] rows of this warp, in the precision it is held in
       const i64 blk = (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq) + c) * V;
 #pragma unroll
-      for (int j = 0; j < K / 8; ++j) {
+      for (int s = 0; s < KS; ++s) {
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
-          const i64 e0 = (blk + vw + g + 8 * h2) * K + 8 * j + 2 * t;
+          const i64 row = (blk + vw + g + 8 * h2) * K + 16 * s;  // whole 32-byte sectors per quad
           if constexpr (FP32_STATE) {
-            reinterpret_cast<float*>(states)[e0] = Sf[j][2 * h2];
-            reinterpret_cast<float*>(states)[e0 + 1] = Sf[j][2 * h2 + 1];
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              Vec8 x;
+              x.w[0] = __float_as_uint(Sf[2 * s + jj][2 * h2]);
+              x.w[1] = __float_as_uint(Sf[2 * s + jj][2 * h2 + 1]);
+              *reinterpret_cast<Vec8*>(reinterpret_cast<float*>(states) + row + 8 * jj + 2 * t) = x;
+            }
           } else {
-            reinterpret_cast<u32*>(states)[e0 / 2] = Sa[j / 2][2 * (j & 1) + h2];
+            store_row16(reinterpret_cast<u16*>(states) + row, Sa[s][h2], Sa[s][2 + h2], t);
           }
         }
       }

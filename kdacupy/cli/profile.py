@@ -9,23 +9,28 @@ cores, SFU, and for the recurrence its chunk chain), the one that binds, and the
 that the compile report's registers and shared memory allow (NVRTC for the GPU's arch).
 
 Workloads: without --shape, a small forward (T=256, H=2, K=V=128, bf16, Kimi's options), a
-decode step (N=16, HV=4) and the split forward (2 segments) of the same forward. --shape kimi
-(or any spec, as for python -m kdacupy.bench) profiles forwards at full size by emulating a
-slice, --heads value heads (default 1) at the full length, and scaling every count by
-HV / heads: each value head's CTAs do the same work on their own data, so counts are
-additive over heads. Exact where each head's part of an array is whole 32-byte sectors (q, k,
-v, g, o, states, the workspace at K, V >= 64); beta [T, HV] and A_log [HV] are not: the slice's
-DRAM bytes for them stay exact (its arrays are contiguous), its sectors per request for beta
-are fewer (16 tokens share a sector when HV = 1); arrays every head reads whole (cu_seqlens)
-are not scaled. Prepare's choice of the pair form depends
-on the data, and is sampled on the slice's heads.
+decode step (N=16, HV=4), the split forward (2 segments) of the same forward and its backward
+(the forward's prepare and recurrence again, this time storing each chunk's state, then
+kda_bwd_chain, kda_bwd_chunk and kda_bwd_reduce; do and dfinal_state as python -m kdacupy.bench
+--shapes backward makes them). --shape kimi (or any spec, as for python -m kdacupy.bench)
+profiles at full size by emulating a slice, --heads value heads (default 1) at the full length,
+and scaling every count by HV / heads: each value head's CTAs do the same work on their own
+data, so counts are additive over heads. Exact where each head's part of an array is whole
+32-byte sectors (q, k, v, g, o, do, the gradients of those, states, the workspace and the
+backward's chunk states at K, V >= 64); beta [T, HV], A_log [HV], dbeta and the backward's
+per-chunk partial sums of dA_log are not: the slice's DRAM bytes for them stay exact (its arrays
+are contiguous), its sectors per request for beta are fewer (16 tokens share a sector when
+HV = 1); arrays every head reads whole (cu_seqlens) are not scaled. The choice of the pair form
+(prepare's and kda_bwd_chunk's) depends on the data, and is sampled on the slice's heads.
+--pass forward|backward|both says which passes run: default both without --shape, forward with
+it (--shape kimi --pass both: the forward, the backward and their sum per shape).
 
 --json FILE writes everything; --show FILE prints a saved file's summary without emulating, and
-with --measured BENCH_JSON (python -m kdacupy.bench's, same shapes) the measured medians and
-measured / predicted beside it: the model's error, once a GPU has run.
-Predictions are lower bounds: the binding resource at its datasheet rate; latencies other
-than the recurrence's chunk chain, launch gaps and cache misses beyond the compulsory ones are
-not modelled.
+with --measured BENCH_JSON (python -m kdacupy.bench's, same shapes; --shapes backward's for the
+backward) the measured medians and measured / predicted beside it: the model's error, once a
+GPU has run. Predictions are lower bounds: the binding resource at its datasheet rate;
+latencies other than the chunk chains (the forward's recurrence, the backward's kda_bwd_chain),
+launch gaps and cache misses beyond the compulsory ones are not modelled.
 """
 from __future__ import annotations
 
@@ -41,7 +46,8 @@ import numpy as np
 
 from ..emulate import counting
 from . import roofline
-from .shapes import Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, shape_problem, validated
+from .shapes import (Shape, compulsory_backward_bytes, compulsory_bytes, make_inputs, resolve_shapes, shape_arg,
+                     shape_problem, validated)
 from .timing import git_commit, git_dirty
 
 #: FlashKDA's forward times to set next to the predictions, ms (docs/design.md section 11): on an H200
@@ -51,7 +57,7 @@ FLASHKDA_MS = {
     "b200": {"kimi-T8192-H96": 1.0087, "kimi-varlen6-H96": 0.8597, "kimi-varlen8x1024-H96": 0.7064,
              "kimi-T8192-H64": 0.9247, "kimi-varlen6-H64": 0.6553, "kimi-varlen8x1024-H64": 0.4811},
 }
-DEFAULT_FORWARD = Shape("forward-T256-H2", 256, 2)
+DEFAULT_SHAPE = Shape("T256-H2", 256, 2)  # the small workloads: forward, split forward, backward
 DEFAULT_DECODE = dict(N=16, HV=4, T=1)
 DEFAULT_SEGMENTS = 2
 NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "library", "dram_by_argument")
@@ -67,6 +73,9 @@ def counts_of(rec: dict) -> list[str]:
 
 #: kernel parameters every value head reads whole: their DRAM bytes do not grow with the heads
 HEAD_SHARED = ("cu_seqlens", "pool_idx")
+#: the grid dimension that runs over heads, where it is not y (kda_bwd_reduce: one CTA per value head)
+HEAD_AXIS = {"kda_bwd_reduce": 0}
+PASSES = ("forward", "backward", "both")
 
 
 def scaled(rec: dict, factor) -> dict:
@@ -84,7 +93,8 @@ def scaled(rec: dict, factor) -> dict:
         out[k] = int(round(x)) if integral else x
     out["dram_by_argument"] = {name: v if name in HEAD_SHARED else [x * factor for x in v]
                                for name, v in rec.get("dram_by_argument", {}).items()}
-    out["grid"] = [rec["grid"][0], int(round(rec["grid"][1] * factor)), rec["grid"][2]]
+    axis = HEAD_AXIS.get(rec["kernel"], 1)
+    out["grid"] = [int(round(n * factor)) if i == axis else n for i, n in enumerate(rec["grid"])]
     return out
 
 
@@ -108,6 +118,34 @@ def forward_records(shape: Shape, heads: int | None, sms: int, **options) -> tup
     p, a = validated(arrays, opts, "emulate")
     with counting() as recs:
         forward(p, a, tiles)
+    factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
+    info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages))
+    return [scaled(r, factor) for r in recs], info
+
+
+def backward_inputs(shape: Shape):
+    """(arrays with do, forward options, backward options with dfinal_state): the backward
+    benchmark's inputs (python -m kdacupy.bench --shapes backward)."""
+    from .bench_backward import loss_inputs
+
+    return loss_inputs(shape, np)
+
+
+def backward_records(shape: Shape, heads: int | None, sms: int, **options) -> tuple[list[dict], dict]:
+    """Profile records of kda_backward at ``shape``, sliced and scaled as forward_records: the
+    forward's prepare and its recurrence storing the chunk states, kda_bwd_chain, kda_bwd_chunk,
+    kda_bwd_reduce, with the tiles the full shape gets on a GPU of ``sms`` SMs."""
+    from ..backward import validated as backward_validated
+    from ..ops.backward.kernels import backward
+    from ..ops.forward.tuning import heuristic
+
+    tiles = heuristic(shape_problem(shape), sms)
+    part, hv = slice_shape(shape, shape.hv if heads is None else heads)
+    arrays, _, opts = backward_inputs(part)
+    opts.update(options)
+    p, a = backward_validated(**arrays, **opts, backend="emulate")
+    with counting() as recs:
+        backward(p, a, tiles)
     factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
     info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages))
     return [scaled(r, factor) for r in recs], info
@@ -203,15 +241,17 @@ def chunks_of(shape: Shape | None) -> int:
     return -(-max(lens) // 16) if lens else 0
 
 
-def run_entry(name, shape, recs, info, gpu, hot) -> dict:
+def run_entry(name, shape, recs, info, gpu, hot, kind="forward") -> dict:
+    """One workload's rows and totals; ``kind`` "forward" or "backward" (whose floor is the
+    backward's compulsory traffic: its inputs read once, the gradients written once)."""
     rows = kernel_rows(recs, gpu, chunks_of(shape), hot)
-    entry = dict(name=name, shape=shape.to_dict() if shape else None, **info, kernels=rows,
+    entry = dict(name=name, kind=kind, shape=shape.to_dict() if shape else None, **info, kernels=rows,
                  predicted_s=sum(r["time_s"] for r in rows))
     if shape is not None:
-        floor = compulsory_bytes(shape)["total"]
+        floor = (compulsory_backward_bytes if kind == "backward" else compulsory_bytes)(shape)["total"]
         entry["hbm_floor_bytes"] = floor
         entry["hbm_floor_s"] = floor / (gpu.hbm_tb_s * 1e12)
-        entry["flashkda_ms"] = FLASHKDA_MS.get(gpu.key, {}).get(shape.name)
+        entry["flashkda_ms"] = FLASHKDA_MS.get(gpu.key, {}).get(shape.name) if kind == "forward" else None
     return entry
 
 
@@ -261,58 +301,98 @@ def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
 
 
 def measured_times(bench: dict | None) -> dict:
-    """{shape name: median ms} of a python -m kdacupy.bench JSON."""
+    """{shape name: {pass: median ms}} of a python -m kdacupy.bench JSON: "forward" from the
+    forward benchmark's rows; "forward", "backward" and "forward_backward" from --shapes backward's."""
     out = {}
     for row in (bench or {}).get("shapes", []):
         k = row.get("kdacupy") or {}
-        if k.get("median_ms") is not None:
-            out[row["shape"]["name"]] = k["median_ms"]
+        got = {"forward": k["median_ms"]} if k.get("median_ms") is not None else {}
+        got.update({n: v["median_ms"] for n, v in k.items() if isinstance(v, dict) and v.get("median_ms") is not None})
+        if got:
+            out.setdefault(row["shape"]["name"], {}).update(got)
     return out
 
 
+def _ratio(m, predicted_s) -> str:
+    return f" {m:>11.3f} {m / (predicted_s * 1e3):>9.2f}" if m else f" {'-':>11} {'-':>9}"
+
+
 def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
-    """The predictions per shape; with ``bench`` (a kdacupy.bench JSON of the same shapes) the
-    measured medians and measured / predicted next to them."""
+    """The predictions per shape, forward and backward; with ``bench`` (a kdacupy.bench JSON of
+    the same shapes) the measured medians and measured / predicted next to them."""
     file = file or sys.stdout
     gpu = doc["gpu"]
     measured = measured_times(bench)
-    print(f"\nPredicted forward times on {gpu['name']} (lower bounds; kdacupy.profile, commit {doc['commit']}, "
-          f"gate lower bound {doc.get('lower_bound', -5.0):g}):", file=file)
+    runs = [e for e in doc["runs"] if "hbm_floor_s" in e]
+    fwd = [e for e in runs if e.get("kind", "forward") == "forward"]
+    bwd = [e for e in runs if e.get("kind") == "backward"]
+    head = (f"(lower bounds; kdacupy.profile, commit {doc['commit']}, gate lower bound {doc.get('lower_bound', -5.0):g})")
     extra = f" {'measured ms':>11} {'meas/pred':>9}" if bench is not None else ""
-    print(f"{'shape':26} {'predicted ms':>12} {'HBM floor ms':>12} {'FlashKDA ms':>11}{extra}  per kernel (bound)",
-          file=file)
-    for e in doc["runs"]:
-        if "hbm_floor_s" not in e:
-            continue
+    if fwd or not bwd:
+        print(f"\nPredicted forward times on {gpu['name']} {head}:", file=file)
+        print(f"{'shape':26} {'predicted ms':>12} {'HBM floor ms':>12} {'FlashKDA ms':>11}{extra}  per kernel (bound)",
+              file=file)
+    for e in fwd:
         parts = ", ".join(f"{r['kernel']} {r['time_s'] * 1e3:.3f} ({r['bound']})" for r in e["kernels"])
         fk = f"{e['flashkda_ms']:.3f}" if e.get("flashkda_ms") else "-"
+        m = _ratio(measured.get(e["shape"]["name"], {}).get("forward"), e["predicted_s"]) if bench is not None else ""
+        print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}{m}  {parts}",
+              file=file)
+    if not bwd:
+        return
+    forward_of = {e["shape"]["name"]: e for e in fwd}
+    print(f"\nPredicted backward and forward + backward times on {gpu['name']} {head}:", file=file)
+    extra = (f" {'meas bwd':>9} {'meas/pred':>9} {'meas f+b':>9} {'meas/pred':>9}" if bench is not None else "")
+    print(f"{'shape':26} {'backward ms':>11} {'HBM floor':>9} {'fwd+bwd ms':>10} {'HBM floor':>9}{extra}  "
+          f"per backward kernel (bound)", file=file)
+    for e in bwd:
+        name = e["shape"]["name"]
+        f = forward_of.get(name)
+        both = f"{(e['predicted_s'] + f['predicted_s']) * 1e3:>10.3f} {(e['hbm_floor_s'] + f['hbm_floor_s']) * 1e3:>9.3f}" \
+            if f else f"{'-':>10} {'-':>9}"
+        m = ""
         if bench is not None:
-            m = measured.get(e["name"])
-            extra = f" {m:>11.3f} {m / (e['predicted_s'] * 1e3):>9.2f}" if m else f" {'-':>11} {'-':>9}"
-        print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}{extra}  "
-              f"{parts}", file=file)
+            got = measured.get(name, {})
+            m = f" {got['backward']:>9.3f} {got['backward'] / (e['predicted_s'] * 1e3):>9.2f}" if got.get("backward") \
+                else f" {'-':>9} {'-':>9}"
+            fb = got.get("forward_backward")
+            m += (f" {fb:>9.3f} {fb / ((e['predicted_s'] + f['predicted_s']) * 1e3):>9.2f}" if fb and f
+                  else f" {'-':>9} {'-':>9}")
+        parts = ", ".join(f"{r['kernel']} {r['time_s'] * 1e3:.3f} ({r['bound']})" for r in e["kernels"])
+        print(f"{name:26} {e['predicted_s'] * 1e3:>11.3f} {e['hbm_floor_s'] * 1e3:>9.3f} {both}{m}  {parts}", file=file)
 
 
 # ---------------------------------------------------------------------------
 
 
 def workloads(args, gpu):
-    """(name, shape or None, records, info) per workload, emulated one after the other."""
+    """(name, shape or None, records, info, kind) per workload, emulated one after the other."""
+    passes = args.passes or ("forward" if args.shape else "both")
+    fwd, bwd = passes in ("forward", "both"), passes in ("backward", "both")
+    jobs = []
     if not args.shape:
-        jobs = [("forward", lambda: forward_records(DEFAULT_FORWARD, None, gpu.sms), DEFAULT_FORWARD),
-                ("decode", decode_records, None),
-                ("split forward", lambda: split_records(DEFAULT_FORWARD, DEFAULT_SEGMENTS), None)]
+        if fwd:
+            jobs += [("forward", lambda: forward_records(DEFAULT_SHAPE, None, gpu.sms), DEFAULT_SHAPE, "forward"),
+                     ("decode", decode_records, None, "decode"),
+                     ("split forward", lambda: split_records(DEFAULT_SHAPE, DEFAULT_SEGMENTS), None, "split")]
+        if bwd:
+            jobs.append(("backward", lambda: backward_records(DEFAULT_SHAPE, None, gpu.sms), DEFAULT_SHAPE,
+                         "backward"))
     else:
         opts = {} if args.lower_bound is None else dict(lower_bound=args.lower_bound)
-        jobs = [(s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, **opts)), s)
-                for s in resolve_shapes(args.shape)]
-    for i, (name, job, shape) in enumerate(jobs):
+        for s in resolve_shapes(args.shape):
+            if fwd:
+                jobs.append((s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, **opts)), s, "forward"))
+            if bwd:
+                jobs.append((f"{s.name} backward", (lambda s=s: backward_records(s, args.heads, gpu.sms, **opts)), s,
+                             "backward"))
+    for i, (name, job, shape, kind) in enumerate(jobs):
         t0 = time.perf_counter()
         log(f"{i + 1}/{len(jobs)} {name}: emulating" + (f" {min(args.heads, shape.hv) if args.shape else shape.hv} "
                                                        f"of {shape.hv} value heads, T={shape.T}" if shape else ""))
         recs, info = job()
         log(f"{i + 1}/{len(jobs)} {name}: {len(recs)} launches in {time.perf_counter() - t0:.1f} s")
-        yield name, shape, recs, info
+        yield name, shape, recs, info, kind
 
 
 def main(argv=None):
@@ -321,6 +401,8 @@ def main(argv=None):
     ap.add_argument("--shape", action="append", type=shape_arg, metavar="SHAPE",
                     help="kimi, fewhead, all, or a spec like T=8192,H=96 (may repeat); default: the small workloads")
     ap.add_argument("--gpu", choices=sorted(roofline.GPUS), default="h200")
+    ap.add_argument("--pass", dest="passes", choices=PASSES, default=None,
+                    help="the passes profiled: forward, backward or both (default: both without --shape, forward with it)")
     ap.add_argument("--heads", type=int, default=1, help="value heads emulated per --shape (default 1)")
     ap.add_argument("--lower-bound", type=float, default=None, metavar="X",
                     help="the sigmoid gate's lower bound for --shape inputs (default -5, as Kimi and the benchmark); "
@@ -354,8 +436,8 @@ def main(argv=None):
     doc = dict(gpu=dataclasses.asdict(gpu), commit=git_commit(), dirty=git_dirty(), date=datetime.date.today().isoformat(),
                lower_bound=-5.0 if args.lower_bound is None else args.lower_bound,
                chain_cycles_per_chunk=roofline.CHAIN_CYCLES_PER_CHUNK, runs=[])
-    for name, shape, recs, info in workloads(args, gpu):
-        e = run_entry(name, shape, recs, info, gpu, args.hotspots)
+    for name, shape, recs, info, kind in workloads(args, gpu):
+        e = run_entry(name, shape, recs, info, gpu, args.hotspots, "backward" if kind == "backward" else "forward")
         doc["runs"].append(e)
         print_run(e, gpu)
     print_summary(doc)

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 
 MMA_FLOP = 2 * 16 * 8 * 16  # one mma.sync m16n8k16: the only tensor-core shape the kernels use
 #: critical path of one chunk of kda_recurrence, cycles (docs/design.md section 11): its chunks run
-#: in order, so a sequence of n chunks takes at least n times this, whatever the throughput
+#: in order, so a sequence of n chunks takes at least n times this, whatever the throughput. The
+#: backward's kda_bwd_chain walks them the same way, on a path as long (9 accumulating k-steps of
+#: dU^T, then dY^T and D's update: 11 dependent mma against the recurrence's 12; the cp.async
+#: wait and two barriers): the same figure
 CHAIN_CYCLES_PER_CHUNK = 500
-CHAIN_KERNELS = ("kda_recurrence",)
+CHAIN_KERNELS = ("kda_recurrence", "kda_bwd_chain")
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def occupancy(gpu: Gpu, threads: int, regs: int, smem: int) -> dict:
 def times(rec: dict, gpu: Gpu, chunks: int = 0) -> dict:
     """Seconds each resource needs for one launch record's counts: HBM (bytes read and written
     once, an ideal L2), shared memory (wavefronts), tensor cores (mma at the datasheet rate),
-    SFU (.approx warp instructions), and for the recurrence the chunk chain; per-SM resources
+    SFU (.approx warp instructions), and for the chunk chains (CHAIN_KERNELS) the chain; per-SM resources
     over the SMs the CTAs occupy (a last partial wave counts whole)."""
     ctas = max(1, rec.get("ctas", 1))
     waves = math.ceil(ctas / gpu.sms) * gpu.sms / ctas  # >= 1: SMs idle in the last wave

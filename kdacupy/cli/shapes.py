@@ -245,3 +245,15 @@ def compulsory_bytes(shape: Shape) -> dict:
     writes = dict(o=B * T * HV * V * e, final_state=state)
     return dict(read=sum(reads.values()), written=sum(writes.values()),
                 total=sum(reads.values()) + sum(writes.values()), parts={**reads, **writes})
+
+
+def compulsory_backward_bytes(shape: Shape) -> dict:
+    """The backward's traffic no implementation can avoid: the forward's inputs, do and
+    dfinal_state read once, each gradient written once (bf16 states; dA_log, ddt_bias fp32)."""
+    fwd = compulsory_bytes(shape)["parts"]
+    reads = {n: v for n, v in fwd.items() if n not in ("o", "final_state")}
+    reads.update(do=fwd["o"], dfinal_state=fwd["final_state"])
+    writes = dict(dq=fwd["q"], dk=fwd["k"], dv=fwd["v"], dg=fwd["g"], dbeta=fwd["beta"],
+                  dinitial_state=fwd["initial_state"], dA_log=fwd["A_log"], ddt_bias=fwd["dt_bias"])
+    return dict(read=sum(reads.values()), written=sum(writes.values()),
+                total=sum(reads.values()) + sum(writes.values()), parts={**reads, **writes})
