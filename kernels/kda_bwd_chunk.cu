@@ -16,6 +16,7 @@
 // (bf16, or fp32 with state_precision="fp32") are arguments: they change loop bounds and one load.
 #include "common.cuh"
 #include "gates.cuh"
+#include "rows.cuh"
 
 namespace {
 using namespace kda;
@@ -24,8 +25,11 @@ constexpr int K = KDA_K;
 constexpr int BVC = KDA_BVC;
 constexpr int NW = K / 16;       // warps: one per 16 channels of the [16, K] chains
 constexpr int NT = NW * 32;
-constexpr int ROW_THREADS = 128;  // the row phases: 8 threads per row, as kda_prepare
-constexpr int SEG = K / 8;       // elements of one row per thread in the row phases
+constexpr int ROW_THREADS = 128;  // the row phases: 8 threads per row, as kda_prepare (kernels/rows.cuh)
+constexpr int E = 16 / elem_bytes<KDA_DT>();  // q, k (and dq, dk) channels per 16-byte piece
+constexpr int PPS = K / E / 8;                // pieces per thread in the row phases
+constexpr int SEG = PPS * E;                  // channels per thread in the row phases
+constexpr int ES = elem_bytes<KDA_DT>();
 constexpr int TS = K + 8;        // padded bf16 row of a [rows, K] tile
 constexpr int SR = 24;           // padded row of a 16x16 bf16 tile
 constexpr int YS = BVC + 8;      // padded bf16 row of a [16, BVC] tile
@@ -37,6 +41,38 @@ constexpr float SAFE_EXPONENT = 100.0f;
 constexpr float LN2_F = 0.6931471805599453f;
 
 static_assert(KW % 16 == 0 && BVC % 16 == 0, "whole mma tiles");  // V: a multiple of BVC (64, 128, 256)
+static_assert(NT >= ROW_THREADS && NT >= K, "the row phases and the per-channel phases have their threads");
+
+// Shared-memory layouts (docs/design.md section 11.3): every access pattern of the kernel meets 32
+// banks. fp32 [16, C] tiles (C = K, or BVC >= 32): 32-channel blocks of each row rotated by
+// R = 8 (i & 3) + 2 (i >> 2) + 4 (block & 1) words, no padding. The row phases (two rows per
+// half-warp, rows i and i + 4, 8-byte accesses), the mma accumulator layout (8-byte pairs; 4
+// rows i & 3 = 0..3 per half-warp), 32 channels of one row and 16 rows of one column (R distinct
+// for the 16 rows: the pair form, the l2norm's dot products) then all hit distinct banks.
+template <int C> __device__ __forceinline__ int fx(int i, int c) {
+  if constexpr (C == 16) {
+    return i * 16 + (c ^ ((i >> 1 & 1) << 3 | (i >> 2 & 1) << 2 | (i >> 3 & 1) << 1));
+  } else {
+    static_assert(C % 32 == 0, "rotated 32-channel blocks");
+    return i * C + (c & ~31) + ((c + 8 * (i & 3) + 2 * (i >> 2) + 4 * (c >> 5 & 1)) & 31);
+  }
+}
+// [16, 16] fp32 tiles (L, Lb, dLb, dM / Mf, dL): row i's words permuted by an XOR of i's bits 1-3
+// into bits 3, 2, 1 (bit 0 kept: 8-byte pairs stay pairs), so the accumulator layout's pairs, a
+// column of 16 rows and 32 consecutive elements are conflict-free.
+__device__ __forceinline__ int sw(int i, int j) { return fx<16>(i, j); }
+
+__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ void st2(float* p, float x, float y) {
+  float2 v;
+  v.x = x;
+  v.y = y;
+  *reinterpret_cast<float2*>(p) = v;
+}
+// two results in the 16-bit type DT, packed (lo first)
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+  return KDA_DT == KDA_F16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+}
 
 // ldmatrix lane offsets: A = tile rows (m) x columns (k); A^T / B^T = the tile read transposed
 __device__ __forceinline__ int a_row(int lane) { return (lane & 7) + 8 * ((lane >> 3) & 1); }
@@ -92,10 +128,8 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const int col = nt * 8 + 2 * t;
-    dst[g * 16 + col] = acc[nt][0];
-    dst[g * 16 + col + 1] = acc[nt][1];
-    dst[(g + 8) * 16 + col] = acc[nt][2];
-    dst[(g + 8) * 16 + col + 1] = acc[nt][3];
+    st2(dst + sw(g, col), acc[nt][0], acc[nt][1]);
+    st2(dst + sw(g + 8, col), acc[nt][2], acc[nt][3]);
   }
 }
 
@@ -185,47 +219,52 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sDKN = reinterpret_cast<float*>(sm + CSM_DKN);
   float* sDOT = reinterpret_cast<float*>(sm + CSM_DOT);
 
-  const int r = tid >> 3, col0 = (tid & 7) * SEG;  // the row phases: this thread's row and first column
-  const bool rowt = tid < ROW_THREADS;              // (whole warps: the l2norm's shuffles need them)
+  // the row phases: row r = (warp) + 4 (lane / 8) of threads 0-127, its 8 threads s = lane % 8 (kernels/rows.cuh)
+  const int s8 = tid & 7, r = (tid >> 5) + 4 * ((tid >> 3) & 3);
+  const bool rowt = tid < ROW_THREADS;  // (whole warps: the l2norm's shuffles need them)
   const bool live = rowt && r < rows;
 
   // [P1] q and k rows, l2-normalised as kda_prepare's [1]; padded rows are zero
   if (rowt) {
     float qv[SEG], kv[SEG];
-    if (live) {
-      load_row<KDA_DT>(static_cast<const unsigned char*>(q) + (b * q_sb + (t0 + r) * q_st + h * q_sh + col0) * elem_bytes<KDA_DT>(), qv);
-      load_row<KDA_DT>(static_cast<const unsigned char*>(k) + (b * k_sb + (t0 + r) * k_st + h * k_sh + col0) * elem_bytes<KDA_DT>(), kv);
-    } else {
 #pragma unroll
-      for (int i = 0; i < SEG; ++i) qv[i] = kv[i] = 0.f;
+    for (int v = 0; v < PPS; ++v) {
+      float pq[E], pk[E];
+      const i64 c = (s8 + 8 * v) * E;
+      if (live) {
+        load_row<KDA_DT>(static_cast<const unsigned char*>(q) + (b * q_sb + (t0 + r) * q_st + h * q_sh + c) * ES, pq);
+        load_row<KDA_DT>(static_cast<const unsigned char*>(k) + (b * k_sb + (t0 + r) * k_st + h * k_sh + c) * ES, pk);
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) pq[e] = pk[e] = 0.f;
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        qv[v * E + e] = pq[e];
+        kv[v * E + e] = pk[e];
+      }
     }
     if constexpr (KDA_L2NORM) {
-      float sq = 0.f, sk = 0.f;
-#pragma unroll
-      for (int i = 0; i < SEG; ++i) {
-        sq = fmaf(qv[i], qv[i], sq);
-        sk = fmaf(kv[i], kv[i], sk);
-      }
-#pragma unroll
-      for (int m = 4; m >= 1; m >>= 1) {
-        sq += __shfl_xor_sync(0xffffffffu, sq, m);
-        sk += __shfl_xor_sync(0xffffffffu, sk, m);
-      }
-      const float iq = rsqrt_approx_ftz(sq + 1e-6f), ik = rsqrt_approx_ftz(sk + 1e-6f);
+      const float iq = rsqrt_approx_ftz(row_sum_sq<E, PPS>(qv, s8) + 1e-6f);
+      const float ik = rsqrt_approx_ftz(row_sum_sq<E, PPS>(kv, s8) + 1e-6f);
 #pragma unroll
       for (int i = 0; i < SEG; ++i) {
         qv[i] *= iq;
         kv[i] *= ik;
       }
-      if ((tid & 7) == 0) {
+      if (s8 == 0) {
         sRQ[r] = iq;
         sRK[r] = ik;
       }
     }
 #pragma unroll
-    for (int i = 0; i < SEG; ++i) {
-      sQN[r * K + col0 + i] = qv[i];
-      sKN[r * K + col0 + i] = kv[i];
+    for (int v = 0; v < PPS; ++v) {
+#pragma unroll
+      for (int e = 0; e < E; e += 2) {
+        const int c = (s8 + 8 * v) * E + e;
+        st2(sQN + fx<K>(r, c), qv[v * E + e], qv[v * E + e + 1]);
+        st2(sKN + fx<K>(r, c), kv[v * E + e], kv[v * E + e + 1]);
+      }
     }
   }
 
@@ -238,17 +277,29 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     const int hv = h * G + gi;
     const i64 hs = static_cast<i64>(hv) * nslots + slot;
     const float a = (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) ? ex2_approx_ftz(A_log[hv] * LOG2E_F) : 1.f;
+    const float* bias_row = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias + static_cast<i64>(hv) * K : nullptr;
     __syncthreads();  // the previous value head's last reads of the shared tiles are done
-    // [2] gate, zero on padded rows; [3] beta
+    // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time, as kda_prepare's: the
+    // row's 8 threads read 32 consecutive g and dt_bias values
     if (rowt) {
-      float gv[SEG];
-      if (live) {
-        load_row<KDA_G_DT>(static_cast<const unsigned char*>(g) + (b * g_sb + (t0 + r) * g_st + hv * g_sh + col0) * elem_bytes<KDA_G_DT>(), gv);
-      }
+      const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
+      const unsigned char* grow = static_cast<const unsigned char*>(g) + (b * g_sb + (t0 + r) * g_st + hv * g_sh) * elem_bytes<KDA_G_DT>();
 #pragma unroll
-      for (int i = 0; i < SEG; ++i) {
-        const float bias = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + col0 + i] : 0.f;
-        sG[r * K + col0 + i] = live ? gate_log2<KDA_GATE>(gv[i], a, bias, lb2) : 0.f;
+      for (int v = 0; v < K / 32; ++v) {
+        const int c = 4 * (s8 + 8 * v);
+        float gq4[4] = {0.f, 0.f, 0.f, 0.f}, bq4[4] = {0.f, 0.f, 0.f, 0.f};
+        if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq4);
+        if (bias_vec) {
+          load_quad<KDA_F32>(bias_row + c, bq4);
+        } else if (bias_row != nullptr) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) bq4[e] = bias_row[c + e];
+        }
+        float x[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[e] = live ? gate_log2<KDA_GATE>(gq4[e], a, bq4[e], lb2) : 0.f;
+        st2(sG + fx<K>(r, c), x[0], x[1]);
+        st2(sG + fx<K>(r, c + 2), x[2], x[3]);
       }
     }
     if (tid < CHUNK) {
@@ -260,58 +311,80 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       sBeta[tid] = bt;
     }
     __syncthreads();
-    // [4] running sum over the rows per channel
+    // [4] running sum over the rows per channel; gexp
     bool unsafe = false;
     for (int c = tid; c < K; c += NT) {
       float acc = 0.f;
 #pragma unroll
       for (int i = 0; i < CHUNK; ++i) {
-        acc += sG[i * K + c];
-        sG[i * K + c] = acc;
+        acc += sG[fx<K>(i, c)];
+        sG[fx<K>(i, c)] = acc;
         unsafe |= fabsf(acc) > SAFE_EXPONENT;
       }
+      sGexp[c] = ex2_approx_ftz(acc);
     }
     unsafe = __syncthreads_or(unsafe);
-    // [5] the decayed operands (bf16 tiles); gexp
+    // [5] the decayed operands (bf16 tiles), piece by piece
     if (rowt) {
 #pragma unroll
-      for (int i = 0; i < SEG; ++i) {
-        const int c = col0 + i;
-        const float gc = sG[r * K + c], gt = sG[(CHUNK - 1) * K + c];
-        const float e = ex2_approx_ftz(gc), qn = sQN[r * K + c], kn = sKN[r * K + c];
-        sQD[r * TS + c] = f32_to_bf16(qn * (e * scale));
-        sKD[r * TS + c] = f32_to_bf16(kn * e);
-        sKI[r * TS + c] = f32_to_bf16(kn * ex2_approx_ftz(-gc));
-        sKR[r * TS + c] = f32_to_bf16(kn * ex2_approx_ftz(gt - gc));
-        if (r == CHUNK - 1) sGexp[c] = ex2_approx_ftz(gt);
+      for (int v = 0; v < PPS; ++v) {
+        const int c0 = (s8 + 8 * v) * E;
+        u32 wq[E / 2], wk[E / 2], wi[E / 2], wr[E / 2];
+#pragma unroll
+        for (int w = 0; w < E / 2; ++w) {
+          const int c = c0 + 2 * w;
+          const float2 gc = ld2(sG + fx<K>(r, c)), gt = ld2(sG + fx<K>(CHUNK - 1, c));
+          const float2 qn = ld2(sQN + fx<K>(r, c)), kn = ld2(sKN + fx<K>(r, c));
+          const float e0 = ex2_approx_ftz(gc.x), e1 = ex2_approx_ftz(gc.y);
+          wq[w] = pack_bf16x2(qn.x * (e0 * scale), qn.y * (e1 * scale));
+          wk[w] = pack_bf16x2(kn.x * e0, kn.y * e1);
+          wi[w] = pack_bf16x2(kn.x * ex2_approx_ftz(-gc.x), kn.y * ex2_approx_ftz(-gc.y));
+          wr[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gt.x - gc.x), kn.y * ex2_approx_ftz(gt.y - gc.y));
+        }
+        store_piece<E>(sQD + r * TS + c0, wq);
+        store_piece<E>(sKD + r * TS + c0, wk);
+        store_piece<E>(sKI + r * TS + c0, wi);
+        store_piece<E>(sKR + r * TS + c0, wr);
       }
     }
     __syncthreads();
-    // [6] L = k_dec k_inv^T, Mf = q_dec k_inv^T; the pair form where the decay would overflow
+    // [6] L = k_dec k_inv^T, Mf = q_dec k_inv^T; the pair form where the decay would overflow: as
+    // kda_prepare's, one thread per pair i > j (L and Mf from one ex2 per channel), the diagonals of
+    // Mf on 16 threads of their own
     if (!unsafe) {
       if (warp == 0) bf16_abt(sL, sKD, sKI, lane);
       if (warp == 1) bf16_abt(sDM, sQD, sKI, lane);  // sDM holds Mf until [7]
     } else {
-      for (int p = tid; p < 2 * CHUNK * CHUNK; p += NT) {
-        const bool is_l = p < CHUNK * CHUNK;
-        const int i = (p % (CHUNK * CHUNK)) / CHUNK, j = p % CHUNK;
-        float acc = 0.f;
-        if (is_l ? i > j : i >= j) {
-          for (int c = 0; c < K; ++c) {
-            const float x = is_l ? sKN[i * K + c] : sQN[i * K + c] * scale;
-            acc = fmaf(x * sKN[j * K + c], ex2_approx_ftz(sG[i * K + c] - sG[j * K + c]), acc);
-          }
+      if (tid < CHUNK * (CHUNK - 1) / 2) {
+        int i = 1, j = tid;
+        while (j >= i) j -= i++;
+        float accl = 0.f, accm = 0.f;
+        for (int c = 0; c < K; ++c) {
+          const float e = ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(j, c)]), kj = sKN[fx<K>(j, c)];
+          accl = fmaf(sKN[fx<K>(i, c)] * kj, e, accl);
+          accm = fmaf((sQN[fx<K>(i, c)] * scale) * kj, e, accm);
         }
-        (is_l ? sL : sDM)[i * CHUNK + j] = acc;
+        sL[sw(i, j)] = accl;
+        sDM[sw(i, j)] = accm;
+      }
+      constexpr int DIAG = NT >= 256 ? 128 : 96;  // a warp with no pair, or the lanes 0-15 of warp 3
+      if (tid >= DIAG && tid < DIAG + CHUNK) {
+        const int i = tid - DIAG;
+        float acc = 0.f;
+        for (int c = 0; c < K; ++c) {
+          const float x = sQN[fx<K>(i, c)] * scale;
+          acc = fmaf(x * sKN[fx<K>(i, c)], ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(i, c)]), acc);
+        }
+        sDM[sw(i, i)] = acc;
       }
     }
     __syncthreads();
     // [7] Lb = fp32(L beta) strictly lower (L kept for dbeta); Mqk = bf16(Mf) on and below the diagonal
     for (int p = tid; p < CHUNK * CHUNK; p += NT) {
-      const int i = p / CHUNK, j = p % CHUNK;
-      if (i <= j) sL[p] = 0.f;
-      sLB[p] = i > j ? sL[p] * sBeta[i] : 0.f;
-      sMQ[i * SR + j] = i >= j ? f32_to_bf16(sDM[p]) : u16(0);
+      const int i = p / CHUNK, j = p % CHUNK, x = sw(i, j);
+      if (i <= j) sL[x] = 0.f;
+      sLB[x] = i > j ? sL[x] * sBeta[i] : 0.f;
+      sMQ[i * SR + j] = i >= j ? f32_to_bf16(sDM[x]) : u16(0);
     }
     __syncthreads();
     // [8] (I + Lb)^-1 by forward substitution, one column per thread
@@ -321,7 +394,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       for (int i = 0; i < CHUNK; ++i) {
         float acc = i == tid ? 1.f : 0.f;
 #pragma unroll
-        for (int j = 0; j < i; ++j) acc = fmaf(-sLB[i * CHUNK + j], x[j], acc);
+        for (int j = 0; j < i; ++j) acc = fmaf(-sLB[sw(i, j)], x[j], acc);
         x[i] = acc;
         sINV[i * SR + tid] = f32_to_bf16(acc);
       }
@@ -337,15 +410,19 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       // the block's S_c, dS_c rows (bf16, padded), v and do
       {
         const i64 sbase = (hs * V + v0) * K;
+        if (states_fp32) {  // 4 fp32 per thread: whole sectors, 8-byte shared stores
+          for (int p = tid; p < BVC * K / 4; p += NT) {
+            const int vr = p / (K / 4), c = (p % (K / 4)) * 4;
+            const Vec16 x = *reinterpret_cast<const Vec16*>(reinterpret_cast<const float*>(states) + sbase + static_cast<i64>(vr) * K + c);
+            Vec8 w;
+            w.w[0] = pack_bf16x2(__uint_as_float(x.w[0]), __uint_as_float(x.w[1]));
+            w.w[1] = pack_bf16x2(__uint_as_float(x.w[2]), __uint_as_float(x.w[3]));
+            *reinterpret_cast<Vec8*>(sS + vr * TS + c) = w;
+          }
+        }
         for (int p = tid; p < BVC * K / 8; p += NT) {
           const int vr = p / (K / 8), c = (p % (K / 8)) * 8;
-          if (states_fp32) {
-            const float* src = reinterpret_cast<const float*>(states) + sbase + static_cast<i64>(vr) * K + c;
-            Vec16 w;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) w.w[e] = pack_bf16x2(src[2 * e], src[2 * e + 1]);
-            *reinterpret_cast<Vec16*>(sS + vr * TS + c) = w;
-          } else {
+          if (!states_fp32) {
             cp_async_16(sS + vr * TS + c, reinterpret_cast<const u16*>(states) + sbase + static_cast<i64>(vr) * K + c);
           }
           cp_async_16(sD + vr * TS + c, dstates + sbase + static_cast<i64>(vr) * K + c);
@@ -358,7 +435,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
             vx = load_f32<KDA_DT>(v, b * v_sb + (t0 + i) * v_st + hv * v_sh + v0 + c);
             dx = load_f32<KDA_DT>(dout, b * d_sb + (t0 + i) * d_st + hv * d_sh + v0 + c);
           }
-          sVV[p] = vx;
+          sVV[fx<BVC>(i, c)] = vx;
           sDO[i * YS + c] = f32_to_bf16(dx);
         }
         cp_async_wait<0>();
@@ -381,9 +458,9 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             const int i = gq + 8 * h2, c = n0 + 8 * nt + 2 * tq;
-            const float x0 = sVV[i * BVC + c] - acc[nt][2 * h2], x1 = sVV[i * BVC + c + 1] - acc[nt][2 * h2 + 1];
-            sX[i * BVC + c] = x0;
-            sX[i * BVC + c + 1] = x1;
+            const float2 vv = ld2(sVV + fx<BVC>(i, c));
+            const float x0 = vv.x - acc[nt][2 * h2], x1 = vv.y - acc[nt][2 * h2 + 1];
+            st2(sX + fx<BVC>(i, c), x0, x1);
             *reinterpret_cast<u32*>(sY + i * YS + c) = pack_bf16x2(sBeta[i] * x0, sBeta[i] * x1);
           }
         }
@@ -416,7 +493,8 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         }
       }
       __syncthreads();
-      // [B3] dY = INV^T dU;  dX = beta dY: dv
+      // [B3] dY = INV^T dU;  dX = beta dY: dv (16-bit: staged in Y's tile, done with since [B2], and
+      // written by rows below; fp32: 8 bytes per lane, whole sectors)
       if (cols) {
         float acc[2][4] = {};
         u32 af[4], bf[4];
@@ -430,20 +508,30 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
             const int i = gq + 8 * h2, c = n0 + 8 * nt + 2 * tq;
             const float y0 = acc[nt][2 * h2], y1 = acc[nt][2 * h2 + 1];
             const float x0 = sBeta[i] * y0, x1 = sBeta[i] * y1;
-            sDYF[i * BVC + c] = y0;
-            sDYF[i * BVC + c + 1] = y1;
+            st2(sDYF + fx<BVC>(i, c), y0, y1);
             *reinterpret_cast<u32*>(sDYB + i * YS + c) = pack_bf16x2(y0, y1);
             *reinterpret_cast<u32*>(sDXB + i * YS + c) = pack_bf16x2(x0, x1);
-            if (i < rows) {
-              const i64 o = ((tok0 + i) * HV + hv) * V + v0 + c;
-              store_f32<KDA_DT>(dv, o, x0);
-              store_f32<KDA_DT>(dv, o + 1, x1);
+            if constexpr (KDA_DT == KDA_F32) {
+              if (i < rows) st2(static_cast<float*>(dv) + ((tok0 + i) * HV + hv) * V + v0 + c, x0, x1);
+            } else {
+              *reinterpret_cast<u32*>(sY + i * YS + c) = pack2(x0, x1);
             }
           }
         }
       }
       __syncthreads();
-      // [B4] the chains: dLb~ and dM (16x16), dQd, dKd, dKr ([16, K], this warp's channels); dbeta, dge
+      // [B4] the chains: dLb~ and dM (16x16), dQd, dKd, dKr ([16, K], this warp's channels); dbeta, dge;
+      // first dv's staged rows, 16 bytes per thread
+      if constexpr (KDA_DT != KDA_F32) {
+        constexpr int PR = BVC * 2 / 16;  // pieces per row
+        for (int p = tid; p < CHUNK * PR; p += NT) {
+          const int i = p / PR, pc = p % PR;
+          if (i < rows) {
+            reinterpret_cast<Vec16*>(static_cast<u16*>(dv) + ((tok0 + i) * HV + hv) * V + v0)[pc] =
+                reinterpret_cast<const Vec16*>(sY + i * YS)[pc];
+          }
+        }
+      }
 #pragma unroll 2  // bounds the fragments ptxas prefetches (sm_100a spilled at full unroll)
       for (int s2 = 0; s2 < BVC / 16; ++s2) {
         u32 aO[4], aX[4], aU[4];
@@ -472,9 +560,13 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           mma2(aKr[2 * jp], aKr[2 * jp + 1], aU, bD);
         }
       }
-      if (tid >= 64 && tid < 64 + CHUNK) {
+      if (tid >= 64 && tid < 64 + CHUNK) {  // 16 rows, one column at a time: 8-byte pairs, in order
         const int i = tid - 64;
-        for (int c = 0; c < BVC; ++c) dbv = fmaf(sDYF[i * BVC + c], sX[i * BVC + c], dbv);
+        for (int c = 0; c < BVC; c += 2) {
+          const float2 y = ld2(sDYF + fx<BVC>(i, c)), x = ld2(sX + fx<BVC>(i, c));
+          dbv = fmaf(y.x, x.x, dbv);
+          dbv = fmaf(y.y, x.y, dbv);
+        }
       }
 #pragma unroll
       for (int m = 0; m < NCOL; ++m) {
@@ -497,17 +589,18 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = gq + 8 * (e >> 1), j = 8 * nt + 2 * tq + (e & 1);
-          if (warp == 0) sDLB[i * CHUNK + j] = i > j ? -aSm[nt][e] : 0.f;
-          else sDM[i * CHUNK + j] = i >= j ? aSm[nt][e] : 0.f;
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int i = gq + 8 * h2, j = 8 * nt + 2 * tq;
+          const float x0 = aSm[nt][2 * h2], x1 = aSm[nt][2 * h2 + 1];
+          if (warp == 0) st2(sDLB + sw(i, j), i > j ? -x0 : 0.f, i > j + 1 ? -x1 : 0.f);
+          else st2(sDM + sw(i, j), i >= j ? x0 : 0.f, i >= j + 1 ? x1 : 0.f);
         }
       }
     }
     __syncthreads();
     if (tid >= 64 && tid < 64 + CHUNK) {
       const int i = tid - 64;
-      for (int j = 0; j < i; ++j) dbv = fmaf(sDLB[i * CHUNK + j], sL[i * CHUNK + j], dbv);
+      for (int j = 0; j < i; ++j) dbv = fmaf(sDLB[sw(i, j)], sL[sw(i, j)], dbv);
       if (KDA_BETA_MODE != KDA_BETA_NONE && i < rows) {
         float d = dbv;
         if constexpr (KDA_BETA_MODE == KDA_BETA_SIGMOID || KDA_BETA_MODE == KDA_BETA_SIGMOID2) {
@@ -521,11 +614,11 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       }
     }
     for (int p = tid; p < CHUNK * CHUNK; p += NT) {
-      const int i = p / CHUNK, j = p % CHUNK;
-      const float dl = sBeta[i] * sDLB[p];
-      sDL[p] = dl;
+      const int i = p / CHUNK, j = p % CHUNK, x = sw(i, j);
+      const float dl = sBeta[i] * sDLB[x];
+      sDL[x] = dl;
       sDL16[i * SR + j] = f32_to_bf16(dl);
-      sDM16[i * SR + j] = f32_to_bf16(sDM[p]);
+      sDM16[i * SR + j] = f32_to_bf16(sDM[x]);
     }
     __syncthreads();
     // [B6] the in-chunk terms on the tensor cores (factored chunks)
@@ -548,43 +641,75 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqd);
       }
     }
-    // [B7] per element: the gradients of qn, kn (summed over the group) and the decay's terms
+    // [B7] per element: the gradients of qn, kn (summed over the group) and the decay's terms; the two
+    // channels d, d + 1 of an accumulator pair together (8-byte shared accesses)
 #pragma unroll
     for (int jt = 0; jt < NKT; ++jt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = gq + 8 * (e >> 1), d = n0w + 8 * jt + 2 * tq + (e & 1);
-        const float gc = sG[i * K + d], gt = sG[(CHUNK - 1) * K + d];
-        const float ex = ex2_approx_ftz(gc), es = ex * scale, ei = ex2_approx_ftz(-gc), er = ex2_approx_ftz(gt - gc);
-        const float qn = sQN[i * K + d], kn = sKN[i * K + d];
-        float t_q = aQd[jt][e] * es, P = aKd[jt][e] * ex, Mi, g1, g2;
-        const float g_q = bf16_at(sQD, i * TS + d) * aQd[jt][e];
-        if (!unsafe) {
-          Mi = aKi[jt][e] * ei;
-          g1 = bf16_at(sKD, i * TS + d) * aKd[jt][e];
-          g2 = bf16_at(sKI, i * TS + d) * aKi[jt][e];
-        } else {  // [B6] pair form: fma chains over the partner row, in order
-          const float qs = qn * scale;
-          float A = 0.f, B = 0.f, Cm = 0.f, Cl = 0.f;
-          for (int p = 0; p < CHUNK; ++p) {
-            const float erp = ex2_approx_ftz(gc - sG[p * K + d]), epr = ex2_approx_ftz(sG[p * K + d] - gc);
-            if (p <= i) A = fmaf(sDM[i * CHUNK + p] * sKN[p * K + d], erp, A);
-            if (p < i) B = fmaf(sDL[i * CHUNK + p] * sKN[p * K + d], erp, B);
-            if (p >= i) Cm = fmaf(sDM[p * CHUNK + i] * (sQN[p * K + d] * scale), epr, Cm);
-            if (p > i) Cl = fmaf(sDL[p * CHUNK + i] * sKN[p * K + d], epr, Cl);
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int i = gq + 8 * h2, d0 = n0w + 8 * jt + 2 * tq;
+        const float2 gc2 = ld2(sG + fx<K>(i, d0)), gt2 = ld2(sG + fx<K>(CHUNK - 1, d0));
+        const float gcs[2] = {gc2.x, gc2.y}, gts[2] = {gt2.x, gt2.y};
+        const u32 bq = *reinterpret_cast<const u32*>(sQD + i * TS + d0), bk = *reinterpret_cast<const u32*>(sKD + i * TS + d0);
+        const u32 bi = *reinterpret_cast<const u32*>(sKI + i * TS + d0), br = *reinterpret_cast<const u32*>(sKR + i * TS + d0);
+        const float qd[2] = {bf16_lo(bq), bf16_hi(bq)}, kd[2] = {bf16_lo(bk), bf16_hi(bk)};
+        const float ki[2] = {bf16_lo(bi), bf16_hi(bi)}, kr[2] = {bf16_lo(br), bf16_hi(br)};
+        float t_q[2], P[2], Mi[2], g1[2], g2[2];
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) {
+          const int e = 2 * h2 + e1;
+          const float ex = ex2_approx_ftz(gcs[e1]);
+          t_q[e1] = aQd[jt][e] * (ex * scale);
+          P[e1] = aKd[jt][e] * ex;
+          if (!unsafe) {
+            Mi[e1] = aKi[jt][e] * ex2_approx_ftz(-gcs[e1]);
+            g1[e1] = kd[e1] * aKd[jt][e];
+            g2[e1] = ki[e1] * aKi[jt][e];
           }
-          t_q = t_q + A * scale;
-          g1 = bf16_at(sKD, i * TS + d) * aKd[jt][e] + (qs * A + kn * B);
-          P = P + B;
-          Mi = Cm + Cl;
-          g2 = kn * Mi;
         }
-        const float t3 = aKr[jt][e] * er;
-        sDQN[i * K + d] += t_q;
-        sDKN[i * K + d] += (P + Mi) + t3;
-        sDGAM[i * K + d] = (g_q + g1) - g2;
-        sKT[i * K + d] = bf16_at(sKR, i * TS + d) * aKr[jt][e];
-        (void)qn;
+        if (unsafe) {  // [B6] pair form: fma chains over the partner row, in order
+          const float2 qn2 = ld2(sQN + fx<K>(i, d0)), kn2 = ld2(sKN + fx<K>(i, d0));
+          float A[2] = {0.f, 0.f}, B[2] = {0.f, 0.f}, Cm[2] = {0.f, 0.f}, Cl[2] = {0.f, 0.f};
+          for (int p = 0; p < CHUNK; ++p) {
+            const float2 gp2 = ld2(sG + fx<K>(p, d0)), kp2 = ld2(sKN + fx<K>(p, d0)), qp2 = ld2(sQN + fx<K>(p, d0));
+            const float gp[2] = {gp2.x, gp2.y}, kp[2] = {kp2.x, kp2.y}, qp[2] = {qp2.x, qp2.y};
+            const float dmr = sDM[sw(i, p)], dlr = sDL[sw(i, p)], dmc = sDM[sw(p, i)], dlc = sDL[sw(p, i)];
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+              const float erp = ex2_approx_ftz(gcs[e1] - gp[e1]), epr = ex2_approx_ftz(gp[e1] - gcs[e1]);
+              if (p <= i) A[e1] = fmaf(dmr * kp[e1], erp, A[e1]);
+              if (p < i) B[e1] = fmaf(dlr * kp[e1], erp, B[e1]);
+              if (p >= i) Cm[e1] = fmaf(dmc * (qp[e1] * scale), epr, Cm[e1]);
+              if (p > i) Cl[e1] = fmaf(dlc * kp[e1], epr, Cl[e1]);
+            }
+          }
+          const float qn[2] = {qn2.x, qn2.y}, kn[2] = {kn2.x, kn2.y};
+#pragma unroll
+          for (int e1 = 0; e1 < 2; ++e1) {
+            const float qs = qn[e1] * scale;
+            t_q[e1] = t_q[e1] + A[e1] * scale;
+            g1[e1] = kd[e1] * aKd[jt][2 * h2 + e1] + (qs * A[e1] + kn[e1] * B[e1]);
+            P[e1] = P[e1] + B[e1];
+            Mi[e1] = Cm[e1] + Cl[e1];
+            g2[e1] = kn[e1] * Mi[e1];
+          }
+        }
+        float dq2[2], dk2[2], dg2[2], kt2[2];
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) {
+          const int e = 2 * h2 + e1;
+          const float g_q = qd[e1] * aQd[jt][e];
+          const float t3 = aKr[jt][e] * ex2_approx_ftz(gts[e1] - gcs[e1]);
+          dq2[e1] = t_q[e1];
+          dk2[e1] = (P[e1] + Mi[e1]) + t3;
+          dg2[e1] = (g_q + g1[e1]) - g2[e1];
+          kt2[e1] = kr[e1] * aKr[jt][e];
+        }
+        const float2 oq = ld2(sDQN + fx<K>(i, d0)), ok = ld2(sDKN + fx<K>(i, d0));
+        st2(sDQN + fx<K>(i, d0), oq.x + dq2[0], oq.y + dq2[1]);
+        st2(sDKN + fx<K>(i, d0), ok.x + dk2[0], ok.y + dk2[1]);
+        st2(sDGAM + fx<K>(i, d0), dg2[0], dg2[1]);
+        st2(sKT + fx<K>(i, d0), kt2[0], kt2[1]);
       }
     }
     __syncthreads();
@@ -596,14 +721,14 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         const float G8 = sGexp[c] * dge[m];
         float suf = 0.f;
         for (int i = CHUNK - 1; i >= 0; --i) {
-          suf += sDGAM[i * K + c];
-          sDGAM[i * K + c] = suf;
+          suf += sDGAM[fx<K>(i, c)];
+          sDGAM[fx<K>(i, c)] = suf;
         }
         float pre = 0.f, ddt = 0.f, dA = 0.f;
-        const float bias = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + c] : 0.f;
+        const float bias = bias_row != nullptr ? bias_row[c] : 0.f;
         for (int i = 0; i < CHUNK; ++i) {
-          const float dgn = sDGAM[i * K + c] + (pre + G8);
-          pre += sKT[i * K + c];
+          const float dgn = sDGAM[fx<K>(i, c)] + (pre + G8);
+          pre += sKT[fx<K>(i, c)];
           if (i < rows) {
             const i64 o = b * g_sb + (t0 + i) * g_st + hv * g_sh + c;
             float dx = dgn;
@@ -636,7 +761,8 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     }
   }
 
-  // [B9] dq, dk through the l2norm
+  // [B9] dq, dk through the l2norm: the dot products one per thread (16 rows of q, 16 of k, a column
+  // at a time, 8-byte pairs, in order), then the rows by 16-byte pieces (whole sectors)
   __syncthreads();
   if constexpr (KDA_L2NORM) {
     if (tid < 2 * CHUNK) {
@@ -644,22 +770,43 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       const float* x = tid < CHUNK ? sQN : sKN;
       const float* dx = tid < CHUNK ? sDQN : sDKN;
       float acc = 0.f;
-      for (int c = 0; c < K; ++c) acc = fmaf(x[i * K + c], dx[i * K + c], acc);
+      for (int c = 0; c < K; c += 2) {
+        const float2 a2 = ld2(x + fx<K>(i, c)), b2 = ld2(dx + fx<K>(i, c));
+        acc = fmaf(a2.x, b2.x, acc);
+        acc = fmaf(a2.y, b2.y, acc);
+      }
       sDOT[tid] = acc;
     }
     __syncthreads();
   }
   if (live) {
 #pragma unroll
-    for (int i = 0; i < SEG; ++i) {
-      const int c = col0 + i;
-      float xq = sDQN[r * K + c], xk = sDKN[r * K + c];
-      if constexpr (KDA_L2NORM) {
-        xq = sRQ[r] * fmaf(-sQN[r * K + c], sDOT[r], xq);
-        xk = sRK[r] * fmaf(-sKN[r * K + c], sDOT[CHUNK + r], xk);
+    for (int v = 0; v < PPS; ++v) {
+      const int c0 = (s8 + 8 * v) * E;
+      float xq[E], xk[E];
+#pragma unroll
+      for (int e = 0; e < E; e += 2) {
+        const float2 dq2 = ld2(sDQN + fx<K>(r, c0 + e)), dk2 = ld2(sDKN + fx<K>(r, c0 + e));
+        xq[e] = dq2.x, xq[e + 1] = dq2.y, xk[e] = dk2.x, xk[e + 1] = dk2.y;
+        if constexpr (KDA_L2NORM) {
+          const float2 qn2 = ld2(sQN + fx<K>(r, c0 + e)), kn2 = ld2(sKN + fx<K>(r, c0 + e));
+          xq[e] = sRQ[r] * fmaf(-qn2.x, sDOT[r], xq[e]);
+          xq[e + 1] = sRQ[r] * fmaf(-qn2.y, sDOT[r], xq[e + 1]);
+          xk[e] = sRK[r] * fmaf(-kn2.x, sDOT[CHUNK + r], xk[e]);
+          xk[e + 1] = sRK[r] * fmaf(-kn2.y, sDOT[CHUNK + r], xk[e + 1]);
+        }
       }
-      store_f32<KDA_DT>(dq, ((tok0 + r) * H + h) * K + c, xq);
-      store_f32<KDA_DT>(dk, ((tok0 + r) * H + h) * K + c, xk);
+      const i64 o = ((tok0 + r) * H + h) * K + c0;
+      Vec16 wq, wk;
+      if constexpr (KDA_DT == KDA_F32) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wq.w[e] = __float_as_uint(xq[e]), wk.w[e] = __float_as_uint(xk[e]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wq.w[e] = pack2(xq[2 * e], xq[2 * e + 1]), wk.w[e] = pack2(xk[2 * e], xk[2 * e + 1]);
+      }
+      *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(dq) + o * ES) = wq;
+      *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(dk) + o * ES) = wk;
     }
   }
 }

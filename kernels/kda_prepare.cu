@@ -10,6 +10,7 @@
 // _RAW | _SIGMOID | _SIGMOID2 = 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts.
 #include "common.cuh"
 #include "gates.cuh"
+#include "rows.cuh"
 
 namespace {
 using namespace kda;
@@ -24,11 +25,11 @@ constexpr float SAFE_EXPONENT = 100.0f;
 
 // Who owns which channels (docs/design.md section 11: every global access a warp makes covers
 // whole sectors). The 8 threads of row r = tid / 8 take the row's 16-byte pieces of q and k
-// round robin: thread s = tid % 8 owns pieces s, s + 8, ... (PPS of them, E channels each).
+// round robin: thread s = tid % 8 owns pieces s, s + 8, ... (PPS of them, E channels each;
+// kernels/rows.cuh has the l2norm's sum in this ownership and the piece stores).
 constexpr int E = 16 / elem_bytes<KDA_DT>();  // q / k channels per 16-byte piece
 constexpr int PPS = K / E / 8;                // pieces per thread
 constexpr int SEG = PPS * E;                  // channels per thread
-static_assert(PPS >= 1 && (PPS & (PPS - 1)) == 0 && PPS <= 8, "pieces per thread");
 
 // fp32 rows of [16, K] (the gate sums, and the pair form's q * scale and k): rows of PSM_GS
 // floats (odd, = 1 mod 4) with 4 words of pad after every 32 channels, so that a warp reading
@@ -66,56 +67,6 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
     dst[sw(g, col + 1)] = acc[nt][1];
     dst[sw(g + 8, col)] = acc[nt][2];
     dst[sw(g + 8, col + 1)] = acc[nt][3];
-  }
-}
-
-// sum(x^2) of row r, bit for bit as when thread s of the row held channels [s * SEG, (s + 1) * SEG)
-// and summed them with one fp32 FMA chain, then over the 8 threads with xor shuffles 4, 2, 1:
-// the chain of old thread s runs through the pieces s * PPS .. s * PPS + PPS - 1, which now sit
-// in lanes (s * PPS + u) % 8, slot (s * PPS) / 8, handed on lane to lane; the 8 chains are then
-// added in the butterfly's order, ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).
-__device__ __forceinline__ float row_sum_sq(const float (&x)[SEG], int s) {
-  if constexpr (PPS == 1) {
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < E; ++i) sq = fmaf(x[i], x[i], sq);
-#pragma unroll
-    for (int m = 4; m >= 1; m >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, m);  // the 8 threads of a row
-    return sq;
-  } else {
-    float chain[PPS];  // per slot: the chain that ends in this lane
-#pragma unroll
-    for (int v = 0; v < PPS; ++v) {
-      float acc = 0.f;
-#pragma unroll
-      for (int h = 0; h < PPS; ++h) {  // hop h: lanes s with s % PPS == h extend the chain of lane s - 1
-        const float from = __shfl_up_sync(0xffffffffu, acc, 1, 8);
-        float mine = (s % PPS == 0) ? 0.f : from;
-#pragma unroll
-        for (int e = 0; e < E; ++e) mine = fmaf(x[v * E + e], x[v * E + e], mine);
-        acc = (s % PPS == h) ? mine : acc;
-      }
-      chain[v] = acc;
-    }
-    float p[8];  // p[s]: old thread s's chain, which ends in lane (s * PPS + PPS - 1) % 8, slot s * PPS / 8
-#pragma unroll
-    for (int o = 0; o < 8; ++o) p[o] = __shfl_sync(0xffffffffu, chain[o * PPS / 8], (o * PPS + PPS - 1) % 8, 8);
-    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
-  }
-}
-
-// E consecutive bf16 results at dst (16 or 8 bytes).
-__device__ __forceinline__ void store_piece(void* dst, const u32 (&w)[E / 2]) {
-  if constexpr (E == 8) {
-    Vec16 x;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x.w[i] = w[i];
-    *reinterpret_cast<Vec16*>(dst) = x;
-  } else {
-    Vec8 x;
-    x.w[0] = w[0];
-    x.w[1] = w[1];
-    *reinterpret_cast<Vec8*>(dst) = x;
   }
 }
 
@@ -188,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     }
   }
   if constexpr (KDA_L2NORM) {
-    const float iq = rsqrt_approx_ftz(row_sum_sq(qv, s) + 1e-6f), ik = rsqrt_approx_ftz(row_sum_sq(kv, s) + 1e-6f);
+    const float iq = rsqrt_approx_ftz(row_sum_sq<E, PPS>(qv, s) + 1e-6f), ik = rsqrt_approx_ftz(row_sum_sq<E, PPS>(kv, s) + 1e-6f);
 #pragma unroll
     for (int i = 0; i < SEG; ++i) {
       qv[i] *= iq;
@@ -269,13 +220,13 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
       wi[w] = pack_bf16x2(ki[0], ki[1]);
     }
     const i64 off = (static_cast<i64>(r) * K + c0) * 2;
-    store_piece(blk + WS_QDEC + off, wq);
-    store_piece(blk + WS_KDEC + off, wk);
-    store_piece(blk + WS_KRES + off, wr);
+    store_piece<E>(blk + WS_QDEC + off, wq);
+    store_piece<E>(blk + WS_KDEC + off, wk);
+    store_piece<E>(blk + WS_KRES + off, wr);
     if (!unsafe) {
-      store_piece(sQd + r * TS + c0, wq);
-      store_piece(sKd + r * TS + c0, wk);
-      store_piece(sKi + r * TS + c0, wi);
+      store_piece<E>(sQd + r * TS + c0, wq);
+      store_piece<E>(sKd + r * TS + c0, wk);
+      store_piece<E>(sKi + r * TS + c0, wi);
     }
   }
   if (unsafe) {

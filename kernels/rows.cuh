@@ -1,0 +1,62 @@
+// The row phases of the per-chunk kernels (kda_prepare, kda_bwd_chunk; docs/design.md section 11.3):
+// 8 threads per token row; thread s of a row owns the row's 16-byte pieces of q and k round robin
+// (pieces s, s + 8, ..., PPS of them, E channels each), so every warp request covers whole sectors.
+#pragma once
+#include "common.cuh"
+
+namespace kda {
+
+// sum(x^2) of a row, bit for bit as when thread s of the row held channels [s * SEG, (s + 1) * SEG)
+// (SEG = PPS * E) and summed them with one fp32 FMA chain, then over the 8 threads with xor shuffles
+// 4, 2, 1: the chain of old thread s runs through the pieces s * PPS .. s * PPS + PPS - 1, which now
+// sit in lanes (s * PPS + u) % 8, slot (s * PPS) / 8, handed on lane to lane; the 8 chains are then
+// added in the butterfly's order, ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)). The row's 8
+// threads are 8 consecutive lanes starting at a multiple of 8.
+template <int E, int PPS> __device__ __forceinline__ float row_sum_sq(const float (&x)[PPS * E], int s) {
+  static_assert(PPS >= 1 && (PPS & (PPS - 1)) == 0 && PPS <= 8, "pieces per thread");
+  if constexpr (PPS == 1) {
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) sq = fmaf(x[i], x[i], sq);
+#pragma unroll
+    for (int m = 4; m >= 1; m >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, m);  // the 8 threads of a row
+    return sq;
+  } else {
+    float chain[PPS];  // per slot: the chain that ends in this lane
+#pragma unroll
+    for (int v = 0; v < PPS; ++v) {
+      float acc = 0.f;
+#pragma unroll
+      for (int h = 0; h < PPS; ++h) {  // hop h: lanes s with s % PPS == h extend the chain of lane s - 1
+        const float from = __shfl_up_sync(0xffffffffu, acc, 1, 8);
+        float mine = (s % PPS == 0) ? 0.f : from;
+#pragma unroll
+        for (int e = 0; e < E; ++e) mine = fmaf(x[v * E + e], x[v * E + e], mine);
+        acc = (s % PPS == h) ? mine : acc;
+      }
+      chain[v] = acc;
+    }
+    float p[8];  // p[s]: old thread s's chain, which ends in lane (s * PPS + PPS - 1) % 8, slot s * PPS / 8
+#pragma unroll
+    for (int o = 0; o < 8; ++o) p[o] = __shfl_sync(0xffffffffu, chain[o * PPS / 8], (o * PPS + PPS - 1) % 8, 8);
+    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+  }
+}
+
+// E consecutive 16-bit results (E / 2 packed words) at dst: 16 bytes (E = 8) or 8 (E = 4).
+template <int E> __device__ __forceinline__ void store_piece(void* dst, const u32 (&w)[E / 2]) {
+  static_assert(E == 8 || E == 4, "16-bit pieces of 16 or 8 bytes");
+  if constexpr (E == 8) {
+    Vec16 x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x.w[i] = w[i];
+    *reinterpret_cast<Vec16*>(dst) = x;
+  } else {
+    Vec8 x;
+    x.w[0] = w[0];
+    x.w[1] = w[1];
+    *reinterpret_cast<Vec8*>(dst) = x;
+  }
+}
+
+}  // namespace kda
