@@ -1,5 +1,6 @@
 """python -m kdacupy.profile: a slice of the heads scaled to the shape reproduces the full
-emulation's counts; the roofline's arithmetic; the tables, --json and --show."""
+emulation's counts, forward and backward; the roofline's arithmetic; the tables, --pass, --json
+and --show (with a device run's medians, forward and backward)."""
 import json
 
 import pytest
@@ -7,6 +8,8 @@ import pytest
 from kdacupy.cli import profile, roofline
 from kdacupy.cli.shapes import Shape
 from kdacupy.cli.shapes import make_inputs as profile_inputs
+
+profile_backward_inputs = profile.backward_inputs
 
 pytestmark = pytest.mark.emulate  # the emulation runs the kernels (tests/conftest.py)
 
@@ -48,11 +51,59 @@ def test_with_kimi_options_only_the_narrow_per_head_arrays_differ():
             else:
                 assert a[k] == b[k], (b["kernel"], k)
 
-
 def no_beta(arrays, options):
     arrays = dict(arrays, beta=None)
     return arrays, options
 
+
+# The backward's slices, with the variants tests/emulate/test_backward_emulate.py builds: its K = V = 128
+# case (log gate, no beta, no l2norm) and its grouped sigmoid case (K = V = 64, l2norm, beta logits with
+# allow_neg_eigval); tiles BV = 32, 2 stages there and here.
+BWD_LOG = dict(LOG_NO_BETA, qk_l2norm=False)
+del BWD_LOG["beta"]  # an input: backward_without_beta drops it
+BWD_GVA = Shape("bwd-gva-H2-HV4", 40, 2, HV=4, K=128, V=128)
+
+
+def backward_without_beta(shape):
+    arrays, fwd, bwd = profile_backward_inputs(shape)
+    return dict(arrays, beta=None), fwd, bwd
+
+
+def backward_slice_and_full(shape, kernels, **options):
+    full, info_full = profile.backward_records(shape, None, H200.sms, **options)
+    part, info = profile.backward_records(shape, 2, H200.sms, **options)
+    assert (info["heads_emulated"], info["scale"], info_full["scale"]) == (2, shape.hv // 2, 1)
+    assert info["tiles"] == info_full["tiles"] == dict(BV=32, stages=2)
+    assert [r["kernel"] for r in part] == [r["kernel"] for r in full] == kernels
+    return part, full
+
+
+def test_a_scaled_backward_slice_reproduces_the_full_emulation(monkeypatch):
+    """Grouped heads (the per-chunk kernel's grid is over query heads), a ragged tail."""
+    monkeypatch.setattr(profile, "backward_inputs", backward_without_beta)
+    kernels = ["kda_prepare", "kda_recurrence", "kda_bwd_chain", "kda_bwd_chunk"]
+    for a, b in zip(*backward_slice_and_full(BWD_GVA, kernels, **BWD_LOG)):
+        diff = {k: (a[k], b[k]) for k in profile.counts_of(b) if a[k] != b[k]}
+        assert not diff, f"{b['kernel']}: scaled slice != full emulation: {diff}"
+        assert a["grid"] == b["grid"]
+
+
+def test_backward_with_kimi_options_only_the_narrow_per_head_arrays_differ():
+    """beta, dbeta, A_log, dA_log and the per-chunk partial sums of dA_log: under 2% of each kernel's
+    sectors and DRAM bytes, or a sector or two (dA_log's 4 bytes per head, in kda_bwd_reduce's 1 KB);
+    kda_bwd_reduce's grid (one CTA per value head) scales on its x axis."""
+    shape = Shape("kimi-like-H4", 40, 4, K=64, V=64)
+    kernels = ["kda_prepare", "kda_recurrence", "kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce"]
+    part, full = backward_slice_and_full(shape, kernels, lower_bound=-1.0, allow_neg_eigval=True)
+    for a, b in zip(part, full):
+        assert a["grid"] == b["grid"], b["kernel"]
+        for k in profile.counts_of(b):
+            if "sectors" in k:
+                assert a[k] == pytest.approx(b[k], rel=0.02, abs=2), (b["kernel"], k)
+            elif k.startswith("dram"):
+                assert a[k] == pytest.approx(b[k], rel=0.02, abs=64), (b["kernel"], k)
+            else:
+                assert a[k] == b[k], (b["kernel"], k)
 
 def test_the_slice_keeps_whole_query_head_groups():
     s, hv = profile.slice_shape(Shape("gva", 64, 2, HV=8), 1)
@@ -84,21 +135,36 @@ def test_roofline_times():
     assert roofline.bound(t) == ("smem", t["smem"]) or roofline.bound(t)[1] == pytest.approx(1.0)
 
 
-def test_cli_tables_json_and_show(tmp_path, capsys):
+def with_neg_eigval(shape):  # the beta mode of test_backward_emulate.py's grouped sigmoid case: its variants
+    arrays, fwd, bwd = profile_backward_inputs(shape)
+    return arrays, fwd, dict(bwd, allow_neg_eigval=True)
+
+
+def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(profile, "backward_inputs", with_neg_eigval)
     out = tmp_path / "p.json"
-    assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--json", str(out), "--hotspots", "2"]) == 0
+    assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--pass", "both", "--json", str(out), "--hotspots", "2"]) == 0
     text = capsys.readouterr()
     assert "kda_prepare" in text.out and "kda_recurrence" in text.out and "roofline h200" in text.out
-    assert "emulating 1 of 2 value heads" in text.err
+    assert "kda_bwd_chain" in text.out and "kda_bwd_chunk" in text.out and "kda_bwd_reduce" in text.out
+    assert "emulating 1 of 2 value heads" in text.err and "2/2 T=40,H=2,K=64,V=64 backward" in text.err
     doc = json.loads(out.read_text())
-    (run,) = doc["runs"]
+    run, bwd = doc["runs"]
+    assert (run["kind"], bwd["kind"]) == ("forward", "backward") and bwd["shape"] == run["shape"]
     assert run["scale"] == 2 and run["hbm_floor_s"] > 0 and run["predicted_s"] > 0
     prep, rec = run["kernels"]
     assert prep["counts"]["ctas"] == 3 * 2 and rec["counts"]["mma"] > 0
     assert 0 < prep["sector_efficiency"] <= 1 and rec["bound"] in rec["times"]
+    assert [r["kernel"] for r in bwd["kernels"]] == ["kda_prepare", "kda_recurrence", "kda_bwd_chain", "kda_bwd_chunk",
+                                                      "kda_bwd_reduce"]
+    chain = bwd["kernels"][2]
+    assert chain["times"]["chain"] == pytest.approx(3 * roofline.CHAIN_CYCLES_PER_CHUNK / H200.clock_ghz / 1e9)
+    assert bwd["hbm_floor_s"] > run["hbm_floor_s"] and bwd["predicted_s"] > 0  # do, dq, dk, ... besides the inputs
     assert profile.main(["--show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "Predicted forward times on NVIDIA H200 SXM" in shown and "T=40,H=2,K=64,V=64" in shown
+    both_ms = (run["predicted_s"] + bwd["predicted_s"]) * 1e3
+    assert "Predicted backward and forward + backward times" in shown and f"{both_ms:.3f}" in shown
     assert profile.main(["--show", str(tmp_path / "missing.json")]) == 2
     bench = tmp_path / "bench.json"  # a device run's medians, set next to the prediction
     predicted_ms = run["predicted_s"] * 1e3
@@ -106,6 +172,12 @@ def test_cli_tables_json_and_show(tmp_path, capsys):
     assert profile.main(["--show", str(out), "--measured", str(bench)]) == 0
     shown = capsys.readouterr().out
     assert "meas/pred" in shown and f"{3 * predicted_ms:.3f}" in shown and " 3.00 " in shown
+    bench.write_text(json.dumps(dict(shapes=[dict(shape=dict(name=run["name"]), kdacupy=dict(  # --shapes backward's
+        forward=dict(median_ms=2 * predicted_ms), backward=dict(median_ms=4 * bwd["predicted_s"] * 1e3),
+        forward_backward=dict(median_ms=5 * both_ms)))])))
+    assert profile.main(["--show", str(out), "--measured", str(bench)]) == 0
+    shown = capsys.readouterr().out
+    assert " 2.00 " in shown and " 4.00 " in shown and " 5.00 " in shown
     assert profile.main(["--show", str(out), "--measured", str(tmp_path / "no-bench.json")]) == 0  # no GPU run yet
     shown = capsys.readouterr().out
     assert "measured: none" in shown and "Predicted forward times" in shown
