@@ -36,6 +36,9 @@ constexpr int YS = BVC + 8;      // padded bf16 row of a [16, BVC] tile
 constexpr int KS = K / 16;       // k-steps over the channels
 constexpr int KW = 16;           // channels per warp in the [16, K] chains
 constexpr int NKT = KW / 8;      // their n-tiles
+// [B7]'s pair form: n-tile pairs per pass over the partner rows (each row's values then read once for
+// 4 JG elements; K = 256's 128 registers per thread take one at a time)
+constexpr int JG = K <= 128 ? NKT : 1;
 constexpr int NCOL = (K + NT - 1) / NT;  // channels per thread in the per-channel phases
 constexpr float SAFE_EXPONENT = 100.0f;
 constexpr float LN2_F = 0.6931471805599453f;
@@ -642,74 +645,96 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       }
     }
     // [B7] per element: the gradients of qn, kn (summed over the group) and the decay's terms; the two
-    // channels d, d + 1 of an accumulator pair together (8-byte shared accesses)
+    // channels d, d + 1 of an accumulator pair together (8-byte shared accesses). The pair form reads
+    // each partner row p once for the lane's rows gq, gq + 8 and JG channel pairs.
 #pragma unroll
-    for (int jt = 0; jt < NKT; ++jt) {
+    for (int j0 = 0; j0 < NKT; j0 += JG) {
+      float gcs[JG][2][2], A[JG][2][2] = {}, B[JG][2][2] = {}, Cm[JG][2][2] = {}, Cl[JG][2][2] = {};
 #pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        const int i = gq + 8 * h2, d0 = n0w + 8 * jt + 2 * tq;
-        const float2 gc2 = ld2(sG + fx<K>(i, d0)), gt2 = ld2(sG + fx<K>(CHUNK - 1, d0));
-        const float gcs[2] = {gc2.x, gc2.y}, gts[2] = {gt2.x, gt2.y};
-        const u32 bq = *reinterpret_cast<const u32*>(sQD + i * TS + d0), bk = *reinterpret_cast<const u32*>(sKD + i * TS + d0);
-        const u32 bi = *reinterpret_cast<const u32*>(sKI + i * TS + d0), br = *reinterpret_cast<const u32*>(sKR + i * TS + d0);
-        const float qd[2] = {bf16_lo(bq), bf16_hi(bq)}, kd[2] = {bf16_lo(bk), bf16_hi(bk)};
-        const float ki[2] = {bf16_lo(bi), bf16_hi(bi)}, kr[2] = {bf16_lo(br), bf16_hi(br)};
-        float t_q[2], P[2], Mi[2], g1[2], g2[2];
+      for (int jj = 0; jj < JG; ++jj) {
 #pragma unroll
-        for (int e1 = 0; e1 < 2; ++e1) {
-          const int e = 2 * h2 + e1;
-          const float ex = ex2_approx_ftz(gcs[e1]);
-          t_q[e1] = aQd[jt][e] * (ex * scale);
-          P[e1] = aKd[jt][e] * ex;
-          if (!unsafe) {
-            Mi[e1] = aKi[jt][e] * ex2_approx_ftz(-gcs[e1]);
-            g1[e1] = kd[e1] * aKd[jt][e];
-            g2[e1] = ki[e1] * aKi[jt][e];
-          }
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const float2 gc2 = ld2(sG + fx<K>(gq + 8 * h2, n0w + 8 * (j0 + jj) + 2 * tq));
+          gcs[jj][h2][0] = gc2.x, gcs[jj][h2][1] = gc2.y;
         }
-        if (unsafe) {  // [B6] pair form: fma chains over the partner row, in order
-          const float2 qn2 = ld2(sQN + fx<K>(i, d0)), kn2 = ld2(sKN + fx<K>(i, d0));
-          float A[2] = {0.f, 0.f}, B[2] = {0.f, 0.f}, Cm[2] = {0.f, 0.f}, Cl[2] = {0.f, 0.f};
-          for (int p = 0; p < CHUNK; ++p) {
+      }
+      if (unsafe) {  // [B6] pair form: fma chains over the partner row, in order
+        for (int p = 0; p < CHUNK; ++p) {
+          float dmr[2], dlr[2], dmc[2], dlc[2];
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int i = gq + 8 * h2;
+            dmr[h2] = sDM[sw(i, p)], dlr[h2] = sDL[sw(i, p)], dmc[h2] = sDM[sw(p, i)], dlc[h2] = sDL[sw(p, i)];
+          }
+#pragma unroll
+          for (int jj = 0; jj < JG; ++jj) {
+            const int d0 = n0w + 8 * (j0 + jj) + 2 * tq;
             const float2 gp2 = ld2(sG + fx<K>(p, d0)), kp2 = ld2(sKN + fx<K>(p, d0)), qp2 = ld2(sQN + fx<K>(p, d0));
             const float gp[2] = {gp2.x, gp2.y}, kp[2] = {kp2.x, kp2.y}, qp[2] = {qp2.x, qp2.y};
-            const float dmr = sDM[sw(i, p)], dlr = sDL[sw(i, p)], dmc = sDM[sw(p, i)], dlc = sDL[sw(p, i)];
 #pragma unroll
-            for (int e1 = 0; e1 < 2; ++e1) {
-              const float erp = ex2_approx_ftz(gcs[e1] - gp[e1]), epr = ex2_approx_ftz(gp[e1] - gcs[e1]);
-              if (p <= i) A[e1] = fmaf(dmr * kp[e1], erp, A[e1]);
-              if (p < i) B[e1] = fmaf(dlr * kp[e1], erp, B[e1]);
-              if (p >= i) Cm[e1] = fmaf(dmc * (qp[e1] * scale), epr, Cm[e1]);
-              if (p > i) Cl[e1] = fmaf(dlc * kp[e1], epr, Cl[e1]);
+            for (int h2 = 0; h2 < 2; ++h2) {
+              const int i = gq + 8 * h2;
+#pragma unroll
+              for (int e1 = 0; e1 < 2; ++e1) {
+                const float gc = gcs[jj][h2][e1];
+                const float erp = ex2_approx_ftz(gc - gp[e1]), epr = ex2_approx_ftz(gp[e1] - gc);
+                if (p <= i) A[jj][h2][e1] = fmaf(dmr[h2] * kp[e1], erp, A[jj][h2][e1]);
+                if (p < i) B[jj][h2][e1] = fmaf(dlr[h2] * kp[e1], erp, B[jj][h2][e1]);
+                if (p >= i) Cm[jj][h2][e1] = fmaf(dmc[h2] * (qp[e1] * scale), epr, Cm[jj][h2][e1]);
+                if (p > i) Cl[jj][h2][e1] = fmaf(dlc[h2] * kp[e1], epr, Cl[jj][h2][e1]);
+              }
             }
           }
-          const float qn[2] = {qn2.x, qn2.y}, kn[2] = {kn2.x, kn2.y};
+        }
+      }
+#pragma unroll
+      for (int jj = 0; jj < JG; ++jj) {
+        const int jt = j0 + jj, d0 = n0w + 8 * jt + 2 * tq;
+        const float2 gt2 = ld2(sG + fx<K>(CHUNK - 1, d0));
+        const float gts[2] = {gt2.x, gt2.y};
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int i = gq + 8 * h2;
+          const u32 bq = *reinterpret_cast<const u32*>(sQD + i * TS + d0), bk = *reinterpret_cast<const u32*>(sKD + i * TS + d0);
+          const u32 bi = *reinterpret_cast<const u32*>(sKI + i * TS + d0), br = *reinterpret_cast<const u32*>(sKR + i * TS + d0);
+          const float qd[2] = {bf16_lo(bq), bf16_hi(bq)}, kd[2] = {bf16_lo(bk), bf16_hi(bk)};
+          const float ki[2] = {bf16_lo(bi), bf16_hi(bi)}, kr[2] = {bf16_lo(br), bf16_hi(br)};
+          float qn[2] = {0.f, 0.f}, kn[2] = {0.f, 0.f};
+          if (unsafe) {
+            const float2 qn2 = ld2(sQN + fx<K>(i, d0)), kn2 = ld2(sKN + fx<K>(i, d0));
+            qn[0] = qn2.x, qn[1] = qn2.y, kn[0] = kn2.x, kn[1] = kn2.y;
+          }
+          float dq2[2], dk2[2], dg2[2], kt2[2];
 #pragma unroll
           for (int e1 = 0; e1 < 2; ++e1) {
-            const float qs = qn[e1] * scale;
-            t_q[e1] = t_q[e1] + A[e1] * scale;
-            g1[e1] = kd[e1] * aKd[jt][2 * h2 + e1] + (qs * A[e1] + kn[e1] * B[e1]);
-            P[e1] = P[e1] + B[e1];
-            Mi[e1] = Cm[e1] + Cl[e1];
-            g2[e1] = kn[e1] * Mi[e1];
+            const int e = 2 * h2 + e1;
+            const float gc = gcs[jj][h2][e1], ex = ex2_approx_ftz(gc);
+            float t_q = aQd[jt][e] * (ex * scale), P = aKd[jt][e] * ex, Mi, g1, g2;
+            if (!unsafe) {
+              Mi = aKi[jt][e] * ex2_approx_ftz(-gc);
+              g1 = kd[e1] * aKd[jt][e];
+              g2 = ki[e1] * aKi[jt][e];
+            } else {
+              const float qs = qn[e1] * scale, a_ = A[jj][h2][e1], b_ = B[jj][h2][e1];
+              t_q = t_q + a_ * scale;
+              g1 = kd[e1] * aKd[jt][e] + (qs * a_ + kn[e1] * b_);
+              P = P + b_;
+              Mi = Cm[jj][h2][e1] + Cl[jj][h2][e1];
+              g2 = kn[e1] * Mi;
+            }
+            const float g_q = qd[e1] * aQd[jt][e];
+            const float t3 = aKr[jt][e] * ex2_approx_ftz(gts[e1] - gc);
+            dq2[e1] = t_q;
+            dk2[e1] = (P + Mi) + t3;
+            dg2[e1] = (g_q + g1) - g2;
+            kt2[e1] = kr[e1] * aKr[jt][e];
           }
+          const float2 oq = ld2(sDQN + fx<K>(i, d0)), ok = ld2(sDKN + fx<K>(i, d0));
+          st2(sDQN + fx<K>(i, d0), oq.x + dq2[0], oq.y + dq2[1]);
+          st2(sDKN + fx<K>(i, d0), ok.x + dk2[0], ok.y + dk2[1]);
+          st2(sDGAM + fx<K>(i, d0), dg2[0], dg2[1]);
+          st2(sKT + fx<K>(i, d0), kt2[0], kt2[1]);
         }
-        float dq2[2], dk2[2], dg2[2], kt2[2];
-#pragma unroll
-        for (int e1 = 0; e1 < 2; ++e1) {
-          const int e = 2 * h2 + e1;
-          const float g_q = qd[e1] * aQd[jt][e];
-          const float t3 = aKr[jt][e] * ex2_approx_ftz(gts[e1] - gcs[e1]);
-          dq2[e1] = t_q[e1];
-          dk2[e1] = (P[e1] + Mi[e1]) + t3;
-          dg2[e1] = (g_q + g1[e1]) - g2[e1];
-          kt2[e1] = kr[e1] * aKr[jt][e];
-        }
-        const float2 oq = ld2(sDQN + fx<K>(i, d0)), ok = ld2(sDKN + fx<K>(i, d0));
-        st2(sDQN + fx<K>(i, d0), oq.x + dq2[0], oq.y + dq2[1]);
-        st2(sDKN + fx<K>(i, d0), ok.x + dk2[0], ok.y + dk2[1]);
-        st2(sDGAM + fx<K>(i, d0), dg2[0], dg2[1]);
-        st2(sKT + fx<K>(i, d0), kt2[0], kt2[1]);
       }
     }
     __syncthreads();
