@@ -88,16 +88,16 @@ template <int DT> __device__ __forceinline__ void load_quad(const void* p, float
 
 // 16 bf16 of one row held in the mma accumulator layout (lane t of the row's quad: ``lo`` =
 // columns 2t, 2t + 1, ``hi`` = columns 8 + 2t, 8 + 2t + 1) to row[0..15], one 8-byte store per
-// lane after one shuffle: even lanes store columns 2t..2t+3, odd lanes 8+2t-2..8+2t+1, so the
-// quad writes one whole 32-byte sector (two 4-byte stores per lane would use half of each). One
-// 64-bit store at a lane-dependent address chosen by arithmetic, not by a branch: a compiler that
-// split it per parity would make two half-warp requests (the emulation's counters would see them).
-// Every lane of the warp takes part.
+// lane after one shuffle: even lanes store columns 2t..2t+3 (their lo, the odd partner's lo), odd
+// lanes 8+2t-2..8+2t+1 (the even partner's hi, their hi), so the quad writes one whole 32-byte
+// sector (two 4-byte stores per lane would use half of each). The parity picks by arithmetic, not
+// by selects: a host compiler turned those into branches and split the store per parity, which
+// the emulation's counters then saw as two half-warp requests. Every lane of the warp takes part.
 __device__ __forceinline__ void store_row16(u16* row, u32 lo, u32 hi, int t) {
-  const u32 odd = 0u - static_cast<u32>(t & 1);  // all ones on odd lanes
-  const u32 other = __shfl_xor_sync(0xffffffffu, (lo & odd) | (hi & ~odd), 1);
-  const u64 w0 = (other & odd) | (lo & ~odd), w1 = (hi & odd) | (other & ~odd);
-  *reinterpret_cast<u64*>(row + 2 * t + 6 * (t & 1)) = w0 | w1 << 32;
+  const u32 odd = t & 1;
+  const u32 other = __shfl_xor_sync(0xffffffffu, hi + (lo - hi) * odd, 1);  // odd lanes hand over lo
+  const u64 w0 = lo + (other - lo) * odd, w1 = other + (hi - other) * odd;
+  *reinterpret_cast<u64*>(row + 2 * t + 6 * odd) = w0 | w1 << 32;
 }
 
 // Low and high halves of a packed bf16x2 as fp32.
