@@ -150,6 +150,96 @@ def bench(names):
                 fwd(x, opts, sequence_parallel=n)
 
 
+def gpu_backward():
+    """tests/gpu/test_gpu_backward.py: the emulation suite's cases in both state precisions, the
+    sweep problems (T = 1024, H = 4, three regimes; T = 2048, H = 8 for the repeatability test;
+    T = 700, H = 2 varlen for the graph), the stream test's case."""
+    from tests.emulate.test_backward_emulate import CASES as BWD_CASES, inputs as bwd_inputs
+    from tests.gpu.test_gpu_backward import sweep_problem
+    for name in BWD_CASES:
+        x, opts, do, ds = bwd_inputs(name)
+        for precision in ("bf16", "fp32"):
+            kdacupy.kda_backward(do, **x, dfinal_state=ds, **opts, state_precision=precision, backend="emulate")
+    for g_regime, bias_regime in (("N(0,8)", "U(-8,8)"), ("-8", "-8"), ("8", "+8")):
+        args, opts = sweep_problem(g_regime=g_regime, bias_regime=bias_regime)
+        kdacupy.kda_backward(**args, **opts, backend="emulate")
+    args, opts = sweep_problem(T=2048, H=8)
+    kdacupy.kda_backward(**args, **opts, backend="emulate")
+    args, opts = sweep_problem(T=700, H=2)
+    opts["cu_seqlens"] = np.array([0, 100, 100, 700])
+    opts["initial_state"] = np.concatenate([opts["initial_state"]] * 3)
+    opts["dfinal_state"] = np.concatenate([opts["dfinal_state"]] * 3)
+    kdacupy.kda_backward(**args, **opts, backend="emulate")
+
+
+def bench_backward(specs):
+    """python -m kdacupy.bench --shapes backward SPECS: per shape the backward (whose forward
+    stores each chunk's start state) and the forward, as kdacupy/cli/bench_backward.py calls them."""
+    from kdacupy.cli.bench_backward import backward_shapes, loss_inputs
+    for shape in backward_shapes(specs):
+        arrays, fwd_opts, bwd_opts = loss_inputs(shape, np)
+        ins = {n: a for n, a in arrays.items() if n != "do"}
+        kdacupy.kda_forward(**ins, **fwd_opts, backend="emulate")
+        kdacupy.kda_backward(**arrays, **bwd_opts, backend="emulate")
+
+
+def gpu_frameworks():
+    """tests/frameworks/test_gpu_frameworks.py: every kdacupy call its tests make, directly and
+    through kdacupy.torch, kdacupy.compat.fla and kdacupy.jax, with the tests' shapes, dtypes and
+    options (CPU tensors here; the adapters' backend=None is sent to the emulation). FLA's own
+    Triton kernels and its naive reference are not kdacupy variants."""
+    import torch
+
+    import kdacupy.compat.fla as compat
+    import kdacupy.torch as kt
+    from kdacupy.validation import problem as vp
+    real = vp.check_backend
+    vp.check_backend = lambda backend, device: real("emulate" if backend is None else backend, device)
+    try:
+        def torch_inputs(B=1, T=300, H=2, HV=4, D=128):
+            gen = torch.Generator().manual_seed(0)
+            rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+            x = [rnd(B, T, H, D).bfloat16(), rnd(B, T, H, D).bfloat16(), rnd(B, T, HV, D).bfloat16(),
+                 rnd(B, T, HV, D), rnd(B, T, HV)]
+            return x, dict(gate="sigmoid", lower_bound=-5.0, A_log=rnd(HV) * 0.1, dt_bias=rnd(HV * D),
+                           beta_sigmoid=True, qk_l2norm=True)
+        x, opts = torch_inputs()
+        kt.kda(*x, output_final_state=True, **opts)  # the stream test (and its kdacupy.kda_forward reference)
+        x, opts = torch_inputs(T=200)
+        kt.kda(*x, cu_seqlens=torch.tensor([0, 50, 50, 200], dtype=torch.int32), output_final_state=True, **opts)
+        x, opts = torch_inputs(B=8, T=1)
+        pool = torch.randn(16, 4, 128, 128)
+        kt.kda_decode(*x, state_pool=pool, state_indices=torch.arange(8, dtype=torch.int32) * 2, **opts)
+        x, opts = torch_inputs(T=100)
+        leaves = [t.clone().requires_grad_() for t in x]
+        o, s = kt.kda(*leaves, output_final_state=True, **opts)
+        (o.float().square().mean() + s.mean()).backward()  # the autograd test: kda_backward
+        N, H, D = 16, 16, 128
+        pool = torch.randn(3 * N, H, D, D)
+        idx = torch.randperm(3 * N)[:N].int()
+        q, k, v = (torch.rand(1, N, H, D, dtype=torch.bfloat16) for _ in range(3))
+        g = torch.nn.functional.logsigmoid(torch.randn(1, N, H, D))
+        beta = torch.rand(1, N, H).sigmoid().bfloat16()
+        compat.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool.clone(),
+                                       cu_seqlens=torch.arange(N + 1, dtype=torch.int32), ssm_state_indices=idx,
+                                       use_qk_l2norm_in_kernel=True)
+        B, T = 2, 1024
+        q, k, v = (torch.rand(B, T, H, D, dtype=torch.bfloat16) for _ in range(3))
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D))
+        beta = torch.rand(B, T, H).sigmoid().bfloat16()
+        compat.chunk_kda(q, k, v, g, beta, initial_state=pool[:B], output_final_state=True,
+                         use_qk_l2norm_in_kernel=True)
+        rng = np.random.default_rng(0)
+        xs = [rng.standard_normal(s).astype(np.float32) for s in ((1, 300, 2, 128), (1, 300, 2, 128),
+                                                                   (1, 300, 4, 128), (1, 300, 4, 128), (1, 300, 4))]
+        xs[3] = -np.abs(xs[3])
+        kdacupy.kda_forward(*xs, qk_l2norm=True, backend="emulate")  # the JAX test's reference and kdacupy.jax.kda
+        kdacupy.kda_decode(*(a[:, :1] for a in xs), state_pool=np.zeros((2, 4, 128, 128), np.float32),
+                           state_indices=np.array([1], np.int32), qk_l2norm=True, backend="emulate")
+    finally:
+        vp.check_backend = real
+
+
 def decode_bench():
     from kdacupy.cli.bench_decode import decode_shapes, make_case
     for s in decode_shapes():
@@ -166,6 +256,7 @@ def decode_bench():
 
 STEPS = [
     ("GPU suite (forward, decode, seqpar)", gpu_suite),
+    ("GPU backward", gpu_backward),
     ("GPU long sweep", long_sweep),
     ("compute-sanitizer x3", sanitize),
     ("tuning (Kimi)", tune_kimi),
@@ -201,27 +292,187 @@ def census():
     return rows
 
 
+#: (--kernel of python -m kdacupy.compile, --match texts) per timed kernel: K = V = 128 variants
+TIMED = {"kda_prepare": ("prepare", ["K=128"]), "kda_recurrence": ("recurrence", ["K=128 V=128"]),
+         "kda_decode": ("decode", ["K=128"]), "kda_seqpar_scan": ("seqpar", ["K=128"]),
+         "kda_recurrence (store_states)": ("backward", ["K=128 V=128", "store_states"]),
+         "kda_bwd_chain": ("backward", ["kda_bwd_chain K=128 V=128"]),
+         "kda_bwd_chunk": ("backward", ["kda_bwd_chunk K=128"]), "kda_bwd_reduce": ("backward", ["kda_bwd_reduce"])}
+
+
 def time_variants():
     from kdacupy.cli.compile import select as pick
     from kdacupy.jit.nvrtc import compile_variant
-    for kernel in ("prepare", "recurrence", "decode", "seqpar"):
-        v = pick(kernel, ["K=128"])[0]
-        compile_variant(v, "sm_90")  # warm NVRTC up
+    for name, (kernel, match) in TIMED.items():
+        found = pick(kernel, match)
+        compile_variant(found[0], "sm_90")  # warm NVRTC up
+        some = found[:: max(1, len(found) // 6)][:6]  # spread over the options
         t0 = time.perf_counter()
-        for v in pick(kernel, ["K=128"])[:6]:
+        for v in some:
             compile_variant(v, "sm_90")
-        print(f"{kernel}: {(time.perf_counter() - t0) / 6:.2f} s per variant (sm_90, one thread)")
+        print(f"{name}: {(time.perf_counter() - t0) / len(some):.2f} s per variant (sm_90, one thread, "
+              f"{len(some)} of {len(found)})")
+
+
+# ---------------------------------------------------------------------------
+# FLA's first calls: Triton compiles every configuration its autotuner lists, one after another
+
+
+def fla_launches(work):
+    """Every Triton launch FLA makes in ``work()`` (CPU tensors, nothing launched): (kind, launcher,
+    args, kwargs), with the Hopper configuration lists (fla-core picks them at import from the
+    device: IS_NVIDIA_HOPPER, check_shared_mem, set here as an H200 reports them)."""
+    os.environ.setdefault("FLA_FLASH_KDA", "0")
+    import fla.utils as fu
+    fu.IS_NVIDIA_HOPPER = True
+    fu.check_shared_mem = lambda arch="none", tensor_idx=0: True
+    from triton.runtime import autotuner, jit as tjit
+    calls = []
+    saved = autotuner.Autotuner.run, tjit.JITFunction.run
+    autotuner.Autotuner.run = lambda self, *a, **kw: calls.append(("autotune", self, a, kw))
+    tjit.JITFunction.run = lambda self, *a, grid=None, warmup=False, **kw: calls.append(("jit", self, a, kw))
+    try:
+        work()
+    finally:
+        autotuner.Autotuner.run, tjit.JITFunction.run = saved
+    return calls
+
+
+def fla_chunk_kda(T, H, varlen, backward):
+    """FLA's chunk_kda as kdacupy/cli/peers.py calls it (the benchmark's options), on the CPU."""
+    def work():
+        import torch
+        from fla.ops.kda import chunk_kda
+        from kdacupy.cli.peers import signature_params
+        D = 128
+        mk = lambda *s, dt=torch.bfloat16: torch.randn(*s).to(dt).requires_grad_(backward)  # noqa: E731
+        q, k, v, g, beta = mk(1, T, H, D), mk(1, T, H, D), mk(1, T, H, D), mk(1, T, H, D), mk(1, T, H)
+        N = 2 if varlen else 1
+        leaves = dict(initial_state=mk(N, H, D, D, dt=torch.float32), A_log=mk(H, dt=torch.float32),
+                      dt_bias=mk(H * D, dt=torch.float32))
+        kw = dict(scale=D ** -0.5, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                  use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0, **leaves)
+        if "state_v_first" in signature_params(chunk_kda):
+            kw["state_v_first"] = True
+        if varlen:
+            kw["cu_seqlens"] = torch.tensor([0, T // 3, T], dtype=torch.long)
+        with torch.inference_mode(not backward):
+            o, ht = chunk_kda(q, k, v, g, beta, **kw)[:2]
+        if backward:
+            torch.autograd.grad([o, ht], [q, k, v, g, beta, *leaves.values()], [torch.randn_like(o),
+                                torch.randn_like(ht)], allow_unused=True)
+    return work
+
+
+def _triton_source(launcher, args, kwargs, config):
+    """(JITFunction, ASTSource) of one launch with one configuration."""
+    import torch
+    from triton.compiler import ASTSource
+    from triton.runtime import autotuner, jit as tjit
+    chain, fn = [], launcher
+    while not isinstance(fn, tjit.JITFunction):
+        chain.append(fn)
+        fn = fn.fn
+    values = {**dict(zip(fn.arg_names, args)), **kwargs, **(config.kwargs if config else {})}
+    for h in chain:  # heuristics below the autotuner
+        if isinstance(h, autotuner.Heuristics):
+            for name, heur in h.values.items():
+                values.setdefault(name, heur(values))
+    codes = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+             torch.int64: "i64", torch.bool: "i1"}
+    sig, consts = {}, {}
+    for p in fn.params:
+        x = values[p.name] if p.name in values else p.default
+        if p.is_constexpr or x is None:
+            sig[p.name], consts[p.name] = "constexpr", x
+        elif isinstance(x, torch.Tensor):
+            sig[p.name] = "*" + codes[x.dtype]
+        elif isinstance(x, bool):
+            sig[p.name] = "i1"
+        elif isinstance(x, int):
+            sig[p.name] = "i32" if abs(x) < 2 ** 31 else "i64"
+        else:
+            sig[p.name] = "fp32"
+    return fn, ASTSource(fn, sig, constexprs=consts)
+
+
+def _cpu_seconds():
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system  # ptxas runs as a child
+
+
+def time_fla_compiles(work, tuned=None, sample=3):
+    """CPU seconds of the Triton compiles FLA's first calls in ``work()`` make on a fresh machine:
+    per autotuned launch every configuration (``sample`` of them compiled here, the mean times the
+    count), per key the autotuner already tuned (``tuned``, shared across calls) one compile.
+    Returns (seconds, configurations compiled, rows)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    tuned = set() if tuned is None else tuned
+    target = GPUTarget("cuda", 90, 32)
+    total, count, rows = 0.0, 0, []
+    for kind, launcher, args, kwargs in fla_launches(work):
+        configs = list(launcher.configs) if kind == "autotune" else [None]
+        if kind == "autotune":
+            named = {**dict(zip(launcher.arg_names, args)), **kwargs}
+            key = (id(launcher), tuple(str(named.get(k)) for k in launcher.keys),
+                   tuple(str(v.dtype) for v in named.values() if hasattr(v, "dtype")))
+            if key in tuned:
+                configs = configs[:1]  # the tuned configuration, compiled once for this call's constants
+            tuned.add(key)
+        picked = configs[:: max(1, len(configs) // sample)][:sample]
+        secs = []
+        for config in picked:
+            fn, src = _triton_source(launcher, args, kwargs, config)
+            opts = dict(num_warps=config.num_warps, num_stages=config.num_stages) if config else {}
+            t0 = _cpu_seconds()
+            try:
+                triton.compile(src, target=target, options=opts)
+            except Exception as e:  # noqa: BLE001  (a configuration FLA's autotuner would also drop)
+                print(f"  {fn.__name__} {config}: {type(e).__name__}", file=sys.stderr)
+            secs.append(_cpu_seconds() - t0)
+        step = sum(secs) / len(secs) * len(configs)
+        total += step
+        count += len(configs)
+        rows.append((fn.__name__, len(configs), step))
+    return total, count, rows
+
+
+#: Triton's autotuner times each configuration with triton.testing.do_bench (25 ms warm-up, 100 ms
+#: of repetitions by default, plus its first estimate): about this much GPU time per configuration
+BENCH_S_PER_CONFIG = 0.15
+
+
+def time_fla(T=512, H=96):
+    """FLA's first-call cost per benchmark step, from compiles here (T does not specialise FLA's kernels)."""
+    import tempfile
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kdacupy-census-triton-")
+    forward_tuned = set()
+    runs = [("FLA forward, fixed (benchmark against FLA)", fla_chunk_kda(T, H, False, False), forward_tuned),
+            ("FLA forward, varlen (the same step, 2 varlen shapes)", fla_chunk_kda(T, H, True, False), forward_tuned),
+            ("FLA forward + backward, fixed (backward benchmark; its forward's tuning cached on disk)",
+             fla_chunk_kda(T, H, False, True), set(forward_tuned))]
+    for name, work, tuned in runs:
+        secs, n, rows = time_fla_compiles(work, tuned)
+        print(f"{name}: {n} configurations, {secs:.0f} s of compiles here + ~{n * BENCH_S_PER_CONFIG:.0f} s "
+              f"of autotuning on the GPU")
+        for kernel, k, s in rows:
+            print(f"    {kernel:48s} {k:3d}  {s:6.1f} s")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--time", action="store_true", help="also time NVRTC per variant here")
+    ap.add_argument("--time-fla", action="store_true",
+                    help="also time the Triton compiles of FLA's first chunk_kda calls here (needs torch, fla, triton)")
     args = ap.parse_args(argv)
     print(f"{'step':38s} {'variants':>8} {'new':>5}  {'compile s (here)':>16}  new by kernel")
     for name, total, new, by, secs in census():
         print(f"{name:38s} {total:8d} {new:5d}  {secs:16.1f}  {by}")
     if args.time:
         time_variants()
+    if args.time_fla:
+        time_fla()
     return 0
 
 
