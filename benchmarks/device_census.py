@@ -318,146 +318,66 @@ def time_variants():
 # FLA's first calls: Triton compiles every configuration its autotuner lists, one after another
 
 
-def fla_launches(work):
-    """Every Triton launch FLA makes in ``work()`` (CPU tensors, nothing launched): (kind, launcher,
-    args, kwargs), with the Hopper configuration lists (fla-core picks them at import from the
-    device: IS_NVIDIA_HOPPER, check_shared_mem, set here as an H200 reports them)."""
-    os.environ.setdefault("FLA_FLASH_KDA", "0")
-    import fla.utils as fu
-    fu.IS_NVIDIA_HOPPER = True
-    fu.check_shared_mem = lambda arch="none", tensor_idx=0: True
-    from triton.runtime import autotuner, jit as tjit
-    calls = []
-    saved = autotuner.Autotuner.run, tjit.JITFunction.run
-    autotuner.Autotuner.run = lambda self, *a, **kw: calls.append(("autotune", self, a, kw))
-    tjit.JITFunction.run = lambda self, *a, grid=None, warmup=False, **kw: calls.append(("jit", self, a, kw))
-    try:
-        work()
-    finally:
-        autotuner.Autotuner.run, tjit.JITFunction.run = saved
-    return calls
-
-
-def fla_chunk_kda(T, H, varlen, backward):
-    """FLA's chunk_kda as kdacupy/cli/peers.py calls it (the benchmark's options), on the CPU."""
-    def work():
-        import torch
-        from fla.ops.kda import chunk_kda
-        from kdacupy.cli.peers import signature_params
-        D = 128
-        mk = lambda *s, dt=torch.bfloat16: torch.randn(*s).to(dt).requires_grad_(backward)  # noqa: E731
-        q, k, v, g, beta = mk(1, T, H, D), mk(1, T, H, D), mk(1, T, H, D), mk(1, T, H, D), mk(1, T, H)
-        N = 2 if varlen else 1
-        leaves = dict(initial_state=mk(N, H, D, D, dt=torch.float32), A_log=mk(H, dt=torch.float32),
-                      dt_bias=mk(H * D, dt=torch.float32))
-        kw = dict(scale=D ** -0.5, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                  use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0, **leaves)
-        if "state_v_first" in signature_params(chunk_kda):
-            kw["state_v_first"] = True
-        if varlen:
-            kw["cu_seqlens"] = torch.tensor([0, T // 3, T], dtype=torch.long)
-        with torch.inference_mode(not backward):
-            o, ht = chunk_kda(q, k, v, g, beta, **kw)[:2]
-        if backward:
-            torch.autograd.grad([o, ht], [q, k, v, g, beta, *leaves.values()], [torch.randn_like(o),
-                                torch.randn_like(ht)], allow_unused=True)
-    return work
-
-
-def _triton_source(launcher, args, kwargs, config):
-    """(JITFunction, ASTSource) of one launch with one configuration."""
-    import torch
-    from triton.compiler import ASTSource
-    from triton.runtime import autotuner, jit as tjit
-    chain, fn = [], launcher
-    while not isinstance(fn, tjit.JITFunction):
-        chain.append(fn)
-        fn = fn.fn
-    values = {**dict(zip(fn.arg_names, args)), **kwargs, **(config.kwargs if config else {})}
-    for h in chain:  # heuristics below the autotuner
-        if isinstance(h, autotuner.Heuristics):
-            for name, heur in h.values.items():
-                values.setdefault(name, heur(values))
-    codes = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-             torch.int64: "i64", torch.bool: "i1"}
-    sig, consts = {}, {}
-    for p in fn.params:
-        x = values[p.name] if p.name in values else p.default
-        if p.is_constexpr or x is None:
-            sig[p.name], consts[p.name] = "constexpr", x
-        elif isinstance(x, torch.Tensor):
-            sig[p.name] = "*" + codes[x.dtype]
-        elif isinstance(x, bool):
-            sig[p.name] = "i1"
-        elif isinstance(x, int):
-            sig[p.name] = "i32" if abs(x) < 2 ** 31 else "i64"
-        else:
-            sig[p.name] = "fp32"
-    return fn, ASTSource(fn, sig, constexprs=consts)
-
-
 def _cpu_seconds():
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system  # ptxas runs as a child
 
 
-def time_fla_compiles(work, tuned=None, sample=3):
-    """CPU seconds of the Triton compiles FLA's first calls in ``work()`` make on a fresh machine:
-    per autotuned launch every configuration (``sample`` of them compiled here, the mean times the
-    count), per key the autotuner already tuned (``tuned``, shared across calls) one compile.
-    Returns (seconds, configurations compiled, rows)."""
+#: Triton's autotuner times each configuration with triton.testing.do_bench (25 ms of warm-up and
+#: 100 ms of repetitions by default, each after a 256 MB cache clear, after a first estimate),
+#: plus loading the binary: about this much time per configuration
+BENCH_S_PER_CONFIG = 0.2
+
+
+def time_fla(sample=3):
+    """The Triton compiles of FLA's first calls in each FLA step, timed here (one core, sm_90,
+    through the JIT's own specialisation: benchmarks/fla_precompile.py's jit_source): per
+    (launch, configuration) pair not already in Triton's cache (the steps run in order; the cache
+    is on disk), ``sample`` pairs per kernel compiled and their mean times the count. FLA's
+    autotuner then times every configuration of a key not tuned before (BENCH_S_PER_CONFIG)."""
+    import tempfile
     import triton
     from triton.backends.compiler import GPUTarget
-    tuned = set() if tuned is None else tuned
-    target = GPUTarget("cuda", 90, 32)
-    total, count, rows = 0.0, 0, []
-    for kind, launcher, args, kwargs in fla_launches(work):
-        configs = list(launcher.configs) if kind == "autotune" else [None]
-        if kind == "autotune":
-            named = {**dict(zip(launcher.arg_names, args)), **kwargs}
-            key = (id(launcher), tuple(str(named.get(k)) for k in launcher.keys),
-                   tuple(str(v.dtype) for v in named.values() if hasattr(v, "dtype")))
-            if key in tuned:
-                configs = configs[:1]  # the tuned configuration, compiled once for this call's constants
-            tuned.add(key)
-        picked = configs[:: max(1, len(configs) // sample)][:sample]
-        secs = []
-        for config in picked:
-            fn, src = _triton_source(launcher, args, kwargs, config)
-            opts = dict(num_warps=config.num_warps, num_stages=config.num_stages) if config else {}
-            t0 = _cpu_seconds()
-            try:
-                triton.compile(src, target=target, options=opts)
-            except Exception as e:  # noqa: BLE001  (a configuration FLA's autotuner would also drop)
-                print(f"  {fn.__name__} {config}: {type(e).__name__}", file=sys.stderr)
-            secs.append(_cpu_seconds() - t0)
-        step = sum(secs) / len(secs) * len(configs)
-        total += step
-        count += len(configs)
-        rows.append((fn.__name__, len(configs), step))
-    return total, count, rows
 
-
-#: Triton's autotuner times each configuration with triton.testing.do_bench (25 ms warm-up, 100 ms
-#: of repetitions by default, plus its first estimate): about this much GPU time per configuration
-BENCH_S_PER_CONFIG = 0.15
-
-
-def time_fla(T=512, H=96):
-    """FLA's first-call cost per benchmark step, from compiles here (T does not specialise FLA's kernels)."""
-    import tempfile
+    from benchmarks import fla_precompile as fp
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kdacupy-census-triton-")
-    forward_tuned = set()
-    runs = [("FLA forward, fixed (benchmark against FLA)", fla_chunk_kda(T, H, False, False), forward_tuned),
-            ("FLA forward, varlen (the same step, 2 varlen shapes)", fla_chunk_kda(T, H, True, False), forward_tuned),
-            ("FLA forward + backward, fixed (backward benchmark; its forward's tuning cached on disk)",
-             fla_chunk_kda(T, H, False, True), set(forward_tuned))]
-    for name, work, tuned in runs:
-        secs, n, rows = time_fla_compiles(work, tuned)
-        print(f"{name}: {n} configurations, {secs:.0f} s of compiles here + ~{n * BENCH_S_PER_CONFIG:.0f} s "
-              f"of autotuning on the GPU")
-        for kernel, k, s in rows:
-            print(f"    {kernel:48s} {k:3d}  {s:6.1f} s")
+    os.environ.setdefault("FLA_FLASH_KDA", "0")
+    fp.hopper_choices()
+    target = GPUTarget("cuda", 90, 32)
+    compiled, grand = set(), 0.0
+    steps = {"benchmark against FLA (forward: fixed, then varlen)": ("forward, fixed", "forward, varlen"),
+             "backward against FLA (fixed; forward from the cache)": ("forward + backward, fixed",)}
+    calls = dict(fp.cpu_calls())
+    for step, names in steps.items():
+        total = tuned = 0.0
+        rows = {}
+        for name in names:
+            for item in fp.work_items(fp.record_launches(calls[name])):
+                fn, src, options = fp.jit_source(item, target)  # the JIT's own source, specialisation, options
+                config = item[1]
+                key = (src.hash(), options.hash())
+                if key in compiled:
+                    continue
+                compiled.add(key)
+                n, secs, timed = rows.get(fn.__name__, (0, [], 0))
+                if len(secs) < sample:
+                    t0 = _cpu_seconds()
+                    try:
+                        triton.compile(src, target=target, options=options.__dict__)
+                    except Exception as e:  # noqa: BLE001  (a configuration FLA's autotuner would drop)
+                        print(f"  {fn.__name__} {config}: {type(e).__name__}", file=sys.stderr)
+                    secs = secs + [_cpu_seconds() - t0]
+                rows[fn.__name__] = (n + 1, secs, timed + (config is not None))
+        for kernel, (n, secs, timed) in rows.items():
+            total += sum(secs) / len(secs) * n
+            tuned += timed * BENCH_S_PER_CONFIG
+        grand += total
+        print(f"{step}: {sum(r[0] for r in rows.values())} new compiles, {total:.0f} s here (one core) "
+              f"+ ~{tuned:.0f} s of autotuning on the GPU")
+        for kernel, (n, secs, _) in rows.items():
+            print(f"    {kernel:48s} {n:3d} x {sum(secs) / len(secs):5.2f} s")
+    print(f"all: {grand:.0f} s of compiles here, one after another; benchmarks/fla_precompile.py spreads them "
+          f"over the GPU machine's cores before the FLA steps")
 
 
 def main(argv=None):

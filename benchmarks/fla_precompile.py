@@ -1,11 +1,12 @@
-"""FLA's Triton kernels for the FLA steps of benchmarks/device_check.sh, compiled before those
-steps run, in parallel processes. On a fresh machine FLA's first ``chunk_kda`` call compiles
+"""FLA's Triton kernels for the chunk_kda steps of benchmarks/device_check.sh (the forward and
+the backward benchmarks against FLA), compiled before those steps run, in parallel processes. On a fresh machine FLA's first ``chunk_kda`` call compiles
 every configuration its autotuner lists, one after another, before it times them: measured on
 a CPU (``benchmarks/device_census.py --time-fla``) that is ~80 s of compiles for the forward
-benchmark's shapes and ~95 s more for the backward's, most of those steps' boxes.
+benchmark's shapes and ~95 s more for the backward's, most of those steps' boxes. (The decode step's
+fused_recurrent_kda_fwd is not autotuned: it compiles its few kernels itself.)
 
-Each worker makes the benchmark steps' own FLA calls (kdacupy/cli/peers.py, bench_backward.py,
-bench_decode.py: their inputs, options and shapes) with Triton's launches recorded instead of
+Each worker makes the benchmark steps' own FLA calls (kdacupy/cli/peers.py, bench_backward.py:
+their inputs, options and shapes) with Triton's launches recorded instead of
 made, then compiles its share of the (launch, configuration) pairs through Triton's own warm-up
 path (``JITFunction.warmup``: a real launch's specialisation and cache key), which writes
 Triton's on-disk cache. FLA's autotuner later finds every binary there and only times the
@@ -14,8 +15,8 @@ autotuning choices stay its own; if a binary were missed, FLA compiles it itself
 this step.
 
     python benchmarks/fla_precompile.py [--workers N]    (a GPU machine with torch and fla)
-    python benchmarks/fla_precompile.py --dry-run        (any machine: what would be compiled;
-                                                          FLA's device-dependent choices as on an H200)
+    python benchmarks/fla_precompile.py --dry-run        (any machine: the same work on CPU tensors,
+                                                          each pair checked through Triton's binder)
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: what the FLA steps of device_check.sh run (tests/test_device_check.py holds them equal)
 FORWARD_SHAPES = ["kimi96"]  # python -m kdacupy.bench --shapes kimi96
 BACKWARD_SHAPES = ["kimi-T8192-H96"]  # python -m kdacupy.bench --shapes backward kimi-T8192-H96
-DECODE_N = [1, 64, 512]  # python -m kdacupy.bench --shapes decode --decode-n 1 64 512
 
 
 def hopper_choices():
@@ -85,9 +85,10 @@ def configs_of(kind, launcher, args, kwargs) -> list:
         launcher.nargs = None
 
 
-def work_items(launches) -> list:
-    """(launch, configuration) pairs, one per distinct launch (same kernel, same argument kinds)."""
-    seen, items = set(), []
+def work_items(launches, seen=None) -> list:
+    """(launch, configuration) pairs, one per distinct launch (same kernel, same argument kinds;
+    ``seen``: the launches of earlier calls, shared)."""
+    seen, items = set() if seen is None else seen, []
     for kind, launcher, args, kwargs in launches:
         kinds = tuple((n, str(getattr(v, "dtype", None if hasattr(v, "data_ptr") else v)))
                       for n, v in list(enumerate(args)) + sorted(kwargs.items()) if n != "grid")
@@ -98,8 +99,9 @@ def work_items(launches) -> list:
     return items
 
 
-def warm(item) -> None:
-    """Compile one (launch, configuration) as its launch would, into Triton's caches."""
+def launch_kwargs(item) -> dict:
+    """The keywords the JITFunction gets for one (launch, configuration), as the autotuner and the
+    heuristics between them would pass them."""
     (kind, launcher, args, kwargs), config = item
     fn, heuristics = jit_of(launcher)
     kw = {n: v for n, v in kwargs.items() if n != "grid"}
@@ -109,7 +111,34 @@ def warm(item) -> None:
         named = {**dict(zip(fn.arg_names, args)), **kw}
         for name, heur in h.values.items():
             kw.setdefault(name, heur(named))
-    fn.warmup(*args, grid=kwargs.get("grid") or (1,), **kw)
+    return kw
+
+
+def warm(item) -> None:
+    """Compile one (launch, configuration) as its launch would, into Triton's caches (needs the
+    GPU's driver: the target and the cache key are the device's)."""
+    (kind, launcher, args, kwargs), config = item
+    jit_of(launcher)[0].warmup(*args, grid=kwargs.get("grid") or (1,), **launch_kwargs(item))
+
+
+def jit_source(item, target=None):
+    """(JITFunction, ASTSource, options) of one (launch, configuration) as JITFunction.run builds
+    them (its binder: specialisation, constants, alignment attributes), without a driver:
+    ``target`` defaults to an H200's (sm_90). For the dry run's check and the census's timing."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    (kind, launcher, args, kwargs), config = item
+    fn = jit_of(launcher)[0]
+    kw = launch_kwargs(item)
+    kw["debug"] = kw.get("debug", fn.debug) or knobs.runtime.debug
+    kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    backend = make_backend(target or GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kw)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, specialization, options)
+    return fn, ASTSource(fn, signature, constexprs, attrs), options
 
 
 # ---------------------------------------------------------------------------
@@ -127,14 +156,13 @@ def free_memory():
         pass
 
 
-def gpu_calls(forward, backward, decode_n):
+def gpu_calls(forward, backward):
     """(name, work) per shape: FLA's calls as the benchmark steps make them, on their inputs."""
     import torch
 
     from kdacupy.cli import peers
     from kdacupy.cli.bench import device_inputs
     from kdacupy.cli.bench_backward import FLABackward, backward_shapes, loss_inputs
-    from kdacupy.cli.bench_decode import decode_shapes, detect_fla, fla_decode, make_case
     from kdacupy.cli.shapes import resolve_shapes
     fla = peers.FLA()
 
@@ -154,16 +182,8 @@ def gpu_calls(forward, backward, decode_n):
         fb.setup(*loss_inputs(shape, cupy))
         fb.step()
 
-    def decode_call(s):
-        import cupy
-        a, o = make_case(s, cupy)
-        f = fla_decode(detect_fla(), s, a, o)
-        if not callable(f):
-            print(f"  FLA decode {s}: {f}", file=sys.stderr)
-
     out = [(f"forward {s.name}", lambda s=s: forward_call(s)) for s in resolve_shapes(forward)]
     out += [(f"forward + backward {s.name}", lambda s=s: backward_call(s)) for s in backward_shapes(backward)]
-    out += [(f"decode {s}", lambda s=s: decode_call(s)) for s in decode_shapes() if s["N"] in decode_n]
     return out
 
 
@@ -198,80 +218,108 @@ def cpu_calls(T=512, H=96):
             ("forward + backward, fixed", lambda: call(False, True))]
 
 
-def all_items(calls) -> list:
-    launches = []
+def shadow(x):
+    """What Triton's specialisation reads of a tensor (dtype, shape, the pointer's alignment), so
+    the recorded launches keep no device memory; anything else as it is."""
+    if not hasattr(x, "data_ptr") or not hasattr(x, "dtype"):
+        return x
+    from triton.runtime.jit import MockTensor
+
+    class Shadow(MockTensor):
+        def __init__(self, t):
+            super().__init__(t.dtype, list(t.shape))
+            self.misalignment = t.data_ptr() % 16
+
+        def data_ptr(self):
+            return self.misalignment
+
+    return Shadow(x)
+
+
+def all_items(calls, keep_real=False) -> list:
+    """The work items of every call, each call's tensors freed once its launches are recorded
+    (``keep_real``: pairs (item, the same with the real tensors), for the dry run's check)."""
+    items, seen = [], set()
     for name, work in calls:
-        launches += record_launches(work)
+        for real in work_items(record_launches(work), seen):
+            (kind, launcher, args, kwargs), config = real
+            item = ((kind, launcher, tuple(map(shadow, args)), {n: shadow(v) for n, v in kwargs.items()}), config)
+            items.append((item, real) if keep_real else item)
         free_memory()
-    return work_items(launches)
+    return items
 
 
 def kernel_name(item) -> str:
     return jit_of(item[0][1])[0].__name__
 
 
+def check(pair) -> None:
+    """The dry run's stand-in for ``warm``: the item goes through Triton's binder, and its shadowed
+    arguments give the real tensors' cache key."""
+    item, real = pair
+    if jit_source(item)[1].hash() != jit_source(real)[1].hash():
+        raise AssertionError("the shadowed arguments change the cache key")
+
+
 # ---------------------------------------------------------------------------
 
 
 def worker(index, count, args) -> int:
+    """Compile (with --dry-run: check) every count-th work item from the index-th."""
     t0 = time.perf_counter()
-    items = all_items(gpu_calls(args.forward, args.backward, args.decode_n))
-    mine = items[index::count]
+    if args.dry_run:
+        os.environ.setdefault("FLA_FLASH_KDA", "0")
+        hopper_choices()
+        pairs = all_items(cpu_calls(), keep_real=True)
+        items, todo, action = [p[0] for p in pairs], pairs[index::count], check
+    else:
+        items = all_items(gpu_calls(args.forward, args.backward))
+        todo, action = items[index::count], warm
     t1 = time.perf_counter()
     failed = 0
-    for item in mine:
+    for job in todo:
         try:
-            warm(item)
-        except Exception as e:  # noqa: BLE001  (FLA's autotuner drops such a configuration too)
+            action(job)
+        except Exception as e:  # noqa: BLE001  (FLA's autotuner drops a configuration that fails to compile)
             failed += 1
-            print(f"  worker {index}: {kernel_name(item)} {item[1]}: {type(e).__name__}: {str(e)[:200]}",
-                  file=sys.stderr)
-    print(f"worker {index}: {len(mine)} of {len(items)} compiled ({failed} failed) in "
-          f"{time.perf_counter() - t1:.1f} s after {t1 - t0:.1f} s of recording", flush=True)
-    return 0
-
-
-def dry_run() -> int:
-    os.environ.setdefault("FLA_FLASH_KDA", "0")
-    hopper_choices()
-    total = 0
-    for name, work in cpu_calls():
-        items = work_items(record_launches(work))
+            name = kernel_name(job[0] if args.dry_run else job)
+            print(f"  worker {index}: {name}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+    if index == 0:
         per = {}
         for item in items:
             per[kernel_name(item)] = per.get(kernel_name(item), 0) + 1
-        total += len(items)
-        print(f"{name}: {len(items)} (launch, configuration) pairs: "
-              + ", ".join(f"{k} {n}" for k, n in per.items()))
-    print(f"{total} in all (some shared between the calls); nothing was compiled (--dry-run)")
-    return 0
+        print(f"{len(items)} (launch, configuration) pairs: " + ", ".join(f"{k} {n}" for k, n in per.items()))
+    print(f"worker {index}: {len(todo)} {'checked' if args.dry_run else 'compiled'} ({failed} failed) in "
+          f"{time.perf_counter() - t1:.1f} s after {t1 - t0:.1f} s of recording", flush=True)
+    return 1 if failed and args.dry_run else 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, default=min(10, max(1, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--dry-run", action="store_true", help="no GPU: list what would be compiled")
+    ap.add_argument("--workers", type=int, default=min(8, max(1, (os.cpu_count() or 2) - 4)),
+                    help="parallel processes (default: 8, or the cores less 4; each holds one call's tensors "
+                         "while it records, a few GB)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: the benchmarks' chunk_kda calls on CPU tensors (FLA's choices as on an H200), "
+                         "each (launch, configuration) through Triton's binder instead of compiled")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--forward", nargs="+", default=FORWARD_SHAPES)
     ap.add_argument("--backward", nargs="+", default=BACKWARD_SHAPES)
-    ap.add_argument("--decode-n", nargs="+", type=int, default=DECODE_N)
     args = ap.parse_args(argv)
     from kdacupy.cli.peers import fla_importable
     why = fla_importable()
     if why:
         print(f"FLA is not importable ({why}): nothing to compile")
         return 0
-    if args.dry_run:
-        return dry_run()
     if args.worker is not None:
         return worker(args.worker, args.workers, args)
     t0 = time.perf_counter()
     cmd = [sys.executable, os.path.abspath(__file__), "--workers", str(args.workers), "--forward", *args.forward,
-           "--backward", *args.backward, "--decode-n", *map(str, args.decode_n)]
+           "--backward", *args.backward] + (["--dry-run"] if args.dry_run else [])
     procs = [subprocess.Popen(cmd + ["--worker", str(i)]) for i in range(args.workers)]
     rcs = [p.wait() for p in procs]
-    print(f"{args.workers} workers ended with {rcs} after {time.perf_counter() - t0:.1f} s "
-          f"(Triton's cache: {os.environ.get('TRITON_CACHE_DIR', '~/.triton/cache')})")
+    print(f"{args.workers} workers ended with status {rcs} after {time.perf_counter() - t0:.1f} s"
+          + ("" if args.dry_run else f"; Triton's cache: {os.environ.get('TRITON_CACHE_DIR', '~/.triton/cache')}"))
     return 0 if not any(rcs) else 1
 
 
