@@ -12,7 +12,11 @@ device_check.sh's header uses these).
     PYTHONPATH=. python benchmarks/device_census.py [--time]
 
 The GPU tests' own probe kernels (tests/gpu/test_gpu_ptx.py: one module) and
-FLA's Triton kernels are not kdacupy variants and are not counted here.
+FLA's Triton kernels are not kdacupy variants and are not counted there; ``--time-fla``
+times the Triton compiles of FLA's first chunk_kda calls in the FLA steps (the pairs
+benchmarks/fla_precompile.py compiles ahead), through Triton's own JIT specialisation.
+
+    PYTHONPATH=. python benchmarks/device_census.py --time-fla
 """
 from __future__ import annotations
 
@@ -254,21 +258,24 @@ def decode_bench():
             kdacupy.kda_decode(**a, **o, backend="emulate")
 
 
-STEPS = [
+STEPS = [  # in device_check.sh's order (the steps that launch no kdacupy kernel left out)
     ("GPU suite (forward, decode, seqpar)", gpu_suite),
     ("GPU backward", gpu_backward),
-    ("GPU long sweep", long_sweep),
-    ("compute-sanitizer x3", sanitize),
     ("tuning (Kimi)", tune_kimi),
     ("benchmark (Kimi)", lambda: bench(["kimi"])),
+    ("backward against FLA (kimi-T8192-H96)", lambda: bench_backward(["kimi-T8192-H96"])),
+    ("compute-sanitizer x3", sanitize),
+    ("GPU long sweep", long_sweep),
+    ("decode benchmark", decode_bench),
     ("accuracy T=8192 fp32 state", accuracy),
     ("adversarial accuracy", adversarial),
+    ("frameworks on the GPU", gpu_frameworks),
     ("few-head serial vs split", lambda: bench(["fewhead"])),
-    ("decode benchmark", decode_bench),
 ]
 
 #: NVRTC seconds per variant for sm_90 on this machine's CPU (one core), by kernel (--time measures them)
-PER_VARIANT_S = {"kda_prepare": 0.19, "kda_recurrence": 0.37, "kda_decode": 0.09, "kda_seqpar_scan": 0.10}
+PER_VARIANT_S = {"kda_prepare": 0.23, "kda_recurrence": 0.37, "kda_decode": 0.09, "kda_seqpar_scan": 0.38,
+                 "kda_bwd_chain": 0.38, "kda_bwd_chunk": 0.72, "kda_bwd_reduce": 0.04}
 
 
 def census():
@@ -312,6 +319,32 @@ def time_variants():
             compile_variant(v, "sm_90")
         print(f"{name}: {(time.perf_counter() - t0) / len(some):.2f} s per variant (sm_90, one thread, "
               f"{len(some)} of {len(found)})")
+
+
+def time_cpu_costs():
+    """The new steps' CPU work here, one core: the backward tests' float64 references and model
+    runs, and the imports the framework and FLA steps pay (each in a fresh interpreter)."""
+    import subprocess
+    from kdacupy.numerics.backward_model import kda_backward_model
+    from kdacupy.numerics.backward_reference import kda_backward_reference
+    from tests.emulate.test_backward_emulate import CASES as BWD_CASES, inputs as bwd_inputs
+    from tests.gpu.test_gpu_backward import sweep_problem
+    args, opts = sweep_problem()
+    t0 = time.perf_counter()
+    kda_backward_reference(**args, **opts)
+    print(f"backward float64 reference, T = 1024, H = 4 (x3 in tests/gpu/test_gpu_backward.py): "
+          f"{time.perf_counter() - t0:.2f} s")
+    t0 = time.perf_counter()
+    for name in BWD_CASES:
+        x, o, do, ds = bwd_inputs(name)
+        for precision in ("bf16", "fp32"):
+            kda_backward_model(do, **x, dfinal_state=ds, **o, state_precision=precision)
+    print(f"backward model, the {2 * len(BWD_CASES)} parity runs: {time.perf_counter() - t0:.2f} s")
+    for stmt in ("import kdacupy", "import torch", "import kdacupy.torch", "import torch, triton",
+                 "import torch, fla.ops.kda", "import jax, jax.numpy; jax.devices()", "import kdacupy.jax"):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", stmt], capture_output=True, check=False)
+        print(f"{stmt}: {time.perf_counter() - t0:.2f} s")
 
 
 # ---------------------------------------------------------------------------
@@ -382,7 +415,8 @@ def time_fla(sample=3):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--time", action="store_true", help="also time NVRTC per variant here")
+    ap.add_argument("--time", action="store_true",
+                    help="also time NVRTC per variant, the backward tests' references and the imports here")
     ap.add_argument("--time-fla", action="store_true",
                     help="also time the Triton compiles of FLA's first chunk_kda calls here (needs torch, fla, triton)")
     args = ap.parse_args(argv)
@@ -391,6 +425,7 @@ def main(argv=None):
         print(f"{name:38s} {total:8d} {new:5d}  {secs:16.1f}  {by}")
     if args.time:
         time_variants()
+        time_cpu_costs()
     if args.time_fla:
         time_fla()
     return 0
