@@ -245,6 +245,7 @@ def all_items(calls, keep_real=False) -> list:
             (kind, launcher, args, kwargs), config = real
             item = ((kind, launcher, tuple(map(shadow, args)), {n: shadow(v) for n, v in kwargs.items()}), config)
             items.append((item, real) if keep_real else item)
+        real = None  # noqa: F841  (the last launch's tensors too)
         free_memory()
     return items
 
