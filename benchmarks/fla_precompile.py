@@ -1,9 +1,10 @@
 """FLA's Triton kernels for the chunk_kda steps of benchmarks/device_check.sh (the forward and
-the backward benchmarks against FLA), compiled before those steps run, in parallel processes. On a fresh machine FLA's first ``chunk_kda`` call compiles
-every configuration its autotuner lists, one after another, before it times them: measured on
-a CPU (``benchmarks/device_census.py --time-fla``) that is ~80 s of compiles for the forward
-benchmark's shapes and ~95 s more for the backward's, most of those steps' boxes. (The decode step's
-fused_recurrent_kda_fwd is not autotuned: it compiles its few kernels itself.)
+the backward benchmarks against FLA), compiled before those steps run, in parallel processes.
+On a fresh machine FLA's first ``chunk_kda`` call compiles every configuration its autotuner
+lists, one after another, before it times them: measured on a CPU core
+(``benchmarks/device_census.py --time-fla``), 188 configurations and ~70 s of compiles for the
+forward benchmark's shapes, 109 and ~65 s more for the backward's, most of those steps' boxes.
+(The decode step's fused_recurrent_kda_fwd is not autotuned: it compiles its few kernels itself.)
 
 Each worker makes the benchmark steps' own FLA calls (kdacupy/cli/peers.py, bench_backward.py:
 their inputs, options and shapes) with Triton's launches recorded instead of
