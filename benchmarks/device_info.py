@@ -1,4 +1,4 @@
-"""The first step of benchmarks/device_check.sh: what the machine has, in one
+"""An early step of benchmarks/device_check.sh: what the machine has, in one
 screen. The GPU (name, compute capability, SMs, memory, L2), CuPy, the CUDA
 runtime, driver and NVRTC versions, the target CuPy's NVRTC builds for (sm_90
 on an H100 / H200: benchmarks/compile-sm_90.txt is its compile report), and

@@ -7,7 +7,8 @@ Shapes (K = V = 128, bf16, one value head per query head):
   kimi96   the H = 96 half of kimi
   fewhead  H = 12 and 16 with T = 16384, 32768, 65536, 131072 (B = 1), and
            varlen 2 and 4 ragged sequences (32768 and 65536 tokens)
-  all      both; explicit specs like ``T=8192,H=96`` or ``varlen=1300:547,H=64``
+  all      both; one shape of a set by its name (``kimi-T8192-H96``) and
+           explicit specs like ``T=8192,H=96`` or ``varlen=1300:547,H=64``
            work too (see ``python -m kdacupy.tune --help``).
 Options, as in Kimi Linear / FlashKDA's tests: gate="sigmoid" with
 lower_bound=-5, A_log [H] ~ U(0,1), dt_bias [H, K] ~ N(0,1) (fp32),

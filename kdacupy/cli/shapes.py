@@ -132,19 +132,25 @@ def parse_shape(spec: str) -> Shape:
                  st)
 
 
+def named_shape(text) -> Shape | None:
+    """One shape of the named sets by its name (``kimi-T8192-H96``), or None."""
+    return next((s for s in SHAPE_SETS["all"]() if s.name == text), None)
+
+
 def resolve_shapes(items) -> list[Shape]:
-    """Named sets and explicit specs, in order, without duplicates."""
+    """Named sets, shapes by name and explicit specs, in order, without duplicates."""
     out = []
     for item in items:
-        for s in (SHAPE_SETS[item]() if item in SHAPE_SETS else [parse_shape(item)]):
+        one = named_shape(item) if item not in SHAPE_SETS else None
+        for s in (SHAPE_SETS[item]() if item in SHAPE_SETS else [one] if one else [parse_shape(item)]):
             if s not in out:
                 out.append(s)
     return out
 
 
 def shape_arg(text):
-    """argparse type: a comma-free set name or a spec; errors become usage errors."""
-    if text in SHAPE_SETS:
+    """argparse type: a set name, a shape's name or a spec; errors become usage errors."""
+    if text in SHAPE_SETS or named_shape(text):
         return text
     try:
         parse_shape(text)

@@ -53,3 +53,29 @@ def test_table_names_the_shape_times_ratio_and_agreement():
     assert line.split()[:6] == ["kimi-T8192-H96", "1.000", "3.000", "4.000", "yes", "8.000"]
     assert "2.00" in line and "4.0e-03 (dk)" in line and "2.0e-06" in line
     assert text.splitlines()[-1].endswith("2.00 (goal 1.5)")
+
+
+def test_kdacupys_times_are_written_before_fla_starts(tmp_path, monkeypatch):
+    """FLA's first call compiles and autotunes its Triton kernels; a run stopped there from
+    outside (the prepared run's time box: SIGINT) still leaves kdacupy's times in the JSON."""
+    from kdacupy.cli import bench, timing
+    monkeypatch.setattr(timing, "gpu_available", lambda: True)
+    monkeypatch.setattr(timing, "device_info", lambda: dict(name="NVIDIA H200", sm_count=132, model="H200"))
+    monkeypatch.setattr(bench_backward, "FLABackward", lambda: type("F", (), dict(fla=type("X", (), dict(
+        version="0.6.0", layout_kw="state_v_first"))))())
+    monkeypatch.setattr(bench_backward.peers, "fla_importable", lambda: None)
+    ms = dict(median_ms=1.0, min_ms=1.0)
+
+    def stopped_in_fla(shape, args, fla, on_kdacupy):
+        on_kdacupy(dict(shape=shape.to_dict(), finite=True, repeatable=True, fla=None, ratio_fla_over_kdacupy=None,
+                        kdacupy=dict(forward=ms, backward=ms, forward_backward=ms)))
+        raise KeyboardInterrupt  # what the box's SIGINT raises inside FLA's autotuning
+
+    monkeypatch.setattr(bench_backward, "bench_shape", stopped_in_fla)
+    out = tmp_path / "bench-backward.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--shapes", "backward", "kimi-T8192-H96", "--json", str(out)])
+    import json
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and [r["shape"]["name"] for r in doc["shapes"]] == ["kimi-T8192-H96"]
+    assert doc["shapes"][0]["kdacupy"]["backward"]["median_ms"] == 1.0 and doc["shapes"][0]["fla"] == "pending"

@@ -1,6 +1,7 @@
 """``python -m kdacupy.tune`` without a GPU: --dry-run compiles through NVRTC;
 the measuring loop runs with the GPU steps (compile, parity, timing) replaced,
 to check resuming, the choice and the YAML it writes."""
+import argparse
 import json
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 import kdacupy.cli.timing as timing
 import kdacupy.cli.tune as tune
 import kdacupy.ops.forward.tuning as tuning
-from kdacupy.cli.shapes import Shape, parse_shape, resolve_shapes, shape_problem
+from kdacupy.cli.shapes import Shape, parse_shape, resolve_shapes, shape_arg, shape_problem
 from kdacupy.ops.forward.tuning import TileConfig
 
 H200 = "NVIDIA H200"
@@ -111,6 +112,12 @@ def test_named_sets_and_duplicates():
     assert len(resolve_shapes(["kimi"])) == 6 and len(resolve_shapes(["fewhead"])) == 12
     assert resolve_shapes(["all"]) == resolve_shapes(["kimi", "fewhead", "kimi"])
     assert len(resolve_shapes(["T=64,H=2", "T=64,H=2"])) == 1
+    # one shape of a set by its name (the Kimi names keep the benchmarks' geometric mean)
+    assert resolve_shapes(["kimi-T8192-H96", "kimi96"]) == resolve_shapes(["kimi96"])
+    assert resolve_shapes(["kimi-varlen6-H64"])[0].lens == (1300, 547, 2048, 963, 271, 3063)
+    assert shape_arg("fewhead-T16384-H12") == "fewhead-T16384-H12"
+    with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=VALUE"):
+        shape_arg("kimi-T8192-H32")
 
 
 # ---------------------------------------------------------------------------

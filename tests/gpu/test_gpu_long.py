@@ -1,7 +1,7 @@
 """T = 8192 on the GPU over the gate/bias sweep, fixed-length and varlen: the
 full run against the float64 reference, and the same tokens cut into segments
 started from the model's states, element-wise against the model (tests/longseq.py
-says why both). Skipped without a GPU; benchmarks/device_check.sh runs it last.
+says why both). Skipped without a GPU; benchmarks/device_check.sh runs it in a step of its own.
 test_long_emulate.py rehearses the same check on the CPU under
 KDACUPY_EMULATE_NUMERICS=hardware."""
 import os
