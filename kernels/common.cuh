@@ -128,4 +128,16 @@ __device__ __forceinline__ i64 first_slot(const void* cu, int n, i64 bos, int ch
   return cu == nullptr ? static_cast<i64>(n) * chunks_per_seq : n + bos / CHUNK;
 }
 
+// The sequence that workspace slot ``slot`` belongs to (first_slot's inverse; varlen: the largest
+// n with n + bos_n / 16 <= slot, by bisection).
+__device__ __forceinline__ int slot_sequence(const void* cu, int is_i64, int slot, int nseq, int T, int chunks_per_seq) {
+  if (cu == nullptr) return slot / chunks_per_seq;
+  int lo = 0, hi = nseq - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (mid + cu_at(cu, is_i64, mid, T) / CHUNK <= slot) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 }  // namespace kda

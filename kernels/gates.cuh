@@ -1,9 +1,8 @@
 // Gate and beta activations of one element, in fp32 with the SFU approximations
 // (kdacupy/numerics/precision.py steps [2]-[3]: gate_f32, beta_f32). Shared by the prepare
-// and decode kernels.
+// and decode kernels, and recomputed by kda_bwd_chunk.
 #pragma once
-#include "types.cuh"
-#include "ptx.cuh"
+#include "common.cuh"
 
 namespace kda {
 
@@ -40,6 +39,20 @@ __device__ __forceinline__ float beta_activate(float b) {
     const float s = rcp_approx_ftz(1.0f + ex2_approx_ftz(-b * LOG2E_F));
     return MODE == KDA_BETA_SIGMOID2 ? 2.f * s : s;
   }
+}
+
+// a = exp(A_log[hv]) of the softplus and sigmoid gates (1 for the log gate or without A_log).
+template <int GATE> __device__ __forceinline__ float gate_a(const float* A_log, int hv) {
+  return (GATE != KDA_GATE_LOG && A_log != nullptr) ? ex2_approx_ftz(A_log[hv] * LOG2E_F) : 1.f;
+}
+// Head hv's row of dt_bias [HV, K], or nullptr (none, or the log gate, which has no bias).
+template <int GATE, int K> __device__ __forceinline__ const float* gate_bias_row(const float* dt_bias, int hv) {
+  return (GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias + static_cast<i64>(hv) * K : nullptr;
+}
+
+// beta of the element beta[idx], stored as DT (not read when MODE is KDA_BETA_NONE).
+template <int MODE, int DT> __device__ __forceinline__ float beta_at(const void* beta, i64 idx) {
+  return beta_activate<MODE>(MODE == KDA_BETA_NONE ? 0.f : load_f32<DT>(beta, idx));
 }
 
 }  // namespace kda

@@ -12,6 +12,9 @@
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (do), KDA_BV, KDA_STAGES, WS_* (the forward's
 // workspace, kdacupy/ops/forward/layouts.py) and BSM_* (kdacupy/ops/backward/layouts.py).
 #include "common.cuh"
+#include "chunk_stream.cuh"
+#include "fragments.cuh"
+#include "state_io.cuh"
 
 namespace {
 using namespace kda;
@@ -26,65 +29,17 @@ constexpr int KS = K / 16;
 constexpr int TS = K + 8;
 constexpr int SR = 24;
 constexpr int ES = elem_bytes<KDA_DT>();
-constexpr int QCH = 2 * K / 16;
-constexpr int TILE_PIECES = 3 * CHUNK * QCH;
 constexpr int DCH = BV * ES / 16;
 
 static_assert(V % BV == 0 && BV % 16 == 0, "value slices are whole warps");
-static_assert(WS_KDEC == WS_QDEC + CHUNK * K * 2 && WS_KRES == WS_KDEC + CHUNK * K * 2, "workspace tiles");
-static_assert(WS_INV == WS_KRES + CHUNK * K * 2 && WS_MQK == WS_INV + 512 && WS_GEXP == WS_MQK + 512, "workspace");
-static_assert(WS_BETA == WS_GEXP + K * 4 && BSM_BETA == BSM_GEXP + K * 4, "gexp and beta travel together");
+static_assert(BSM_BETA == BSM_GEXP + K * 4, "gexp and beta travel together");
 static_assert(BSM_KDEC == BSM_QDEC + CHUNK * TS * 2 && BSM_KRES == BSM_KDEC + CHUNK * TS * 2, "smem tiles");
 
+// Queue the copies of one chunk (workspace block + do tile) into a stage.
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* dorow0, i64 do_row_bytes, int rows, int tid) {
-  for (int p = tid; p < WS_STRIDE / 16; p += NT) {
-    int dst;
-    if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
-      const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
-      dst = BSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16;
-    } else if (p < TILE_PIECES + 64) {  // INV, Mqk (32-byte rows) -> 48-byte rows
-      const int p2 = p - TILE_PIECES, m = p2 / 32, r = (p2 / 2) % CHUNK, c = p2 % 2;
-      dst = (m ? BSM_MQK : BSM_INV) + r * 48 + c * 16;
-    } else {  // gexp, beta
-      dst = BSM_GEXP + (p - TILE_PIECES - 64) * 16;
-    }
-    cp_async_16(stage + dst, blk + static_cast<i64>(p) * 16);
-  }
-  for (int p = tid; p < CHUNK * DCH; p += NT) {
-    const int r = p / DCH, c = p % DCH;
-    const bool valid = r < rows;  // a ragged tail reads zeros
-    cp_async_16_zfill(stage + BSM_DO + r * BSM_DOROW + c * 16, valid ? dorow0 + r * do_row_bytes + c * 16 : dorow0,
-                      valid);
-  }
-}
-
-__device__ __forceinline__ i64 state_index(int layout_vk, i64 nh, int v, int kd) {
-  return layout_vk ? (nh * V + v) * K + kd : (nh * K + kd) * V + v;
-}
-__device__ __forceinline__ float load_state(const void* s, int dtype, i64 idx) {
-  return dtype == KDA_STATE_NONE ? 0.f : dtype == KDA_STATE_BF16 ? load_f32<KDA_BF16>(s, idx) : load_f32<KDA_F32>(s, idx);
-}
-__device__ __forceinline__ void store_state(void* s, int dtype, i64 idx, float x) {
-  if (dtype == KDA_STATE_BF16) store_f32<KDA_BF16>(s, idx, x); else store_f32<KDA_F32>(s, idx, x);
-}
-
-__device__ __forceinline__ void to_a_frag(u32 (&a)[4], const float (&x)[2][4]) {
-  a[0] = pack_bf16x2(x[0][0], x[0][1]);
-  a[1] = pack_bf16x2(x[0][2], x[0][3]);
-  a[2] = pack_bf16x2(x[1][0], x[1][1]);
-  a[3] = pack_bf16x2(x[1][2], x[1][3]);
-}
-
-// acc[2] += a (16 value rows x 16 tokens) times B[k = token i][n = token j] = tile[i][j] (Mqk, INV).
-__device__ __forceinline__ void mma_token_block_t(float (&acc)[2][4], const u32 (&a)[4], const u16* row) {
-  u32 b[4];
-  ldmatrix_x4_trans(b, row);
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const u32 bb[2] = {b[2 * nt], b[2 * nt + 1]};
-    mma_bf16_m16n8k16(acc[nt], a, bb, acc[nt]);
-  }
+  copy_ws_block<K, NT, BSM_QDEC, BSM_INV, BSM_MQK, BSM_GEXP, true>(stage, blk, tid);
+  copy_rows_zfill<NT, DCH, BSM_DOROW>(stage + BSM_DO, dorow0, do_row_bytes, rows, tid);
 }
 
 }  // namespace
@@ -101,12 +56,7 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
 
   if (seq.len == 0) {  // [C6] the initial state's gradient is the final state's
-    if (dinit != nullptr) {
-      for (int e = lane; e < 16 * K; e += 32) {
-        const i64 idx = state_index(layout_vk, nh, vw + e / K, e % K);
-        store_state(dinit, dinit_dtype, idx, load_state(dfinal, dfinal_dtype, idx));
-      }
-    }
+    if (dinit != nullptr) copy_state_rows<V, K>(dinit, dinit_dtype, dfinal, dfinal_dtype, layout_vk, nh, vw, lane);
     return;
   }
 
@@ -116,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
   for (int j = 0; j < K / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      D[j][e] = load_state(dfinal, dfinal_dtype, state_index(layout_vk, nh, vw + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)));
+      D[j][e] = load_state(dfinal, dfinal_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t));
     }
   }
 
@@ -159,10 +109,7 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     u32 Dop[KS][4];
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
-      Dop[s][0] = pack_bf16x2(D[2 * s][0], D[2 * s][1]);
-      Dop[s][1] = pack_bf16x2(D[2 * s][2], D[2 * s][3]);
-      Dop[s][2] = pack_bf16x2(D[2 * s + 1][0], D[2 * s + 1][1]);
-      Dop[s][3] = pack_bf16x2(D[2 * s + 1][2], D[2 * s + 1][3]);
+      to_a_frag(Dop[s], D[2 * s], D[2 * s + 1]);
       u16* row = dstates + ((slot0 + c) * V + vw + g) * K + 16 * s;  // whole 32-byte sectors per quad
       store_row16(row, Dop[s][0], Dop[s][2], t);
       store_row16(row + 8 * K, Dop[s][1], Dop[s][3], t);
@@ -170,56 +117,25 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
 
     // do^T as an A operand (16 value rows x 16 tokens), from the tile's (token row, value column)
     float dt[2][4];
-    if constexpr (ES == 2) {
-      u32 r[4];
-      const int m = lane >> 3;
-      ldmatrix_x4_trans(r, st + BSM_DO + ((lane & 7) + 8 * (m >> 1)) * BSM_DOROW + (16 * warp + 8 * (m & 1)) * 2);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const u32 x = r[2 * nt + h2];
-          if constexpr (KDA_DT == KDA_BF16) {
-            dt[nt][2 * h2] = bf16_lo(x);
-            dt[nt][2 * h2 + 1] = bf16_hi(x);
-          } else {
-            dt[nt][2 * h2] = f16_to_f32(static_cast<u16>(x & 0xffffu));
-            dt[nt][2 * h2 + 1] = f16_to_f32(static_cast<u16>(x >> 16));
-          }
-        }
-      }
-    } else {
-      const float* dtile = reinterpret_cast<const float*>(st + BSM_DO);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dt[nt][e] = dtile[(8 * nt + 2 * t + (e & 1)) * (BSM_DOROW / 4) + 16 * warp + g + 8 * (e >> 1)];
-        }
-      }
-    }
+    load_tile_t<KDA_DT, BSM_DOROW>(dt, st + BSM_DO, 16 * warp, lane);
     u32 da[4];
     to_a_frag(da, dt);
 
     // [C3] dU^T = do^T Mqk, then + D k_res^T (k-steps over channels)
     float dUt[2][4] = {};
-    mma_token_block_t(dUt, da, reinterpret_cast<const u16*>(st + BSM_MQK) + trow * SR + tcol);
+    mma_token_block<true>(dUt, da, reinterpret_cast<const u16*>(st + BSM_MQK) + trow * SR + tcol);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
       u32 bk[4];
       ldmatrix_x4(bk, kres + brow * TS + 16 * s + bcol);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const u32 bb[2] = {bk[2 * nt], bk[2 * nt + 1]};
-        mma_bf16_m16n8k16(dUt[nt], Dop[s], bb, dUt[nt]);
-      }
+      mma2(dUt, Dop[s], bk);
     }
     u32 ua[4];
     to_a_frag(ua, dUt);
 
     // [C4] dY^T = dU^T INV;  dX^T = dY^T beta, negated as an operand
     float dYt[2][4] = {};
-    mma_token_block_t(dYt, ua, reinterpret_cast<const u16*>(st + BSM_INV) + trow * SR + tcol);
+    mma_token_block<true>(dYt, ua, reinterpret_cast<const u16*>(st + BSM_INV) + trow * SR + tcol);
     float nx[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -260,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     for (int j = 0; j < K / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        store_state(dinit, dinit_dtype, state_index(layout_vk, nh, vw + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)), D[j][e]);
+        store_state(dinit, dinit_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t), D[j][e]);
       }
     }
   }

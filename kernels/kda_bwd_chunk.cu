@@ -15,7 +15,9 @@
 // arguments); the gradients are the launcher's contiguous arrays. V and the states' precision
 // (bf16, or fp32 with state_precision="fp32") are arguments: they change loop bounds and one load.
 #include "common.cuh"
+#include "fragments.cuh"
 #include "gates.cuh"
+#include "prepare_steps.cuh"
 #include "rows.cuh"
 
 namespace {
@@ -40,7 +42,6 @@ constexpr int NKT = KW / 8;      // their n-tiles
 // 4 JG elements; K = 256's 128 registers per thread take one at a time)
 constexpr int JG = K <= 128 ? NKT : 1;
 constexpr int NCOL = (K + NT - 1) / NT;  // channels per thread in the per-channel phases
-constexpr float SAFE_EXPONENT = 100.0f;
 constexpr float LN2_F = 0.6931471805599453f;
 
 static_assert(KW % 16 == 0 && BVC % 16 == 0, "whole mma tiles");  // V: a multiple of BVC (64, 128, 256)
@@ -99,25 +100,34 @@ __device__ __forceinline__ void ldb_nk(u32 (&b)[4], const u16* tile, int stride,
 __device__ __forceinline__ void ldb_kn(u32 (&b)[4], const u16* tile, int stride, int k0, int n0, int lane) {
   ldmatrix_x4_trans(b, tile + (k0 + a_row(lane)) * stride + n0 + a_col(lane));
 }
-__device__ __forceinline__ void mma2(float (&acc)[2][4], const u32 (&a)[4], const u32 (&b)[4]) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const u32 bb[2] = {b[2 * nt], b[2 * nt + 1]};
-    mma_bf16_m16n8k16(acc[nt], a, bb, acc[nt]);
-  }
-}
-__device__ __forceinline__ void mma2(float (&acc)[4], float (&acc1)[4], const u32 (&a)[4], const u32 (&b)[4]) {
-  const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-  mma_bf16_m16n8k16(acc, a, b0, acc);
-  mma_bf16_m16n8k16(acc1, a, b1, acc1);
-}
 __device__ __forceinline__ void negate(u32 (&a)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) a[i] ^= 0x80008000u;  // -x of each bf16: exact
 }
 __device__ __forceinline__ float bf16_at(const u16* tile, int idx) { return __uint_as_float(u32(tile[idx]) << 16); }
 
-// 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp (kda_prepare's [6]).
+// acc += A B over the K channels: A = the [16, K] tile a, B[k][n] = b[n0 + n][k] (rows of both TS apart).
+__device__ __forceinline__ void mma_channels(float (&acc)[2][4], const u16* a, const u16* b, int n0, int lane) {
+#pragma unroll 2  // bounds the fragments ptxas prefetches (sm_100a spilled at full unroll)
+  for (int s = 0; s < KS; ++s) {
+    u32 af[4], bf[4];
+    lda(af, a, TS, 16 * s, lane);
+    ldb_nk(bf, b, TS, n0, 16 * s, lane);
+    mma2(acc, af, bf);
+  }
+}
+// f(nt, h2, i, c) for each pair of an accumulator of 16 columns from n0: acc[nt][2 h2], acc[nt][2 h2 + 1]
+// hold row i = g + 8 h2, columns c, c + 1 = n0 + 8 nt + 2 t (g = lane / 4, t = lane % 4).
+template <class F> __device__ __forceinline__ void each_pair(int n0, int lane, F f) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) f(nt, h2, (lane >> 2) + 8 * h2, n0 + 8 * nt + 2 * (lane & 3));
+  }
+}
+
+// 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp (kda_prepare's [6], but fully
+// unrolled and to this kernel's swizzle of [16, 16] tiles, by 8-byte stores).
 __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -157,17 +167,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   const int gq = lane >> 2, tq = lane & 3;
   const int G = HV / H;
 
-  int n = 0;
-  if (cu_seqlens == nullptr) {
-    n = slot / chunks_per_seq;
-  } else {
-    int lo = 0, hi = nseq - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (mid + cu_at(cu_seqlens, cu_is_i64, mid, T) / CHUNK <= slot) lo = mid; else hi = mid - 1;
-    }
-    n = lo;
-  }
+  const int n = slot_sequence(cu_seqlens, cu_is_i64, slot, nseq, T, chunks_per_seq);
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
   const i64 c0 = (slot - first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * CHUNK;
   if (c0 < 0 || c0 >= seq.len) {  // an unused slot (varlen padding): its partial sums are zero
@@ -230,31 +230,11 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   // [P1] q and k rows, l2-normalised as kda_prepare's [1]; padded rows are zero
   if (rowt) {
     float qv[SEG], kv[SEG];
-#pragma unroll
-    for (int v = 0; v < PPS; ++v) {
-      float pq[E], pk[E];
-      const i64 c = (s8 + 8 * v) * E;
-      if (live) {
-        load_row<KDA_DT>(static_cast<const unsigned char*>(q) + (b * q_sb + (t0 + r) * q_st + h * q_sh + c) * ES, pq);
-        load_row<KDA_DT>(static_cast<const unsigned char*>(k) + (b * k_sb + (t0 + r) * k_st + h * k_sh + c) * ES, pk);
-      } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e) pq[e] = pk[e] = 0.f;
-      }
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        qv[v * E + e] = pq[e];
-        kv[v * E + e] = pk[e];
-      }
-    }
+    load_qk_rows<KDA_DT, E, PPS>(qv, kv, q, b * q_sb + (t0 + r) * q_st + h * q_sh, k, b * k_sb + (t0 + r) * k_st + h * k_sh,
+                                 s8, live);
     if constexpr (KDA_L2NORM) {
-      const float iq = rsqrt_approx_ftz(row_sum_sq<E, PPS>(qv, s8) + 1e-6f);
-      const float ik = rsqrt_approx_ftz(row_sum_sq<E, PPS>(kv, s8) + 1e-6f);
-#pragma unroll
-      for (int i = 0; i < SEG; ++i) {
-        qv[i] *= iq;
-        kv[i] *= ik;
-      }
+      float iq, ik;
+      l2norm_qk_rows<E, PPS>(qv, kv, s8, iq, ik);
       if (s8 == 0) {
         sRQ[r] = iq;
         sRK[r] = ik;
@@ -279,26 +259,18 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   for (int gi = 0; gi < G; ++gi) {
     const int hv = h * G + gi;
     const i64 hs = static_cast<i64>(hv) * nslots + slot;
-    const float a = (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) ? ex2_approx_ftz(A_log[hv] * LOG2E_F) : 1.f;
-    const float* bias_row = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias + static_cast<i64>(hv) * K : nullptr;
+    const float a = gate_a<KDA_GATE>(A_log, hv);
+    const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv);
     __syncthreads();  // the previous value head's last reads of the shared tiles are done
-    // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time, as kda_prepare's: the
-    // row's 8 threads read 32 consecutive g and dt_bias values
+    // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time, as kda_prepare's
     if (rowt) {
       const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
       const unsigned char* grow = static_cast<const unsigned char*>(g) + (b * g_sb + (t0 + r) * g_st + hv * g_sh) * elem_bytes<KDA_G_DT>();
 #pragma unroll
       for (int v = 0; v < K / 32; ++v) {
         const int c = 4 * (s8 + 8 * v);
-        float gq4[4] = {0.f, 0.f, 0.f, 0.f}, bq4[4] = {0.f, 0.f, 0.f, 0.f};
-        if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq4);
-        if (bias_vec) {
-          load_quad<KDA_F32>(bias_row + c, bq4);
-        } else if (bias_row != nullptr) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) bq4[e] = bias_row[c + e];
-        }
-        float x[4];
+        float gq4[4], bq4[4], x[4];
+        load_gate_quad<KDA_G_DT>(gq4, bq4, grow, bias_row, bias_vec, c, live);
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[e] = live ? gate_log2<KDA_GATE>(gq4[e], a, bq4[e], lb2) : 0.f;
         st2(sG + fx<K>(r, c), x[0], x[1]);
@@ -306,27 +278,12 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       }
     }
     if (tid < CHUNK) {
-      float bt = 0.f;
-      if (tid < rows) {
-        bt = beta_activate<KDA_BETA_MODE>(
-            KDA_BETA_MODE == KDA_BETA_NONE ? 0.f : load_f32<KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh));
-      }
-      sBeta[tid] = bt;
+      sBeta[tid] = tid < rows ? beta_at<KDA_BETA_MODE, KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh) : 0.f;
     }
     __syncthreads();
     // [4] running sum over the rows per channel; gexp
-    bool unsafe = false;
-    for (int c = tid; c < K; c += NT) {
-      float acc = 0.f;
-#pragma unroll
-      for (int i = 0; i < CHUNK; ++i) {
-        acc += sG[fx<K>(i, c)];
-        sG[fx<K>(i, c)] = acc;
-        unsafe |= fabsf(acc) > SAFE_EXPONENT;
-      }
-      sGexp[c] = ex2_approx_ftz(acc);
-    }
-    unsafe = __syncthreads_or(unsafe);
+    const auto at = [](int i, int c) { return fx<K>(i, c); };
+    const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { sGexp[c] = x; }, tid);
     // [5] the decayed operands (bf16 tiles), piece by piece
     if (rowt) {
 #pragma unroll
@@ -358,28 +315,11 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       if (warp == 0) bf16_abt(sL, sKD, sKI, lane);
       if (warp == 1) bf16_abt(sDM, sQD, sKI, lane);  // sDM holds Mf until [7]
     } else {
-      if (tid < CHUNK * (CHUNK - 1) / 2) {
-        int i = 1, j = tid;
-        while (j >= i) j -= i++;
-        float accl = 0.f, accm = 0.f;
-        for (int c = 0; c < K; ++c) {
-          const float e = ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(j, c)]), kj = sKN[fx<K>(j, c)];
-          accl = fmaf(sKN[fx<K>(i, c)] * kj, e, accl);
-          accm = fmaf((sQN[fx<K>(i, c)] * scale) * kj, e, accm);
-        }
-        sL[sw(i, j)] = accl;
-        sDM[sw(i, j)] = accm;
-      }
+      const auto qs = [&](int i, int c) { return sQN[fx<K>(i, c)] * scale; };
+      const auto tsw = [](int i, int j) { return sw(i, j); };
+      if (tid < CHUNK * (CHUNK - 1) / 2) pair_lower<K>(sG, sKN, qs, at, tsw, sL, sDM, tid);
       constexpr int DIAG = NT >= 256 ? 128 : 96;  // a warp with no pair, or the lanes 0-15 of warp 3
-      if (tid >= DIAG && tid < DIAG + CHUNK) {
-        const int i = tid - DIAG;
-        float acc = 0.f;
-        for (int c = 0; c < K; ++c) {
-          const float x = sQN[fx<K>(i, c)] * scale;
-          acc = fmaf(x * sKN[fx<K>(i, c)], ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(i, c)]), acc);
-        }
-        sDM[sw(i, i)] = acc;
-      }
+      if (tid >= DIAG && tid < DIAG + CHUNK) pair_diagonal<K>(sG, sKN, qs, at, tsw, sDM, tid - DIAG);
     }
     __syncthreads();
     // [7] Lb = fp32(L beta) strictly lower (L kept for dbeta); Mqk = bf16(Mf) on and below the diagonal
@@ -391,17 +331,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     }
     __syncthreads();
     // [8] (I + Lb)^-1 by forward substitution, one column per thread
-    if (tid < CHUNK) {
-      float x[CHUNK];
-#pragma unroll
-      for (int i = 0; i < CHUNK; ++i) {
-        float acc = i == tid ? 1.f : 0.f;
-#pragma unroll
-        for (int j = 0; j < i; ++j) acc = fmaf(-sLB[sw(i, j)], x[j], acc);
-        x[i] = acc;
-        sINV[i * SR + tid] = f32_to_bf16(acc);
-      }
-    }
+    if (tid < CHUNK) inverse_column<SR>(sLB, [](int i, int j) { return sw(i, j); }, sINV, tid);
 
     // the chains over the value columns
     float aQd[NKT][4] = {}, aKd[NKT][4] = {}, aKr[NKT][4] = {};
@@ -449,24 +379,13 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       // [B1] W = k_dec S^T;  X = v - W;  Y = bf16(beta X)
       if (cols) {
         float acc[2][4] = {};
-#pragma unroll 2  // bounds the fragments ptxas prefetches (sm_100a spilled at full unroll)
-        for (int s = 0; s < KS; ++s) {
-          u32 af[4], bf[4];
-          lda(af, sKD, TS, 16 * s, lane);
-          ldb_nk(bf, sS, TS, n0, 16 * s, lane);
-          mma2(acc, af, bf);
-        }
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int h2 = 0; h2 < 2; ++h2) {
-            const int i = gq + 8 * h2, c = n0 + 8 * nt + 2 * tq;
-            const float2 vv = ld2(sVV + fx<BVC>(i, c));
-            const float x0 = vv.x - acc[nt][2 * h2], x1 = vv.y - acc[nt][2 * h2 + 1];
-            st2(sX + fx<BVC>(i, c), x0, x1);
-            *reinterpret_cast<u32*>(sY + i * YS + c) = pack_bf16x2(sBeta[i] * x0, sBeta[i] * x1);
-          }
-        }
+        mma_channels(acc, sKD, sS, n0, lane);
+        each_pair(n0, lane, [&](int nt, int h2, int i, int c) {
+          const float2 vv = ld2(sVV + fx<BVC>(i, c));
+          const float x0 = vv.x - acc[nt][2 * h2], x1 = vv.y - acc[nt][2 * h2 + 1];
+          st2(sX + fx<BVC>(i, c), x0, x1);
+          *reinterpret_cast<u32*>(sY + i * YS + c) = pack_bf16x2(sBeta[i] * x0, sBeta[i] * x1);
+        });
       }
       __syncthreads();
       // [B2] U = bf16(INV Y);  dU = bf16(Mqk^T do + k_res dS^T)
@@ -479,21 +398,11 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         lda_t(af, sMQ, SR, lane);
         ldb_kn(bf, sDO, YS, 0, n0, lane);
         mma2(dacc, af, bf);
-#pragma unroll 2  // bounds the fragments ptxas prefetches (sm_100a spilled at full unroll)
-        for (int s = 0; s < KS; ++s) {
-          lda(af, sKR, TS, 16 * s, lane);
-          ldb_nk(bf, sD, TS, n0, 16 * s, lane);
-          mma2(dacc, af, bf);
-        }
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int h2 = 0; h2 < 2; ++h2) {
-            const int i = gq + 8 * h2, c = n0 + 8 * nt + 2 * tq;
-            *reinterpret_cast<u32*>(sU + i * YS + c) = pack_bf16x2(acc[nt][2 * h2], acc[nt][2 * h2 + 1]);
-            *reinterpret_cast<u32*>(sDU + i * YS + c) = pack_bf16x2(dacc[nt][2 * h2], dacc[nt][2 * h2 + 1]);
-          }
-        }
+        mma_channels(dacc, sKR, sD, n0, lane);
+        each_pair(n0, lane, [&](int nt, int h2, int i, int c) {
+          *reinterpret_cast<u32*>(sU + i * YS + c) = pack_bf16x2(acc[nt][2 * h2], acc[nt][2 * h2 + 1]);
+          *reinterpret_cast<u32*>(sDU + i * YS + c) = pack_bf16x2(dacc[nt][2 * h2], dacc[nt][2 * h2 + 1]);
+        });
       }
       __syncthreads();
       // [B3] dY = INV^T dU;  dX = beta dY: dv (16-bit: staged in Y's tile, done with since [B2], and
@@ -504,23 +413,18 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         lda_t(af, sINV, SR, lane);
         ldb_kn(bf, sDU, YS, 0, n0, lane);
         mma2(acc, af, bf);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int h2 = 0; h2 < 2; ++h2) {
-            const int i = gq + 8 * h2, c = n0 + 8 * nt + 2 * tq;
-            const float y0 = acc[nt][2 * h2], y1 = acc[nt][2 * h2 + 1];
-            const float x0 = sBeta[i] * y0, x1 = sBeta[i] * y1;
-            st2(sDYF + fx<BVC>(i, c), y0, y1);
-            *reinterpret_cast<u32*>(sDYB + i * YS + c) = pack_bf16x2(y0, y1);
-            *reinterpret_cast<u32*>(sDXB + i * YS + c) = pack_bf16x2(x0, x1);
-            if constexpr (KDA_DT == KDA_F32) {
-              if (i < rows) st2(static_cast<float*>(dv) + ((tok0 + i) * HV + hv) * V + v0 + c, x0, x1);
-            } else {
-              *reinterpret_cast<u32*>(sY + i * YS + c) = pack2(x0, x1);
-            }
+        each_pair(n0, lane, [&](int nt, int h2, int i, int c) {
+          const float y0 = acc[nt][2 * h2], y1 = acc[nt][2 * h2 + 1];
+          const float x0 = sBeta[i] * y0, x1 = sBeta[i] * y1;
+          st2(sDYF + fx<BVC>(i, c), y0, y1);
+          *reinterpret_cast<u32*>(sDYB + i * YS + c) = pack_bf16x2(y0, y1);
+          *reinterpret_cast<u32*>(sDXB + i * YS + c) = pack_bf16x2(x0, x1);
+          if constexpr (KDA_DT == KDA_F32) {
+            if (i < rows) st2(static_cast<float*>(dv) + ((tok0 + i) * HV + hv) * V + v0 + c, x0, x1);
+          } else {
+            *reinterpret_cast<u32*>(sY + i * YS + c) = pack2(x0, x1);
           }
-        }
+        });
       }
       __syncthreads();
       // [B4] the chains: dLb~ and dM (16x16), dQd, dKd, dKr ([16, K], this warp's channels); dbeta, dge;

@@ -9,7 +9,9 @@
 // KDA_GATE (KDA_GATE_LOG | _SOFTPLUS | _SIGMOID), KDA_BETA_MODE (KDA_BETA_NONE |
 // _RAW | _SIGMOID | _SIGMOID2 = 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts.
 #include "common.cuh"
+#include "fragments.cuh"
 #include "gates.cuh"
+#include "prepare_steps.cuh"
 #include "rows.cuh"
 
 namespace {
@@ -18,10 +20,6 @@ using namespace kda;
 constexpr int K = KDA_K;
 constexpr int NT = 128;
 constexpr int TS = K + 8;        // padded bf16 tile row (elements)
-// |gc| above this: the pair form. Not 126: 2^gc * scale * q must stay normal fp32 for every
-// element that matters (26 binades of margin), or FTZ (-ftz=true) flushes terms whose product
-// with 2^-gc is O(1); measured under KDACUPY_EMULATE_NUMERICS=hardware at T=8192, g=0, bias=+8.
-constexpr float SAFE_EXPONENT = 100.0f;
 
 // Who owns which channels (docs/design.md section 11: every global access a warp makes covers
 // whole sectors). The 8 threads of row r = tid / 8 take the row's 16-byte pieces of q and k
@@ -41,7 +39,8 @@ static_assert(PSM_GS % 4 == 1 && PSM_GS >= K + K / 8, "padded fp32 rows");
 // mma accumulator stores of bf16_abt and a warp's 32 consecutive elements are conflict-free.
 __device__ __forceinline__ int sw(int i, int j) { return i * CHUNK + (j ^ ((i >> 1 & 1) | (i >> 2 & 1) << 3)); }
 
-// 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6].
+// 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6] (kda_bwd_chunk has
+// its own: its [16, 16] tiles use another swizzle and 8-byte stores).
 __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
   // B operand (k = channel, n = row j of b): row-major rows of b give k-pairs directly;
@@ -53,11 +52,7 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
     u32 af[4], bf[4];
     ldmatrix_x4(af, a + mrow * TS + 16 * s + mcol);
     ldmatrix_x4(bf, b + brow * TS + 16 * s + bcol);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const u32 bb[2] = {bf[2 * nt], bf[2 * nt + 1]};
-      mma_bf16_m16n8k16(acc[nt], af, bb, acc[nt]);
-    }
+    mma2(acc, af, bf);
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -84,18 +79,8 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     unsigned char* ws) {
   const int slot = blockIdx.x, hv = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  // which sequence and chunk this slot is (varlen: the largest n with n + bos_n/16 <= slot)
-  int n = 0;
-  if (cu_seqlens == nullptr) {
-    n = slot / chunks_per_seq;
-  } else {
-    int lo = 0, hi = nseq - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (mid + cu_at(cu_seqlens, cu_is_i64, mid, T) / CHUNK <= slot) lo = mid; else hi = mid - 1;
-    }
-    n = lo;
-  }
+  // which sequence and chunk this slot is
+  const int n = slot_sequence(cu_seqlens, cu_is_i64, slot, nseq, T, chunks_per_seq);
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
   const i64 c0 = (slot - first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * CHUNK;
   if (c0 < 0 || c0 >= seq.len) return;  // an unused slot (varlen padding)
@@ -121,80 +106,39 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 
   // [1] load and l2-normalise q and k (this thread: pieces s + 8v, channels (s + 8v) E + e); padded rows are zero
   float qv[SEG], kv[SEG];
-#pragma unroll
-  for (int v = 0; v < PPS; ++v) {
-    float pq[E], pk[E];
-    const i64 c = (s + 8 * v) * E;
-    if (live) {
-      load_row<KDA_DT>(static_cast<const unsigned char*>(q) + (b * q_sb + (t0 + r) * q_st + h * q_sh + c) * elem_bytes<KDA_DT>(), pq);
-      load_row<KDA_DT>(static_cast<const unsigned char*>(k) + (b * k_sb + (t0 + r) * k_st + h * k_sh + c) * elem_bytes<KDA_DT>(), pk);
-    } else {
-#pragma unroll
-      for (int e = 0; e < E; ++e) pq[e] = pk[e] = 0.f;
-    }
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      qv[v * E + e] = pq[e];
-      kv[v * E + e] = pk[e];
-    }
-  }
+  load_qk_rows<KDA_DT, E, PPS>(qv, kv, q, b * q_sb + (t0 + r) * q_st + h * q_sh, k, b * k_sb + (t0 + r) * k_st + h * k_sh, s,
+                               live);
   if constexpr (KDA_L2NORM) {
-    const float iq = rsqrt_approx_ftz(row_sum_sq<E, PPS>(qv, s) + 1e-6f), ik = rsqrt_approx_ftz(row_sum_sq<E, PPS>(kv, s) + 1e-6f);
-#pragma unroll
-    for (int i = 0; i < SEG; ++i) {
-      qv[i] *= iq;
-      kv[i] *= ik;
-    }
+    float iq, ik;
+    l2norm_qk_rows<E, PPS>(qv, kv, s, iq, ik);
   }
 
-  // [2] gate, zero on padded rows (activation first, so padding adds no decay). Four channels
-  // 4 (s + 8 v) .. + 3 at a time: the row's 8 threads read 32 consecutive g and dt_bias values.
+  // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time
   {
-    float a = 1.f;
-    if (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) a = ex2_approx_ftz(A_log[hv] * LOG2E_F);
-    const float* bias_row = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias + static_cast<i64>(hv) * K : nullptr;
+    const float a = gate_a<KDA_GATE>(A_log, hv);
+    const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv);
     const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
     const unsigned char* grow = static_cast<const unsigned char*>(g) + (b * g_sb + (t0 + r) * g_st + hv * g_sh) * elem_bytes<KDA_G_DT>();
 #pragma unroll
     for (int v = 0; v < K / 32; ++v) {
       const int c = 4 * (s + 8 * v);
-      float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
-      if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
-      if (bias_vec) {
-        load_quad<KDA_F32>(bias_row + c, bq);
-      } else if (bias_row != nullptr) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) bq[e] = bias_row[c + e];
-      }
+      float gq[4], bq[4];
+      load_gate_quad<KDA_G_DT>(gq, bq, grow, bias_row, bias_vec, c, live);
 #pragma unroll
       for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;  // [2]
     }
   }
   // [3] beta
   if (tid < CHUNK) {
-    float bt = 0.f;
-    if (tid < rows) {
-      bt = beta_activate<KDA_BETA_MODE>(
-          KDA_BETA_MODE == KDA_BETA_NONE ? 0.f : load_f32<KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh));
-    }
+    const float bt = tid < rows ? beta_at<KDA_BETA_MODE, KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh) : 0.f;
     sBeta[tid] = bt;
     reinterpret_cast<float*>(blk + WS_BETA)[tid] = bt;
   }
   __syncthreads();
 
   // [4] running sum over the chunk rows, per channel, sequential fp32; [9] gexp = ex2(gt)
-  bool unsafe = false;
-  for (int c = tid; c < K; c += NT) {
-    float acc = 0.f;
-#pragma unroll
-    for (int i = 0; i < CHUNK; ++i) {
-      acc += sG[gx(i, c)];
-      sG[gx(i, c)] = acc;
-      unsafe |= fabsf(acc) > SAFE_EXPONENT;
-    }
-    reinterpret_cast<float*>(blk + WS_GEXP)[c] = ex2_approx_ftz(acc);
-  }
-  unsafe = __syncthreads_or(unsafe);
+  const auto at = [](int i, int c) { return gx(i, c); };
+  const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { reinterpret_cast<float*>(blk + WS_GEXP)[c] = x; }, tid);
 
   // [5] decayed operands, to the workspace (and shared memory for [6]), piece by piece
 #pragma unroll
@@ -250,24 +194,10 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     // pair form: every product of two decays taken as one exponent difference. Threads 0-119
     // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16
     // diagonals Mf_ii run on warp 3, whose lanes 24-31 have no pair (no divergence inside a warp).
-    if (tid < CHUNK * (CHUNK - 1) / 2) {
-      int i = 1, j = tid;
-      while (j >= i) j -= i++;
-      float accl = 0.f, accm = 0.f;
-      for (int c = 0; c < K; ++c) {
-        const float e = ex2_approx_ftz(sG[gx(i, c)] - sG[gx(j, c)]), kj = sKn[gx(j, c)];
-        accl = fmaf(sKn[gx(i, c)] * kj, e, accl);
-        accm = fmaf(sQs[gx(i, c)] * kj, e, accm);
-      }
-      sL[sw(i, j)] = accl;
-      sM[sw(i, j)] = accm;
-    }
-    if (warp == NT / 32 - 1 && lane < CHUNK) {
-      const int i = lane;
-      float acc = 0.f;
-      for (int c = 0; c < K; ++c) acc = fmaf(sQs[gx(i, c)] * sKn[gx(i, c)], ex2_approx_ftz(sG[gx(i, c)] - sG[gx(i, c)]), acc);
-      sM[sw(i, i)] = acc;
-    }
+    const auto qs = [&](int i, int c) { return sQs[gx(i, c)]; };
+    const auto tsw = [](int i, int j) { return sw(i, j); };
+    if (tid < CHUNK * (CHUNK - 1) / 2) pair_lower<K>(sG, sKn, qs, at, tsw, sL, sM, tid);
+    if (warp == NT / 32 - 1 && lane < CHUNK) pair_diagonal<K>(sG, sKn, qs, at, tsw, sM, lane);
   }
   __syncthreads();
 
@@ -279,19 +209,6 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   }
   __syncthreads();
 
-  // [8] (I + Lb)^-1 by forward substitution in fp32, one column per thread:
-  // X_i = e_i - sum_j<i Lb_ij X_j, FMAs in j order. Unlike a power series of Lb it
-  // has no large intermediates, so repeated keys (Lb near an all-beta triangle)
-  // neither cancel nor overflow. Entries above the diagonal come out exactly 0.
-  if (tid < CHUNK) {
-    float x[CHUNK];
-#pragma unroll
-    for (int i = 0; i < CHUNK; ++i) {
-      float acc = i == tid ? 1.f : 0.f;
-#pragma unroll
-      for (int j = 0; j < i; ++j) acc = fmaf(-sL[sw(i, j)], x[j], acc);
-      x[i] = acc;
-      reinterpret_cast<u16*>(blk + WS_INV)[i * CHUNK + tid] = f32_to_bf16(acc);  // a row: 16 adjacent lanes
-    }
-  }
+  // [8] (I + Lb)^-1, one column per thread (a row of the workspace's INV: 16 adjacent lanes)
+  if (tid < CHUNK) inverse_column<CHUNK>(sL, [](int i, int j) { return sw(i, j); }, reinterpret_cast<u16*>(blk + WS_INV), tid);
 }

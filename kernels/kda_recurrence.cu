@@ -16,6 +16,9 @@
 // each chunk's start, as held, goes to ``states`` [HV, slots, V, K]: what the backward reads,
 // kdacupy/ops/backward/).
 #include "common.cuh"
+#include "chunk_stream.cuh"
+#include "fragments.cuh"
+#include "state_io.cuh"
 
 #ifndef KDA_NO_OUTPUT
 #define KDA_NO_OUTPUT 0
@@ -39,70 +42,18 @@ constexpr int KS = K / 16;            // k-steps of the state matmuls
 constexpr int TS = K + 8;             // padded bf16 row of a [16, K] tile (elements)
 constexpr int SR = 24;                // padded row of a 16x16 tile (elements)
 constexpr int ES = elem_bytes<KDA_DT>();
-constexpr int QCH = 2 * K / 16;       // 16-byte pieces per [16, K] tile row
-constexpr int TILE_PIECES = 3 * CHUNK * QCH;
 constexpr int VCH = BV * ES / 16;     // 16-byte pieces per value-tile row
 
 static_assert(V % BV == 0 && BV % 16 == 0, "value slices are whole warps");
-static_assert(WS_KDEC == WS_QDEC + CHUNK * K * 2 && WS_KRES == WS_KDEC + CHUNK * K * 2, "workspace tiles");
-static_assert(WS_INV == WS_KRES + CHUNK * K * 2 && WS_MQK == WS_INV + 512 && WS_GEXP == WS_MQK + 512, "workspace");
-static_assert(WS_BETA == WS_GEXP + K * 4 && RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
+static_assert(RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
 static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CHUNK * TS * 2, "smem tiles");
 
-// Queue the copies of one chunk (workspace block + value tile) into a stage.
+// Queue the copies of one chunk (workspace block + value tile) into a stage; without the output,
+// q_dec and Mqk are never read: not copied.
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
-  for (int p = tid; p < WS_STRIDE / 16; p += NT) {
-    // without the output, q_dec and Mqk are never read: not copied
-    if (!OUTPUT && (p < CHUNK * QCH || (p >= TILE_PIECES + 32 && p < TILE_PIECES + 64))) continue;
-    int dst;
-    if (p < TILE_PIECES) {  // q_dec, k_dec, k_res rows -> padded rows
-      const int m = p / (CHUNK * QCH), r = (p / QCH) % CHUNK, c = p % QCH;
-      dst = RSM_QDEC + m * CHUNK * TS * 2 + r * TS * 2 + c * 16;
-    } else if (p < TILE_PIECES + 64) {  // INV, Mqk (32-byte rows) -> 48-byte rows
-      const int p2 = p - TILE_PIECES, m = p2 / 32, r = (p2 / 2) % CHUNK, c = p2 % 2;
-      dst = (m ? RSM_MQK : RSM_INV) + r * 48 + c * 16;
-    } else {  // gexp, beta
-      dst = RSM_GEXP + (p - TILE_PIECES - 64) * 16;
-    }
-    cp_async_16(stage + dst, blk + static_cast<i64>(p) * 16);
-  }
-  for (int p = tid; p < CHUNK * VCH; p += NT) {
-    const int r = p / VCH, c = p % VCH;
-    const bool valid = r < rows;  // a ragged tail reads zeros (0 * garbage could be NaN)
-    cp_async_16_zfill(stage + RSM_VT + r * RSM_VROW + c * 16, valid ? vrow0 + r * v_row_bytes + c * 16 : vrow0, valid);
-  }
-}
-
-// State element (value row v, key column kd) of sequence n, head hv, as fp32.
-__device__ __forceinline__ i64 state_index(int layout_vk, i64 nh, int v, int kd) {
-  return layout_vk ? (nh * V + v) * K + kd : (nh * K + kd) * V + v;
-}
-__device__ __forceinline__ float load_state(const void* s, int dtype, i64 idx) {
-  return dtype == KDA_STATE_NONE ? 0.f : dtype == KDA_STATE_BF16 ? load_f32<KDA_BF16>(s, idx) : load_f32<KDA_F32>(s, idx);
-}
-__device__ __forceinline__ void store_state(void* s, int dtype, i64 idx, float x) {
-  if (dtype == KDA_STATE_BF16) store_f32<KDA_BF16>(s, idx, x); else store_f32<KDA_F32>(s, idx, x);
-}
-
-// Packs two n8 accumulator tiles (token columns 0-7 and 8-15) into an A fragment.
-__device__ __forceinline__ void to_a_frag(u32 (&a)[4], const float (&x)[2][4]) {
-  a[0] = pack_bf16x2(x[0][0], x[0][1]);
-  a[1] = pack_bf16x2(x[0][2], x[0][3]);
-  a[2] = pack_bf16x2(x[1][0], x[1][1]);
-  a[3] = pack_bf16x2(x[1][2], x[1][3]);
-}
-
-// acc[2] += a (16 value rows x 16 tokens) times a 16x16 token block B read as
-// B[k = j][n = i] = tile[i][j] (INV, Mqk); ``row`` is this lane's ldmatrix row.
-__device__ __forceinline__ void mma_token_block(float (&acc)[2][4], const u32 (&a)[4], const u16* row) {
-  u32 b[4];
-  ldmatrix_x4(b, row);
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const u32 bb[2] = {b[2 * nt], b[2 * nt + 1]};
-    mma_bf16_m16n8k16(acc[nt], a, bb, acc[nt]);
-  }
+  copy_ws_block<K, NT, RSM_QDEC, RSM_INV, RSM_MQK, RSM_GEXP, OUTPUT>(stage, blk, tid);
+  copy_rows_zfill<NT, VCH, RSM_VROW>(stage + RSM_VT, vrow0, v_row_bytes, rows, tid);
 }
 
 }  // namespace
@@ -137,12 +88,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
 
   if (seq.len == 0) {  // [16] the final state is the initial state, converted only
-    if (s_out != nullptr) {
-      for (int e = lane; e < 16 * K; e += 32) {
-        const i64 idx = state_index(layout_vk, nh, vw + e / K, e % K);
-        store_state(s_out, s_out_dtype, idx, load_state(s_in, s_in_dtype, idx));
-      }
-    }
+    if (s_out != nullptr) copy_state_rows<V, K>(s_out, s_out_dtype, s_in, s_in_dtype, layout_vk, nh, vw, lane);
     return;
   }
 
@@ -154,7 +100,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     float x[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      x[e] = load_state(s_in, s_in_dtype, state_index(layout_vk, nh, vw + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)));
+      x[e] = load_state(s_in, s_in_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t));
     }
     if constexpr (FP32_STATE) {
 #pragma unroll
@@ -230,10 +176,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     for (int s = 0; s < KS; ++s) {
       u32 a[4];
       if constexpr (FP32_STATE) {
-        a[0] = pack_bf16x2(Sf[2 * s][0], Sf[2 * s][1]);
-        a[1] = pack_bf16x2(Sf[2 * s][2], Sf[2 * s][3]);
-        a[2] = pack_bf16x2(Sf[2 * s + 1][0], Sf[2 * s + 1][1]);
-        a[3] = pack_bf16x2(Sf[2 * s + 1][2], Sf[2 * s + 1][3]);
+        to_a_frag(a, Sf[2 * s], Sf[2 * s + 1]);
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[e] = Sa[s][e];
@@ -251,34 +194,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 
     // [12] vsub^T = bf16(beta * (v^T - W^T)), the values arriving as (row v, column token)
     float vt[2][4];
-    if constexpr (ES == 2) {
-      u32 r[4];
-      const int m = lane >> 3;
-      ldmatrix_x4_trans(r, st + RSM_VT + ((lane & 7) + 8 * (m >> 1)) * RSM_VROW + (16 * warp + 8 * (m & 1)) * 2);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const u32 x = r[2 * nt + h2];
-          if constexpr (KDA_DT == KDA_BF16) {
-            vt[nt][2 * h2] = bf16_lo(x);
-            vt[nt][2 * h2 + 1] = bf16_hi(x);
-          } else {
-            vt[nt][2 * h2] = f16_to_f32(static_cast<u16>(x & 0xffffu));
-            vt[nt][2 * h2 + 1] = f16_to_f32(static_cast<u16>(x >> 16));
-          }
-        }
-      }
-    } else {
-      const float* vtile = reinterpret_cast<const float*>(st + RSM_VT);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          vt[nt][e] = vtile[(8 * nt + 2 * t + (e & 1)) * (RSM_VROW / 4) + 16 * warp + g + 8 * (e >> 1)];
-        }
-      }
-    }
+    load_tile_t<KDA_DT, RSM_VROW>(vt, st + RSM_VT, 16 * warp, lane);
     float vs[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -290,13 +206,13 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 
     // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j], rows of INV
     float Ut[2][4] = {};
-    mma_token_block(Ut, va, reinterpret_cast<const u16*>(st + RSM_INV) + brow * SR + bcol);
+    mma_token_block<false>(Ut, va, reinterpret_cast<const u16*>(st + RSM_INV) + brow * SR + bcol);
     u32 ua[4];
     to_a_frag(ua, Ut);
 
     // [14] o^T += U^T Mqk^T, rounded once to the output dtype, staged per warp, stored by rows
     if constexpr (OUTPUT) {
-      mma_token_block(Ot, ua, reinterpret_cast<const u16*>(st + RSM_MQK) + brow * SR + bcol);
+      mma_token_block<false>(Ot, ua, reinterpret_cast<const u16*>(st + RSM_MQK) + brow * SR + bcol);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -357,7 +273,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
         const float x = FP32_STATE ? Sf[j][e]
                                    : ((e & 1) ? bf16_hi(Sa[j / 2][2 * (j & 1) + (e >> 1)])
                                               : bf16_lo(Sa[j / 2][2 * (j & 1) + (e >> 1)]));
-        store_state(s_out, s_out_dtype, state_index(layout_vk, nh, vw + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)), x);
+        store_state(s_out, s_out_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t), x);
       }
     }
   }

@@ -1,0 +1,72 @@
+// The per-chunk steps of the prepare (kda_prepare) that kda_bwd_chunk recomputes bit for bit:
+// each kernel keeps its own shared-memory layout of the [16, K] and [16, 16] fp32 tiles, passed
+// in as ``at(i, c)`` (the word of row i, column c). Step numbers of kdacupy/numerics/precision.py.
+#pragma once
+#include "common.cuh"
+
+namespace kda {
+
+// |gc| above this: the pair form. Not 126: 2^gc * scale * q must stay normal fp32 for every
+// element that matters (26 binades of margin), or FTZ (-ftz=true) flushes terms whose product
+// with 2^-gc is O(1); measured under KDACUPY_EMULATE_NUMERICS=hardware at T=8192, g=0, bias=+8.
+constexpr float SAFE_EXPONENT = 100.0f;
+
+// [4] running sum over the chunk's rows of g [16, K], per channel, sequential fp32, in place;
+// [9] gexp[c] = ex2 of the sum. Every thread of the block takes part: whether any |sum| passed
+// SAFE_EXPONENT (the pair form), after a barrier.
+template <int K, int NT, class At, class Put> __device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, int tid) {
+  bool unsafe = false;
+  for (int c = tid; c < K; c += NT) {
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) {
+      acc += g[at(i, c)];
+      g[at(i, c)] = acc;
+      unsafe |= fabsf(acc) > SAFE_EXPONENT;
+    }
+    put_gexp(c, ex2_approx_ftz(acc));
+  }
+  return __syncthreads_or(unsafe);
+}
+
+// [6] pair form (the decay would overflow the factored one): every product of two decays taken as
+// one exponent difference, fma chains in channel order. pair_lower: pair ``pair`` (0 to 119) of
+// i > j, L_ij and Mf_ij from one ex2 per channel; pair_diagonal: Mf_ii. k from kn, qs(i, c) =
+// q * scale; the [16, 16] results to L, M at sw(i, j).
+template <int K, class At, class Qs, class Sw>
+__device__ __forceinline__ void pair_lower(const float* g, const float* kn, Qs qs, At at, Sw sw, float* L, float* M, int pair) {
+  int i = 1, j = pair;
+  while (j >= i) j -= i++;
+  float accl = 0.f, accm = 0.f;
+  for (int c = 0; c < K; ++c) {
+    const float e = ex2_approx_ftz(g[at(i, c)] - g[at(j, c)]), kj = kn[at(j, c)];
+    accl = fmaf(kn[at(i, c)] * kj, e, accl);
+    accm = fmaf(qs(i, c) * kj, e, accm);
+  }
+  L[sw(i, j)] = accl;
+  M[sw(i, j)] = accm;
+}
+template <int K, class At, class Qs, class Sw>
+__device__ __forceinline__ void pair_diagonal(const float* g, const float* kn, Qs qs, At at, Sw sw, float* M, int i) {
+  float acc = 0.f;
+  for (int c = 0; c < K; ++c) acc = fmaf(qs(i, c) * kn[at(i, c)], ex2_approx_ftz(g[at(i, c)] - g[at(i, c)]), acc);
+  M[sw(i, i)] = acc;
+}
+
+// [8] column ``col`` of (I + Lb)^-1 by forward substitution in fp32 (Lb strictly lower, [16, 16]
+// at sw(i, j)): X_i = e_i - sum_j<i Lb_ij X_j, FMAs in j order, each X_i to inv[i * ROW + col] as
+// bf16. Unlike a power series of Lb it has no large intermediates, so repeated keys (Lb near an
+// all-beta triangle) neither cancel nor overflow. Entries above the diagonal come out exactly 0.
+template <int ROW, class Sw> __device__ __forceinline__ void inverse_column(const float* lb, Sw sw, u16* inv, int col) {
+  float x[CHUNK];
+#pragma unroll
+  for (int i = 0; i < CHUNK; ++i) {
+    float acc = i == col ? 1.f : 0.f;
+#pragma unroll
+    for (int j = 0; j < i; ++j) acc = fmaf(-lb[sw(i, j)], x[j], acc);
+    x[i] = acc;
+    inv[i * ROW + col] = f32_to_bf16(acc);
+  }
+}
+
+}  // namespace kda
