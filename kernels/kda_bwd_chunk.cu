@@ -284,7 +284,8 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     // [4] running sum over the rows per channel; gexp
     const auto at = [](int i, int c) { return fx<K>(i, c); };
     const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { sGexp[c] = x; }, tid);
-    // [5] the decayed operands (bf16 tiles), piece by piece
+    // [5] the decayed operands (bf16 tiles), piece by piece; apart from kda_prepare's [5], which reads
+    // q, k from registers and writes the workspace: here they come from the fp32 rows in shared memory
     if (rowt) {
 #pragma unroll
       for (int v = 0; v < PPS; ++v) {
