@@ -9,7 +9,7 @@ from ...jit import registry
 from ..forward.kernels import RecurrenceVariant
 from ..forward.limits import DIMS
 from ..forward.tuning import TILE_SPACE
-from ..forward.variants import DTYPES
+from ..inputs import DTYPES
 from .split import ScanVariant
 
 
