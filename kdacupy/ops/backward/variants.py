@@ -8,16 +8,15 @@ import itertools
 from ...jit import registry
 from ..forward.kernels import RecurrenceVariant
 from ..forward.limits import DIMS
-from ..forward.tuning import TILE_SPACE
+from ..forward.tuning import candidates
 from ..inputs import DTYPES, input_option_space
 from .kernels import ChainVariant, ChunkVariant, ReduceVariant
 
 
 def chain_variants():
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
-        for tiles in TILE_SPACE:
-            if tiles.BV <= V:
-                yield ChainVariant(K, V, dt, tiles)
+        for tiles in candidates(V):
+            yield ChainVariant(K, V, dt, tiles)
 
 
 def chunk_variants():
@@ -27,9 +26,8 @@ def chunk_variants():
 
 def state_store_variants():
     for K, V, dt, fp32 in itertools.product(DIMS, DIMS, DTYPES, (False, True)):
-        for tiles in TILE_SPACE:
-            if tiles.BV <= V:
-                yield RecurrenceVariant(K, V, dt, fp32, tiles, no_output=True, store_states=True)
+        for tiles in candidates(V):
+            yield RecurrenceVariant(K, V, dt, fp32, tiles, no_output=True, store_states=True)
 
 
 def reduce_variants():

@@ -8,7 +8,7 @@ from ...jit import registry
 from ..inputs import DTYPES, input_option_space
 from .limits import DIMS
 from .kernels import PrepareVariant, RecurrenceVariant
-from .tuning import TILE_SPACE
+from .tuning import candidates
 
 
 def prepare_variants():
@@ -18,9 +18,8 @@ def prepare_variants():
 
 def recurrence_variants():
     for K, V, dt, fp32 in itertools.product(DIMS, DIMS, DTYPES, (False, True)):
-        for tiles in TILE_SPACE:
-            if tiles.BV <= V:
-                yield RecurrenceVariant(K, V, dt, fp32, tiles)
+        for tiles in candidates(V):
+            yield RecurrenceVariant(K, V, dt, fp32, tiles)
 
 
 registry.register("kda_prepare", prepare_variants)
