@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 
 from . import bench_seqpar, peers, timing
-from .report import error_line, fla_cells, geomean, kimi_ratios, write_json
+from .report import fla_cells, geomean, kimi_ratios, table_lines, write_json
 from .shapes import LOWER_BOUND, Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, validated
 
 
@@ -122,19 +122,18 @@ def summarize(rows) -> dict:
 def format_table(rows, summary) -> str:
     head = (f"{'shape':<24} {'kdacupy ms':>10} {'min':>7} {'tiles':>10} {'src':>5} {'GB/s':>7} {'%copy':>6} "
             f"{'FLA ms':>8} {'FLA/kda':>7} {'rms o':>8}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        if r.get("error"):
-            lines.append(error_line(r))
-            continue
+
+    def line(r):
         k, f = r["kdacupy"], r["fla"] or {}
         src = "heur" if k["tiles_source"].startswith("heuristic") else "file"
         frac = f"{100 * r['fraction_of_copy_bw']:5.1f}%" if r["fraction_of_copy_bw"] else "    -"
         fms, ratio = fla_cells(r)
         rms = f"{f['rms_ratio_o']:8.1e}" if f.get("rms_ratio_o") is not None else "       -"
         tiles = f"{k['tiles']['BV']}/{k['tiles']['stages']}"
-        lines.append(f"{r['shape']['name']:<24} {k['median_ms']:10.3f} {k['min_ms']:7.3f} {tiles:>10} {src:>5} "
-                     f"{r['achieved_gbps']:7.0f} {frac:>6} {fms} {ratio} {rms}")
+        return (f"{r['shape']['name']:<24} {k['median_ms']:10.3f} {k['min_ms']:7.3f} {tiles:>10} {src:>5} "
+                f"{r['achieved_gbps']:7.0f} {frac:>6} {fms} {ratio} {rms}")
+
+    lines = table_lines(head, rows, line)
     if summary is None:  # one row as it is measured
         return "\n".join(lines)
     gm = summary["geomean_fla_over_kdacupy_kimi"]

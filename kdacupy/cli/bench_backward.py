@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import peers, timing
-from .report import error_line, fla_cells, geomean, kimi_ratios, write_json
+from .report import fla_cells, geomean, kimi_ratios, table_lines, write_json
 from .shapes import Shape, _cast, make_inputs, resolve_shapes, shape_problem
 
 FIELDS = ("dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log", "ddt_bias")
@@ -146,19 +146,18 @@ def bench_shape(shape: Shape, args, fla: FLABackward | None, on_kdacupy=None) ->
 def format_table(rows, gm=None) -> str:
     head = (f"{'shape':<24} {'fwd ms':>8} {'bwd ms':>8} {'fwd+bwd':>8} {'bitwise':>7} {'FLA ms':>8} {'FLA/kda':>7} "
             f"{'worst rms vs FLA':>22} {'FLA run-to-run':>14}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        if r.get("error"):
-            lines.append(error_line(r))
-            continue
+
+    def line(r):
         k, f = r["kdacupy"], r["fla"] or {}
         worst = max(((v, n) for n, v in (f.get("rms_ratio_vs_fla") or {}).items() if v is not None), default=None)
         wtxt = f"{worst[0]:.1e} ({worst[1]})" if worst else "-"
         rtr = max((v for v in (f.get("run_to_run_max_abs") or {}).values() if v is not None), default=None)
         fms, ratio = fla_cells(r)
-        lines.append(f"{r['shape']['name']:<24} {k['forward']['median_ms']:8.3f} {k['backward']['median_ms']:8.3f} "
-                     f"{k['forward_backward']['median_ms']:8.3f} {'yes' if r['repeatable'] else 'NO':>7} {fms} "
-                     f"{ratio} {wtxt:>22} {('-' if rtr is None else f'{rtr:.1e}'):>14}")
+        return (f"{r['shape']['name']:<24} {k['forward']['median_ms']:8.3f} {k['backward']['median_ms']:8.3f} "
+                f"{k['forward_backward']['median_ms']:8.3f} {'yes' if r['repeatable'] else 'NO':>7} {fms} "
+                f"{ratio} {wtxt:>22} {('-' if rtr is None else f'{rtr:.1e}'):>14}")
+
+    lines = table_lines(head, rows, line)
     if gm is not None or rows:
         lines.append(f"geometric mean FLA / kdacupy (forward + backward) over the Kimi shapes: "
                      + (f"{gm:.2f} (goal 1.5)" if gm else "- (FLA did not run)"))

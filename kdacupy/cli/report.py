@@ -1,6 +1,6 @@
 """What the forward and backward bench runs record and print alike: the geometric mean of
-FLA / kdacupy over the Kimi shapes, the JSON record, and the table cells of a failed shape and of
-FLA's columns."""
+FLA / kdacupy over the Kimi shapes, the JSON record, and the tables' frame (header, rule, a failed
+shape's line) and FLA's cells."""
 from __future__ import annotations
 
 import json
@@ -24,6 +24,11 @@ def write_json(path, doc) -> Path:
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     return path
+
+
+def table_lines(head: str, rows, line) -> list[str]:
+    """The header, its rule, and a line per row: ``line(row)``, or a failed shape's error."""
+    return [head, "-" * len(head)] + [error_line(r) if r.get("error") else line(r) for r in rows]
 
 
 def error_line(row) -> str:
