@@ -6,7 +6,11 @@
 // the state evolve independently, so the slice stays in shared memory for the
 // whole chain and only M and B stream in. Each thread owns one column and K/RG
 // rows; every product is a chain of fp32 FMAs in key order, B first.
-// The starts are written in the call's state layout, ready for the forward.
+// The starts are written in the call's state layout, ready for the forward; the
+// initial state is read and the starts written through the slice in shared
+// memory, the CTA's lanes walking the layout's contiguous dimension (in "vk" a
+// column's K keys are adjacent in memory, so lanes owning columns would touch
+// one sector each).
 //
 // Rendered configuration: KDA_K, KDA_V, SCAN_SC (columns per CTA), SCAN_TI
 // (columns of M staged per pass); SCAN_THREADS = SCAN_SC * SCAN_RG threads.
@@ -23,10 +27,21 @@ constexpr int RG = SCAN_RG;           // row groups: thread t owns column t % SC
 constexpr int NT = SC * RG;
 constexpr int ROWS = K / RG;
 static_assert(V % SC == 0 && K % RG == 0 && K % TI == 0 && NT <= 1024, "scan tiling");
+static_assert((SC & (SC - 1)) == 0 && SC <= 32 && NT % 32 == 0, "the slice's swizzle");
 
 __device__ __forceinline__ i64 state_at(int layout_vk, i64 nh, int k, int v) {
   return layout_vk ? (nh * V + v) * K + k : (nh * K + k) * V + v;
 }
+
+// Word of (key k, column v) in the [K][SC] slice: each pair of rows XOR-permutes
+// its columns, so a row (the FMA loop's and the column owners' accesses), two
+// adjacent rows (a warp of owners) and 32 consecutive keys of one column (the
+// "vk" walk) all meet 32 distinct banks.
+__device__ __forceinline__ int slice_at(int k, int v) { return k * SC + (v ^ ((k >> 1) & (SC - 1))); }
+
+// Key and column of element e of the slice in the order the layout keeps it in memory.
+__device__ __forceinline__ int elem_key(int layout_vk, int e) { return layout_vk ? e % K : e / SC; }
+__device__ __forceinline__ int elem_col(int layout_vk, int e) { return layout_vk ? e / K : e % SC; }
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT) kda_seqpar_scan(
@@ -39,21 +54,28 @@ extern "C" __global__ void __launch_bounds__(NT) kda_seqpar_scan(
   float* Mt = S + K * SC;                               // [K][TI]: a column block of M_s
 
   const i64 nh0 = static_cast<i64>(n) * HV + hv;  // the sequence's initial state
+  if (s0_dtype != KDA_STATE_NONE) {
+#pragma unroll 2
+    for (int e = tid; e < K * SC; e += NT) {
+      const int k = elem_key(layout_vk, e), v = elem_col(layout_vk, e);
+      const i64 idx = state_at(layout_vk, nh0, k, c0 + v);
+      S[slice_at(k, v)] = s0_dtype == KDA_STATE_BF16 ? load_f32<KDA_BF16>(s0, idx) : load_f32<KDA_F32>(s0, idx);
+    }
+    __syncthreads();
+  }
   float acc[ROWS];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int k = rg + RG * r;
-    const i64 idx = state_at(layout_vk, nh0, k, c0 + j);
-    acc[r] = s0_dtype == KDA_STATE_NONE ? 0.f : s0_dtype == KDA_STATE_BF16 ? load_f32<KDA_BF16>(s0, idx) : load_f32<KDA_F32>(s0, idx);
-  }
+  for (int r = 0; r < ROWS; ++r) acc[r] = s0_dtype == KDA_STATE_NONE ? 0.f : S[slice_at(rg + RG * r, j)];
 #pragma unroll 1
   for (int s = 0;; ++s) {
     const i64 nh = (static_cast<i64>(n) * nseg + s) * HV + hv;  // segment s of sequence n
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int k = rg + RG * r;
-      S[k * SC + j] = acc[r];
-      starts[state_at(layout_vk, nh, k, c0 + j)] = acc[r];
+    for (int r = 0; r < ROWS; ++r) S[slice_at(rg + RG * r, j)] = acc[r];  // each thread its own words
+    __syncthreads();
+#pragma unroll 2
+    for (int e = tid; e < K * SC; e += NT) {
+      const int k = elem_key(layout_vk, e), v = elem_col(layout_vk, e);
+      starts[state_at(layout_vk, nh, k, c0 + v)] = S[slice_at(k, v)];
     }
     if (s == nseg - 1) break;
     const float* Ms = M + nh * K * K;
@@ -67,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(NT) kda_seqpar_scan(
       __syncthreads();
 #pragma unroll 4
       for (int ii = 0; ii < TI; ++ii) {
-        const float sv = S[(i0 + ii) * SC + j];
+        const float sv = S[slice_at(i0 + ii, j)];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(Mt[(rg + RG * r) * TI + ii], sv, acc[r]);
       }

@@ -123,15 +123,29 @@ def check_beta(bv, x, mode, where):
     assert err.max() <= BETA_TOL[where], (mode, where, float(err.max()))
 
 
+def forward_per_token(run, x, opts, **extra):
+    """``run(x, opts) -> (o, final_state)`` NumPy arrays, kda_forward on some backend, with every
+    token its own sequence; returns the final states (fp32 state, as float64). ``opts`` is
+    updated in place with what the run used."""
+    opts.update(cu_seqlens=np.arange(N_TOK + 1, dtype=np.int32), output_final_state=True,
+                state_precision="fp32", state_dtype=np.float32, **extra)
+    _, s = run(x, opts)
+    return np.asarray(s, np.float64)
+
+
+def decode_per_token(run, x, opts, pool):
+    """``run(x, opts, pool) -> (o, pool_after)`` NumPy arrays, kda_decode on some backend, with
+    every token its own sequence [N_TOK, 1] in slot n of a [V, K] pool; returns (x as the
+    decode took it, the pool after as float64)."""
+    x = {n: a.reshape((N_TOK, 1) + a.shape[2:]) for n, a in x.items()}
+    _, p = run(x, dict(opts, state_indices=np.arange(N_TOK, dtype=np.int32), state_layout="vk"), pool)
+    return x, np.asarray(p, np.float64)
+
+
 def forward_gate(run, gate):
-    """``run(x, opts) -> (o, final_state)`` NumPy arrays, kda_forward on some backend."""
     x, opts = gate_inputs(gate)
     K, V = GATE_CONFIG[gate][:2]
-    opts.update(cu_seqlens=np.arange(N_TOK + 1, dtype=np.int32), output_final_state=True,
-                initial_state=np.ones((N_TOK, HV, K, V), np.float32), state_precision="fp32",
-                state_dtype=np.float32)
-    _, s = run(x, opts)
-    s = np.asarray(s, np.float64)
+    s = forward_per_token(run, x, opts, initial_state=np.ones((N_TOK, HV, K, V), np.float32))
     assert np.all(s == s[..., :1]), "the decay must be one value per key channel"
     check_log_decay(s[..., 0], x, opts)
 
@@ -146,24 +160,17 @@ def beta_fit_input(s_over_k, x, mode, where):
 
 def forward_beta(run, mode):
     x, opts = beta_inputs(mode)
-    opts.update(cu_seqlens=np.arange(N_TOK + 1, dtype=np.int32), output_final_state=True,
-                state_precision="fp32", state_dtype=np.float32)
-    _, s = run(x, opts)  # [N, HV, K, V] = k_res (beta v)^T, k_res = bf16(l2norm(k)) = k here
+    s = forward_per_token(run, x, opts)  # [N, HV, K, V] = k_res (beta v)^T, k_res = bf16(l2norm(k)) = k here
     k = np.asarray(x["k"][0, :, 0], np.float64)  # [N, K]
-    s = np.asarray(s, np.float64)
     assert np.all(s[:, :, k[0] == 0] == 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         beta_fit_input(s / k[:, None, :, None], x, mode, "forward")
 
 
 def decode_gate(run, gate):
-    """``run(x, opts, pool) -> (o, pool_after)`` NumPy arrays, kda_decode on some backend."""
     x, opts = gate_inputs(gate)
     K, V = GATE_CONFIG[gate][:2]
-    x = {n: a.reshape((N_TOK, 1) + a.shape[2:]) for n, a in x.items()}
-    pool = np.ones((N_TOK, HV, V, K), np.float32)
-    _, p = run(x, dict(opts, state_indices=np.arange(N_TOK, dtype=np.int32), state_layout="vk"), pool)
-    p = np.asarray(p, np.float64)
+    x, p = decode_per_token(run, x, opts, np.ones((N_TOK, HV, V, K), np.float32))
     assert np.all(p == p[:, :, :1]), "the decay must be one value per key channel"
     check_log_decay(p[:, :, 0], {"g": x["g"][:, 0][None]}, opts)
 
@@ -171,12 +178,10 @@ def decode_gate(run, gate):
 def decode_beta(run, mode):
     x, opts = beta_inputs(mode)
     K, V = BETA_CONFIG[mode][:2]
-    x = {n: a.reshape((N_TOK, 1) + a.shape[2:]) for n, a in x.items()}
-    pool = np.zeros((N_TOK, HV, V, K), np.float32)
-    _, p = run(x, dict(opts, state_indices=np.arange(N_TOK, dtype=np.int32), state_layout="vk"), pool)
+    x, p = decode_per_token(run, x, opts, np.zeros((N_TOK, HV, V, K), np.float32))
     k = np.asarray(x["k"][:, 0, 0], np.float64)  # [N, K]
     kn = l2normalised(k) if opts["qk_l2norm"] else k  # the decode keeps l2norm(k) in fp32
-    p = np.swapaxes(np.asarray(p, np.float64), -1, -2)  # [N, HV, K, V] = kn (beta v)^T
+    p = np.swapaxes(p, -1, -2)  # [N, HV, K, V] = kn (beta v)^T
     assert np.all(p[:, :, k[0] == 0] == 0)
     flat = {n: a[:, 0][None] for n, a in x.items()}
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import math
 import os
 import sys
 from pathlib import Path
 
 from . import bench_seqpar, peers, timing
+from .report import fla_cells, geomean, kimi_ratios, table_lines, write_json
 from .shapes import LOWER_BOUND, Shape, compulsory_bytes, make_inputs, resolve_shapes, shape_arg, validated
 
 
@@ -114,13 +113,8 @@ def bench_shape(shape: Shape, args, fla, copy_gbps, l2_bytes) -> dict:
     return row
 
 
-def geomean(xs):
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
-
-
 def summarize(rows) -> dict:
-    kimi = [r["ratio_fla_over_kdacupy"] for r in rows if r["shape"]["name"].startswith("kimi-")]
+    kimi = kimi_ratios(rows)
     return dict(geomean_fla_over_kdacupy_kimi=geomean(kimi),
                 kimi_shapes_with_fla=sum(1 for x in kimi if x))
 
@@ -128,20 +122,18 @@ def summarize(rows) -> dict:
 def format_table(rows, summary) -> str:
     head = (f"{'shape':<24} {'kdacupy ms':>10} {'min':>7} {'tiles':>10} {'src':>5} {'GB/s':>7} {'%copy':>6} "
             f"{'FLA ms':>8} {'FLA/kda':>7} {'rms o':>8}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        if r.get("error"):
-            lines.append(f"{r['shape']['name']:<24} ERROR: {r['error'][:200]}")
-            continue
+
+    def line(r):
         k, f = r["kdacupy"], r["fla"] or {}
         src = "heur" if k["tiles_source"].startswith("heuristic") else "file"
         frac = f"{100 * r['fraction_of_copy_bw']:5.1f}%" if r["fraction_of_copy_bw"] else "    -"
-        fms = f"{f['median_ms']:8.3f}" if f.get("median_ms") else ("   error" if f.get("error") else "       -")
-        ratio = f"{r['ratio_fla_over_kdacupy']:7.2f}" if r["ratio_fla_over_kdacupy"] else "      -"
+        fms, ratio = fla_cells(r)
         rms = f"{f['rms_ratio_o']:8.1e}" if f.get("rms_ratio_o") is not None else "       -"
         tiles = f"{k['tiles']['BV']}/{k['tiles']['stages']}"
-        lines.append(f"{r['shape']['name']:<24} {k['median_ms']:10.3f} {k['min_ms']:7.3f} {tiles:>10} {src:>5} "
-                     f"{r['achieved_gbps']:7.0f} {frac:>6} {fms} {ratio} {rms}")
+        return (f"{r['shape']['name']:<24} {k['median_ms']:10.3f} {k['min_ms']:7.3f} {tiles:>10} {src:>5} "
+                f"{r['achieved_gbps']:7.0f} {frac:>6} {fms} {ratio} {rms}")
+
+    lines = table_lines(head, rows, line)
     if summary is None:  # one row as it is measured
         return "\n".join(lines)
     gm = summary["geomean_fla_over_kdacupy_kimi"]
@@ -152,14 +144,6 @@ def format_table(rows, summary) -> str:
 
 def default_json_path(model: str, now: datetime.datetime) -> Path:
     return Path("benchmarks") / f"{model}_{now.strftime('%Y-%m-%dT%H%M%S')}.json"
-
-
-def write_json(path, doc):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
-    return path
 
 
 def dry_run(shapes, gpu: str, sm_count: int, fla_on: bool) -> int:

@@ -20,14 +20,13 @@ scratch memory and grids.
 from __future__ import annotations
 
 import datetime
-import json
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from . import peers, timing
+from .report import fla_cells, geomean, kimi_ratios, table_lines, write_json
 from .shapes import Shape, _cast, make_inputs, resolve_shapes, shape_problem
 
 FIELDS = ("dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log", "ddt_bias")
@@ -147,20 +146,18 @@ def bench_shape(shape: Shape, args, fla: FLABackward | None, on_kdacupy=None) ->
 def format_table(rows, gm=None) -> str:
     head = (f"{'shape':<24} {'fwd ms':>8} {'bwd ms':>8} {'fwd+bwd':>8} {'bitwise':>7} {'FLA ms':>8} {'FLA/kda':>7} "
             f"{'worst rms vs FLA':>22} {'FLA run-to-run':>14}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        if r.get("error"):
-            lines.append(f"{r['shape']['name']:<24} ERROR: {r['error'][:200]}")
-            continue
+
+    def line(r):
         k, f = r["kdacupy"], r["fla"] or {}
         worst = max(((v, n) for n, v in (f.get("rms_ratio_vs_fla") or {}).items() if v is not None), default=None)
         wtxt = f"{worst[0]:.1e} ({worst[1]})" if worst else "-"
         rtr = max((v for v in (f.get("run_to_run_max_abs") or {}).values() if v is not None), default=None)
-        fms = f"{f['median_ms']:8.3f}" if f.get("median_ms") else ("   error" if f.get("error") else "       -")
-        ratio = f"{r['ratio_fla_over_kdacupy']:7.2f}" if r["ratio_fla_over_kdacupy"] else "      -"
-        lines.append(f"{r['shape']['name']:<24} {k['forward']['median_ms']:8.3f} {k['backward']['median_ms']:8.3f} "
-                     f"{k['forward_backward']['median_ms']:8.3f} {'yes' if r['repeatable'] else 'NO':>7} {fms} "
-                     f"{ratio} {wtxt:>22} {('-' if rtr is None else f'{rtr:.1e}'):>14}")
+        fms, ratio = fla_cells(r)
+        return (f"{r['shape']['name']:<24} {k['forward']['median_ms']:8.3f} {k['backward']['median_ms']:8.3f} "
+                f"{k['forward_backward']['median_ms']:8.3f} {'yes' if r['repeatable'] else 'NO':>7} {fms} "
+                f"{ratio} {wtxt:>22} {('-' if rtr is None else f'{rtr:.1e}'):>14}")
+
+    lines = table_lines(head, rows, line)
     if gm is not None or rows:
         lines.append(f"geometric mean FLA / kdacupy (forward + backward) over the Kimi shapes: "
                      + (f"{gm:.2f} (goal 1.5)" if gm else "- (FLA did not run)"))
@@ -179,18 +176,6 @@ def dry_run(shapes) -> int:
               f"{f'{nslots}x{p.H}':>12} {var.threads:>7} {var.smem / 1024:8.1f}")
     print(f"{len(shapes)} shapes; nothing was run (no GPU needed)")
     return 0
-
-
-def geomean(xs):
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
-
-
-def write_json(path, doc):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
 
 
 def run(args) -> int:
@@ -219,9 +204,8 @@ def run(args) -> int:
     rows = []
 
     def write(done):  # after kdacupy's part of each shape and after FLA's: a run stopped from outside keeps both
-        kimi = [r.get("ratio_fla_over_kdacupy") for r in done if r["shape"]["name"].startswith("kimi-")]
         write_json(path, dict(head, complete=len(rows) == len(shapes), shapes=done,
-                              geomean_fla_over_kdacupy_kimi=geomean(kimi)))
+                              geomean_fla_over_kdacupy_kimi=geomean(kimi_ratios(done))))
 
     def kdacupy_done(row):
         write(rows + [dict(row, fla="pending" if fla is not None else None)])
@@ -237,9 +221,7 @@ def run(args) -> int:
         write(rows)
         if fla is not None or rows[-1].get("error"):
             print(format_table(rows[-1:]).splitlines()[2], flush=True)
-    kimi = [r.get("ratio_fla_over_kdacupy") for r in rows if r["shape"]["name"].startswith("kimi-")]
-    gm = geomean(kimi)
-    print(format_table(rows, gm))
+    print(format_table(rows, geomean(kimi_ratios(rows))))
     print(f"wrote {path}")
     bad = [r["shape"]["name"] for r in rows if r.get("error") or not r["finite"] or not r["repeatable"]]
     if bad:

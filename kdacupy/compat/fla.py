@@ -74,6 +74,25 @@ def _check_beta(beta, v):
                                   f"per-channel beta of shape {tuple(beta.shape)}")
 
 
+def _options(fn, *, scale, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first,
+             use_gate_in_kernel, A_log, dt_bias, lower_bound):
+    """FLA's keywords as kdacupy.torch's (README "Keyword mapping")."""
+    return dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
+                allow_neg_eigval=allow_neg_eigval, state_layout="vk" if state_v_first else "kv",
+                **_gate(fn, use_gate_in_kernel, A_log, dt_bias, lower_bound))
+
+
+def _forward(fn, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, **fla):
+    """What chunk_kda and fused_recurrent_kda do after their own checks: refuse allow_neg_eigval
+    without sigmoid beta and a per-channel beta, as FLA does, then run with a float32 final state."""
+    if fla["allow_neg_eigval"] and not fla["use_beta_sigmoid_in_kernel"]:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    _check_beta(beta, v)
+    return _kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=output_final_state,
+                cu_seqlens=cu_seqlens, state_dtype=fp32_state_dtype(q) if output_final_state else None,
+                **_options(fn, **fla))
+
+
 def _check_varlen(q, initial_state, cu_seqlens):
     """FLA's own checks of packed inputs, with its messages."""
     if cu_seqlens is None:
@@ -117,14 +136,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
         if not (-5 <= lower_bound < 0):
             raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
-    _check_beta(beta, v)
-    return _kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                cu_seqlens=cu_seqlens, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
-                allow_neg_eigval=allow_neg_eigval, state_layout="vk" if state_v_first else "kv",
-                state_dtype=fp32_state_dtype(q) if output_final_state else None,
-                **_gate("chunk_kda", use_gate_in_kernel, A_log, dt_bias, lower_bound))
+    return _forward("chunk_kda", q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, scale=scale,
+                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                    state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                    dt_bias=dt_bias, lower_bound=lower_bound)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
@@ -136,14 +152,11 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     state_v_first = _state_v_first("fused_recurrent_kda", state_v_first, kwargs)
     _refuse_unknown("fused_recurrent_kda", kwargs)
     _check_varlen(q, initial_state, cu_seqlens)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
-    _check_beta(beta, v)
-    return _kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                cu_seqlens=cu_seqlens, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
-                allow_neg_eigval=allow_neg_eigval, state_layout="vk" if state_v_first else "kv",
-                state_dtype=fp32_state_dtype(q) if output_final_state else None,
-                **_gate("fused_recurrent_kda", use_gate_in_kernel, A_log, dt_bias, lower_bound))
+    return _forward("fused_recurrent_kda", q, k, v, g, beta, initial_state, output_final_state, cu_seqlens,
+                    scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                    state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                    dt_bias=dt_bias, lower_bound=lower_bound)
 
 
 def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
@@ -171,11 +184,11 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     _check_beta(beta, v)
     if out is not None and tuple(out.shape) != tuple(v.shape):
         raise ValueError(f"out: expected the shape of v {tuple(v.shape)}, got {tuple(out.shape)}")
-    opts = dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
-                # FLA applies allow_neg_eigval only to sigmoid-activated beta (its kernel ignores it otherwise)
-                allow_neg_eigval=allow_neg_eigval and use_beta_sigmoid_in_kernel,
-                state_layout="vk" if state_v_first else "kv",
-                **_gate("fused_recurrent_kda_fwd", use_gate_in_kernel, A_log, dt_bias, lower_bound))
+    opts = _options("fused_recurrent_kda_fwd", scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                    # FLA applies allow_neg_eigval only to sigmoid-activated beta (its kernel ignores it otherwise)
+                    allow_neg_eigval=allow_neg_eigval and use_beta_sigmoid_in_kernel, state_v_first=state_v_first,
+                    use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     if not inplace_final_state:
         if ssm_state_indices is not None:
             raise NotImplementedError("ssm_state_indices with inplace_final_state=False: fla-core then writes "

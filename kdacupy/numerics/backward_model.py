@@ -69,9 +69,9 @@ import numpy as np
 
 from .backward_arith import fma32, fma_chain, mma, seq_sum
 from .backward_recompute import chunk_states, l2norm_exact, prepare_exact
-from .dtypes import BF16, F32, round_bf16, round_f32, round_to
-from .precision import CHUNK, LOG2E_F32, SAFE_EXPONENT, beta_f32, ex2, gate_f32, sigmoid_f32
-from .reference import pack, sequence_bounds, state_from_kv, state_to_kv, unpack
+from .dtypes import round_bf16, round_f32, round_to
+from .precision import CHUNK, LOG2E_F32, Chunks, beta_f32, ex2, gate_f32, scale_f32, sigmoid_f32
+from .reference import state_from_kv, state_to_kv
 
 r32, bf = round_f32, round_bf16
 LN2_F32 = float(np.float32(math.log(2.0)))
@@ -247,17 +247,12 @@ def kda_backward_model(
     beta_mode = "none" if beta is None else ("sigmoid2" if allow_neg_eigval else "sigmoid") if beta_sigmoid else "raw"
     g2 = gate_f32(f64(g), gate, A_log, dt_bias, lower_bound)
     b = beta_f32(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
-    scale32 = float(np.float32(K ** -0.5 if scale is None else scale))
+    scale32 = scale_f32(scale, K)
 
-    bounds = sequence_bounds(B, T, cu_seqlens)
-    N = len(bounds)
-    lengths = np.array([eos - bos for bos, eos in bounds])
-    nchunks = max(1, -(-int(lengths.max(initial=0)) // CHUNK))
-    flat = lambda x: x.reshape((B * T,) + x.shape[2:])  # noqa: E731
-    heads_first = lambda x: np.moveaxis(  # noqa: E731  [N, HV, chunks, 16, D]
-        pack(flat(x), bounds, nchunks * CHUNK).reshape((N, nchunks, CHUNK) + x.shape[2:]), 3, 1)
+    ch = Chunks.of(B, T, cu_seqlens)
+    N, nchunks, lengths = ch.N, ch.nchunks, ch.lengths
     rep = lambda x: np.repeat(x, G, axis=2)  # noqa: E731
-    qc, kc, vc, gcn, bc, doc, graw = (heads_first(x) for x in (rep(qn), rep(kn), f64(v), g2, b, f64(do), f64(g)))
+    qc, kc, vc, gcn, bc, doc, graw = (ch.split(x) for x in (rep(qn), rep(kn), f64(v), g2, b, f64(do), f64(g)))
     ops = prepare_exact(qc, kc, gcn, bc, scale32)                                     # R1, P1
     ops["beta"] = bc
 
@@ -268,8 +263,6 @@ def kda_backward_model(
     dS, D0 = chain(ops, doc, dSL, nchunks)                                           # C1-C5
     out = chunk_grads(ops, qc, kc, vc, doc, bc, S, dS, scale32, state_precision)     # B1-B7
 
-    back = lambda x: unpack(np.moveaxis(x.reshape((N, HV, nchunks * CHUNK) + x.shape[4:]), 1, 2), bounds,  # noqa: E731
-                            B * T).reshape((B, T, HV) + x.shape[4:])
     live = (np.arange(nchunks * CHUNK)[None, :] < lengths[:, None]).reshape(N, 1, nchunks, CHUNK, 1)
     dx, dA = gate_grads(out["dgam"], out["kt"], out["dge"], ops["gexp"], graw, gcn, gate, A_log, dt_bias,
                         lower_bound)                                                 # B8
@@ -284,7 +277,7 @@ def kda_backward_model(
         ddt = ddt.reshape(np.shape(dt_bias)).astype(np.float32)
 
     # B7's sums over the group, then B9
-    grp = lambda x: back(x).reshape(B, T, H, G, K)  # noqa: E731
+    grp = lambda x: ch.join(x).reshape(B, T, H, G, K)  # noqa: E731
     tq, dkc = grp(out["tq"]), grp(out["dkn"])
     dqn, dkn = seq_sum(tq, axis=3), seq_sum(dkc, axis=3)
     if qk_l2norm:
@@ -293,14 +286,14 @@ def kda_backward_model(
     else:
         dq, dk = dqn, dkn
 
-    dbeta = None if beta is None else _store(beta_grad(back(out["dbeta"][..., None])[..., 0], beta, beta_mode),
+    dbeta = None if beta is None else _store(beta_grad(ch.join(out["dbeta"][..., None])[..., 0], beta, beta_mode),
                                              beta.dtype)
     dinit = None
     if initial_state is not None:
         D0 = np.where((lengths == 0)[:, None, None, None], dSL, D0)                  # C6
         dinit = state_from_kv(_T(D0), state_layout)
         dinit = _store(dinit, initial_state.dtype)
-    return (_store(dq, q.dtype), _store(dk, k.dtype), _store(back(out["dv"]), v.dtype), _store(back(dx), g.dtype),
+    return (_store(dq, q.dtype), _store(dk, k.dtype), _store(ch.join(out["dv"]), v.dtype), _store(ch.join(dx), g.dtype),
             dbeta, dinit, dA_log, ddt)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .backward_arith import fma32, mma
 from .dtypes import round_bf16, round_f32
-from .precision import EPS_F32, SAFE_EXPONENT, ex2
+from .precision import EPS_F32, SAFE_EXPONENT, chunk_decay, decayed_operands, ex2
 
 r32, bf = round_f32, round_bf16
 
@@ -68,14 +68,9 @@ def prepare_exact(qn, kn, g2, beta, scale):
     (q_dec, k_dec, k_res, INV, Mqk as bf16 values, gexp fp32) and what the backward also needs
     (k_inv, gc, L before beta, Lb, the unsafe flag per chunk)."""
     C = g2.shape[-2]
-    gc = np.cumsum(g2.astype(np.float32), axis=-2, dtype=np.float32).astype(np.float64)
-    gt = gc[..., -1:, :]
-    e = ex2(gc)
+    gc, gt = chunk_decay(g2)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 only in chunks that take the pair form
-        q_dec = bf(r32(qn * r32(e * scale)))
-        k_dec = bf(r32(kn * e))
-        k_inv = bf(r32(kn * ex2(-gc)))
-        k_res = bf(r32(kn * ex2(r32(gt - gc))))
+        q_dec, k_dec, k_inv, k_res = decayed_operands(qn, kn, gc, gt, scale)
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
     k_invT = np.swapaxes(k_inv, -1, -2)

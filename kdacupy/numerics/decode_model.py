@@ -27,7 +27,7 @@ import numpy as np
 
 from .decode_reference import decode_plan
 from .dtypes import round_to
-from .precision import beta_f32, ex2, gate_f32, l2norm_f32, r32
+from .precision import beta_f32, ex2, gate_f32, l2norm_f32, r32, scale_f32
 from .reference import state_from_kv, state_to_kv
 
 
@@ -48,7 +48,7 @@ def kda_decode_model(
     qn, kn = np.repeat(qn, G, axis=2), np.repeat(kn, G, axis=2)
     a = ex2(gate_f32(f64(g), gate, A_log, dt_bias, lower_bound))
     b = beta_f32(beta, (N, T, HV), beta_sigmoid, allow_neg_eigval)
-    scale32 = float(np.float32(K ** -0.5 if scale is None else scale))
+    scale32 = scale_f32(scale, K)
     qs, kd = r32(qn * scale32), r32(kn * a)
     vf = f64(v)
     start, write = decode_plan(state_indices, num_accepted_tokens, N, T, state_pool.shape[0])

@@ -50,6 +50,7 @@ recurrence (sequential over chunks; state H = S^T, [K, V])
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,6 +64,44 @@ EPS_F32 = float(np.float32(1e-6))
 SAFE_EXPONENT = 100.0
 
 r32, bf = round_f32, round_bf16
+
+
+def scale_f32(scale, K: int) -> float:
+    """The kernels' fp32 scale (K^-0.5 by default)."""
+    return float(np.float32(K ** -0.5 if scale is None else scale))
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Sequences (a batch, or packed by cu_seqlens) cut into CHUNK-token chunks, heads first:
+    the layout the models compute in. Zero padding is exactly neutral in every step."""
+    B: int
+    T: int
+    bounds: list
+    lengths: np.ndarray
+    nchunks: int
+
+    @classmethod
+    def of(cls, B: int, T: int, cu_seqlens=None) -> "Chunks":
+        bounds = sequence_bounds(B, T, cu_seqlens)
+        lengths = np.array([eos - bos for bos, eos in bounds])
+        return cls(B, T, bounds, lengths, max(1, -(-int(lengths.max(initial=0)) // CHUNK)))
+
+    @property
+    def N(self) -> int:
+        return len(self.bounds)
+
+    def split(self, x):
+        """[B, T, HV, ...] -> [N, HV, chunks, CHUNK, ...], zero-padded."""
+        flat = x.reshape((self.B * self.T,) + x.shape[2:])
+        packed = pack(flat, self.bounds, self.nchunks * CHUNK)
+        return np.moveaxis(packed.reshape((self.N, self.nchunks, CHUNK) + x.shape[2:]), 3, 1)
+
+    def join(self, x):
+        """[N, HV, chunks, CHUNK, ...] -> [B, T, HV, ...], the padding dropped."""
+        HV = x.shape[1]
+        rows = np.moveaxis(x.reshape((self.N, HV, self.nchunks * CHUNK) + x.shape[4:]), 1, 2)
+        return unpack(rows, self.bounds, self.B * self.T).reshape((self.B, self.T, HV) + x.shape[4:])
 
 
 def ex2(x):
@@ -128,19 +167,30 @@ def solve_unit_lower(Lb):
     return X
 
 
-def prepare_chunks(qn, kn, g2, beta, scale):
-    """Steps 4-9 on [..., 16, K] chunks (beta [..., 16]). Returns the operands
-    the recurrence reads: q_dec, k_dec, k_res, INV, Mqk (float64 arrays holding
-    bf16 values) and gexp [..., K] (fp32 values)."""
-    C = g2.shape[-2]
+def chunk_decay(g2):
+    """Step 4 on [..., 16, K] chunks: gc, the fp32 running sum of g2 over the rows, and gt, its last row."""
     gc = np.cumsum(g2.astype(np.float32), axis=-2, dtype=np.float32).astype(np.float64)
-    gt = gc[..., -1:, :]
+    return gc, gc[..., -1:, :]
+
+
+def decayed_operands(qn, kn, gc, gt, scale):
+    """Step 5: the bf16 operands q_dec, k_dec, k_inv and k_res (float64 arrays holding bf16 values)."""
     e = ex2(gc)
     q_dec = bf(r32(qn * r32(e * scale)))
     k_dec = bf(r32(kn * e))
     with np.errstate(invalid="ignore"):  # inf * 0 only in chunks that take the pair form
         k_inv = bf(r32(kn * ex2(-gc)))
     k_res = bf(r32(kn * ex2(r32(gt - gc))))
+    return q_dec, k_dec, k_inv, k_res
+
+
+def prepare_chunks(qn, kn, g2, beta, scale):
+    """Steps 4-9 on [..., 16, K] chunks (beta [..., 16]). Returns the operands
+    the recurrence reads: q_dec, k_dec, k_res, INV, Mqk (float64 arrays holding
+    bf16 values) and gexp [..., K] (fp32 values)."""
+    C = g2.shape[-2]
+    gc, gt = chunk_decay(g2)
+    q_dec, k_dec, k_inv, k_res = decayed_operands(qn, kn, gc, gt, scale)
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
     k_invT = np.swapaxes(k_inv, -1, -2)
@@ -189,17 +239,11 @@ def kda_model(
     qn, kn = np.repeat(qn, G, axis=2), np.repeat(kn, G, axis=2)
     g2 = gate_f32(f64(g), gate, A_log, dt_bias, lower_bound)
     b = beta_f32(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
-    scale32 = float(np.float32(K ** -0.5 if scale is None else scale))
+    scale32 = scale_f32(scale, K)
 
-    bounds = sequence_bounds(B, T, cu_seqlens)
-    N = len(bounds)
-    lengths = np.array([eos - bos for bos, eos in bounds])
-    nchunks = max(1, -(-int(lengths.max(initial=0)) // CHUNK))
-    flat = lambda x: x.reshape((B * T,) + x.shape[2:])  # noqa: E731
-    # [N, HV, chunks, 16, D]: zero padding is exactly neutral in every step
-    heads_first = lambda x: np.moveaxis(  # noqa: E731
-        pack(flat(x), bounds, nchunks * CHUNK).reshape((N, nchunks, CHUNK) + x.shape[2:]), 3, 1)
-    qc, kc, vc, gcn, bc = (heads_first(x) for x in (qn, kn, f64(v), g2, b))
+    ch = Chunks.of(B, T, cu_seqlens)
+    N, nchunks = ch.N, ch.nchunks
+    qc, kc, vc, gcn, bc = (ch.split(x) for x in (qn, kn, f64(v), g2, b))
 
     S0 = np.zeros((N, HV, K, V)) if initial_state is None else state_to_kv(initial_state, state_layout)
     Hs = bf(S0) if state_precision == "bf16" else r32(S0)
@@ -207,10 +251,9 @@ def kda_model(
     for c in range(nchunks):
         ops = prepare_chunks(qc[:, :, c], kc[:, :, c], gcn[:, :, c], bc[:, :, c], scale32)
         Hs, o[:, :, c] = recurrence_step(Hs, ops, vc[:, :, c], bc[:, :, c], out_dtype, state_precision)
-    o = np.moveaxis(o.reshape(N, HV, nchunks * CHUNK, V), 1, 2)
-    o = unpack(o, bounds, B * T).reshape(B, T, HV, V).astype(out_dtype)
+    o = ch.join(o).astype(out_dtype)
     final = None
     if output_final_state:
-        Hs = np.where((lengths == 0)[:, None, None, None], S0, Hs)
+        Hs = np.where((ch.lengths == 0)[:, None, None, None], S0, Hs)
         final = state_from_kv(Hs, state_layout).astype(np.float32).astype(state_dtype)
     return o, final

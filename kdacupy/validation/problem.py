@@ -16,21 +16,15 @@ from .arrays import as_array, check_bool, fail
 from .memory import check_backend, check_devices, check_kernel_layouts, check_out
 from .options import check_beta, check_gate, check_scale
 from .seqlens import check_seqlens
-from .shapes import check_input_dtypes, check_shapes
+from .shapes import Sizes, check_input_dtypes, check_shapes
 from .state import check_state
 
 BACKENDS = (None, "cuda", "reference", "model", "emulate")
 
 
 @dataclass(frozen=True)
-class Problem:
-    """The validated call: sizes, dtypes and options the backends specialise on."""
-    B: int
-    T: int
-    H: int
-    HV: int
-    K: int
-    V: int
+class Problem(Sizes):
+    """The validated call: the sizes (B, T, H, HV, K, V), dtypes and options the backends specialise on."""
     N: int
     dtype: np.dtype  # q, k, v (and out)
     g_dtype: np.dtype
@@ -63,7 +57,7 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
     reason = supports(sizes)  # the kernels' limits, before anything that depends on the sizes
     if reason:
         raise ValueError(reason)
-    B, T, H, HV, K, V = sizes
+    B, T, HV, K, V = sizes.B, sizes.T, sizes.HV, sizes.K, sizes.V
     check_input_dtypes(arrays, backend)
     flags = {n: check_bool(n, x) for n, x in (("beta_sigmoid", beta_sigmoid), ("allow_neg_eigval", allow_neg_eigval),
                                                ("qk_l2norm", qk_l2norm), ("output_final_state", output_final_state))}
@@ -77,7 +71,7 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
     check_kernel_layouts(arrays)  # on every backend: code that runs on "model" runs on "cuda"
 
     problem = Problem(
-        B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, dtype=arrays["q"].dtype, g_dtype=arrays["g"].dtype,
+        **vars(sizes), N=N, dtype=arrays["q"].dtype, g_dtype=arrays["g"].dtype,
         beta_dtype=None if arrays["beta"] is None else arrays["beta"].dtype, gate=gate, beta_mode=beta_mode,
         qk_l2norm=flags["qk_l2norm"], scale=scale, lower_bound=lower_bound, state_layout=state_layout,
         state_in_dtype=None if s0 is None else s0.dtype, state_out_dtype=state_out,

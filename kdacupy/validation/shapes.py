@@ -1,13 +1,15 @@
 """The per-token arrays' ranks, shapes and dtypes."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from ..numerics.dtypes import F32, F64, INPUT_DTYPES
 from .arrays import check_dtype, check_shape, fail
 
 
-class Sizes(NamedTuple):
+@dataclass(frozen=True)
+class Sizes:
+    """Batch, tokens, query/key heads, value heads and the two head dims (the Problem's first fields)."""
     B: int
     T: int
     H: int

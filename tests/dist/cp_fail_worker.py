@@ -9,7 +9,6 @@ exit status, the message on stderr) instead of waiting for the failed one.
 """
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import kdacupy.distributed.cp as cp  # noqa: E402
 from kdacupy.distributed import ContextParallelError, kda_forward_cp  # noqa: E402
+from tests.dist.gather import run_everywhere  # noqa: E402
 from tests.inputs import make_inputs  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -78,9 +78,10 @@ def scenario(where, ranks, exc, varlen, final):
 def main():
     failed = 0
     for name, where, ranks, exc, varlen, final, needle in SCENARIOS:
-        err, seconds = None, float("nan")
-        try:
-            msg, seconds, chained = scenario(where, ranks, exc, varlen, final)
+        took = [float("nan")]
+
+        def job():
+            msg, took[0], chained = scenario(where, ranks, exc, varlen, final)
             msgs = COMM.allgather(msg)
             assert all(m == msgs[0] for m in msgs), f"ranks raised different errors: {msgs}"
             assert msgs[0].startswith("ContextParallelError: kda_forward_cp: ") and needle in msgs[0], msgs[0]
@@ -88,15 +89,8 @@ def main():
             local, opts = inputs(varlen)  # the ranks are still in step: a plain call works
             o, _ = kda_forward_cp(**local, comm=COMM, backend="model", **opts)
             assert o.shape == local["v"].shape
-        except Exception:  # noqa: BLE001
-            err = traceback.format_exc()
-        errs = COMM.allgather(err)
-        bad = [(r, e) for r, e in enumerate(errs) if e]
-        if RANK == 0:
-            print(f"{'FAIL' if bad else 'ok'}: {name} ({seconds:.2f} s)", flush=True)
-            for r, e in bad:
-                print(f"--- rank {r}:\n{e}", flush=True)
-        failed += bool(bad)
+
+        failed += run_everywhere(COMM, job, lambda: f"{name} ({took[0]:.2f} s)")
     if failed:
         sys.exit(1)
     if RANK == 0:

@@ -3,7 +3,6 @@ against the single-process forward and the float64 reference computed here
 from the same seeded inputs. Prints one line per case on rank 0; exits non-zero
 when any rank failed any case (failures are gathered, so no rank hangs)."""
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import kdacupy  # noqa: E402
 from kdacupy.distributed import kda_forward_cp  # noqa: E402
 from kdacupy.numerics.dtypes import F32  # noqa: E402
 from tests.dist.cases import CASES, cuts_for as _cuts_for  # noqa: E402
+from tests.dist.gather import run_everywhere  # noqa: E402
 from tests.inputs import make_inputs, rmse_ratio  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -102,18 +102,7 @@ def main():
     for name, job in jobs:
         if only and not any(o in name for o in only):
             continue
-        err = None
-        try:
-            job()
-        except Exception:  # noqa: BLE001
-            err = traceback.format_exc()
-        errs = COMM.allgather(err)
-        bad = [(r, e) for r, e in enumerate(errs) if e]
-        if RANK == 0:
-            print(f"{'FAIL' if bad else 'ok'}: {name} ({RANKS} ranks)", flush=True)
-            for r, e in bad:
-                print(f"--- rank {r}:\n{e}", flush=True)
-        failed += bool(bad)
+        failed += run_everywhere(COMM, job, f"{name} ({RANKS} ranks)")
     sys.exit(1 if failed else 0)
 
 

@@ -400,7 +400,7 @@ def test_k256_v256_split_on_the_emulated_kernels():
 
 
 @needs_emu
-@pytest.mark.parametrize("K, V, layout, s0_dtype", [(64, 64, "kv", np.float32), (128, 64, "vk", BF16),
+@pytest.mark.parametrize("K, V, layout, s0_dtype", [(64, 64, "kv", np.float32), (64, 64, "vk", np.float32), (128, 64, "vk", BF16),
                                                     (64, 128, "kv", None)])
 def test_scan_kernel_is_the_fp32_scan(K, V, layout, s0_dtype):
     from kdacupy.jit.loaders import loader

@@ -13,15 +13,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from ...jit.enums import BETA_CODE, DTYPE_CODE, GATE_CODE, STATE_DTYPE_CODE
+from ...jit.enums import DTYPE_CODE, STATE_DTYPE_CODE
 from ...jit.loaders import loader
 from ...numerics.dtypes import F32, dtype_name
+from ..args import cu_args, lower_bound_log2, ptr, strides
 from ..forward import kernels as fwd
 from ..forward import layouts as fwd_layouts
 from ..forward.tuning import TileConfig, select_tiles
+from ..inputs import InputVariant, input_options
 from . import layouts
-
-LOG2E = 1.0 / np.log(2.0)
 
 
 @dataclass(frozen=True)
@@ -53,21 +53,11 @@ class ChainVariant:
 
 
 @dataclass(frozen=True)
-class ChunkVariant:
+class ChunkVariant(InputVariant):
     kernel: ClassVar[str] = "kda_bwd_chunk"
-    K: int
-    dtype: np.dtype
-    g_dtype: np.dtype
-    beta_dtype: np.dtype  # any valid dtype when beta_mode == "none"
-    gate: str
-    beta_mode: str
-    l2norm: bool
 
-    def config(self) -> dict:
-        return dict(KDA_K=self.K, KDA_DT=DTYPE_CODE[self.dtype], KDA_G_DT=DTYPE_CODE[self.g_dtype],
-                    KDA_BETA_DT=DTYPE_CODE[self.beta_dtype], KDA_GATE=GATE_CODE[self.gate],
-                    KDA_BETA_MODE=BETA_CODE[self.beta_mode], KDA_L2NORM=int(self.l2norm),
-                    **layouts.chunk_smem(self.K))
+    def layout_config(self) -> dict:
+        return layouts.chunk_smem(self.K)
 
     @property
     def smem(self) -> int:
@@ -76,10 +66,6 @@ class ChunkVariant:
     @property
     def threads(self) -> int:
         return layouts.chunk_threads(self.K)
-
-    def label(self) -> str:
-        return (f"kda_bwd_chunk K={self.K} dt={dtype_name(self.dtype)} g={dtype_name(self.g_dtype)} "
-                f"beta={self.beta_mode}:{dtype_name(self.beta_dtype)} gate={self.gate} l2norm={int(self.l2norm)}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +86,7 @@ def chain_variant(p, tiles: TileConfig) -> ChainVariant:
 
 
 def chunk_variant(p) -> ChunkVariant:
-    return ChunkVariant(p.K, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm)
+    return ChunkVariant(p.K, *input_options(p))
 
 
 def scratch_layout(p, nslots: int) -> dict:
@@ -171,10 +157,10 @@ def launch_chain(run, p, a, sc, dinit, nslots, per_seq, tiles):
     var = chain_variant(p, tiles)
     fn = run.get("kda_bwd_chain", var.config(), "kda_bwd_chain")
     ds = a["dfinal_state"]
-    args = [fwd._ptr(sc["ws"]), fwd._ptr(a["do"]), *fwd._strides(a["do"]),
-            fwd._ptr(ds), np.int32(STATE_DTYPE_CODE[None if ds is None else np.dtype(ds.dtype)]),
-            fwd._ptr(dinit), np.int32(STATE_DTYPE_CODE[None if dinit is None else np.dtype(dinit.dtype)]),
-            np.int32(p.state_layout == "vk"), fwd._ptr(sc["dstates"]), *fwd._cu_args(a["cu_seqlens"]),
+    args = [ptr(sc["ws"]), ptr(a["do"]), *strides(a["do"]),
+            ptr(ds), np.int32(STATE_DTYPE_CODE[None if ds is None else np.dtype(ds.dtype)]),
+            ptr(dinit), np.int32(STATE_DTYPE_CODE[None if dinit is None else np.dtype(dinit.dtype)]),
+            np.int32(p.state_layout == "vk"), ptr(sc["dstates"]), *cu_args(a["cu_seqlens"]),
             np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq)]
     run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
@@ -182,18 +168,17 @@ def launch_chain(run, p, a, sc, dinit, nslots, per_seq, tiles):
 def launch_chunk(run, p, a, sc, grads, nslots, per_seq):
     var = chunk_variant(p)
     fn = run.get("kda_bwd_chunk", var.config(), "kda_bwd_chunk")
-    lb2 = np.float32(p.lower_bound * LOG2E) if p.lower_bound is not None else np.float32(0)
     lb = np.float32(p.lower_bound) if p.lower_bound is not None else np.float32(0)
-    args = [fwd._ptr(a[n]) for n in ("q", "k", "v", "g", "beta", "do")]
+    args = [ptr(a[n]) for n in ("q", "k", "v", "g", "beta", "do")]
     for n in ("q", "k", "v", "g", "beta", "do"):
-        args += fwd._strides(a[n])
-    args += [fwd._ptr(a["A_log"]), fwd._ptr(a["dt_bias"]), *fwd._cu_args(a["cu_seqlens"]), np.int32(p.T),
+        args += strides(a[n])
+    args += [ptr(a["A_log"]), ptr(a["dt_bias"]), *cu_args(a["cu_seqlens"]), np.int32(p.T),
              np.int32(p.H), np.int32(p.HV), np.int32(p.V), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
-             np.float32(p.scale), lb2, lb, fwd._ptr(sc["states"]), np.int32(p.state_precision == "fp32"),
-             fwd._ptr(sc["dstates"])]
-    args += [fwd._ptr(grads[n]) for n in ("dq", "dk", "dv", "dg", "dbeta")]
-    args += [fwd._ptr(sc["ddt"] if grads["ddt_bias"] is not None else None),
-             fwd._ptr(sc["dA"] if grads["dA_log"] is not None else None)]
+             np.float32(p.scale), lower_bound_log2(p), lb, ptr(sc["states"]), np.int32(p.state_precision == "fp32"),
+             ptr(sc["dstates"])]
+    args += [ptr(grads[n]) for n in ("dq", "dk", "dv", "dg", "dbeta")]
+    args += [ptr(sc["ddt"] if grads["ddt_bias"] is not None else None),
+             ptr(sc["dA"] if grads["dA_log"] is not None else None)]
     run.launch(fn, (nslots, p.H), (var.threads,), tuple(args), var.smem)
 
 
@@ -201,6 +186,6 @@ def launch_reduce(run, p, sc, grads, nslots):
     var = ReduceVariant(p.K)
     fn = run.get("kda_bwd_reduce", var.config(), "kda_bwd_reduce")
     ddt, dA = grads["ddt_bias"], grads["dA_log"]
-    args = [fwd._ptr(sc["ddt"] if ddt is not None else None), fwd._ptr(sc["dA"] if dA is not None else None),
-            fwd._ptr(ddt), fwd._ptr(dA), np.int32(nslots)]
+    args = [ptr(sc["ddt"] if ddt is not None else None), ptr(sc["dA"] if dA is not None else None),
+            ptr(ddt), ptr(dA), np.int32(nslots)]
     run.launch(fn, (p.HV,), (layouts.REDUCE_THREADS,), tuple(args), 0)

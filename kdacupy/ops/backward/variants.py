@@ -6,35 +6,28 @@ from __future__ import annotations
 import itertools
 
 from ...jit import registry
-from ...numerics.dtypes import BF16, F16, F32
-from ..forward.kernels import BETA_CODE, GATE_CODE, RecurrenceVariant
+from ..forward.kernels import RecurrenceVariant
 from ..forward.limits import DIMS
-from ..forward.tuning import TILE_SPACE
+from ..forward.tuning import candidates
+from ..inputs import DTYPES, input_option_space
 from .kernels import ChainVariant, ChunkVariant, ReduceVariant
-
-DTYPES = (BF16, F16, F32)
 
 
 def chain_variants():
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
-        for tiles in TILE_SPACE:
-            if tiles.BV <= V:
-                yield ChainVariant(K, V, dt, tiles)
+        for tiles in candidates(V):
+            yield ChainVariant(K, V, dt, tiles)
 
 
 def chunk_variants():
-    for K, dt, gate, l2 in itertools.product(DIMS, DTYPES, GATE_CODE, (False, True)):
-        for gdt in dict.fromkeys((dt, F32)):
-            for beta_mode in BETA_CODE:
-                for bdt in ((dt,) if beta_mode == "none" else dict.fromkeys((dt, F32))):
-                    yield ChunkVariant(K, dt, gdt, bdt, gate, beta_mode, l2)
+    for K, options in itertools.product(DIMS, input_option_space()):
+        yield ChunkVariant(K, *options)
 
 
 def state_store_variants():
     for K, V, dt, fp32 in itertools.product(DIMS, DIMS, DTYPES, (False, True)):
-        for tiles in TILE_SPACE:
-            if tiles.BV <= V:
-                yield RecurrenceVariant(K, V, dt, fp32, tiles, no_output=True, store_states=True)
+        for tiles in candidates(V):
+            yield RecurrenceVariant(K, V, dt, fp32, tiles, no_output=True, store_states=True)
 
 
 def reduce_variants():

@@ -14,9 +14,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from ...jit.enums import DTYPE_CODE
 from ...jit.loaders import loader
 from ...numerics.dtypes import dtype_name
-from ..forward.kernels import BETA_CODE, DTYPE_CODE, GATE_CODE, LOG2E, _ptr, _strides
+from ..args import lower_bound_log2, strides
+from ..inputs import input_config, input_label, input_options
 from .tiles import DECODE_TILE_SPACE, DecodeTiles, decode_candidates, decode_heuristic  # noqa: F401
 
 
@@ -36,9 +38,7 @@ class DecodeVariant:
     tiles: DecodeTiles
 
     def config(self) -> dict:
-        return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_G_DT=DTYPE_CODE[self.g_dtype],
-                    KDA_BETA_DT=DTYPE_CODE[self.beta_dtype], KDA_GATE=GATE_CODE[self.gate],
-                    KDA_BETA_MODE=BETA_CODE[self.beta_mode], KDA_L2NORM=int(self.l2norm),
+        return dict(KDA_K=self.K, KDA_V=self.V, **input_config(self),
                     KDA_POOL_DT=DTYPE_CODE[self.pool_dtype], KDA_LAYOUT_VK=int(self.layout == "vk"),
                     KDA_BV=self.tiles.BV, KDA_WARPS=self.tiles.warps)
 
@@ -49,14 +49,12 @@ class DecodeVariant:
     smem = 0
 
     def label(self) -> str:
-        return (f"kda_decode K={self.K} V={self.V} dt={dtype_name(self.dtype)} g={dtype_name(self.g_dtype)} "
-                f"beta={self.beta_mode}:{dtype_name(self.beta_dtype)} gate={self.gate} l2norm={int(self.l2norm)} "
+        return (f"kda_decode K={self.K} V={self.V} {input_label(self)} "
                 f"pool={dtype_name(self.pool_dtype)} layout={self.layout} BV={self.tiles.BV} warps={self.tiles.warps}")
 
 
 def decode_variant(p, pool, tiles: DecodeTiles) -> DecodeVariant:
-    return DecodeVariant(p.K, p.V, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm,
-                         pool.dtype, pool.layout, tiles)
+    return DecodeVariant(p.K, p.V, *input_options(p), pool.dtype, pool.layout, tiles)
 
 
 def select_decode_tiles(p, pool) -> DecodeTiles:
@@ -76,16 +74,15 @@ def launch_plan(p, pool, device: bool, tiles: DecodeTiles | None = None):
 
 def stride_args(arrays):
     """Stride arguments of q, k, v, g, beta and out (``arrays`` in fastpath.NAMES order)."""
-    return tuple(tuple(_strides(arrays[i])) for i in (0, 1, 2, 3, 4, 8))
+    return tuple(tuple(strides(arrays[i])) for i in (0, 1, 2, 3, 4, 8))
 
 
 def scalar_args(p, pool, arrays):
     """The arguments after the pointers that depend only on the call's key."""
     idx, acc = arrays[6], arrays[7]
-    lb2 = np.float32(p.lower_bound * LOG2E) if p.lower_bound is not None else np.float32(0)
     return (np.int64(pool.P), np.int32(idx.dtype == np.int64), np.int32(pool.per_token),
             np.int32(acc is not None and acc.dtype == np.int64), np.int32(p.T), np.int32(p.H), np.int32(p.HV),
-            np.float32(p.scale), lb2)
+            np.float32(p.scale), lower_bound_log2(p))
 
 
 def decode_args(ptrs, strides, scalars):

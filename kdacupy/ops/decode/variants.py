@@ -7,8 +7,8 @@ import itertools
 from ...jit import registry
 from ...numerics.dtypes import BF16, F32
 from ..forward.limits import DIMS
-from ..forward.variants import DTYPES
-from .kernels import BETA_CODE, GATE_CODE, DecodeTiles, DecodeVariant, decode_candidates
+from ..inputs import DTYPES, input_option_space
+from .kernels import DecodeTiles, DecodeVariant, decode_candidates
 
 
 def decode_variants():
@@ -19,13 +19,9 @@ def decode_variants():
         tried = decode_candidates(K, V) if (K, V) == (128, 128) else [DecodeTiles(16, 4), DecodeTiles(8, 4)]
         for tiles in tried:
             yield DecodeVariant(K, V, dt, dt, dt, "sigmoid", "sigmoid", True, pool, layout, tiles)
-    for dt, gate, l2 in itertools.product(DTYPES, GATE_CODE, (False, True)):
-        for gdt in dict.fromkeys((dt, F32)):
-            for beta_mode in BETA_CODE:
-                for bdt in ((dt,) if beta_mode == "none" else dict.fromkeys((dt, F32))):
-                    if (gate, beta_mode, l2, gdt, bdt) != ("sigmoid", "sigmoid", True, dt, dt):
-                        yield DecodeVariant(128, 128, dt, gdt, bdt, gate, beta_mode, l2, BF16, "vk",
-                                            DecodeTiles())
+    for dt, gdt, bdt, gate, beta_mode, l2 in input_option_space():
+        if (gate, beta_mode, l2, gdt, bdt) != ("sigmoid", "sigmoid", True, dt, dt):
+            yield DecodeVariant(128, 128, dt, gdt, bdt, gate, beta_mode, l2, BF16, "vk", DecodeTiles())
 
 
 registry.register("kda_decode", decode_variants)

@@ -13,37 +13,23 @@ import numpy as np
 
 from . import layouts
 from ...numerics.dtypes import dtype_name
-from ...jit.enums import BETA_CODE, DTYPE_CODE, GATE_CODE, STATE_DTYPE_CODE  # noqa: F401
+from ...jit.enums import DTYPE_CODE, STATE_DTYPE_CODE
 from ...jit.loaders import loader
+from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
+from ..inputs import InputVariant, input_options
 from .tuning import TileConfig, select_tiles
-
-LOG2E = 1.0 / np.log(2.0)
 
 
 @dataclass(frozen=True)
-class PrepareVariant:
+class PrepareVariant(InputVariant):
     kernel: ClassVar[str] = "kda_prepare"
-    K: int
-    dtype: np.dtype
-    g_dtype: np.dtype
-    beta_dtype: np.dtype  # any valid dtype when beta_mode == "none"
-    gate: str
-    beta_mode: str
-    l2norm: bool
 
-    def config(self) -> dict:
-        return dict(KDA_K=self.K, KDA_DT=DTYPE_CODE[self.dtype], KDA_G_DT=DTYPE_CODE[self.g_dtype],
-                    KDA_BETA_DT=DTYPE_CODE[self.beta_dtype], KDA_GATE=GATE_CODE[self.gate],
-                    KDA_BETA_MODE=BETA_CODE[self.beta_mode], KDA_L2NORM=int(self.l2norm),
-                    **layouts.workspace(self.K), **layouts.prepare_smem(self.K))
+    def layout_config(self) -> dict:
+        return dict(**layouts.workspace(self.K), **layouts.prepare_smem(self.K))
 
     @property
     def smem(self) -> int:
         return layouts.prepare_smem(self.K)["PSM_TOTAL"]
-
-    def label(self) -> str:
-        return (f"kda_prepare K={self.K} dt={dtype_name(self.dtype)} g={dtype_name(self.g_dtype)} "
-                f"beta={self.beta_mode}:{dtype_name(self.beta_dtype)} gate={self.gate} l2norm={int(self.l2norm)}")
 
 
 @dataclass(frozen=True)
@@ -83,7 +69,7 @@ class RecurrenceVariant:
 
 
 def prepare_variant(p) -> PrepareVariant:
-    return PrepareVariant(p.K, p.dtype, p.g_dtype, p.beta_dtype or p.dtype, p.gate, p.beta_mode, p.qk_l2norm)
+    return PrepareVariant(p.K, *input_options(p))
 
 
 def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> RecurrenceVariant:
@@ -96,43 +82,14 @@ def slots(p) -> tuple[int, int]:
     return (p.N + per_seq if p.varlen else p.B * per_seq), per_seq
 
 
-def _ptr(x):
-    if x is None:
-        return np.uint64(0)
-    if isinstance(x, np.ndarray):  # the emulation: the array's extent goes along (memcheck)
-        from ...emulate import pointer
-        return pointer(x)
-    return np.uint64(x.data.ptr)
-
-
-def _strides(x):
-    """Batch, token and head strides in elements (the last dim is contiguous)."""
-    if x is None:
-        return [np.int64(0)] * 3
-    return [np.int64(s // x.dtype.itemsize) for s in x.strides[:3]]
-
-
-def _cu_args(cu):
-    return [_ptr(cu), np.int32(0 if cu is None else int(cu.dtype == np.int64))]
-
-
-def _pool_args(a):
-    """State pool of kda_forward (docs/design.md section 7.1): slot indices, their width, the pool's size."""
-    idx = a.get("state_indices")
-    if idx is None:
-        return [np.uint64(0), np.int32(0), np.int64(0)]
-    return [_ptr(idx), np.int32(idx.dtype == np.int64), np.int64(a["state_pool"].shape[0])]
-
-
 def launch_prepare(run, p, a, ws, nslots, per_seq):
     var = prepare_variant(p)
     fn = run.get("kda_prepare", var.config(), "kda_prepare")
-    lb2 = np.float32(p.lower_bound * LOG2E) if p.lower_bound is not None else np.float32(0)
-    args = [_ptr(a["q"]), _ptr(a["k"]), _ptr(a["g"]), _ptr(a["beta"]),
-            *_strides(a["q"]), *_strides(a["k"]), *_strides(a["g"]), *_strides(a["beta"]),
-            _ptr(a["A_log"]), _ptr(a["dt_bias"]), *_cu_args(a["cu_seqlens"]),
+    args = [ptr(a["q"]), ptr(a["k"]), ptr(a["g"]), ptr(a["beta"]),
+            *strides(a["q"]), *strides(a["k"]), *strides(a["g"]), *strides(a["beta"]),
+            ptr(a["A_log"]), ptr(a["dt_bias"]), *cu_args(a["cu_seqlens"]),
             np.int32(p.T), np.int32(p.H), np.int32(p.HV), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
-            np.float32(p.scale), lb2, _ptr(ws)]
+            np.float32(p.scale), lower_bound_log2(p), ptr(ws)]
     run.launch(fn, (nslots, p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
 
 
@@ -140,11 +97,11 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
     """``states``: with it, the variant that stores each chunk's start state there ([HV, slots, V, K])."""
     var = recurrence_variant(p, tiles, no_output, states is not None)
     fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
-    args = [_ptr(ws), _ptr(a["v"]), *_strides(a["v"]), _ptr(o), *_strides(o),
-            _ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
-            _ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
-            *_cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
-            *_pool_args(a), _ptr(states)]
+    args = [ptr(ws), ptr(a["v"]), *strides(a["v"]), ptr(o), *strides(o),
+            ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
+            ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
+            *cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
+            *pool_args(a), ptr(states)]
     run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 

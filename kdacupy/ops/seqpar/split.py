@@ -214,15 +214,16 @@ def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     loader ``run``: the start states ``[N * n, HV, K, V]`` (``"vk"``:
     ``[N * n, HV, V, K]``) in fp32, the initial state ``s0`` (None, or
     ``[N, HV, ...]`` in ``s0_dtype`` and ``state_layout``) read as it is."""
-    from ..forward.kernels import STATE_DTYPE_CODE, _ptr
+    from ...jit.enums import STATE_DTYPE_CODE
+    from ..args import ptr
 
     xp = _array_module(M)
     NS, HV, K, _ = M.shape
     V = Bm.shape[-1]
     starts = xp.empty((NS, HV, K, V) if state_layout == "kv" else (NS, HV, V, K), dtype=F32)
     fn = run.get("kda_seqpar_scan", scan_config(K, V), "kda_seqpar_scan")
-    args = (_ptr(M), _ptr(Bm), _ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
-            np.int32(state_layout == "vk"), _ptr(starts), np.int32(HV), np.int32(n))
+    args = (ptr(M), ptr(Bm), ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
+            np.int32(state_layout == "vk"), ptr(starts), np.int32(HV), np.int32(n))
     run.launch(fn, (NS // n * (V // SCAN_SC), HV), (SCAN_SC * SCAN_RG,), args, scan_smem(K))
     return starts
 

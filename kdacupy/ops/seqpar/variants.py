@@ -8,16 +8,15 @@ import itertools
 from ...jit import registry
 from ..forward.kernels import RecurrenceVariant
 from ..forward.limits import DIMS
-from ..forward.tuning import TILE_SPACE
-from ..forward.variants import DTYPES
+from ..forward.tuning import candidates
+from ..inputs import DTYPES
 from .split import ScanVariant
 
 
 def map_variants():
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
-        for tiles in TILE_SPACE:
-            if tiles.BV <= V:
-                yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True)
+        for tiles in candidates(V):
+            yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True)
 
 
 def scan_variants():
