@@ -269,8 +269,15 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
       for (int v = 0; v < K / 32; ++v) {
         const int c = 4 * (s8 + 8 * v);
-        float gq4[4], bq4[4], x[4];
-        load_gate_quad<KDA_G_DT>(gq4, bq4, grow, bias_row, bias_vec, c, live);
+        float gq4[4] = {0.f, 0.f, 0.f, 0.f}, bq4[4] = {0.f, 0.f, 0.f, 0.f};  // as kda_prepare's (which says why a copy)
+        if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq4);
+        if (bias_vec) {
+          load_quad<KDA_F32>(bias_row + c, bq4);
+        } else if (bias_row != nullptr) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) bq4[e] = bias_row[c + e];
+        }
+        float x[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[e] = live ? gate_log2<KDA_GATE>(gq4[e], a, bq4[e], lb2) : 0.f;
         st2(sG + fx<K>(r, c), x[0], x[1]);

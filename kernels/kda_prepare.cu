@@ -122,8 +122,15 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 #pragma unroll
     for (int v = 0; v < K / 32; ++v) {
       const int c = 4 * (s + 8 * v);
-      float gq[4], bq[4];
-      load_gate_quad<KDA_G_DT>(gq, bq, grow, bias_row, bias_vec, c, live);
+      // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
+      float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
+      if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
+      if (bias_vec) {
+        load_quad<KDA_F32>(bias_row + c, bq);
+      } else if (bias_row != nullptr) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bq[e] = bias_row[c + e];
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;  // [2]
     }

@@ -79,24 +79,6 @@ __device__ __forceinline__ void l2norm_qk_rows(float (&qv)[PPS * E], float (&kv)
   }
 }
 
-// [2] the gate inputs of channels c .. c + 3 of a row: g from grow (type GDT; zero on a padded row)
-// and dt_bias from bias_row (nullptr: none; 16-byte loads when bias_vec). The row's 8 threads read
-// 32 consecutive g and dt_bias values. (The activation stays with each kernel's store: folding it
-// in here cost kda_prepare's softplus variants up to 9 registers on sm_90a.)
-template <int GDT>
-__device__ __forceinline__ void load_gate_quad(float (&gq)[4], float (&bq)[4], const unsigned char* grow,
-                                               const float* bias_row, bool bias_vec, int c, bool live) {
-#pragma unroll
-  for (int e = 0; e < 4; ++e) gq[e] = bq[e] = 0.f;
-  if (live) load_quad<GDT>(grow + c * elem_bytes<GDT>(), gq);
-  if (bias_vec) {
-    load_quad<KDA_F32>(bias_row + c, bq);
-  } else if (bias_row != nullptr) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) bq[e] = bias_row[c + e];
-  }
-}
-
 // E consecutive 16-bit results (E / 2 packed words) at dst: 16 bytes (E = 8) or 8 (E = 4).
 template <int E> __device__ __forceinline__ void store_piece(void* dst, const u32 (&w)[E / 2]) {
   static_assert(E == 8 || E == 4, "16-bit pieces of 16 or 8 bytes");
