@@ -318,16 +318,34 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     __syncthreads();
     // [6] L = k_dec k_inv^T, Mf = q_dec k_inv^T; the pair form where the decay would overflow: as
     // kda_prepare's, one thread per pair i > j (L and Mf from one ex2 per channel), the diagonals of
-    // Mf on 16 threads of their own
+    // Mf on 16 threads of their own (a copy: as one template for both kernels, ptxas unrolled the channel
+    // loops otherwise, 8 more MUFU in the cubin on sm_90a)
     if (!unsafe) {
       if (warp == 0) bf16_abt(sL, sKD, sKI, lane);
       if (warp == 1) bf16_abt(sDM, sQD, sKI, lane);  // sDM holds Mf until [7]
     } else {
-      const auto qs = [&](int i, int c) { return sQN[fx<K>(i, c)] * scale; };
-      const auto tsw = [](int i, int j) { return sw(i, j); };
-      if (tid < CHUNK * (CHUNK - 1) / 2) pair_lower<K>(sG, sKN, qs, at, tsw, sL, sDM, tid);
+      if (tid < CHUNK * (CHUNK - 1) / 2) {
+        int i = 1, j = tid;
+        while (j >= i) j -= i++;
+        float accl = 0.f, accm = 0.f;
+        for (int c = 0; c < K; ++c) {
+          const float e = ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(j, c)]), kj = sKN[fx<K>(j, c)];
+          accl = fmaf(sKN[fx<K>(i, c)] * kj, e, accl);
+          accm = fmaf((sQN[fx<K>(i, c)] * scale) * kj, e, accm);
+        }
+        sL[sw(i, j)] = accl;
+        sDM[sw(i, j)] = accm;
+      }
       constexpr int DIAG = NT >= 256 ? 128 : 96;  // a warp with no pair, or the lanes 0-15 of warp 3
-      if (tid >= DIAG && tid < DIAG + CHUNK) pair_diagonal<K>(sG, sKN, qs, at, tsw, sDM, tid - DIAG);
+      if (tid >= DIAG && tid < DIAG + CHUNK) {
+        const int i = tid - DIAG;
+        float acc = 0.f;
+        for (int c = 0; c < K; ++c) {
+          const float x = sQN[fx<K>(i, c)] * scale;
+          acc = fmaf(x * sKN[fx<K>(i, c)], ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(i, c)]), acc);
+        }
+        sDM[sw(i, i)] = acc;
+      }
     }
     __syncthreads();
     // [7] Lb = fp32(L beta) strictly lower (L kept for dbeta); Mqk = bf16(Mf) on and below the diagonal

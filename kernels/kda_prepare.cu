@@ -201,10 +201,25 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     // pair form: every product of two decays taken as one exponent difference. Threads 0-119
     // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16
     // diagonals Mf_ii run on warp 3, whose lanes 24-31 have no pair (no divergence inside a warp).
-    const auto qs = [&](int i, int c) { return sQs[gx(i, c)]; };
-    const auto tsw = [](int i, int j) { return sw(i, j); };
-    if (tid < CHUNK * (CHUNK - 1) / 2) pair_lower<K>(sG, sKn, qs, at, tsw, sL, sM, tid);
-    if (warp == NT / 32 - 1 && lane < CHUNK) pair_diagonal<K>(sG, sKn, qs, at, tsw, sM, lane);
+    // (kda_bwd_chunk has its own copy: see its [6])
+    if (tid < CHUNK * (CHUNK - 1) / 2) {
+      int i = 1, j = tid;
+      while (j >= i) j -= i++;
+      float accl = 0.f, accm = 0.f;
+      for (int c = 0; c < K; ++c) {
+        const float e = ex2_approx_ftz(sG[gx(i, c)] - sG[gx(j, c)]), kj = sKn[gx(j, c)];
+        accl = fmaf(sKn[gx(i, c)] * kj, e, accl);
+        accm = fmaf(sQs[gx(i, c)] * kj, e, accm);
+      }
+      sL[sw(i, j)] = accl;
+      sM[sw(i, j)] = accm;
+    }
+    if (warp == NT / 32 - 1 && lane < CHUNK) {
+      const int i = lane;
+      float acc = 0.f;
+      for (int c = 0; c < K; ++c) acc = fmaf(sQs[gx(i, c)] * sKn[gx(i, c)], ex2_approx_ftz(sG[gx(i, c)] - sG[gx(i, c)]), acc);
+      sM[sw(i, i)] = acc;
+    }
   }
   __syncthreads();
 

@@ -29,30 +29,6 @@ template <int K, int NT, class At, class Put> __device__ __forceinline__ bool ga
   return __syncthreads_or(unsafe);
 }
 
-// [6] pair form (the decay would overflow the factored one): every product of two decays taken as
-// one exponent difference, fma chains in channel order. pair_lower: pair ``pair`` (0 to 119) of
-// i > j, L_ij and Mf_ij from one ex2 per channel; pair_diagonal: Mf_ii. k from kn, qs(i, c) =
-// q * scale; the [16, 16] results to L, M at sw(i, j).
-template <int K, class At, class Qs, class Sw>
-__device__ __forceinline__ void pair_lower(const float* g, const float* kn, Qs qs, At at, Sw sw, float* L, float* M, int pair) {
-  int i = 1, j = pair;
-  while (j >= i) j -= i++;
-  float accl = 0.f, accm = 0.f;
-  for (int c = 0; c < K; ++c) {
-    const float e = ex2_approx_ftz(g[at(i, c)] - g[at(j, c)]), kj = kn[at(j, c)];
-    accl = fmaf(kn[at(i, c)] * kj, e, accl);
-    accm = fmaf(qs(i, c) * kj, e, accm);
-  }
-  L[sw(i, j)] = accl;
-  M[sw(i, j)] = accm;
-}
-template <int K, class At, class Qs, class Sw>
-__device__ __forceinline__ void pair_diagonal(const float* g, const float* kn, Qs qs, At at, Sw sw, float* M, int i) {
-  float acc = 0.f;
-  for (int c = 0; c < K; ++c) acc = fmaf(qs(i, c) * kn[at(i, c)], ex2_approx_ftz(g[at(i, c)] - g[at(i, c)]), acc);
-  M[sw(i, i)] = acc;
-}
-
 // [8] column ``col`` of (I + Lb)^-1 by forward substitution in fp32 (Lb strictly lower, [16, 16]
 // at sw(i, j)): X_i = e_i - sum_j<i Lb_ij X_j, FMAs in j order, each X_i to inv[i * ROW + col] as
 // bf16. Unlike a power series of Lb it has no large intermediates, so repeated keys (Lb near an
