@@ -66,6 +66,9 @@ class _Local:
                 fail("initial_state", "dtype bfloat16 or float32", dtype_name(s0.dtype), TypeError)
             self.s0 = s0
         self.output_final_state = bool(output_final_state)
+        if state_dtype is not None and not self.output_final_state:  # as kda_forward
+            raise ValueError(f"state_dtype: expected None without output_final_state=True (it is the final "
+                             f"state's dtype), got {state_dtype!r}")
         self.state_out = None
         if self.output_final_state:
             self.state_out = (as_dtype(state_dtype) if state_dtype is not None

@@ -19,7 +19,7 @@ from tests.inputs import make_inputs, rmse_ratio  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, RANKS = COMM.rank, COMM.size
-U = 2.0 ** -9  # bf16 unit roundoff: the contract's error unit (tests/numerics/test_precision.py)
+U = 2.0 ** -9  # the error unit u of tests/numerics/test_precision.py (about one bf16 rounding's RMSE ratio)
 
 
 def cuts_for(T, style):

@@ -192,3 +192,14 @@ def test_a_state_pool_is_refused():
     pool = np.zeros((2, 1, 64, 64), np.float32)
     with pytest.raises(TypeError, match="kda_forward_cp: rank 0: state_(indices|pool): not supported by kda_forward_cp"):
         kda_forward_cp(**x, comm=MPI.COMM_SELF, state_pool=pool, state_indices=np.array([0]), **opts)
+
+
+def test_state_dtype_without_output_final_state_is_refused():
+    MPI = _mpi()
+    x, opts = make_inputs(T=16, H=1, K=64, V=64)
+    with pytest.raises(ValueError, match=r"kda_forward_cp: rank 0: state_dtype: expected None without "
+                                         r"output_final_state=True"):
+        kda_forward_cp(**x, comm=MPI.COMM_SELF, state_dtype=np.float32, **opts)
+    o, s = kda_forward_cp(**x, comm=MPI.COMM_SELF, state_dtype=np.float32, output_final_state=True,
+                          backend="model", **opts)
+    assert s.dtype == np.float32

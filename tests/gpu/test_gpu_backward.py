@@ -22,7 +22,7 @@ from ..emulate.test_backward_emulate import CASES, inputs
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
 
-U_BF16 = 2.0 ** -9
+U_BF16 = 2.0 ** -9  # the error unit u (tests/numerics/test_precision.py)
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,8 @@ no longer decay: each U_j is itself an alternating sum of up to 16 terms of
 twice its size, another 2F (0.27). Final state: 12u F (test_precision's 12u,
 same argument; beta near 2: x 2F), plus what no decay adds: the state's
 components orthogonal to a repeated key are never overwritten, so the bf16
-rounding of the state after every chunk random-walks there, u/sqrt(3) per chunk
-over sqrt(T/16) chunks (x2 margin).
+rounding of the state after every chunk random-walks there, 2^-8/sqrt(3) per chunk
+(the RMS of an error uniform within bf16's unit roundoff) over sqrt(T/16) chunks.
 
 Measurement. The ceilings are 4-8x above what the model does (beta ~ 2: 4.5-6x),
 too loose to see a wrong gate (a softplus decay computed in the wrong base moved
@@ -52,7 +52,7 @@ from kdacupy.numerics.reference import kda_reference
 from ..inputs import rmse_ratio
 from ..longseq import REF_FACTOR
 
-U_BF16 = 2.0 ** -9
+U_BF16 = 2.0 ** -9  # the error unit u (test_precision.py)
 T_TEST, H_TEST, D_TEST = 512, 2, 64
 SHORT = [n for n, case in ADVERSARIAL.items() if case[-1] is None]
 

@@ -32,7 +32,7 @@ from kdacupy.numerics.backward_reference import kda_backward_reference
 
 from .test_backward_model import measured
 
-U_BF16 = 2.0 ** -9
+U_BF16 = 2.0 ** -9  # the error unit u (tests/numerics/test_precision.py)
 F = math.sqrt(np.mean(np.arange(1, 17)))
 T_TEST = 256
 #: one case per family the bounds distinguish (the other short cases measure alike: the accuracy report)

@@ -1,13 +1,13 @@
 """The precision model of the backward kernels: its exact arithmetic, and its error against the
 float64 reference gradient.
 
-Bounds (RMSE ratio against the float64 reference, bf16 inputs and operands): one bf16 rounding
-costs at most u = 2^-9 relative and about u/sqrt(3) ~ 1.1e-3 RMS. A gradient passes through
+Bounds (RMSE ratio against the float64 reference, bf16 inputs and operands; u = 2^-9 as in
+test_precision.py): one bf16 rounding costs at most 2^-8 relative and about 1.7e-3 RMS. A gradient passes through
 more roundings in series than the output does: dq is (dO S^T + dM k_inv) times the decay, with
 the bf16 state S (which carries the forward's state error, bounded at 12u in
 test_precision.py), dM = dO U^T rounded to bf16 after U (itself after the bf16 Y and W), and
 k_inv; dk adds the bf16 gradient state dS_c and the intra-chunk solve's transpose. About eight
-roundings add in quadrature to ~3.2e-3; the gradient state is carried in fp32 (only its matmul
+roundings add in quadrature to ~4.8e-3; the gradient state is carried in fp32 (only its matmul
 operand is bf16, re-rounded every chunk, so those roundings do not compound). We bound every
 gradient at 10u = 1.95e-2, FLA's own test tolerance (about 2e-2): the worst measured values on
 the FlashKDA sweep are 2-4x lower (benchmarks/backward-accuracy.md), so a lost FMA or a rounding
@@ -35,7 +35,7 @@ from kdacupy.numerics.dtypes import BF16
 from ..backward_cases import FD_CASES, problem
 from ..inputs import rmse_ratio
 
-U_BF16 = 2.0 ** -9
+U_BF16 = 2.0 ** -9  # the error unit u (test_precision.py)
 BOUND = 10 * U_BF16
 
 

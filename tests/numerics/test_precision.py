@@ -1,11 +1,12 @@
 """The precision model: its rounding points, and its error against the reference.
 
 Bounds (RMSE ratio against the float64 reference, bf16 inputs and operands):
-bf16 has a unit roundoff of u = 2^-9 ~ 1.95e-3, so one rounding of a value costs
-at most u relative and about u/sqrt(3) ~ 1.1e-3 RMS (the "bf16 floor" the
-accuracy report prints). On its way to the output a value passes through about
+bf16 keeps 8 significant bits, so one rounding of a value costs at most 2^-8
+relative (its unit roundoff) and about 1.7e-3 RMS on Gaussian values (the "bf16
+floor" the accuracy report prints); the bounds count in u = 2^-9 ~ 1.95e-3, a
+little above that RMS. On its way to the output a value passes through about
 five bf16 roundings in series (decayed q/k, the state operand, the corrected
-values, U, the output itself), which adds up in quadrature to ~2.5e-3, and the
+values, U, the output itself), which adds up in quadrature to ~3.7e-3, and the
 bf16 state carries rounding from chunk to chunk for as long as the gate
 remembers (up to ~1/(1 - decay) chunks). With the FlashKDA sweep's gates the
 memory is short enough that we bound the output at 8u (1.6e-2) and the state at
@@ -25,7 +26,7 @@ from kdacupy.numerics.reference import kda_reference
 
 from ..inputs import make_inputs, rmse_ratio
 
-U_BF16 = 2.0 ** -9
+U_BF16 = 2.0 ** -9  # the error unit u (above)
 REF_OPTS = {n: x for n, x in OPTIONS.items() if n != "state_dtype"}
 
 
