@@ -9,8 +9,6 @@ every regime of the sweep). Prints the worst (max |diff| / range, RMS ratio).
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kdacupy  # noqa: E402

@@ -4,7 +4,6 @@ threads in reverse order): no finding, and gradients bit-identical to the unchec
 is the model's (test_backward_emulate.py). One case, with that suite's kernel variants, covers
 what the checks look for: the grouped heads' loop reusing shared memory, ragged tails and a
 zero-length sequence, the pair form, the vk layout, both initial and final state gradients."""
-import numpy as np
 import pytest
 
 import kdacupy

@@ -12,7 +12,6 @@ each is the same check from the model's state at another point, the last ones
 from the largest state) and the varlen case four of nine (each sequence's first
 and ragged last); the full-length runs against the reference, which is what only
 long sequences show, run whole. The GPU suite runs every segment."""
-import numpy as np
 import pytest
 
 import kdacupy

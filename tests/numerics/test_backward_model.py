@@ -19,7 +19,6 @@ error is that error times kappa = ||per-channel sums|| / |total|: bounded at 10u
 kappa from the reference (measured: 0.36 where kappa = 49, i.e. 7e-3 per channel).
 """
 import ctypes
-import itertools
 
 import numpy as np
 import pytest
