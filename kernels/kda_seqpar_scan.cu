@@ -5,7 +5,9 @@
 // One CTA per (sequence, value head, slice of SC value columns): the columns of
 // the state evolve independently, so the slice stays in shared memory for the
 // whole chain and only M and B stream in. Each thread owns one column and K/RG
-// rows; every product is a chain of fp32 FMAs in key order, B first.
+// rows; every product is a chain of fp32 FMAs in key order, B first: the key
+// blocks of TI staged in ascending order into the same accumulators, no partial
+// sums (the rounding points, bit for bit: kdacupy/numerics/scan_model.py).
 // The starts are written in the call's state layout, ready for the forward; the
 // initial state is read and the starts written through the slice in shared
 // memory, the CTA's lanes walking the layout's contiguous dimension (in "vk" a

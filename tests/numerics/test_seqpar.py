@@ -399,30 +399,6 @@ def test_k256_v256_split_on_the_emulated_kernels():
     close(s, sm)
 
 
-@needs_emu
-@pytest.mark.parametrize("K, V, layout, s0_dtype", [(64, 64, "kv", np.float32), (64, 64, "vk", np.float32), (128, 64, "vk", BF16),
-                                                    (64, 128, "kv", None)])
-def test_scan_kernel_is_the_fp32_scan(K, V, layout, s0_dtype):
-    from kdacupy.jit.loaders import loader
-    rng = np.random.default_rng(1)
-    N, n, HV = 2, 3, 2
-    M = (np.eye(K) + 0.1 * rng.standard_normal((N * n, HV, K, K))).astype(np.float32)
-    B = rng.standard_normal((N * n, HV, K, V)).astype(np.float32)
-    s0 = None
-    S0 = np.zeros((N, HV, K, V), np.float32)
-    if s0_dtype is not None:
-        S0 = rng.standard_normal((N, HV, K, V)).astype(s0_dtype).astype(np.float32)
-        s0 = np.ascontiguousarray(S0 if layout == "kv" else S0.swapaxes(-1, -2)).astype(s0_dtype)
-    got = split.scan_kernel(loader("emulate"), M, B, s0, None if s0 is None else s0.dtype, layout, n)
-    want = split.scan(M, B, S0, n)
-    if layout == "vk":
-        want = want.swapaxes(-1, -2)
-    assert got.dtype == np.float32 and got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    np.testing.assert_array_equal(got.reshape((N, n) + got.shape[1:])[:, 0],
-                                  (S0 if layout == "kv" else S0.swapaxes(-1, -2)))
-
-
 @pytest.mark.parametrize("backend", ["reference", "model", pytest.param("emulate", marks=needs_emu)])
 def test_split_of_empty_sequences_returns_the_initial_state(backend):
     x, opts = make_inputs(cu_seqlens=[0, 0], H=1, K=64, V=64, state=BF16)
