@@ -96,7 +96,8 @@ _TABLE = (
            "stack of each emulated GPU thread, KiB", _positive_int),
     Switch("KDACUPY_EMULATE_CHECK", (), "a comma list of memcheck, racecheck, aligncheck, or all",
            "run emulated launches as a CPU compute-sanitizer: out-of-bounds accesses, shared-memory races, "
-           "misaligned vector accesses raise EmulationError saying what and where (README, emulation)",
+           "misaligned vector accesses raise EmulationError saying what and where; the launchers' scratch and "
+           "new outputs start as NaN bytes (README, emulation)",
            _checks),
     Switch("KDACUPY_EMULATE_PROFILE", False, "0 or 1",
            "count each emulated launch's shared-memory wavefronts, global sectors, DRAM bytes, mma and barriers "

@@ -46,6 +46,22 @@ def checks() -> int:
     return sum(CHECKS[n] for n in names)
 
 
+#: the byte an emulated launch's scratch and fresh outputs start as under the checks: 0xFFFF_FFFF,
+#: 0xFFFF are fp32, bf16 and fp16 NaNs (negative, all payload bits set), which arithmetic keeps
+POISON = 0xFF
+
+
+def empty(shape, dtype=np.uint8) -> np.ndarray:
+    """``np.empty`` for a launcher's scratch memory or an output it allocates, on the emulation.
+    Under the checks (KDACUPY_EMULATE_CHECK) every byte is POISON: a kernel that reads a byte
+    nobody wrote, or leaves one of its outputs unwritten, gives NaN on every checked run, not
+    whatever the allocator left there. Unchecked: no fill."""
+    a = np.empty(shape, dtype)
+    if checks():
+        a.reshape(-1).view(np.uint8).fill(POISON)
+    return a
+
+
 def profiling() -> bool:
     """KDACUPY_EMULATE_PROFILE (kdacupy/env.py) or a profile.counting() block: launches count
     into profile.records (profile.h)."""

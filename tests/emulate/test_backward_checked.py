@@ -3,7 +3,11 @@ shared-memory races, misaligned vectors) and its stress modes (cp.async landing 
 threads in reverse order): no finding, and gradients bit-identical to the unchecked run, which
 is the model's (test_backward_emulate.py). One case, with that suite's kernel variants, covers
 what the checks look for: the grouped heads' loop reusing shared memory, ragged tails and a
-zero-length sequence, the pair form, the vk layout, both initial and final state gradients."""
+zero-length sequence, the pair form, the vk layout, both initial and final state gradients.
+Under the checks the launchers' scratch and gradients start as NaN bytes (kdacupy/ops/alloc.py),
+so a kernel that reads a partial sum it did not write, or leaves part of a gradient unwritten,
+gives NaN in the checked run, every time."""
+import numpy as np
 import pytest
 
 import kdacupy
@@ -25,13 +29,26 @@ def backward(name, monkeypatch, **env):
     return kdacupy.kda_backward(do, **x, dfinal_state=ds, **opts, backend="emulate")
 
 
+def assert_no_unwritten_byte(grads):
+    """The case's gradients are finite: a NaN in a checked run is a byte no kernel wrote."""
+    for field, g in zip(grads._fields, grads):
+        if g is None or not (bad := np.isnan(g.astype(np.float32))).any():
+            continue
+        pytest.fail(f"{field}: {int(bad.sum())} NaN element(s), the first at {tuple(np.argwhere(bad)[0].tolist())}: "
+                    "a read of scratch no kernel wrote, or an element left unwritten (both start as NaN under the "
+                    "checks)")
+
+
 def test_checked_backward_is_bit_identical(monkeypatch):
-    assert_bitwise(backward(CHECKED, monkeypatch, KDACUPY_EMULATE_CHECK="all"), backward(CHECKED, monkeypatch))
+    checked = backward(CHECKED, monkeypatch, KDACUPY_EMULATE_CHECK="all")
+    assert_no_unwritten_byte(checked)
+    assert_bitwise(checked, backward(CHECKED, monkeypatch))
 
 
 @pytest.mark.parametrize("stress", list(STRESS))
 def test_checked_stress_modes_are_bit_identical(stress, monkeypatch):
     stressed = backward(CHECKED, monkeypatch, KDACUPY_EMULATE_CHECK="all", **STRESS[stress])
+    assert_no_unwritten_byte(stressed)
     assert_bitwise(stressed, backward(CHECKED, monkeypatch))
 
 

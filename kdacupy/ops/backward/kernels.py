@@ -16,6 +16,7 @@ import numpy as np
 from ...jit.enums import DTYPE_CODE, STATE_DTYPE_CODE
 from ...jit.loaders import loader
 from ...numerics.dtypes import F32, dtype_name
+from ..alloc import empty
 from ..args import cu_args, lower_bound_log2, ptr, strides
 from ..forward import kernels as fwd
 from ..forward import layouts as fwd_layouts
@@ -117,7 +118,7 @@ def _views(buf, lay, a):
 
 
 def _out(xp, like, shape=None, dtype=None):
-    return None if like is None else xp.empty(like.shape if shape is None else shape, dtype=dtype or like.dtype)
+    return None if like is None else empty(xp, like.shape if shape is None else shape, dtype or like.dtype)
 
 
 def backward(p, a, tiles: TileConfig | None = None):
@@ -136,7 +137,7 @@ def backward(p, a, tiles: TileConfig | None = None):
         from ..forward.workspace import device_workspace
         buf = device_workspace(total)
     else:
-        buf = xp.empty(total, dtype=np.uint8)
+        buf = empty(xp, total, np.uint8)
     sc, a = _views(buf, lay, a)
     grads = dict(dq=_out(xp, a["q"]), dk=_out(xp, a["k"]), dv=_out(xp, a["v"]), dg=_out(xp, a["g"]),
                  dbeta=_out(xp, a["beta"]), dinitial_state=_out(xp, a["initial_state"]),

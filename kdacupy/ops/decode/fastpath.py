@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...jit.loaders import loader
+from ..alloc import empty
 from .kernels import decode_args, launch_plan, scalar_args, stride_args
 
 #: (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias)
@@ -150,7 +151,7 @@ class DecodeCall:
                 import cupy as xp
             else:
                 xp = np
-            out = xp.empty(self.out_shape, dtype=self.out_dtype)
+            out = empty(xp, self.out_shape, self.out_dtype)
             ptrs = list(ptrs)
             ptrs[8] = self._ptr(out)
             strides = self.fresh_out_strides

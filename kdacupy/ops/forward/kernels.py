@@ -15,6 +15,7 @@ from . import layouts
 from ...numerics.dtypes import dtype_name
 from ...jit.enums import DTYPE_CODE, STATE_DTYPE_CODE
 from ...jit.loaders import loader
+from ..alloc import empty
 from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
 from ..inputs import InputVariant, input_options
 from .tuning import TileConfig, select_tiles
@@ -120,7 +121,7 @@ def workspace(p, a, nslots, xp):
         from .workspace import device_workspace
         ws = device_workspace(total)
     else:
-        ws = xp.empty(total, dtype=np.uint8)
+        ws = empty(xp, total, np.uint8)
     if copy_cu:
         dense = ws[cu_at:].view(cu.dtype)
         dense[...] = cu
@@ -137,11 +138,11 @@ def forward(p, a, tiles: TileConfig | None = None):
     run = loader("cuda" if p.device else "emulate")
     tiles = tiles or select_tiles(p)
     nslots, per_seq = slots(p)
-    o = a["out"] if a["out"] is not None else xp.empty(a["v"].shape, dtype=p.dtype)
+    o = a["out"] if a["out"] is not None else empty(xp, a["v"].shape, p.dtype)
     s_out = a.get("state_pool")  # a pool is read and written in place
     if s_out is None and p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
-        s_out = xp.empty(shape, dtype=p.state_out_dtype)
+        s_out = empty(xp, shape, p.state_out_dtype)
     ws, a = workspace(p, a, nslots, xp)
     if nslots:
         launch_prepare(run, p, a, ws, nslots, per_seq)

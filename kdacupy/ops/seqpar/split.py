@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from ...numerics.dtypes import F32
+from ..alloc import empty
 from ..forward.layouts import CHUNK
 # ---------------------------------------------------------------------------
 # segments
@@ -153,7 +154,7 @@ class KernelRun:
         fp32 = dict(state_precision="fp32", state_layout="kv", state_out_dtype=F32)
         M = xp.zeros((p.N, p.HV, K, K), dtype=F32)
         M.reshape(-1, K * K)[:, ::K + 1] = 1  # the identity in place: no temporary
-        Bm = xp.empty((p.N, p.HV, K, p.V), dtype=F32)
+        Bm = empty(xp, (p.N, p.HV, K, p.V), F32)
         # M: value columns = the K columns of I, v = 0 (a zero-stride view), the state updated in place
         zero_v = xp.broadcast_to(xp.zeros((1, 1, 1, K), dtype=p.dtype), a["v"].shape[:3] + (K,))
         pm = dataclasses.replace(p, V=K, state_in_dtype=F32, **fp32)
@@ -170,10 +171,10 @@ class KernelRun:
         layout), into ``o`` when given."""
         p, a, xp = self.p, self.a, self.xp
         if o is None:
-            o = xp.empty(a["v"].shape, dtype=p.dtype)
+            o = empty(xp, a["v"].shape, p.dtype)
         s_out = None
         if p.state_out_dtype is not None:
-            s_out = xp.empty(starts.shape, dtype=p.state_out_dtype)
+            s_out = empty(xp, starts.shape, p.state_out_dtype)
         pf = dataclasses.replace(p, state_in_dtype=F32)
         self._recurrence(pf, dict(a, initial_state=starts), o, s_out, False)
         return o, s_out
@@ -220,7 +221,7 @@ def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     xp = _array_module(M)
     NS, HV, K, _ = M.shape
     V = Bm.shape[-1]
-    starts = xp.empty((NS, HV, K, V) if state_layout == "kv" else (NS, HV, V, K), dtype=F32)
+    starts = empty(xp, (NS, HV, K, V) if state_layout == "kv" else (NS, HV, V, K), F32)
     fn = run.get("kda_seqpar_scan", scan_config(K, V), "kda_seqpar_scan")
     args = (ptr(M), ptr(Bm), ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
             np.int32(state_layout == "vk"), ptr(starts), np.int32(HV), np.int32(n))
