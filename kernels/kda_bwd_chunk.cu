@@ -206,7 +206,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sRQ = reinterpret_cast<float*>(sm + CSM_RQ);
   float* sRK = reinterpret_cast<float*>(sm + CSM_RK);
   float* sColA = reinterpret_cast<float*>(sm + CSM_COLA);
-  float* sRef = reinterpret_cast<float*>(sm + CSM_REF);  // (CSM_COLA's bytes: kdacupy/ops/backward/layouts.py)
+  float* sRef = reinterpret_cast<float*>(sm + CSM_REF);  // row 0 of fx<K>'s rotation (CSM_COLA's bytes: ops/backward/layouts.py)
   u16* sS = reinterpret_cast<u16*>(sm + CSM_S);
   u16* sD = reinterpret_cast<u16*>(sm + CSM_D);
   float* sVV = reinterpret_cast<float*>(sm + CSM_VV);
@@ -293,7 +293,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     __syncthreads();
     // [4] running sum over the rows per channel, its reference gr; gexp
     const auto at = [](int i, int c) { return fx<K>(i, c); };
-    const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { sGexp[c] = x; }, [&](int c, float x) { sRef[c] = x; }, tid);
+    const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { sGexp[c] = x; }, [&](int c, float x) { sRef[fx<K>(0, c)] = x; }, tid);
     // [5] the decayed operands (bf16 tiles), piece by piece; apart from kda_prepare's [5], which reads
     // q, k from registers and writes the workspace: here they come from the fp32 rows in shared memory
     if (rowt) {
@@ -304,7 +304,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           const int c = c0 + 2 * w;
-          const float2 gc = ld2(sG + fx<K>(r, c)), gt = ld2(sG + fx<K>(CHUNK - 1, c)), gr = ld2(sRef + c);
+          const float2 gc = ld2(sG + fx<K>(r, c)), gt = ld2(sG + fx<K>(CHUNK - 1, c)), gr = ld2(sRef + fx<K>(0, c));
           const float2 qn = ld2(sQN + fx<K>(r, c)), kn = ld2(sKN + fx<K>(r, c));
           const float e0 = ex2_approx_ftz(gc.x), e1 = ex2_approx_ftz(gc.y);
           const float m0 = ex2_approx_ftz(gc.x - gr.x), m1 = ex2_approx_ftz(gc.y - gr.y);
@@ -574,7 +574,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
           for (int w = 0; w < E / 2; ++w) {
             const int c = c0 + 2 * w;
-            const float2 gc = ld2(sG + fx<K>(r, c)), gr = ld2(sRef + c), kn = ld2(sKN + fx<K>(r, c));
+            const float2 gc = ld2(sG + fx<K>(r, c)), gr = ld2(sRef + fx<K>(0, c)), kn = ld2(sKN + fx<K>(r, c));
             const float f0 = kn.x * ex2_approx_ftz(gr.x - gc.x), f1 = kn.y * ex2_approx_ftz(gr.y - gc.y);
             const u32 hi = pack_bf16x2(f0, f1);
             wl[w] = pack_bf16x2(f0 - bf16_lo(hi), f1 - bf16_hi(hi));
@@ -650,7 +650,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
       for (int jj = 0; jj < JG; ++jj) {
         const int jt = j0 + jj, d0 = n0w + 8 * jt + 2 * tq;
-        const float2 gt2 = ld2(sG + fx<K>(CHUNK - 1, d0)), gr2 = ld2(sRef + d0);
+        const float2 gt2 = ld2(sG + fx<K>(CHUNK - 1, d0)), gr2 = ld2(sRef + fx<K>(0, d0));
         const float gts[2] = {gt2.x, gt2.y}, grs[2] = {gr2.x, gr2.y};
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {

@@ -98,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   float* sL = reinterpret_cast<float*>(sm + PSM_L);
   float* sM = reinterpret_cast<float*>(sm + PSM_M);
   float* sBeta = reinterpret_cast<float*>(sm + PSM_BETA);
-  float* sRef = reinterpret_cast<float*>(sm + PSM_REF);
+  float* sRef = reinterpret_cast<float*>(sm + PSM_REF);  // a row of sG's padding: the row phase's reads meet 32 banks
 
   unsigned char* blk = ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
   const int r = tid >> 3, s = tid & 7;  // this thread's row and its place among the row's 8 threads
@@ -147,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   // [4] running sum over the chunk rows, per channel, sequential fp32, and its reference gr; [9] gexp = ex2(gt)
   const auto at = [](int i, int c) { return gx(i, c); };
   const bool unsafe = gate_cumsum<K, NT>(
-      sG, at, [&](int c, float x) { reinterpret_cast<float*>(blk + WS_GEXP)[c] = x; }, [&](int c, float x) { sRef[c] = x; },
+      sG, at, [&](int c, float x) { reinterpret_cast<float*>(blk + WS_GEXP)[c] = x; }, [&](int c, float x) { sRef[gx(0, c)] = x; },
       tid);
 
   // [5] decayed operands, piece by piece: the recurrence's (from the chunk's start) to the workspace,
@@ -162,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
         const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-        const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)], gr = sRef[c];
+        const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)], gr = sRef[gx(0, c)];
         const float e = ex2_approx_ftz(gc), em = ex2_approx_ftz(gc - gr);
         qd[e2] = qv[i] * (e * scale);
         kd[e2] = kv[i] * e;
