@@ -187,13 +187,14 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sQN = reinterpret_cast<float*>(sm + CSM_QN);
   float* sKN = reinterpret_cast<float*>(sm + CSM_KN);
   float* sG = reinterpret_cast<float*>(sm + CSM_G);
-  u16* sQD = reinterpret_cast<u16*>(sm + CSM_QD);
-  u16* sKD = reinterpret_cast<u16*>(sm + CSM_KD);
+  u16* sQM = reinterpret_cast<u16*>(sm + CSM_QM);  // the factored form's operands q_m, k_m, k_i
+  u16* sKD = reinterpret_cast<u16*>(sm + CSM_KD);  // the recurrence's k_dec and k_res (q_dec: [B7] rounds it again)
+  u16* sKM = reinterpret_cast<u16*>(sm + CSM_KM);
   u16* sKI = reinterpret_cast<u16*>(sm + CSM_KI);
   u16* sKR = reinterpret_cast<u16*>(sm + CSM_KR);
   float* sL = reinterpret_cast<float*>(sm + CSM_L);
   float* sLB = reinterpret_cast<float*>(sm + CSM_LB);
-  float* sDLB = reinterpret_cast<float*>(sm + CSM_DLB);
+  float* sDLB = reinterpret_cast<float*>(sm + CSM_DLB);  // (CSM_LB's bytes)
   float* sDM = reinterpret_cast<float*>(sm + CSM_DM);
   float* sDL = reinterpret_cast<float*>(sm + CSM_DL);
   u16* sMQ = reinterpret_cast<u16*>(sm + CSM_MQ);
@@ -205,6 +206,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sRQ = reinterpret_cast<float*>(sm + CSM_RQ);
   float* sRK = reinterpret_cast<float*>(sm + CSM_RK);
   float* sColA = reinterpret_cast<float*>(sm + CSM_COLA);
+  float* sRef = reinterpret_cast<float*>(sm + CSM_REF);  // row 0 of fx<K>'s rotation (CSM_COLA's bytes: ops/backward/layouts.py)
   u16* sS = reinterpret_cast<u16*>(sm + CSM_S);
   u16* sD = reinterpret_cast<u16*>(sm + CSM_D);
   float* sVV = reinterpret_cast<float*>(sm + CSM_VV);
@@ -218,6 +220,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sDYF = reinterpret_cast<float*>(sm + CSM_DYF);
   float* sDGAM = reinterpret_cast<float*>(sm + CSM_DGAM);
   float* sKT = reinterpret_cast<float*>(sm + CSM_KT);
+  u16* sKL = reinterpret_cast<u16*>(sm + CSM_KL);  // [B6]: k_i's low part, in the region between the V-blocks and [B7]
   float* sDQN = reinterpret_cast<float*>(sm + CSM_DQN);
   float* sDKN = reinterpret_cast<float*>(sm + CSM_DKN);
   float* sDOT = reinterpret_cast<float*>(sm + CSM_DOT);
@@ -288,41 +291,44 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       sBeta[tid] = tid < rows ? beta_at<KDA_BETA_MODE, KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh) : 0.f;
     }
     __syncthreads();
-    // [4] running sum over the rows per channel; gexp
+    // [4] running sum over the rows per channel, its reference gr; gexp
     const auto at = [](int i, int c) { return fx<K>(i, c); };
-    const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { sGexp[c] = x; }, tid);
+    const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { sGexp[c] = x; }, [&](int c, float x) { sRef[fx<K>(0, c)] = x; }, tid);
     // [5] the decayed operands (bf16 tiles), piece by piece; apart from kda_prepare's [5], which reads
     // q, k from registers and writes the workspace: here they come from the fp32 rows in shared memory
     if (rowt) {
 #pragma unroll
       for (int v = 0; v < PPS; ++v) {
         const int c0 = (s8 + 8 * v) * E;
-        u32 wq[E / 2], wk[E / 2], wi[E / 2], wr[E / 2];
+        u32 wqm[E / 2], wk[E / 2], wkm[E / 2], wi[E / 2], wr[E / 2];
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           const int c = c0 + 2 * w;
-          const float2 gc = ld2(sG + fx<K>(r, c)), gt = ld2(sG + fx<K>(CHUNK - 1, c));
+          const float2 gc = ld2(sG + fx<K>(r, c)), gt = ld2(sG + fx<K>(CHUNK - 1, c)), gr = ld2(sRef + fx<K>(0, c));
           const float2 qn = ld2(sQN + fx<K>(r, c)), kn = ld2(sKN + fx<K>(r, c));
           const float e0 = ex2_approx_ftz(gc.x), e1 = ex2_approx_ftz(gc.y);
-          wq[w] = pack_bf16x2(qn.x * (e0 * scale), qn.y * (e1 * scale));
+          const float m0 = ex2_approx_ftz(gc.x - gr.x), m1 = ex2_approx_ftz(gc.y - gr.y);
           wk[w] = pack_bf16x2(kn.x * e0, kn.y * e1);
-          wi[w] = pack_bf16x2(kn.x * ex2_approx_ftz(-gc.x), kn.y * ex2_approx_ftz(-gc.y));
           wr[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gt.x - gc.x), kn.y * ex2_approx_ftz(gt.y - gc.y));
+          wqm[w] = pack_bf16x2(qn.x * (m0 * scale), qn.y * (m1 * scale));
+          wkm[w] = pack_bf16x2(kn.x * m0, kn.y * m1);
+          wi[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y));
         }
-        store_piece<E>(sQD + r * TS + c0, wq);
+        store_piece<E>(sQM + r * TS + c0, wqm);
         store_piece<E>(sKD + r * TS + c0, wk);
+        store_piece<E>(sKM + r * TS + c0, wkm);
         store_piece<E>(sKI + r * TS + c0, wi);
         store_piece<E>(sKR + r * TS + c0, wr);
       }
     }
     __syncthreads();
-    // [6] L = k_dec k_inv^T, Mf = q_dec k_inv^T; the pair form where the decay would overflow: as
+    // [6] L = k_m k_i^T, Mf = q_m k_i^T; the pair form where the decay would overflow: as
     // kda_prepare's, one thread per pair i > j (L and Mf from one ex2 per channel), the diagonals of
     // Mf on 16 threads of their own (a copy: as one template for both kernels, ptxas unrolled the channel
     // loops otherwise, 8 more MUFU in the cubin on sm_90a)
     if (!unsafe) {
-      if (warp == 0) bf16_abt(sL, sKD, sKI, lane);
-      if (warp == 1) bf16_abt(sDM, sQD, sKI, lane);  // sDM holds Mf until [7]
+      if (warp == 0) bf16_abt(sL, sKM, sKI, lane);
+      if (warp == 1) bf16_abt(sDM, sQM, sKI, lane);  // sDM holds Mf until [7]
     } else {
       if (tid < CHUNK * (CHUNK - 1) / 2) {
         int i = 1, j = tid;
@@ -554,9 +560,29 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       sDM16[i * SR + j] = f32_to_bf16(sDM[x]);
     }
     __syncthreads();
-    // [B6] the in-chunk terms on the tensor cores (factored chunks)
-    float aKi[NKT][4] = {};
+    // [B6] the in-chunk terms on the tensor cores (factored chunks), apart from the state's (their
+    // factors are measured from gr, the state's from the chunk's start)
+    float aQm[NKT][4] = {}, aKm[NKT][4] = {}, aKi[NKT][4] = {};
     if (!unsafe) {
+      // k_i's low part, bf16(k_if - k_i) with k_if = kn ex2(gr - gc) (k_i rounded from it in [5]): dq and
+      // dk through the in-chunk terms take k_i to 16 bits (kdacupy/numerics/backward_model.py [B6] says why)
+      if (rowt) {
+#pragma unroll
+        for (int v = 0; v < PPS; ++v) {
+          const int c0 = (s8 + 8 * v) * E;
+          u32 wl[E / 2];
+#pragma unroll
+          for (int w = 0; w < E / 2; ++w) {
+            const int c = c0 + 2 * w;
+            const float2 gc = ld2(sG + fx<K>(r, c)), gr = ld2(sRef + fx<K>(0, c)), kn = ld2(sKN + fx<K>(r, c));
+            const float f0 = kn.x * ex2_approx_ftz(gr.x - gc.x), f1 = kn.y * ex2_approx_ftz(gr.y - gc.y);
+            const u32 hi = pack_bf16x2(f0, f1);
+            wl[w] = pack_bf16x2(f0 - bf16_lo(hi), f1 - bf16_hi(hi));
+          }
+          store_piece<E>(sKL + r * TS + c0, wl);
+        }
+      }
+      __syncthreads();
       u32 am[4], al[4], amt[4], alt[4];
       lda(am, sDM16, SR, 0, lane);
       lda(al, sDL16, SR, 0, lane);
@@ -564,15 +590,19 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       lda_t(amt, sDM16, SR, lane);
 #pragma unroll
       for (int jp = 0; jp < NKT / 2; ++jp) {
-        u32 bki[4], bkd[4], bqd[4];
+        u32 bki[4], bkm[4], bqm[4];
         ldb_kn(bki, sKI, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bkd, sKD, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bqd, sQD, TS, 0, n0w + 16 * jp, lane);
-        mma2(aQd[2 * jp], aQd[2 * jp + 1], am, bki);
-        mma2(aKd[2 * jp], aKd[2 * jp + 1], al, bki);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkd);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqd);
+        ldb_kn(bkm, sKM, TS, 0, n0w + 16 * jp, lane);
+        ldb_kn(bqm, sQM, TS, 0, n0w + 16 * jp, lane);
+        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
+        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
+        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkm);
+        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqm);
+        ldb_kn(bki, sKL, TS, 0, n0w + 16 * jp, lane);
+        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
+        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
       }
+      __syncthreads();  // [B7] writes the region sKL is in
     }
     // [B7] per element: the gradients of qn, kn (summed over the group) and the decay's terms; the two
     // channels d, d + 1 of an accumulator pair together (8-byte shared accesses). The pair form reads
@@ -620,38 +650,46 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
       for (int jj = 0; jj < JG; ++jj) {
         const int jt = j0 + jj, d0 = n0w + 8 * jt + 2 * tq;
-        const float2 gt2 = ld2(sG + fx<K>(CHUNK - 1, d0));
-        const float gts[2] = {gt2.x, gt2.y};
+        const float2 gt2 = ld2(sG + fx<K>(CHUNK - 1, d0)), gr2 = ld2(sRef + fx<K>(0, d0));
+        const float gts[2] = {gt2.x, gt2.y}, grs[2] = {gr2.x, gr2.y};
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
           const int i = gq + 8 * h2;
-          const u32 bq = *reinterpret_cast<const u32*>(sQD + i * TS + d0), bk = *reinterpret_cast<const u32*>(sKD + i * TS + d0);
-          const u32 bi = *reinterpret_cast<const u32*>(sKI + i * TS + d0), br = *reinterpret_cast<const u32*>(sKR + i * TS + d0);
-          const float qd[2] = {bf16_lo(bq), bf16_hi(bq)}, kd[2] = {bf16_lo(bk), bf16_hi(bk)};
-          const float ki[2] = {bf16_lo(bi), bf16_hi(bi)}, kr[2] = {bf16_lo(br), bf16_hi(br)};
-          float qn[2] = {0.f, 0.f}, kn[2] = {0.f, 0.f};
-          if (unsafe) {
-            const float2 qn2 = ld2(sQN + fx<K>(i, d0)), kn2 = ld2(sKN + fx<K>(i, d0));
-            qn[0] = qn2.x, qn[1] = qn2.y, kn[0] = kn2.x, kn[1] = kn2.y;
-          }
+          const u32 bm = *reinterpret_cast<const u32*>(sQM + i * TS + d0), bk = *reinterpret_cast<const u32*>(sKD + i * TS + d0);
+          const u32 bkm = *reinterpret_cast<const u32*>(sKM + i * TS + d0), br = *reinterpret_cast<const u32*>(sKR + i * TS + d0);
+          const float qm[2] = {bf16_lo(bm), bf16_hi(bm)}, kd[2] = {bf16_lo(bk), bf16_hi(bk)}, km[2] = {bf16_lo(bkm), bf16_hi(bkm)};
+          const float kr[2] = {bf16_lo(br), bf16_hi(br)};
+          const float2 qn2 = ld2(sQN + fx<K>(i, d0)), kn2 = ld2(sKN + fx<K>(i, d0));
+          const float qn[2] = {qn2.x, qn2.y}, kn[2] = {kn2.x, kn2.y};
+          const float ex[2] = {ex2_approx_ftz(gcs[jj][h2][0]), ex2_approx_ftz(gcs[jj][h2][1])};
+          const u32 bq = pack_bf16x2(qn[0] * (ex[0] * scale), qn[1] * (ex[1] * scale));  // q_dec as [5] of kda_prepare
+          const float qd[2] = {bf16_lo(bq), bf16_hi(bq)};
           float dq2[2], dk2[2], dg2[2], kt2[2];
 #pragma unroll
           for (int e1 = 0; e1 < 2; ++e1) {
             const int e = 2 * h2 + e1;
-            const float gc = gcs[jj][h2][e1], ex = ex2_approx_ftz(gc);
-            float t_q = aQd[jt][e] * (ex * scale), P = aKd[jt][e] * ex, Mi, g1, g2;
+            const float gc = gcs[jj][h2][e1];
+            // the in-chunk terms: to q (before its scale, a_q), to k (a_k, Mi), to the decay (gA, gB, g2)
+            float a_q, a_k, gA, gB, Mi, g2;
             if (!unsafe) {
-              Mi = aKi[jt][e] * ex2_approx_ftz(-gc);
-              g1 = kd[e1] * aKd[jt][e];
-              g2 = ki[e1] * aKi[jt][e];
+              const float em = ex2_approx_ftz(gc - grs[e1]), ei = ex2_approx_ftz(grs[e1] - gc);
+              a_q = aQm[jt][e] * (em * scale);
+              a_k = aKm[jt][e] * em;
+              gA = qm[e1] * aQm[jt][e];
+              gB = km[e1] * aKm[jt][e];
+              Mi = aKi[jt][e] * ei;
+              g2 = (kn[e1] * ei) * aKi[jt][e];  // k_if, as in k_i's low part
             } else {
               const float qs = qn[e1] * scale, a_ = A[jj][h2][e1], b_ = B[jj][h2][e1];
-              t_q = t_q + a_ * scale;
-              g1 = kd[e1] * aKd[jt][e] + (qs * a_ + kn[e1] * b_);
-              P = P + b_;
+              a_q = a_ * scale;
+              a_k = b_;
+              gA = qs * a_;
+              gB = kn[e1] * b_;
               Mi = Cm[jj][h2][e1] + Cl[jj][h2][e1];
               g2 = kn[e1] * Mi;
             }
+            const float t_q = aQd[jt][e] * (ex[e1] * scale) + a_q, P = aKd[jt][e] * ex[e1] + a_k;
+            const float g1 = kd[e1] * aKd[jt][e] + (gA + gB);
             const float g_q = qd[e1] * aQd[jt][e];
             const float t3 = aKr[jt][e] * ex2_approx_ftz(gts[e1] - gc);
             dq2[e1] = t_q;

@@ -90,14 +90,15 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 
   unsigned char* sm = dynamic_smem();
   float* sG = reinterpret_cast<float*>(sm + PSM_G);
-  u16* sQd = reinterpret_cast<u16*>(sm + PSM_U);
-  u16* sKd = sQd + CHUNK * TS;
-  u16* sKi = sKd + CHUNK * TS;
+  u16* sQm = reinterpret_cast<u16*>(sm + PSM_U);  // fast path: the factored form's q_m, k_m, k_i
+  u16* sKm = sQm + CHUNK * TS;
+  u16* sKi = sKm + CHUNK * TS;
   float* sQs = reinterpret_cast<float*>(sm + PSM_U);  // pair path: q * scale
   float* sKn = sQs + CHUNK * PSM_GS;                  // pair path: k
   float* sL = reinterpret_cast<float*>(sm + PSM_L);
   float* sM = reinterpret_cast<float*>(sm + PSM_M);
   float* sBeta = reinterpret_cast<float*>(sm + PSM_BETA);
+  float* sRef = reinterpret_cast<float*>(sm + PSM_REF);  // a row of sG's padding: the row phase's reads meet 32 banks
 
   unsigned char* blk = ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
   const int r = tid >> 3, s = tid & 7;  // this thread's row and its place among the row's 8 threads
@@ -143,31 +144,38 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   }
   __syncthreads();
 
-  // [4] running sum over the chunk rows, per channel, sequential fp32; [9] gexp = ex2(gt)
+  // [4] running sum over the chunk rows, per channel, sequential fp32, and its reference gr; [9] gexp = ex2(gt)
   const auto at = [](int i, int c) { return gx(i, c); };
-  const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { reinterpret_cast<float*>(blk + WS_GEXP)[c] = x; }, tid);
+  const bool unsafe = gate_cumsum<K, NT>(
+      sG, at, [&](int c, float x) { reinterpret_cast<float*>(blk + WS_GEXP)[c] = x; }, [&](int c, float x) { sRef[gx(0, c)] = x; },
+      tid);
 
-  // [5] decayed operands, to the workspace (and shared memory for [6]), piece by piece
+  // [5] decayed operands, piece by piece: the recurrence's (from the chunk's start) to the workspace,
+  // the factored form's (from the reference gr) to shared memory for [6]
 #pragma unroll
   for (int v = 0; v < PPS; ++v) {
     const int c0 = (s + 8 * v) * E;
-    u32 wq[E / 2], wk[E / 2], wr[E / 2], wi[E / 2];
+    u32 wq[E / 2], wk[E / 2], wr[E / 2], wqm[E / 2], wkm[E / 2], wi[E / 2];
 #pragma unroll
     for (int w = 0; w < E / 2; ++w) {
-      float qd[2], kd[2], kr[2], ki[2];
+      float qd[2], kd[2], kr[2], qm[2], km[2], ki[2];
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) {
         const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-        const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)];
-        const float e = ex2_approx_ftz(gc);
+        const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)], gr = sRef[gx(0, c)];
+        const float e = ex2_approx_ftz(gc), em = ex2_approx_ftz(gc - gr);
         qd[e2] = qv[i] * (e * scale);
         kd[e2] = kv[i] * e;
-        ki[e2] = kv[i] * ex2_approx_ftz(-gc);
         kr[e2] = kv[i] * ex2_approx_ftz(gt - gc);
+        qm[e2] = qv[i] * (em * scale);
+        km[e2] = kv[i] * em;
+        ki[e2] = kv[i] * ex2_approx_ftz(gr - gc);
       }
       wq[w] = pack_bf16x2(qd[0], qd[1]);
       wk[w] = pack_bf16x2(kd[0], kd[1]);
       wr[w] = pack_bf16x2(kr[0], kr[1]);
+      wqm[w] = pack_bf16x2(qm[0], qm[1]);
+      wkm[w] = pack_bf16x2(km[0], km[1]);
       wi[w] = pack_bf16x2(ki[0], ki[1]);
     }
     const i64 off = (static_cast<i64>(r) * K + c0) * 2;
@@ -175,8 +183,8 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     store_piece<E>(blk + WS_KDEC + off, wk);
     store_piece<E>(blk + WS_KRES + off, wr);
     if (!unsafe) {
-      store_piece<E>(sQd + r * TS + c0, wq);
-      store_piece<E>(sKd + r * TS + c0, wk);
+      store_piece<E>(sQm + r * TS + c0, wqm);
+      store_piece<E>(sKm + r * TS + c0, wkm);
       store_piece<E>(sKi + r * TS + c0, wi);
     }
   }
@@ -193,10 +201,10 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   }
   __syncthreads();
 
-  // [6] L = k_dec k_inv^T and Mf = q_dec k_inv^T
+  // [6] L = k_m k_i^T and Mf = q_m k_i^T
   if (!unsafe) {
-    if (warp == 0) bf16_abt(sL, sKd, sKi, lane);
-    if (warp == 1) bf16_abt(sM, sQd, sKi, lane);
+    if (warp == 0) bf16_abt(sL, sKm, sKi, lane);
+    if (warp == 1) bf16_abt(sM, sQm, sKi, lane);
   } else {
     // pair form: every product of two decays taken as one exponent difference. Threads 0-119
     // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16

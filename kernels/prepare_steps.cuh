@@ -6,25 +6,32 @@
 
 namespace kda {
 
-// |gc| above this: the pair form. Not 126: 2^gc * scale * q must stay normal fp32 for every
-// element that matters (26 binades of margin), or FTZ (-ftz=true) flushes terms whose product
-// with 2^-gc is O(1); measured under KDACUPY_EMULATE_NUMERICS=hardware at T=8192, g=0, bias=+8.
+// |gc - gr| above this: the pair form. Not 126: 2^(gc - gr) * scale * q must stay normal fp32 for
+// every element that matters (26 binades of margin), or FTZ (-ftz=true) flushes terms whose product
+// with 2^(gr - gc) is O(1); measured under KDACUPY_EMULATE_NUMERICS=hardware at T=8192, g=0, bias=+8.
 constexpr float SAFE_EXPONENT = 100.0f;
 
 // [4] running sum over the chunk's rows of g [16, K], per channel, sequential fp32, in place;
-// [9] gexp[c] = ex2 of the sum. Every thread of the block takes part: whether any |sum| passed
-// SAFE_EXPONENT (the pair form), after a barrier.
-template <int K, int NT, class At, class Put> __device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, int tid) {
+// [9] gexp[c] = ex2 of the sum; the factored form's reference gr[c], the centre of the channel's
+// range of sums (so each factor 2^(gc - gr), 2^(gr - gc) spans half of it, and a chunk whose
+// channels range up to 2 SAFE_EXPONENT stays on the tensor cores). Every thread of the block takes
+// part: whether any channel's half range passed SAFE_EXPONENT (the pair form), after a barrier.
+template <int K, int NT, class At, class Put, class PutRef>
+__device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRef put_ref, int tid) {
   bool unsafe = false;
   for (int c = tid; c < K; c += NT) {
-    float acc = 0.f;
+    float acc = 0.f, hi = 0.f, lo = 0.f;
 #pragma unroll
     for (int i = 0; i < CHUNK; ++i) {
       acc += g[at(i, c)];
       g[at(i, c)] = acc;
-      unsafe |= fabsf(acc) > SAFE_EXPONENT;
+      hi = i == 0 ? acc : fmaxf(hi, acc);
+      lo = i == 0 ? acc : fminf(lo, acc);
     }
+    const float gr = (hi + lo) * 0.5f;
+    unsafe |= fmaxf(hi - gr, gr - lo) > SAFE_EXPONENT;
     put_gexp(c, ex2_approx_ftz(acc));
+    put_ref(c, gr);
   }
   return __syncthreads_or(unsafe);
 }

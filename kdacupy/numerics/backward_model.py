@@ -22,7 +22,7 @@ kda_bwd_chain (head-parallel, chunks in reverse; D = dS^T [V, K] in fp32 registe
   C6. dinitial_state = D in initial_state's dtype and layout (a zero-length sequence: dfinal_state).
 kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads in order):
   P1. q, k: l2norm [1] (kept: qn, kn and the rsqrt factors); per value head the prepare
-      steps [2]-[9] again (gc, k_inv, L before beta too), bit-identical to R1.
+      steps [2]-[9] again (gc, gr, q_m, k_m, k_i, L before beta too), bit-identical to R1.
   per V-block of VBLOCK value columns, in order:
   B1. W = mma(k_dec S_op^T), S_op = bf(S_c);  X = r32(v - W);  Y = bf(r32(beta * X)).
   B2. U = bf(mma(INV Y));  dU = bf(mma(Mqk^T dO) then + mma(k_res dS_c^T)).
@@ -35,21 +35,29 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
   B5. dLb = -dLb~ strictly below the diagonal, dM on and below it; dbeta_i continues its fma
       chain with dLb_ij L_ij (j < i); dL = r32(beta_i dLb); dbeta through the beta sigmoid:
       r32(dbeta r32(sig(b) sig(-b))) (x2 exact for allow_neg_eigval).
-  B6. factored chunks: dQd = mma(dQd + bf(dM) k_inv), dKd = mma(dKd + bf(dL) k_inv),
-      dKi = mma(bf(dL)^T k_dec) then + mma(bf(dM)^T q_dec). Pair chunks (|gc| > SAFE_EXPONENT,
-      E_xy = ex2(r32(gc_x - gc_y)) per channel, fma chains over the partner row in order):
+  B6. factored chunks (q_m, k_m, k_i: precision.py [5], measured from the reference gr;
+      k_if = r32(kn ei), ei = ex2(r32(gr - gc)), is k_i before its rounding, k_lo = bf(k_if - k_i)):
+      dQm = mma(bf(dM) k_i) then + mma(bf(dM) k_lo), dKm = mma(bf(dL) k_i) then + mma(bf(dL) k_lo),
+      dKi = mma(bf(dL)^T k_m) then + mma(bf(dM)^T q_m). k_lo carries k_i to 16 bits: with q
+      nearly parallel to k under the l2norm, dq is what its projection leaves of dqn, and k_i's
+      rounding alone (2^-9 of dqn, in any direction) measured 0.63 of dq under a fast decay.
+      Pair chunks (precision.py [6]'s test; E_xy = ex2(r32(gc_x - gc_y)) per channel, fma chains
+      over the partner row in order):
       A_r = sum_{j<=r} r32(dM_rj kn_j) E_rj, B_r = sum_{j<r} r32(dL_rj kn_j) E_rj,
       Cm_r = sum_{i>=r} r32(dM_ir qs_i) E_ir, Cl_r = sum_{i>r} r32(dL_ir kn_i) E_ir, qs = r32(qn scale).
-  B7. per element, e = ex2(gc), es = r32(e scale), ei = ex2(-gc), er = ex2(r32(gc_last - gc)):
-      tq = r32(dQd es)                [pair: r32(r32(dQd es) + r32(A scale))]
-      P  = r32(dKd e)                 [pair: r32(r32(dKd e) + B)]
-      Mi = r32(dKi ei)                [pair: r32(Cm + Cl)]
+  B7. per element, e = ex2(gc), es = r32(e scale), er = ex2(r32(gc_last - gc)), and for factored
+      chunks em = ex2(r32(gc - gr)), ei = ex2(r32(gr - gc)): the state's terms (dQd, dKd through
+      q_dec, k_dec) and the in-chunk terms (through q_m, k_m, k_i) scaled apart, then added:
+      tq = r32(r32(dQd es) + r32(dQm r32(em scale)))   [pair: r32(r32(dQd es) + r32(A scale))]
+      P  = r32(r32(dKd e) + r32(dKm em))              [pair: r32(r32(dKd e) + B)]
+      Mi = r32(dKi ei)                                [pair: r32(Cm + Cl)]
       dqn += tq, dkn += r32(r32(P + Mi) + r32(dKr er)) (fp32, over the group's value heads in order).
       The decay's terms take each gradient times the very operand it came through, so that an
       in-chunk pair's term, added at one row and taken from another, cancels to fp32 precision
       (bf16-rounded factors on one side only would leave 2^-9 of it, measured 1e-2 of dg):
-      gq = r32(q_dec dQd), g1 = r32(k_dec dKd), g2 = r32(k_inv dKi)
-      [pair: gq = r32(q_dec dQd), g1 = r32(r32(k_dec dKd) + r32(r32(qs A) + r32(kn B))), g2 = r32(kn Mi)];
+      gq = r32(q_dec dQd), g1 = r32(r32(k_dec dKd) + r32(r32(q_m dQm) + r32(k_m dKm))), g2 = r32(k_if dKi)
+      (k_if on both sides of a pair's term: in dQm, dKm and in g2)
+      [pair: g1 = r32(r32(k_dec dKd) + r32(r32(qs A) + r32(kn B))), g2 = r32(kn Mi)];
       dgam = r32(r32(gq + g1) - g2), kt = r32(k_res dKr).
   B8. per channel (natural-log units): dg_i = r32(suf_i + r32(pre_i + r32(gexp dge))), suf_i the
       fp32 sum of dgam_j over j >= i from the last row, pre_i of kt_j over j < i from the first.
@@ -158,15 +166,22 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
     for j in range(C):
         db = np.where(j < i, fma32(dLb[..., :, j], ops["L"][..., :, j], db), db)
     dL = r32(bcol * dLb)
-    gc = ops["gc"]
+    gc, gr = ops["gc"], ops["gr"]
     with np.errstate(invalid="ignore", over="ignore"):
-        dQd_f = mma(dQd, bf(dM), ops["k_inv"])                                          # B6
-        dKd_f = mma(dKd, bf(dL), ops["k_inv"])
-        dKi = mma(mma(None, _T(bf(dL)), ops["k_dec"]), _T(bf(dM)), ops["q_dec"])
-        e, ei = ex2(gc), ex2(-gc)
+        em, ei = ex2(r32(gc - gr)), ex2(r32(gr - gc))
+        k_if = r32(kn * ei)  # k_i before its bf16 rounding, and its low part (an exact difference, rounded)
+        k_lo = bf(k_if - ops["k_i"])
+        dQm = mma(mma(None, bf(dM), ops["k_i"]), bf(dM), k_lo)                           # B6
+        dKm = mma(mma(None, bf(dL), ops["k_i"]), bf(dL), k_lo)
+        dKi = mma(mma(None, _T(bf(dL)), ops["k_m"]), _T(bf(dM)), ops["q_m"])
+        e = ex2(gc)
         es, er = r32(e * scale), ex2(r32(gc[..., -1:, :] - gc))
-        tq, P, Mi = r32(dQd_f * es), r32(dKd_f * e), r32(dKi * ei)                      # B7
-        gq, g1, g2 = r32(ops["q_dec"] * dQd_f), r32(ops["k_dec"] * dKd_f), r32(ops["k_inv"] * dKi)
+        tq = r32(r32(dQd * es) + r32(dQm * r32(em * scale)))                            # B7
+        P = r32(r32(dKd * e) + r32(dKm * em))
+        Mi = r32(dKi * ei)
+        gq = r32(ops["q_dec"] * dQd)
+        g1 = r32(r32(ops["k_dec"] * dKd) + r32(r32(ops["q_m"] * dQm) + r32(ops["k_m"] * dKm)))
+        g2 = r32(k_if * dKi)
     if np.any(ops["unsafe"]):
         u = ops["unsafe"]
         qs = r32(qn[u] * scale)
@@ -174,7 +189,6 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
         tq[u] = r32(r32(dQd[u] * es[u]) + r32(A * scale))
         P[u] = r32(r32(dKd[u] * e[u]) + B)
         Mi[u] = r32(Cm + Cl)
-        gq[u] = r32(ops["q_dec"][u] * dQd[u])
         g1[u] = r32(r32(ops["k_dec"][u] * dKd[u]) + r32(r32(qs * A) + r32(kn[u] * B)))
         g2[u] = r32(kn[u] * Mi[u])
     t3 = r32(dKr * er)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .backward_arith import fma32, mma
 from .dtypes import round_bf16, round_f32
-from .precision import EPS_F32, SAFE_EXPONENT, chunk_decay, decayed_operands, ex2
+from .precision import EPS_F32, chunk_decay, decayed_operands, ex2, pair_form_chunks
 
 r32, bf = round_f32, round_bf16
 
@@ -66,24 +66,24 @@ def solve_unit_lower_exact(Lb):
 def prepare_exact(qn, kn, g2, beta, scale):
     """[4]-[9] of kda_prepare on [..., 16, K] chunks (beta [..., 16]): the workspace operands
     (q_dec, k_dec, k_res, INV, Mqk as bf16 values, gexp fp32) and what the backward also needs
-    (k_inv, gc, L before beta, Lb, the unsafe flag per chunk)."""
+    (the factored form's q_m, k_m, k_i, gc and its reference gr, L before beta, Lb, the pair-form
+    flag per chunk)."""
     C = g2.shape[-2]
-    gc, gt = chunk_decay(g2)
-    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 only in chunks that take the pair form
-        q_dec, k_dec, k_inv, k_res = decayed_operands(qn, kn, gc, gt, scale)
+    gc, gt, gr = chunk_decay(g2)
+    op = decayed_operands(qn, kn, gc, gt, gr, scale)
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
-    k_invT = np.swapaxes(k_inv, -1, -2)
-    L = np.where(strict, mma(None, k_dec, k_invT), 0.0)
-    Mf = np.where(incl, mma(None, q_dec, k_invT), 0.0)
-    unsafe = np.max(np.abs(gc), axis=(-1, -2)) > SAFE_EXPONENT
+    k_iT = np.swapaxes(op["k_i"], -1, -2)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 only in chunks that take the pair form
+        L = np.where(strict, mma(None, op["k_m"], k_iT), 0.0)
+        Mf = np.where(incl, mma(None, op["q_m"], k_iT), 0.0)
+    unsafe = pair_form_chunks(gc, gr)
     if np.any(unsafe):
         L[unsafe] = _pair(kn[unsafe], kn[unsafe], gc[unsafe], strict)
         Mf[unsafe] = _pair(r32(qn[unsafe] * scale), kn[unsafe], gc[unsafe], incl)
     Lb = np.where(strict, r32(L * beta[..., :, None]), 0.0)
     INV = bf(solve_unit_lower_exact(Lb))
-    return dict(q_dec=q_dec, k_dec=k_dec, k_inv=k_inv, k_res=k_res, INV=INV, Mqk=bf(Mf), gexp=ex2(gt[..., 0, :]),
-                gc=gc, L=L, Lb=Lb, unsafe=unsafe)
+    return dict(op, INV=INV, Mqk=bf(Mf), gexp=ex2(gt[..., 0, :]), gc=gc, gr=gr, L=L, Lb=Lb, unsafe=unsafe)
 
 
 def chunk_states(H, ops, v, beta, state_precision):

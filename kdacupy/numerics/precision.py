@@ -22,14 +22,19 @@ prepare (token-parallel, per 16-token chunk and value head)
                  y = r32(a * x), lb2 = r32(lower_bound * log2e)
      then padded rows of a ragged chunk get g2 = 0 (activation comes first).
   3. beta: logits -> s as for the sigmoid gate (x2 exact for allow_neg_eigval).
-  4. gc = fp32 running sum of g2 over the chunk rows; gt = gc of the last row.
+  4. gc = fp32 running sum of g2 over the chunk rows; gt = gc of the last row; per channel the
+     reference gr = r32(r32(hi + lo) * 0.5), hi / lo the largest / smallest gc of the chunk's rows
+     (NaN ignored, as fmaxf / fminf do): the centre of the channel's exponent range.
   5. operands:  q_dec = bf(r32(q * r32(ex2(gc) * scale)))
-                k_dec = bf(r32(k * ex2(gc))),   k_inv = bf(r32(k * ex2(-gc)))
-                k_res = bf(r32(k * ex2(r32(gt - gc))))
-  6. L = r32(k_dec k_inv^T), Mf = r32(q_dec k_inv^T) (fp32 tensor-core accumulate);
-     when some |gc| > 100 (2^gc * scale * q would go subnormal, which the kernels'
-     FTZ flushes, or 2^-gc overflow with large keys), the chunk uses
-     the pair form instead: r32(sum_d k_i k_j ex2(r32(gc_i - gc_j))) (q_i: r32(q_i * scale)).
+                k_dec = bf(r32(k * ex2(gc))),   k_res = bf(r32(k * ex2(r32(gt - gc))))
+     (the recurrence's, measured from the chunk's start) and the factored form's, measured from gr:
+                q_m = bf(r32(q * r32(em * scale))),  k_m = bf(r32(k * em)),  em = ex2(r32(gc - gr))
+                k_i = bf(r32(k * ex2(r32(gr - gc))))
+  6. L = r32(k_m k_i^T), Mf = r32(q_m k_i^T) (fp32 tensor-core accumulate): k_m,i k_i,j carries
+     2^(gc_i - gr) 2^(gr - gc_j) = 2^(gc_i - gc_j), each factor half the chunk's range at most.
+     When some |r32(gc - gr)| > 100 (the channel's range over 200: 2^(gc - gr) * scale * q would
+     go subnormal, which the kernels' FTZ flushes, or 2^(gr - gc) overflow with large keys), the
+     chunk uses the pair form instead: r32(sum_d k_i k_j ex2(r32(gc_i - gc_j))) (q_i: r32(q_i * scale)).
   7. Lb = r32(L * beta_i) strictly below the diagonal (fp32).
   8. X = (I + Lb)^-1 by forward substitution in fp32, row by row, each row
      accumulated in column order by fp32 FMAs (float64 inside, as in 15):
@@ -60,7 +65,7 @@ from .reference import pack, sequence_bounds, state_from_kv, state_to_kv, unpack
 CHUNK = 16
 LOG2E_F32 = float(np.float32(1.0 / math.log(2.0)))
 EPS_F32 = float(np.float32(1e-6))
-#: |gc| bound (base 2) below which the factored chunk form stays in normal fp32 (kda_prepare.cu)
+#: |gc - gr| bound (base 2) below which the factored chunk form stays in normal fp32 (prepare_steps.cuh)
 SAFE_EXPONENT = 100.0
 
 r32, bf = round_f32, round_bf16
@@ -168,20 +173,34 @@ def solve_unit_lower(Lb):
 
 
 def chunk_decay(g2):
-    """Step 4 on [..., 16, K] chunks: gc, the fp32 running sum of g2 over the rows, and gt, its last row."""
+    """Step 4 on [..., 16, K] chunks: gc, the fp32 running sum of g2 over the rows; gt, its last
+    row; gr, the factored form's reference per channel (the centre of gc's range), [..., 1, K]."""
     gc = np.cumsum(g2.astype(np.float32), axis=-2, dtype=np.float32).astype(np.float64)
-    return gc, gc[..., -1:, :]
+    hi = np.fmax.reduce(gc, axis=-2, keepdims=True)
+    lo = np.fmin.reduce(gc, axis=-2, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        gr = ftz_f32(r32(ftz_f32(r32(hi + lo)) * 0.5))  # -ftz=true: a subnormal sum or half is 0
+    return gc, gc[..., -1:, :], gr
 
 
-def decayed_operands(qn, kn, gc, gt, scale):
-    """Step 5: the bf16 operands q_dec, k_dec, k_inv and k_res (float64 arrays holding bf16 values)."""
+def pair_form_chunks(gc, gr):
+    """Step 6's test per chunk ([...]): some channel's |r32(gc - gr)| above SAFE_EXPONENT, as the
+    kernels take it: fmaxf(hi - gr, gr - lo) per channel (a NaN side ignored), any channel."""
+    with np.errstate(invalid="ignore"):
+        hi = np.fmax.reduce(gc, axis=-2, keepdims=True)
+        lo = np.fmin.reduce(gc, axis=-2, keepdims=True)
+        span = np.fmax(r32(hi - gr), r32(gr - lo))
+        return np.any(span > SAFE_EXPONENT, axis=(-1, -2))
+
+
+def decayed_operands(qn, kn, gc, gt, gr, scale):
+    """Step 5: the recurrence's bf16 operands q_dec, k_dec, k_res and the factored form's q_m, k_m,
+    k_i (float64 arrays holding bf16 values), as a dict."""
     e = ex2(gc)
-    q_dec = bf(r32(qn * r32(e * scale)))
-    k_dec = bf(r32(kn * e))
-    with np.errstate(invalid="ignore"):  # inf * 0 only in chunks that take the pair form
-        k_inv = bf(r32(kn * ex2(-gc)))
-    k_res = bf(r32(kn * ex2(r32(gt - gc))))
-    return q_dec, k_dec, k_inv, k_res
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 only in chunks that take the pair form
+        em, ei = ex2(r32(gc - gr)), ex2(r32(gr - gc))
+        return dict(q_dec=bf(r32(qn * r32(e * scale))), k_dec=bf(r32(kn * e)), k_res=bf(r32(kn * ex2(r32(gt - gc)))),
+                    q_m=bf(r32(qn * r32(em * scale))), k_m=bf(r32(kn * em)), k_i=bf(r32(kn * ei)))
 
 
 def prepare_chunks(qn, kn, g2, beta, scale):
@@ -189,21 +208,22 @@ def prepare_chunks(qn, kn, g2, beta, scale):
     the recurrence reads: q_dec, k_dec, k_res, INV, Mqk (float64 arrays holding
     bf16 values) and gexp [..., K] (fp32 values)."""
     C = g2.shape[-2]
-    gc, gt = chunk_decay(g2)
-    q_dec, k_dec, k_inv, k_res = decayed_operands(qn, kn, gc, gt, scale)
+    gc, gt, gr = chunk_decay(g2)
+    op = decayed_operands(qn, kn, gc, gt, gr, scale)
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
-    k_invT = np.swapaxes(k_inv, -1, -2)
+    k_iT = np.swapaxes(op["k_i"], -1, -2)
     with np.errstate(all="ignore"):
-        L = np.where(strict, r32(k_dec @ k_invT), 0.0)
-        Mf = np.where(incl, r32(q_dec @ k_invT), 0.0)
-    unsafe = np.max(np.abs(gc), axis=(-1, -2)) > SAFE_EXPONENT
+        L = np.where(strict, r32(op["k_m"] @ k_iT), 0.0)
+        Mf = np.where(incl, r32(op["q_m"] @ k_iT), 0.0)
+    unsafe = pair_form_chunks(gc, gr)
     if np.any(unsafe):
         L[unsafe] = _pair_form(kn[unsafe], kn[unsafe], gc[unsafe], strict)
         Mf[unsafe] = _pair_form(r32(qn[unsafe] * scale), kn[unsafe], gc[unsafe], incl)
     Lb = np.where(strict, r32(L * beta[..., :, None]), 0.0)
     INV = bf(solve_unit_lower(Lb))
-    return dict(q_dec=q_dec, k_dec=k_dec, k_res=k_res, INV=INV, Mqk=bf(Mf), gexp=ex2(gt[..., 0, :]))
+    return dict(q_dec=op["q_dec"], k_dec=op["k_dec"], k_res=op["k_res"], INV=INV, Mqk=bf(Mf),
+                gexp=ex2(gt[..., 0, :]))
 
 
 def recurrence_step(H, ops, v, beta, out_dtype, state_precision):

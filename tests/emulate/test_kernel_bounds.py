@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kdacupy
+from kdacupy.numerics.parity import EMULATE, mismatch
 from kdacupy.numerics.precision import kda_model
 from kdacupy.validation import validate
 from kdacupy.validation.pool import validate_forward_pool
@@ -110,15 +111,18 @@ def test_decode_store_slots_at_or_past_P_are_skipped():
 @pytest.mark.parametrize("name", ["softplus-raw-beta", "K256", "fixed-gva-sigmoid"])
 def test_bf16_and_fp32_state_modes_match_the_model_bit_for_bit(name):
     """Each mode equals the model's same mode bitwise (final state everywhere, output where the
-    case's summation order allows), and the model's two modes differ: so a kernel whose bf16
-    mode keeps the state in fp32 (or the reverse) fails here."""
+    case's summation order allows, else within the emulation's parity tolerance), and the model's
+    two modes differ: so a kernel whose bf16 mode keeps the state in fp32 (or the reverse) fails
+    here."""
     runs = {}
     for precision in ("bf16", "fp32"):
         x, opts = case_inputs(name, precision)
         o, s = kdacupy.kda_forward(**x, **opts, backend="emulate")
         om, sm = kda_model(**x, **opts)
         np.testing.assert_array_equal(s.view(np.uint8), sm.view(np.uint8))
-        if name != "fixed-gva-sigmoid":
+        if name == "softplus-raw-beta":
             np.testing.assert_array_equal(o.view(np.uint8), om.view(np.uint8))
+        else:  # the model rounds each matmul once, the mma each 16-step: here an output meets the difference
+            assert mismatch(o, om, EMULATE) is None
         runs[precision] = sm
     assert not np.array_equal(runs["bf16"], runs["fp32"])

@@ -44,11 +44,12 @@ def prepare_row(K: int) -> int:
 
 def prepare_smem(K: int) -> dict[str, int]:
     """Shared memory of kda_prepare. The fast path keeps bf16 tiles (padded rows
-    for ldmatrix), the pair path padded fp32 rows of q*scale and k: they share a region."""
+    for ldmatrix), the pair path padded fp32 rows of q*scale and k: they share a region.
+    REF: the factored form's reference per channel (precision.py step 4), padded as a row of G."""
     tile = CHUNK * (K + 8) * 2
     rows = CHUNK * prepare_row(K) * 4
     parts = [("G", rows), ("U", max(3 * tile, 2 * rows)), ("L", CHUNK * CHUNK * 4),
-             ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4)]
+             ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4), ("REF", (K + K // 8) * 4)]
     off, total = _place(parts)
     return {f"PSM_{n}": v for n, v in off.items()} | {"PSM_TOTAL": total, "PSM_GS": prepare_row(K)}
 
