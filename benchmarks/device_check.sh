@@ -329,10 +329,15 @@ if [ ${#NOT_RUN[@]} -gt 0 ]; then
   echo "not run for the budget: ${NOT_RUN[*]}; rerun with: bash benchmarks/device_check.sh --only ${NOT_RUN[*]}" \
     | tee -a "$SUMMARY"
 fi
-# the emulation profiler's prediction of each kernel's time next to the benchmark's measurement
-# (reads JSON only; the predictions alone when step 8 left no bench.json)
+# the emulation profiler's prediction of each kernel's time next to the benchmark's measurement,
+# with each kernel's latency term, dependent path per chunk and loads in flight against Little's
+# law's need where the profile has them: what this run calibrates (docs/design.md section 11.1;
+# reads JSON only; the predictions alone when step 8 or 10 left no JSON)
 echo "predictions (the emulation profiler's, per kernel) next to the measured medians of step 8:" >> "$SUMMARY"
 $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200.json --measured "$OUT/bench.json" >> "$SUMMARY" 2>&1
+echo "the backward's next to step 10's:" >> "$SUMMARY"
+$PY -m kdacupy.profile --show benchmarks/profile-backward-kimi-h200.json --measured "$OUT/bench-backward.json" \
+  >> "$SUMMARY" 2>&1
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
 [ "$MODE" = cpu ] && rm -rf "$SITE"
 

@@ -5,8 +5,10 @@ Runs the kernels on the emulation with KDACUPY_EMULATE_PROFILE=1 and prints, per
 requests, shared-memory wavefronts per request against the conflict-free ideal, global sector
 efficiency (bytes asked for / 32 x sectors), DRAM bytes with an ideal L2, mma, SFU instructions;
 then the roofline of the chosen GPU: the time each resource needs (HBM, shared memory, tensor
-cores, SFU, and for the recurrence its chunk chain), the one that binds, and the occupancy
-that the compile report's registers and shared memory allow (NVRTC for the GPU's arch).
+cores, SFU, and the dependent path at the GPU's latencies), the one that binds, and the occupancy
+that the compile report's registers and shared memory allow (NVRTC for the GPU's arch); then per
+kernel the dependent path (cycles of the longest CTA, per chunk for the chunk chains, its steps)
+and the bytes of global loads it keeps in flight per SM against Little's law's need.
 
 Workloads: without --shape, a small forward (T=256, H=2, K=V=128, bf16, Kimi's options), a
 decode step (N=16, HV=4), the split forward (2 segments) of the same forward and its backward
@@ -28,9 +30,9 @@ it (--shape kimi --pass both: the forward, the backward and their sum per shape)
 --json FILE writes everything; --show FILE prints a saved file's summary without emulating, and
 with --measured BENCH_JSON (python -m kdacupy.bench's, same shapes; --shapes backward's for the
 backward) the measured medians and measured / predicted beside it: the model's error, once a
-GPU has run. Predictions are lower bounds: the binding resource at its datasheet rate;
-latencies other than the chunk chains (the forward's recurrence, the backward's kda_bwd_chain),
-launch gaps and cache misses beyond the compulsory ones are not modelled.
+GPU has run. Predictions are lower bounds: the binding resource at its datasheet rate, the
+dependent path a stated approximation (docs/design.md section 11.1); launch gaps and cache misses
+beyond the compulsory ones are not modelled.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..emulate import counting
+from ..emulate.profile import MAX_COUNTERS
 from . import roofline
 from .shapes import (Shape, compulsory_backward_bytes, compulsory_bytes, make_inputs, resolve_shapes, shape_arg,
                      shape_problem, validated)
@@ -84,6 +87,8 @@ def scaled(rec: dict, factor) -> dict:
     out = dict(rec)
     integral = float(factor).is_integer()
     for k in counts_of(rec):
+        if k in MAX_COUNTERS:  # a maximum over CTAs: every head's CTAs alike
+            continue
         x = rec[k] * factor
         out[k] = int(round(x)) if integral else x
     shared = [v for name, v in rec.get("dram_by_argument", {}).items() if name in HEAD_SHARED]
@@ -199,23 +204,32 @@ def compile_report(sha: str, arch: str):
 
 
 def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3) -> list[dict]:
-    """One row per kernel variant (launches summed): counts, ratios, roofline and occupancy."""
+    """One row per kernel variant (launches summed; the per-CTA maxima their maximum): counts,
+    ratios, roofline, occupancy, and the dependent path with the bytes in flight."""
     from ..emulate import hotspots
 
     rows: dict = {}
     for r in recs:
         key = (r["kernel"], r["source"])
-        t = roofline.times(r, gpu, chunks)
         row = rows.get(key)
         if row is None:
             row = rows[key] = dict(kernel=r["kernel"], source=r["source"], launches=0, block=r["block"],
                                    shared_mem=r["shared_mem"], counts={k: 0 for k in counts_of(r)},
-                                   times={k: 0.0 for k in t}, hotspots=hotspots(r, hot))
+                                   times={}, hotspots=hotspots(r, hot))
+            rep = compile_report(r["source"], gpu.arch)
+            if rep is not None:
+                row["compile"] = dict(arch=gpu.arch, regs=rep.regs, spill_stores=rep.spill_stores,
+                                      spill_loads=rep.spill_loads, static_smem=rep.static_smem)
+                row["occupancy"] = roofline.occupancy(gpu, int(np.prod(r["block"])), rep.regs,
+                                                      r["shared_mem"] + rep.static_smem)
+        # resident CTAs per SM: the compile report's occupancy, else threads and shared memory alone
+        resident = row["occupancy"]["ctas_per_sm"] if "occupancy" in row else roofline.default_ctas_per_sm(r, gpu)
         row["launches"] += 1
         for k in row["counts"]:
-            row["counts"][k] += r[k]
-        for k, v in t.items():
+            row["counts"][k] = max(row["counts"][k], r[k]) if k in MAX_COUNTERS else row["counts"][k] + r[k]
+        for k, v in roofline.times(r, gpu, resident).items():
             row["times"][k] = row["times"].get(k, 0.0) + v
+        row["resident"] = resident
     out = []
     for row in rows.values():
         c = row["counts"]
@@ -224,12 +238,9 @@ def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3) 
         row["conflict_excess"] = (c["smem_wavefronts"] / c["smem_wavefronts_ideal"] - 1) if c["smem_wavefronts_ideal"] else 0.0
         row["sector_efficiency"] = c["gmem_bytes"] / (32 * c["gmem_sectors"]) if c["gmem_sectors"] else 1.0
         row["bound"], row["time_s"] = roofline.bound(row["times"])
-        rep = compile_report(row["source"], gpu.arch)
-        threads = int(np.prod(row["block"]))
-        if rep is not None:
-            row["compile"] = dict(arch=gpu.arch, regs=rep.regs, spill_stores=rep.spill_stores,
-                                  spill_loads=rep.spill_loads, static_smem=rep.static_smem)
-            row["occupancy"] = roofline.occupancy(gpu, threads, rep.regs, row["shared_mem"] + rep.static_smem)
+        resident = row.pop("resident")
+        if roofline.has_path(c):
+            row["latency"] = roofline.path_info(dict(c, kernel=row["kernel"]), gpu, resident, chunks)
         out.append(row)
     return out
 
@@ -263,6 +274,32 @@ def _us(s: float) -> str:
     return f"{s * 1e6:.1f}"
 
 
+STEP_NAMES = dict(issue="issue", dram="dram", smem="smem", ldmatrix="ldsm", mma="mma", sfu="sfu", shuffle="shfl",
+                  barrier="bar")
+
+
+def in_flight_text(lat: dict) -> str:
+    """Bytes in flight per SM against the need, in KB, and the verdict."""
+    kb = lambda b: f"{b / 1024:.1f}"  # noqa: E731
+    text = f"{kb(lat['mean_bytes'])} KB (peak {kb(lat['peak_bytes'])}) vs need {kb(lat['need_bytes'])}"
+    return text + (": latency-bound on loads" if lat["latency_bound_on_loads"] else "")
+
+
+def print_paths(e: dict, gpu: roofline.Gpu, p) -> None:
+    """Per kernel: the dependent path and the bytes in flight per SM (docs/design.md section 11.1)."""
+    rows = [r for r in e["kernels"] if "latency" in r]
+    if not rows:
+        return
+    p(f"{'path ' + gpu.key:16} {'cycles':>9} {'/chunk':>7} {'mean':>9} {'rounds':>7}  steps of the longest CTA path"
+      f"  | global loads in flight per SM, {gpu.cycles('dram')}-cycle DRAM latency")
+    for r in rows:
+        lat = r["latency"]
+        steps = ", ".join(f"{STEP_NAMES[k]} {n}" for k, n in lat["steps"].items() if n)
+        chunk = f"{lat['cycles_per_chunk']:.0f}" if "cycles_per_chunk" in lat else "-"
+        p(f"{r['kernel']:16} {lat['path_cycles']:>9.0f} {chunk:>7} {lat['mean_path_cycles']:>9.0f} {lat['rounds']:>7.2f}  "
+          f"{steps or '-'}  | {lat['resident']} resident: {in_flight_text(lat)}")
+
+
 def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
     p = lambda *a: print(*a, file=file or sys.stdout)  # noqa: E731
     sl = f", {e['heads_emulated']} value head(s) emulated, counts x {e['scale']:g}" if "scale" in e else ""
@@ -275,7 +312,7 @@ def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
           f"{r['ideal_per_request']:>5.2f} {100 * r['conflict_excess']:>6.1f}% {c['gmem_requests']:>9.0f} "
           f"{100 * r['sector_efficiency']:>7.1f}% {(c['dram_read_bytes'] + c['dram_write_bytes']) / 1e6:>8.2f} "
           f"{c['mma']:>9.0f} {c['sfu']:>9.0f} {c['barriers']:>7.0f}")
-    p(f"{'roofline ' + gpu.key:16} {'hbm us':>8} {'smem us':>8} {'tensor us':>9} {'sfu us':>8} {'chain us':>8} "
+    p(f"{'roofline ' + gpu.key:16} {'hbm us':>8} {'smem us':>8} {'tensor us':>9} {'sfu us':>8} {'lat. us':>8} "
       f"{'bound':>7} {'time us':>8}  occupancy (regs, spills, smem)")
     for r in e["kernels"]:
         t = r["times"]
@@ -285,7 +322,8 @@ def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
              f"{cp['regs']} regs, {cp['spill_stores']}/{cp['spill_loads']} spills, "
              f"{r['shared_mem'] + cp['static_smem']} B") if occ else "n/a (no NVRTC)"
         p(f"{r['kernel']:16} {_us(t['hbm']):>8} {_us(t['smem']):>8} {_us(t['tensor']):>9} {_us(t['sfu']):>8} "
-          f"{_us(t.get('chain', 0.0)):>8} {r['bound']:>7} {_us(r['time_s']):>8}  {o}")
+          f"{_us(t['latency']) if 'latency' in t else '-':>8} {r['bound']:>7} {_us(r['time_s']):>8}  {o}")
+    print_paths(e, gpu, p)
     line = f"predicted {e['predicted_s'] * 1e3:.3f} ms (sum of the kernels' bounds)"
     if "hbm_floor_s" in e:
         line += f"; HBM floor {e['hbm_floor_s'] * 1e3:.3f} ms ({e['hbm_floor_bytes'] / 1e9:.3f} GB compulsory)"
@@ -317,9 +355,32 @@ def _ratio(m, predicted_s) -> str:
     return f" {m:>11.3f} {m / (predicted_s * 1e3):>9.2f}" if m else f" {'-':>11} {'-':>9}"
 
 
+def latency_ms(e: dict) -> str:
+    """A run's latency terms summed over its kernels, ms ("-": a file written before them)."""
+    ts = [r["times"].get("latency") for r in e["kernels"]]
+    return "-" if not ts or None in ts else f"{sum(ts) * 1e3:.3f}"
+
+
+def kernel_part(r: dict) -> str:
+    """A kernel's predicted ms and bound, with its latency term, its path per chunk (the chunk
+    chains) and its bytes in flight per SM against the need, where the file has them."""
+    text = f"{r['kernel']} {r['time_s'] * 1e3:.3f} ({r['bound']}"
+    lat = r.get("latency")
+    if lat is not None:
+        if r["bound"] != "latency":
+            text += f"; latency {r['times']['latency'] * 1e3:.3f}"
+        if "cycles_per_chunk" in lat:
+            text += f"; {lat['cycles_per_chunk']:.0f} cycles/chunk"
+        text += (f"; in flight {lat['mean_bytes'] / 1024:.1f} of {lat['need_bytes'] / 1024:.1f} KB/SM"
+                 + (" LOW" if lat["latency_bound_on_loads"] else ""))
+    return text + ")"
+
+
 def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
     """The predictions per shape, forward and backward; with ``bench`` (a kdacupy.bench JSON of
-    the same shapes) the measured medians and measured / predicted next to them."""
+    the same shapes) the measured medians and measured / predicted next to them; the kernels'
+    latency terms summed, and per kernel its latency term, path per chunk and bytes in flight
+    (docs/design.md section 11.1: what a device run calibrates)."""
     file = file or sys.stdout
     gpu = doc["gpu"]
     measured = measured_times(bench)
@@ -330,21 +391,21 @@ def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
     extra = f" {'measured ms':>11} {'meas/pred':>9}" if bench is not None else ""
     if fwd or not bwd:
         print(f"\nPredicted forward times on {gpu['name']} {head}:", file=file)
-        print(f"{'shape':26} {'predicted ms':>12} {'HBM floor ms':>12} {'FlashKDA ms':>11}{extra}  per kernel (bound)",
-              file=file)
+        print(f"{'shape':26} {'predicted ms':>12} {'HBM floor ms':>12} {'FlashKDA ms':>11}{extra} {'latency ms':>10}  "
+              f"per kernel (bound; latency ms, path per chunk, KB in flight per SM of the need, LOW below it)", file=file)
     for e in fwd:
-        parts = ", ".join(f"{r['kernel']} {r['time_s'] * 1e3:.3f} ({r['bound']})" for r in e["kernels"])
+        parts = ", ".join(kernel_part(r) for r in e["kernels"])
         fk = f"{e['flashkda_ms']:.3f}" if e.get("flashkda_ms") else "-"
         m = _ratio(measured.get(e["shape"]["name"], {}).get("forward"), e["predicted_s"]) if bench is not None else ""
-        print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}{m}  {parts}",
-              file=file)
+        print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}{m} "
+              f"{latency_ms(e):>10}  {parts}", file=file)
     if not bwd:
         return
     forward_of = {e["shape"]["name"]: e for e in fwd}
     print(f"\nPredicted backward and forward + backward times on {gpu['name']} {head}:", file=file)
     extra = (f" {'meas bwd':>9} {'meas/pred':>9} {'meas f+b':>9} {'meas/pred':>9}" if bench is not None else "")
-    print(f"{'shape':26} {'backward ms':>11} {'HBM floor':>9} {'fwd+bwd ms':>10} {'HBM floor':>9}{extra}  "
-          f"per backward kernel (bound)", file=file)
+    print(f"{'shape':26} {'backward ms':>11} {'HBM floor':>9} {'fwd+bwd ms':>10} {'HBM floor':>9}{extra} {'latency ms':>10}  "
+          f"per backward kernel (bound; latency ms, path per chunk, KB in flight per SM of the need, LOW below it)", file=file)
     for e in bwd:
         name = e["shape"]["name"]
         f = forward_of.get(name)
@@ -358,8 +419,9 @@ def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
             fb = got.get("forward_backward")
             m += (f" {fb:>9.3f} {fb / ((e['predicted_s'] + f['predicted_s']) * 1e3):>9.2f}" if fb and f
                   else f" {'-':>9} {'-':>9}")
-        parts = ", ".join(f"{r['kernel']} {r['time_s'] * 1e3:.3f} ({r['bound']})" for r in e["kernels"])
-        print(f"{name:26} {e['predicted_s'] * 1e3:>11.3f} {e['hbm_floor_s'] * 1e3:>9.3f} {both}{m}  {parts}", file=file)
+        parts = ", ".join(kernel_part(r) for r in e["kernels"])
+        print(f"{name:26} {e['predicted_s'] * 1e3:>11.3f} {e['hbm_floor_s'] * 1e3:>9.3f} {both}{m} {latency_ms(e):>10}  "
+              f"{parts}", file=file)
 
 
 # ---------------------------------------------------------------------------
@@ -435,7 +497,7 @@ def main(argv=None):
     print(gpu.label())
     doc = dict(gpu=dataclasses.asdict(gpu), commit=git_commit(), dirty=git_dirty(), date=datetime.date.today().isoformat(),
                lower_bound=-5.0 if args.lower_bound is None else args.lower_bound,
-               chain_cycles_per_chunk=roofline.CHAIN_CYCLES_PER_CHUNK, runs=[])
+               runs=[])
     for name, shape, recs, info, kind in workloads(args, gpu):
         e = run_entry(name, shape, recs, info, gpu, args.hotspots, "backward" if kind == "backward" else "forward")
         doc["runs"].append(e)

@@ -1,19 +1,28 @@
 """A roofline per GPU for the emulation's counters (docs/design.md section 11): the time each
-resource needs for one launch's work, which one binds, and the occupancy the compile report
-allows. Every figure of GPUS is sourced in docs/design.md section 11; none is measured here."""
+resource needs for one launch's work, which one binds, the occupancy the compile report allows,
+the dependent path's time and the bytes the kernel keeps in flight against Little's law. Every
+figure of GPUS and of the latency tables is sourced in docs/design.md section 11.1; none is
+measured here."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from ..emulate.profile import PATH_KINDS
+
 MMA_FLOP = 2 * 16 * 8 * 16  # one mma.sync m16n8k16: the only tensor-core shape the kernels use
-#: critical path of one chunk of kda_recurrence, cycles (docs/design.md section 11): its chunks run
-#: in order, so a sequence of n chunks takes at least n times this, whatever the throughput. The
-#: backward's kda_bwd_chain walks them the same way, on a path as long (9 accumulating k-steps of
-#: dU^T, then dY^T and D's update: 11 dependent mma against the recurrence's 12; the cp.async
-#: wait and two barriers): the same figure
-CHAIN_CYCLES_PER_CHUNK = 500
+#: kernels whose chunks one CTA walks in order: their path per chunk is reported
 CHAIN_KERNELS = ("kda_recurrence", "kda_bwd_chain")
+
+#: cycles per dependent step on Hopper (docs/design.md section 11.1 has the sources): dram, a
+#: global load's round trip to HBM (pointer chase on an H100 SXM, markdewing/AI_kernels); smem,
+#: a shared load (Accel-Sim's tested H100 configuration, gpgpu_smem_latency); mma, an mma.sync
+#: (its ptx_opcode_latency_tesnor); sfu (ptx_opcode_latency_sfu); issue, one warp instruction per
+#: clock (gpgpu_max_insn_issue_per_warp). Assumed, no figure read: ldmatrix and a shuffle as a
+#: shared load; a barrier 0 beyond waiting for the last warp. profile.h's PATH_REF holds the same.
+HOPPER_LATENCY = dict(issue=1, dram=700, smem=29, ldmatrix=29, mma=24, sfu=23, shuffle=29, barrier=0)
+#: Blackwell: the B200's measured HBM round trip (the same source); the rest Hopper's (none read)
+BLACKWELL_LATENCY = dict(HOPPER_LATENCY, dram=860)
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,7 @@ class Gpu:
     clock_ghz: float     # the clock the datasheet's tensor rate implies
     hbm_tb_s: float      # datasheet HBM bandwidth, TB/s
     bf16_tflops: float   # datasheet dense bf16 tensor-core rate, TFLOP/s
+    latency: tuple = tuple(HOPPER_LATENCY.items())  # (kind, cycles) per dependent step
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
     max_warps_per_sm: int = 64
@@ -35,13 +45,22 @@ class Gpu:
 
     def label(self) -> str:
         return (f"{self.name}: {self.sms} SMs at {self.clock_ghz:.2f} GHz, HBM {self.hbm_tb_s:g} TB/s, "
-                f"bf16 {self.bf16_tflops:g} TFLOP/s dense, shared memory {self.smem_bytes_per_clk} B/clk/SM")
+                f"bf16 {self.bf16_tflops:g} TFLOP/s dense, shared memory {self.smem_bytes_per_clk} B/clk/SM, "
+                f"DRAM latency {self.cycles('dram')} cycles")
+
+    def cycles(self, kind: str) -> int:
+        return dict(self.latency)[kind]
+
+    def little_need_bytes(self, busy_sms: int | None = None) -> float:
+        """Bytes each of ``busy_sms`` SMs (default all) must keep in flight for them to draw the HBM
+        bandwidth (Little's law: bandwidth / SMs x the DRAM latency; the unloaded one, so a floor)."""
+        return self.hbm_tb_s * 1e12 / (busy_sms or self.sms) * self.cycles("dram") / (self.clock_ghz * 1e9)
 
 
 GPUS = {
     "h100": Gpu("h100", "NVIDIA H100 SXM", "sm_90a", 132, 1.83, 3.35, 989.4),
     "h200": Gpu("h200", "NVIDIA H200 SXM", "sm_90a", 132, 1.83, 4.8, 989.4),
-    "b200": Gpu("b200", "NVIDIA B200", "sm_100a", 148, 1.86, 8.0, 2250.0),
+    "b200": Gpu("b200", "NVIDIA B200", "sm_100a", 148, 1.86, 8.0, 2250.0, tuple(BLACKWELL_LATENCY.items())),
 }
 
 
@@ -60,11 +79,69 @@ def occupancy(gpu: Gpu, threads: int, regs: int, smem: int) -> dict:
                 limited_by=min(limits, key=limits.get))
 
 
-def times(rec: dict, gpu: Gpu, chunks: int = 0) -> dict:
+def has_path(rec: dict) -> bool:
+    return "path_max_issue" in rec
+
+
+def path_cycles(rec: dict, gpu: Gpu, which: str = "max") -> float:
+    """The dependent path priced at the GPU's latencies: "max" the longest CTA's, "sum" all CTAs'."""
+    return float(sum(rec[f"path_{which}_{k}"] * gpu.cycles(k) for k in PATH_KINDS))
+
+
+def resident_ctas(gpu: Gpu, ctas: int, ctas_per_sm: int) -> int:
+    """The CTAs one SM holds at once: its occupancy, or all it gets when the grid is smaller."""
+    return max(1, min(ctas_per_sm, math.ceil(max(1, ctas) / gpu.sms)))
+
+
+def latency_cycles(rec: dict, gpu: Gpu, ctas_per_sm: int) -> float:
+    """The dependent path's cycles for the launch: the longest CTA path, or, where an SM runs
+    more CTAs than it holds at once, ceil(CTAs / SMs) / ctas_per_sm rounds of the mean CTA path."""
+    ctas = max(1, rec["ctas"])
+    rounds = math.ceil(ctas / gpu.sms) / max(1, ctas_per_sm)
+    return max(path_cycles(rec, gpu, "max"), rounds * path_cycles(rec, gpu, "sum") / ctas)
+
+
+def in_flight(rec: dict, gpu: Gpu, ctas_per_sm: int) -> dict:
+    """Bytes of global loads per SM in flight against Little's law's need (over the SMs the grid
+    keeps busy): on average, at the pace of the dependent path, the resident CTAs' load bytes x the
+    DRAM latency / their mean path (at most their bytes); at most (peak) the resident CTAs' largest
+    in flight at once each. Below the need on average: the loads cannot draw the HBM bandwidth
+    (latency-bound on loads)."""
+    ctas = max(1, rec["ctas"])
+    r = resident_ctas(gpu, ctas, ctas_per_sm)
+    load = 32 * rec["gmem_load_sectors"] / ctas
+    mean_path = path_cycles(rec, gpu, "sum") / ctas
+    per_cta = min(load, load * gpu.cycles("dram") / mean_path) if mean_path else load
+    need = gpu.little_need_bytes(min(gpu.sms, ctas))
+    return dict(need_bytes=need, mean_bytes=r * per_cta, peak_bytes=r * rec["inflight_peak_bytes"], resident=r,
+                latency_bound_on_loads=load > 0 and r * per_cta < need)
+
+
+def path_info(rec: dict, gpu: Gpu, ctas_per_sm: int, chunks: int = 0) -> dict:
+    """What the latency term is made of: the longest CTA path in cycles and its steps per kind,
+    the mean CTA path, the CTA rounds per SM, per chunk for the chunk chains, and in_flight."""
+    ctas = max(1, rec["ctas"])
+    info = dict(path_cycles=path_cycles(rec, gpu, "max"), mean_path_cycles=path_cycles(rec, gpu, "sum") / ctas,
+                steps={k: rec[f"path_max_{k}"] for k in PATH_KINDS}, ctas_per_sm=ctas_per_sm,
+                rounds=math.ceil(ctas / gpu.sms) / max(1, ctas_per_sm))
+    if chunks and rec["kernel"] in CHAIN_KERNELS:
+        info["cycles_per_chunk"] = info["path_cycles"] / chunks
+    info.update(in_flight(rec, gpu, ctas_per_sm))
+    return info
+
+
+def default_ctas_per_sm(rec: dict, gpu: Gpu) -> int:
+    """Occupancy without a compile report: threads and dynamic shared memory only (an upper bound)."""
+    threads = math.prod(rec.get("block", [32]))
+    return occupancy(gpu, threads, 0, rec.get("shared_mem", 0))["ctas_per_sm"]
+
+
+def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None) -> dict:
     """Seconds each resource needs for one launch record's counts: HBM (bytes read and written
     once, an ideal L2), shared memory (wavefronts), tensor cores (mma at the datasheet rate),
-    SFU (.approx warp instructions), and for the chunk chains (CHAIN_KERNELS) the chain; per-SM resources
-    over the SMs the CTAs occupy (a last partial wave counts whole)."""
+    SFU (.approx warp instructions), per-SM resources over the SMs the CTAs occupy (a last partial
+    wave counts whole); and the dependent path (latency_cycles) at ``ctas_per_sm`` resident CTAs
+    (default: default_ctas_per_sm)."""
     ctas = max(1, rec.get("ctas", 1))
     waves = math.ceil(ctas / gpu.sms) * gpu.sms / ctas  # >= 1: SMs idle in the last wave
     per_sm = gpu.sms * gpu.clock_ghz * 1e9 / waves
@@ -74,8 +151,9 @@ def times(rec: dict, gpu: Gpu, chunks: int = 0) -> dict:
         "tensor": rec["mma"] * MMA_FLOP / (gpu.bf16_tflops * 1e12 / waves),
         "sfu": rec["sfu"] * 32 / (per_sm * gpu.sfu_per_clk),
     }
-    if rec["kernel"] in CHAIN_KERNELS and chunks:
-        out["chain"] = chunks * CHAIN_CYCLES_PER_CHUNK / (gpu.clock_ghz * 1e9)
+    if has_path(rec):
+        r = default_ctas_per_sm(rec, gpu) if ctas_per_sm is None else ctas_per_sm
+        out["latency"] = latency_cycles(rec, gpu, r) / (gpu.clock_ghz * 1e9)
     return out
 
 

@@ -305,6 +305,7 @@ KDA_EMU_RT inline void cp_issue(void* dst, const void* src, unsigned bytes, uint
 
 KDA_EMU_RT inline void cp_land(void* dst, uintptr_t pc) {
   Worker* w = g_worker;
+  if (w->pf) prof_cp_land(dst, pc);  // the dependent path: this lane waits for the copy (profile.h)
   if (!(w->L->check & CK_RACE)) return;
   const char* region;
   size_t off, size;

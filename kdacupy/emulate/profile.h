@@ -27,6 +27,14 @@
 //    not device memory.
 //  - sfu: warp-level .approx instructions (ex2, lg2, rsqrt, rcp, tanh), and the
 //    active lanes they ran for.
+//  - the dependent path (docs/design.md section 11.1): per warp, a clock of its
+//    in-order issue and the times its loads and results complete, from the
+//    instructions above in the order the emulation runs them; barriers align the
+//    warps. A time is the count of steps of each kind on its path (PT); the longer
+//    of two paths is the one with more cycles at PATH_REF, Hopper's latencies
+//    (the roofline prices the steps per GPU). Per launch: the steps of the
+//    longest CTA path (path_max_*), their sum over CTAs (path_sum_*), and the
+//    most bytes of global loads one CTA has in flight at once (inflight_peak_bytes).
 #pragma once
 
 namespace kda_emu {
@@ -41,7 +49,12 @@ namespace kda_emu {
   X(gmem_store_requests) X(gmem_store_sectors) X(gmem_store_bytes)                                    \
   X(dram_bytes) X(dram_read_bytes) X(dram_write_bytes)                                                \
   X(mma) X(ldmatrix) X(cp_async_requests) X(cp_async_bytes) X(shuffles) X(sfu) X(sfu_lanes)          \
-  X(barriers) X(ctas) X(warps)
+  X(barriers) X(ctas) X(warps)                                                                      \
+  X(path_max_issue) X(path_max_dram) X(path_max_smem) X(path_max_ldmatrix)                          \
+  X(path_max_mma) X(path_max_sfu) X(path_max_shuffle) X(path_max_barrier)                           \
+  X(path_sum_issue) X(path_sum_dram) X(path_sum_smem) X(path_sum_ldmatrix)                          \
+  X(path_sum_mma) X(path_sum_sfu) X(path_sum_shuffle) X(path_sum_barrier)                           \
+  X(inflight_peak_bytes)
 #define KDA_EMU_PROFILE_ENUM(n) PR_##n,
 enum : int { KDA_EMU_PROFILE_COUNTERS(KDA_EMU_PROFILE_ENUM) PR_N };
 #undef KDA_EMU_PROFILE_ENUM
@@ -49,12 +62,12 @@ constexpr int PR_OUT = 64;   // slots of the loader's counter array; the last ho
 constexpr int PC_FIELDS = 6;  // per code address: offset, kind, requests, wavefronts|sectors, ideal|bytes, write
 static_assert(PR_N < PR_OUT, "counter array");
 
-enum : unsigned char { SP_SMEM = 1, SP_GMEM = 2, SP_SFU = 3 };
+enum : unsigned char { SP_SMEM = 1, SP_GMEM = 2, SP_SFU = 3, SP_CPLAND = 4 };  // CPLAND: a cp.async wait lands a copy
 enum : unsigned { SUB_PLAIN = 0, SUB_CP_DST = 1, SUB_CP_SRC = 2, SUB_SFU = 3 };  // key = pc * 4 + sub
 
 struct PAcc {          // one lane's part of a request
   uintptr_t addr;      // shared: the address; global: the offset in its region (no region: the address)
-  int region;          // global: index in Launch::prof_regions, or -1
+  int region;          // global: index in Launch::prof_regions, or -1; a cp.async's shared write: 1 if it reads global memory
   unsigned size;
   unsigned char space, write, atomic;
 };
@@ -80,6 +93,31 @@ struct PSet {          // sectors outside the launch arrays: key = sector + 1, b
   unsigned char* bits;
   size_t cap, live;
 };
+// Kinds of dependent step, in the order of the path_* counters; PATH_REF: their cycles on Hopper
+// (kdacupy/cli/roofline.py's HOPPER_LATENCY, sourced in docs/design.md section 11.1), which pick
+// the longer of two paths. issue: one per warp instruction seen, and per wavefront after a
+// request's first.
+enum : int { PK_issue, PK_dram, PK_smem, PK_ldmatrix, PK_mma, PK_sfu, PK_shuffle, PK_barrier, PK_N };
+constexpr long long PATH_REF[PK_N] = {1, 700, 29, 29, 24, 23, 29, 0};
+struct PT { int n[PK_N]; long long cyc; };  // a time: the steps of each kind on its path, their cycles
+constexpr int PATH_A = 32;                     // A operands remembered per warp between barriers
+struct PASlot { unsigned long long h; PT ready; };
+struct PPath {         // one warp's clocks and what it waits for
+  PT t;                // in-order issue of what uses values: the next one issues no earlier
+  PT tl;               // issue of loads (and cp.async), as early as the fences allow, one per clock
+  PT fence_s;          // shared loads issue after it: the last barrier, shared store or cp.async wait
+  PT fence_g;          // global loads issue after it: the last barrier or global store
+  PT loads;            // completion of the latest plain (shared, global) loads issued
+  PT results;          // completion of the latest mma, SFU and shuffle results
+  PT nosfu;            // ... of the mma and shuffle results
+  PT noshfl;           // ... of the mma and SFU results
+  PT stores;           // completion of the shared stores (a barrier waits for them)
+  PT sunk;             // issue of the latest store (the warp reaches a barrier or its end after it)
+  PT cp;               // issue of the last cp.async (its global read's interval)
+  PASlot a[PATH_A];    // mma A operands (by value) since the last barrier: when they were ready
+  int na, anext;
+};
+struct PIv { long long from, to, bytes; };   // a global load in flight: reference cycles, bytes
 struct Prof {
   long long c[PR_N];
   PWarp* warps;
@@ -87,6 +125,14 @@ struct Prof {
   PPc* pcs;
   unsigned pcap, plive;
   PSet loose;
+  PPath* path;         // per warp, this CTA
+  PT* land;            // per 16 bytes of dynamic shared memory: when its cp.async lands
+  unsigned char* pending;  // ... or 1: a cp.async into it is queued, not yet on the path
+  size_t nland;
+  PIv* iv;             // this CTA's global loads
+  size_t niv, civ;
+  PT worst;            // the longest CTA path of this worker
+  long long peak;      // the most bytes one of its CTAs had in flight
 };
 struct PRegion {       // a launch array (overlapping ones merged): its sectors ever read / written
   uintptr_t lo, hi;
@@ -336,48 +382,284 @@ KDA_EMU_RT inline unsigned pc_of_key(uintptr_t key) {
   return pc ? (unsigned)(pc - 1 - g_worker->ck->base) : 0;  // return address - 1: inside the instruction
 }
 
+// -- the dependent path ---------------------------------------------------------------------
+// Rules (docs/design.md section 11.1): loads (shared, ldmatrix, global, cp.async) issue one per
+// clock as early as the warp's last barrier, store to the same space or cp.async wait allows (as
+// if the compiler hoisted them); what uses values (mma, SFU, shuffle, stores) issues in order, one
+// per clock, after every plain load before it; an mma also waits for its A operand (a new one:
+// every result so far; one seen since the last barrier: the time it was first ready), an SFU for
+// the mma and shuffle results, a shuffle for the mma and SFU results (shuffles are taken as
+// independent of each other: moves of data, not a reduction's steps), a store for every result,
+// without holding up what follows it (as if the compiler scheduled independent work ahead of it);
+// a cp.async wait for the copies it lands; a barrier for every warp's issue and stores.
+KDA_EMU_RT inline void pt_max(PT& a, const PT& b) {
+  if (b.cyc > a.cyc) a = b;
+}
+KDA_EMU_RT inline PT pt_add(PT a, int kind, long long m = 1) {
+  a.n[kind] += (int)m;
+  a.cyc += m * PATH_REF[kind];
+  return a;
+}
+KDA_EMU_RT inline bool pt_longer(const PT& a, const PT& b) {  // a total order: cycles, then the steps
+  if (a.cyc != b.cyc) return a.cyc > b.cyc;
+  for (int k = 0; k < PK_N; k++)
+    if (a.n[k] != b.n[k]) return a.n[k] > b.n[k];
+  return false;
+}
+KDA_EMU_RT inline PPath& path_of(int warp) { return prof()->path[warp]; }
+
+// A load's (or cp.async's) issue on the load clock, after the fences of the spaces it reads or writes.
+KDA_EMU_RT inline PT load_issue(PPath& p, bool shared, bool global) {
+  PT s = p.tl;
+  if (shared) pt_max(s, p.fence_s);
+  if (global) pt_max(s, p.fence_g);
+  p.tl = pt_add(s, PK_issue);
+  return s;
+}
+// A load of `kind` (PK_dram: global, else shared): its data `extra` cycles after the kind's latency.
+// Returns its issue.
+KDA_EMU_RT inline PT path_load(PPath& p, int kind, long long extra) {
+  PT s = load_issue(p, kind != PK_dram, kind == PK_dram);
+  pt_max(p.loads, pt_add(pt_add(s, kind), PK_issue, extra));
+  return s;
+}
+// An instruction that uses values: issued in order when the plain loads before it and `dep` are
+// done; returns its issue.
+KDA_EMU_RT inline PT use_issue(PPath& p, const PT& dep) {
+  PT s = p.t;
+  pt_max(s, p.loads);
+  pt_max(s, dep);
+  p.t = pt_add(s, PK_issue);
+  return s;
+}
+// ... and when its own result is ready (kind's latency, `extra` cycles more).
+KDA_EMU_RT inline PT path_use(PPath& p, int kind, const PT& dep, long long extra = 0) {
+  return pt_add(pt_add(use_issue(p, dep), kind), PK_issue, extra);
+}
+// A store (kind PK_smem: shared, else global) once its data is there; it takes an issue slot but
+// holds up nothing after it; the loads of its space after it issue after it.
+KDA_EMU_RT inline PT path_store(PPath& p, int kind, long long extra) {
+  PT s = p.t;
+  pt_max(s, p.loads);
+  pt_max(s, p.results);
+  p.t = pt_add(p.t, PK_issue);
+  PT issued = pt_add(s, PK_issue);
+  pt_max(p.sunk, issued);
+  pt_max(kind == PK_smem ? p.fence_s : p.fence_g, issued);
+  return pt_add(pt_add(s, kind), PK_issue, extra);
+}
+KDA_EMU_RT inline void path_in_flight(const PT& issue, long long bytes) {
+  Prof* P = prof();
+  if (P->niv == P->civ) {
+    size_t n = P->civ ? 2 * P->civ : 1024;
+    PIv* nv = (PIv*)realloc(P->iv, n * sizeof(PIv));
+    if (!nv) fail("profile: out of memory");
+    P->iv = nv, P->civ = n;
+  }
+  P->iv[P->niv++] = PIv{issue.cyc, issue.cyc + PATH_REF[PK_dram], bytes};
+}
+// A cp.async destination's slot in Prof::land (>= nland: outside the dynamic shared memory).
+KDA_EMU_RT inline size_t land_index(uintptr_t a) { return (a - (uintptr_t)g_worker->smem) / 16; }
+
+// mma (by the last lane, its warp's A fragments in the exchange slots): A is known by its values.
+KDA_EMU_RT inline void path_mma() {
+  Fiber* f = g_cur;
+  Warp& wp = g_worker->warps[f->warp];
+  unsigned long long h = 0x9E3779B97F4A7C15ull;
+  for (int l = 0; l < 32; l++) {
+    unsigned long long w[2];
+    memcpy(w, wp.slot[wp.buf][l], 16);
+    h = mix64(h ^ w[0]) + w[1];
+  }
+  PPath& p = path_of(f->warp);
+  PT dep = p.results;
+  int i = 0;
+  while (i < p.na && p.a[i].h != h) i++;
+  if (i < p.na) {
+    dep = p.a[i].ready;
+  } else {  // a new operand: made from the results so far
+    int j = p.na < PATH_A ? p.na++ : (p.anext++ % PATH_A);
+    p.a[j] = PASlot{h, p.results};
+  }
+  PT done = path_use(p, PK_mma, dep);
+  pt_max(p.results, done);
+  pt_max(p.nosfu, done);
+  pt_max(p.noshfl, done);
+}
+KDA_EMU_RT inline void path_shuffle() {
+  PPath& p = path_of(g_cur->warp);
+  PT done = path_use(p, PK_shuffle, p.noshfl);
+  pt_max(p.results, done);
+  pt_max(p.nosfu, done);
+}
+
+// One request of a warp, at its synchronising point, in the order its lanes ran.
+KDA_EMU_RT inline void path_request(PPath& p, const PGroup& g, unsigned sm, unsigned gm, unsigned sfu, bool write,
+                                    long long wf, long long sectors) {
+  const unsigned sub = (unsigned)(g.key & 3);
+  if (sub == SUB_CP_DST) {  // each lane's 16 bytes land a DRAM latency after the issue (zfill: a shared one)
+    PT s = load_issue(p, true, true);
+    p.cp = s;
+    Prof* P = prof();
+    for (int l = 0; l < 32; l++) {
+      size_t i = land_index(g.acc[l].addr);
+      if (!(sm >> l & 1) || i >= P->nland) continue;
+      P->land[i] = pt_add(s, g.acc[l].region ? PK_dram : PK_smem);
+      P->pending[i] = 0;
+    }
+    return;
+  }
+  if (sub == SUB_CP_SRC) {
+    path_in_flight(p.cp, 32 * sectors);
+    return;
+  }
+  if (sfu) {
+    PT done = path_use(p, PK_sfu, p.nosfu);
+    pt_max(p.results, done);
+    pt_max(p.noshfl, done);
+  } else if (sm && write) {
+    pt_max(p.stores, path_store(p, PK_smem, wf - 1));
+  } else if (sm) {
+    path_load(p, PK_smem, wf - 1);
+  } else if (gm && write) {
+    path_store(p, PK_issue, 0);  // a global store: nothing waits for its completion
+  } else if (gm) {
+    path_in_flight(path_load(p, PK_dram, 0), 32 * sectors);
+  }
+}
+
+// A cp.async wait landing a lane's copy (checks.h's cp_land): that lane's warp waits for it.
+KDA_EMU_RT inline void prof_cp_land(const void* dst, uintptr_t pc) {
+  PAcc x{};
+  x.space = SP_CPLAND;
+  x.addr = (uintptr_t)dst;
+  prof_lane(pc * 4 + SUB_SFU, x);
+}
+
+// __syncthreads (its warps' requests done): every warp goes on from the last arrival.
+KDA_EMU_RT inline void path_barrier(Worker* w) {
+  PT T{};
+  for (int i = 0; i < w->nwarps; i++) {
+    pt_max(T, path_of(i).t);
+    pt_max(T, path_of(i).tl);
+    pt_max(T, path_of(i).stores);
+    pt_max(T, path_of(i).sunk);
+  }
+  T = pt_add(T, PK_barrier);
+  for (int i = 0; i < w->nwarps; i++) {
+    PPath& p = path_of(i);
+    p.t = p.tl = p.fence_s = p.fence_g = T;
+    p.na = 0;
+  }
+}
+
+KDA_EMU_RT inline int iv_order(const void* a, const void* b) {  // (time, +1 start / -1 end): ends first
+  const long long* x = (const long long*)a;
+  const long long* y = (const long long*)b;
+  if (x[0] != y[0]) return x[0] < y[0] ? -1 : 1;
+  return (x[1] > 0) - (y[1] > 0);
+}
+
+// The block's path: its last warp's issue, results or shared stores; the most bytes in flight.
+KDA_EMU_RT inline void path_block_end(Worker* w) {
+  Prof* P = w->pf;
+  PT cta{};
+  for (int i = 0; i < w->nwarps; i++) {
+    pt_max(cta, P->path[i].t);
+    pt_max(cta, P->path[i].tl);
+    pt_max(cta, P->path[i].results);
+    pt_max(cta, P->path[i].stores);
+    pt_max(cta, P->path[i].sunk);
+  }
+  for (int k = 0; k < PK_N; k++) P->c[PR_path_sum_issue + k] += cta.n[k];
+  if (pt_longer(cta, P->worst)) P->worst = cta;
+  if (P->niv) {
+    long long* ev = (long long*)malloc(P->niv * 4 * sizeof(long long));
+    if (!ev) fail("profile: out of memory");
+    for (size_t i = 0; i < P->niv; i++) {
+      ev[4 * i] = P->iv[i].from, ev[4 * i + 1] = P->iv[i].bytes;
+      ev[4 * i + 2] = P->iv[i].to, ev[4 * i + 3] = -P->iv[i].bytes;
+    }
+    qsort(ev, 2 * P->niv, 2 * sizeof(long long), iv_order);
+    long long cur = 0;
+    for (size_t i = 0; i < 2 * P->niv; i++) {
+      cur += ev[2 * i + 1];
+      if (cur > P->peak) P->peak = cur;
+    }
+    free(ev);
+    P->niv = 0;
+  }
+  memset(P->path, 0, sizeof(PPath) * w->nwarps);
+}
+
 KDA_EMU_RT inline void smem_request(long long* c, bool write, long long wf, long long ideal) {
   c[PR_smem_requests]++, c[PR_smem_wavefronts] += wf, c[PR_smem_wavefronts_ideal] += ideal;
   if (write) c[PR_smem_store_requests]++, c[PR_smem_store_wavefronts] += wf, c[PR_smem_store_wavefronts_ideal] += ideal;
   else c[PR_smem_load_requests]++, c[PR_smem_load_wavefronts] += wf, c[PR_smem_load_wavefronts_ideal] += ideal;
 }
 
-KDA_EMU_RT inline void request_cost(const PGroup& g) {
+KDA_EMU_RT inline void request_cost(PWarp& w, unsigned gi, PPath& path);
+// A wait lands lane l's copy into `a` whose cp.async is still pending: a lane that ran first met
+// the wait before the instruction (divergent code); that request comes later in the list: cost it now.
+KDA_EMU_RT inline void cost_pending_copy(PWarp& w, unsigned gi, int l, uintptr_t a, PPath& path) {
+  for (unsigned j = gi + 1; j < w.ng; j++) {
+    PGroup& h = w.g[j];
+    if ((h.key & 3) == SUB_CP_DST && (h.mask >> l & 1) && h.acc[l].addr == a) {
+      request_cost(w, j, path);
+      h.mask = 0;  // done
+      return;
+    }
+  }
+}
+
+KDA_EMU_RT inline void request_cost(PWarp& w, unsigned gi, PPath& path) {
+  const PGroup& g = w.g[gi];
   long long* c = prof()->c;
   unsigned sm = 0, gm = 0, sfu = 0;
   bool write = false;
   for (int l = 0; l < 32; l++) {
     if (!(g.mask >> l & 1)) continue;
     const PAcc& a = g.acc[l];
+    if (a.space == SP_CPLAND) {  // not an instruction of its own: the lane's wait for this copy
+      size_t i = land_index(a.addr);
+      if (i >= prof()->nland) continue;
+      if (prof()->pending[i]) cost_pending_copy(w, gi, l, a.addr, path);
+      pt_max(path.t, prof()->land[i]);
+      pt_max(path.fence_s, prof()->land[i]);
+      continue;
+    }
     if (a.space == SP_SMEM) sm |= 1u << l;
     else if (a.space == SP_GMEM) gm |= 1u << l;
     else sfu |= 1u << l;
     write |= a.write;
   }
+  if (!(sm | gm | sfu)) return;
   unsigned pco = pc_of_key(g.key);
   if ((g.key & 3) == SUB_CP_DST) c[PR_cp_async_requests]++;
   if (sfu) c[PR_sfu]++, c[PR_sfu_lanes] += __builtin_popcount(sfu);
+  long long wf = 0, sectors = 0;
   if (sm) {
-    long long wf = 0, ideal = 0;
+    long long ideal = 0;
     smem_cost(g, sm, &wf, &ideal);
     smem_request(c, write, wf, ideal);
     pc_add(pco, SP_SMEM, 1, wf, ideal, write);
   }
   if (gm) {
-    long long sectors = 0, bytes = 0;
+    long long bytes = 0;
     gmem_cost(g, gm, &sectors, &bytes);
     c[PR_gmem_requests]++, c[PR_gmem_sectors] += sectors, c[PR_gmem_bytes] += bytes;
     if (write) c[PR_gmem_store_requests]++, c[PR_gmem_store_sectors] += sectors, c[PR_gmem_store_bytes] += bytes;
     else c[PR_gmem_load_requests]++, c[PR_gmem_load_sectors] += sectors, c[PR_gmem_load_bytes] += bytes;
     pc_add(pco, SP_GMEM, 1, sectors, bytes, write);
   }
+  path_request(path, g, sm, gm, sfu, write, wf, sectors);
 }
 
 // -- synchronising points: the warp's pending requests are complete ----------------------
 KDA_EMU_RT inline void prof_flush_warp(Worker* w, int warp) {
   if (!w->pf) return;
   PWarp& p = w->pf->warps[warp];
-  for (unsigned i = 0; i < p.ng; i++) request_cost(p.g[i]);
+  for (unsigned i = 0; i < p.ng; i++) request_cost(p, i, w->pf->path[warp]);
   p.ng = 0;
   p.llive = 0;
   p.gen++;  // every table entry is now free
@@ -387,6 +669,7 @@ KDA_EMU_RT inline void prof_barrier(Worker* w) {
   if (!w->pf) return;
   w->pf->c[PR_barriers]++;
   for (int i = 0; i < w->nwarps; i++) prof_flush_warp(w, i);
+  path_barrier(w);
 }
 
 KDA_EMU_RT inline void prof_block_end(Worker* w) {
@@ -394,6 +677,7 @@ KDA_EMU_RT inline void prof_block_end(Worker* w) {
   for (int i = 0; i < w->nwarps; i++) prof_flush_warp(w, i);
   w->pf->c[PR_ctas]++;
   w->pf->c[PR_warps] += w->nwarps;
+  path_block_end(w);
 }
 
 // -- what the kernel does ----------------------------------------------------------------
@@ -439,7 +723,11 @@ KDA_EMU_RT inline void prof_access(uintptr_t a, unsigned n, unsigned fl, uintptr
 KDA_EMU_RT inline void prof_cp_async(void* dst, const void* src, unsigned bytes, uintptr_t pc) {
   if (!g_worker->pf) return;
   prof()->c[PR_cp_async_bytes] += bytes;
-  prof_access((uintptr_t)dst, 16, AC_WRITE, pc, true, SUB_CP_DST);
+  PAcc x{};  // the 16-byte shared write; region: whether it reads global memory (else zfill)
+  x.space = SP_SMEM, x.write = 1, x.size = 16, x.addr = (uintptr_t)dst, x.region = bytes != 0;
+  prof_lane(pc * 4 + SUB_CP_DST, x);
+  size_t i = land_index(x.addr);
+  if (i < prof()->nland) prof()->pending[i] = 1;
   if (bytes) prof_access((uintptr_t)src, bytes, 0, pc, false, SUB_CP_SRC);
 }
 
@@ -457,11 +745,16 @@ KDA_EMU_RT inline void prof_ldmatrix(const void* const* rows, int nm, uintptr_t 
   long long* c = prof()->c;
   c[PR_ldmatrix]++;
   smem_request(c, false, wf, ideal);
+  path_load(path_of(g_cur->warp), PK_ldmatrix, wf - 1);
   pc_add(pc ? (unsigned)(pc - 1 - g_worker->ck->base) : 0, SP_SMEM, 1, wf, ideal, 0);
 }
 
+// mma and shuffles (by the last lane of the warp collective)
 KDA_EMU_RT inline void prof_count(int which) {
-  if (g_worker->pf) g_worker->pf->c[which]++;
+  if (!g_worker->pf) return;
+  g_worker->pf->c[which]++;
+  if (which == PR_mma) path_mma();
+  if (which == PR_shuffles) path_shuffle();
 }
 
 // -- a worker (OS thread) and a launch --------------------------------------------------------
@@ -470,8 +763,12 @@ KDA_EMU_RT inline bool prof_begin(Worker* w) {
   if (!P) return false;
   P->nwarps = w->nwarps;
   P->warps = (PWarp*)calloc(w->nwarps, sizeof(PWarp));
+  P->path = (PPath*)calloc(w->nwarps, sizeof(PPath));
+  P->nland = w->smem_size / 16 + 1;
+  P->land = (PT*)calloc(P->nland, sizeof(PT));
+  P->pending = (unsigned char*)calloc(P->nland, 1);
   w->pf = P;
-  if (!P->warps) return false;
+  if (!P->warps || !P->path || !P->land || !P->pending) return false;
   for (int i = 0; i < w->nwarps; i++) P->warps[i].gen = 1;  // calloc'ed table entries (gen 0) are free
   return true;
 }
@@ -482,6 +779,11 @@ KDA_EMU_RT inline void prof_end(Worker* w) {
   Launch* L = w->L;
   pthread_mutex_lock(&L->mu);
   for (int i = 0; i < PR_N; i++) L->prof_out[i] += P->c[i];
+  PT launch{};  // the longest CTA path so far, from the launch's counters
+  for (int k = 0; k < PK_N; k++) launch = pt_add(launch, k, L->prof_out[PR_path_max_issue + k]);
+  if (pt_longer(P->worst, launch))
+    for (int k = 0; k < PK_N; k++) L->prof_out[PR_path_max_issue + k] = P->worst.n[k];
+  if (P->peak > L->prof_out[PR_inflight_peak_bytes]) L->prof_out[PR_inflight_peak_bytes] = P->peak;
   long long& npc = L->prof_out[PR_OUT - 1];
   for (unsigned i = 0; i < P->pcap; i++) {  // merge into the loader's per-pc array
     const PPc& e = P->pcs[i];
@@ -510,6 +812,10 @@ KDA_EMU_RT inline void prof_end(Worker* w) {
   }
   free(P->warps);
   free(P->pcs);
+  free(P->path);
+  free(P->land);
+  free(P->pending);
+  free(P->iv);
   free(P);
   w->pf = nullptr;
 }

@@ -5,7 +5,9 @@ A record is a dict: "kernel" (its name), "grid", "block", "shared_mem", "source"
 of the rendered source; ``source_text`` gives it back, e.g. for NVRTC), the counters
 (profile.h's names: smem_requests, smem_wavefronts, smem_wavefronts_ideal, gmem_requests,
 gmem_sectors, gmem_bytes, dram_bytes, mma, ldmatrix, cp_async_bytes, barriers, ctas, warps,
-...), "dram_by_argument" ({kernel parameter name: [bytes read, bytes written]} of the DRAM
+...; the dependent path's steps per kind, path_max_<kind> of the CTA with the longest path and
+path_sum_<kind> over all CTAs, and inflight_peak_bytes, the most bytes of global loads one CTA
+had in flight: docs/design.md section 11.1), "dram_by_argument" ({kernel parameter name: [bytes read, bytes written]} of the DRAM
 sectors of each array argument; arrays sharing an allocation are counted under the first; what
 only raw addresses reach is in the totals alone) and "sites": per code address of the instrumented library [offset, kind (1 shared,
 2 global), requests, wavefronts or sectors, ideal wavefronts or bytes, write], which
@@ -23,6 +25,10 @@ from pathlib import Path
 from .sources import source_location
 
 SLOTS = 64  # profile.h's PR_OUT: the counters, the last slot the number of sites
+#: kinds of dependent step on a path (profile.h's PK_*, in its order)
+PATH_KINDS = ("issue", "dram", "smem", "ldmatrix", "mma", "sfu", "shuffle", "barrier")
+#: counters that are a maximum over a launch's CTAs, not a sum: launches and head slices do not add them
+MAX_COUNTERS = tuple(f"path_max_{k}" for k in PATH_KINDS) + ("inflight_peak_bytes",)
 SITES = 4096  # code addresses kept per launch
 FIELDS = 6
 _records: list[dict] = []

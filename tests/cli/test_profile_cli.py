@@ -1,11 +1,13 @@
 """python -m kdacupy.profile: a slice of the heads scaled to the shape reproduces the full
-emulation's counts, forward and backward; the roofline's arithmetic; the tables, --pass, --json
-and --show (with a device run's medians, forward and backward)."""
+emulation's counts, forward and backward; the roofline's arithmetic, its latency term and bytes
+in flight; the tables, --pass, --json and --show (with a device run's medians, forward and
+backward)."""
 import json
 
 import pytest
 
 from kdacupy.cli import profile, roofline
+from kdacupy.emulate.profile import PATH_KINDS
 from kdacupy.cli.shapes import Shape
 from kdacupy.cli.shapes import make_inputs as profile_inputs
 
@@ -46,7 +48,7 @@ def test_with_kimi_options_only_the_narrow_per_head_arrays_differ():
     part, full = slice_and_full(shape, lower_bound=-1.0)  # -1: never the pair form
     for a, b in zip(part, full):
         for k in profile.counts_of(b):
-            if "sectors" in k or k.startswith("dram"):
+            if "sectors" in k or k.startswith(("dram", "inflight")):
                 assert a[k] == pytest.approx(b[k], rel=0.02), (b["kernel"], k)
             else:
                 assert a[k] == b[k], (b["kernel"], k)
@@ -100,7 +102,7 @@ def test_backward_with_kimi_options_only_the_narrow_per_head_arrays_differ():
         for k in profile.counts_of(b):
             if "sectors" in k:
                 assert a[k] == pytest.approx(b[k], rel=0.02, abs=2), (b["kernel"], k)
-            elif k.startswith("dram"):
+            elif k.startswith(("dram", "inflight")):
                 assert a[k] == pytest.approx(b[k], rel=0.02, abs=64), (b["kernel"], k)
             else:
                 assert a[k] == b[k], (b["kernel"], k)
@@ -125,14 +127,57 @@ def test_occupancy_from_registers_shared_memory_and_threads():
 def test_roofline_times():
     rec = dict(kernel="kda_recurrence", ctas=264, dram_read_bytes=4.8e9, dram_write_bytes=0,
                smem_wavefronts=132 * 1.83e9, mma=989.4e12 / roofline.MMA_FLOP, sfu=132 * 1.83e9 * 16 / 32)
-    t = roofline.times(rec, H200, chunks=512)
+    t = roofline.times(rec, H200)
     assert t["hbm"] == pytest.approx(1e-3) and t["smem"] == pytest.approx(1.0)
     assert t["tensor"] == pytest.approx(1.0) and t["sfu"] == pytest.approx(1.0)
-    assert t["chain"] == pytest.approx(512 * roofline.CHAIN_CYCLES_PER_CHUNK / 1.83e9)
+    assert "latency" not in t  # a record without the path counters
     # 133 CTAs on 132 SMs: a second wave for one CTA, so per-SM resources take 2 x 132 / 133 as long
     t2 = roofline.times(dict(rec, ctas=133), H200)
-    assert t2["smem"] == pytest.approx(2 * 132 / 133) and "chain" not in t2
+    assert t2["smem"] == pytest.approx(2 * 132 / 133)
     assert roofline.bound(t) == ("smem", t["smem"]) or roofline.bound(t)[1] == pytest.approx(1.0)
+
+
+def path_record(ctas, longest, mean, load_bytes, peak, kernel="kda_prepare"):
+    """A synthetic record: the longest CTA path's steps, each CTA's mean steps, its global load
+    bytes and the most it had in flight."""
+    rec = dict(kernel=kernel, ctas=ctas, block=[128, 1, 1], shared_mem=0, gmem_load_sectors=ctas * load_bytes // 32,
+               inflight_peak_bytes=peak, dram_read_bytes=0, dram_write_bytes=0, smem_wavefronts=0, mma=0, sfu=0)
+    for k in PATH_KINDS:
+        rec[f"path_max_{k}"] = longest.get(k, 0)
+        rec[f"path_sum_{k}"] = ctas * mean.get(k, 0)
+    return rec
+
+
+def test_the_latency_term_and_the_bytes_in_flight_by_hand():
+    # 1320 CTAs, 5 resident per SM: ceil(1320 / 132) / 5 = 2 rounds of the mean path
+    rec = path_record(1320, dict(issue=100, dram=2, mma=10), dict(issue=50, dram=1, mma=10), 8192, 8192)
+    assert roofline.path_cycles(rec, H200) == 100 + 2 * 700 + 10 * 24  # 1740
+    assert roofline.path_cycles(rec, H200, "sum") / 1320 == 50 + 700 + 240  # 990
+    assert roofline.times(rec, H200, ctas_per_sm=5)["latency"] == pytest.approx(2 * 990 / 1.83e9)
+    assert roofline.times(rec, H200, ctas_per_sm=1)["latency"] == pytest.approx(10 * 990 / 1.83e9)
+    fl = roofline.in_flight(rec, H200, 5)
+    assert fl["resident"] == 5 and fl["mean_bytes"] == pytest.approx(5 * 8192 * 700 / 990)
+    assert fl["peak_bytes"] == 5 * 8192
+    assert fl["need_bytes"] == pytest.approx(4.8e12 / 132 * 700 / 1.83e9)  # 13.6 KB: Little's law
+    assert not fl["latency_bound_on_loads"]
+    assert roofline.in_flight(rec, H200, 1)["latency_bound_on_loads"]  # 5.8 KB of 13.6
+    # a B200 prices the same steps at its DRAM latency: 9 rounds of 1150 / 5 beat the longest 2060
+    b200 = roofline.GPUS["b200"]
+    assert roofline.times(rec, b200, 5)["latency"] == pytest.approx(9 / 5 * (50 + 860 + 240) / 1.86e9)
+
+
+def test_a_small_grid_waits_for_its_longest_cta_and_needs_more_in_flight():
+    """8 chunk-serial CTAs: each SM holds at most one, so the latency term is the longest CTA and
+    the 8 busy SMs would each need an eighth of the bandwidth's bytes in flight."""
+    rec = path_record(8, dict(issue=400, dram=17, mma=11), dict(issue=300, dram=16, mma=11), 16 * 14848, 37888,
+                      kernel="kda_recurrence")
+    longest = 400 + 17 * 700 + 11 * 24
+    assert roofline.times(rec, H200, 6)["latency"] == pytest.approx(longest / 1.83e9)
+    info = roofline.path_info(rec, H200, 6, chunks=16)
+    assert info["cycles_per_chunk"] == pytest.approx(longest / 16) and info["steps"]["dram"] == 17
+    assert info["rounds"] == pytest.approx(1 / 6) and info["resident"] == 1
+    assert info["need_bytes"] == pytest.approx(4.8e12 / 8 * 700 / 1.83e9) and info["latency_bound_on_loads"]
+    assert "cycles_per_chunk" not in roofline.path_info(dict(rec, kernel="kda_prepare"), H200, 6, chunks=16)
 
 
 def with_neg_eigval(shape):  # the beta mode of test_backward_emulate.py's grouped sigmoid case: its variants
@@ -146,6 +191,7 @@ def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
     assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--pass", "both", "--json", str(out), "--hotspots", "2"]) == 0
     text = capsys.readouterr()
     assert "kda_prepare" in text.out and "kda_recurrence" in text.out and "roofline h200" in text.out
+    assert "lat. us" in text.out and "path h200" in text.out and "global loads in flight per SM" in text.out
     assert "kda_bwd_chain" in text.out and "kda_bwd_chunk" in text.out and "kda_bwd_reduce" in text.out
     assert "emulating 1 of 2 value heads" in text.err and "2/2 T=40,H=2,K=64,V=64 backward" in text.err
     doc = json.loads(out.read_text())
@@ -157,12 +203,18 @@ def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
     assert 0 < prep["sector_efficiency"] <= 1 and rec["bound"] in rec["times"]
     assert [r["kernel"] for r in bwd["kernels"]] == ["kda_prepare", "kda_recurrence", "kda_bwd_chain", "kda_bwd_chunk",
                                                       "kda_bwd_reduce"]
-    chain = bwd["kernels"][2]
-    assert chain["times"]["chain"] == pytest.approx(3 * roofline.CHAIN_CYCLES_PER_CHUNK / H200.clock_ghz / 1e9)
+    chain = bwd["kernels"][2]  # kda_bwd_chain: 3 chunks (T = 40), one CTA per SM
+    lat = chain["latency"]
+    assert lat["cycles_per_chunk"] == pytest.approx(lat["path_cycles"] / 3) and lat["steps"]["dram"] >= 1
+    assert chain["times"]["latency"] == pytest.approx(lat["path_cycles"] / H200.clock_ghz / 1e9)
+    assert "cycles_per_chunk" not in bwd["kernels"][3]["latency"]  # kda_bwd_chunk: token-parallel
+    assert all(r["times"]["latency"] > 0 and r["latency"]["need_bytes"] > 0 for r in run["kernels"] + bwd["kernels"])
     assert bwd["hbm_floor_s"] > run["hbm_floor_s"] and bwd["predicted_s"] > 0  # do, dq, dk, ... besides the inputs
     assert profile.main(["--show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "Predicted forward times on NVIDIA H200 SXM" in shown and "T=40,H=2,K=64,V=64" in shown
+    latency_ms = sum(r["times"]["latency"] for r in run["kernels"]) * 1e3
+    assert "latency ms" in shown and f"{latency_ms:.3f}" in shown and "cycles/chunk" in shown and "KB/SM" in shown
     both_ms = (run["predicted_s"] + bwd["predicted_s"]) * 1e3
     assert "Predicted backward and forward + backward times" in shown and f"{both_ms:.3f}" in shown
     assert profile.main(["--show", str(tmp_path / "missing.json")]) == 2

@@ -1,13 +1,20 @@
 """The emulation's hardware counters (KDACUPY_EMULATE_PROFILE=1, kdacupy/emulate/profile.h) on
 probes whose counts are known by hand: one warp-level request per execution of an instruction,
 shared-memory wavefronts with 32 banks of 4 bytes (broadcasts, 8/16-byte phases, ldmatrix per
-matrix), global sectors of 32 bytes, DRAM bytes as distinct sectors; and the kernels' results
-with the counters on are bit-identical to the plain build's."""
+matrix), global sectors of 32 bytes, DRAM bytes as distinct sectors, the dependent path's steps
+and the bytes in flight (docs/design.md section 11.1); and the kernels' results with the
+counters on are bit-identical to the plain build's."""
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import kdacupy
 from kdacupy.emulate import EmulatedModule, EmulationError, counting, hotspots, profile_records, profile_reset
+
+from kdacupy.cli.roofline import HOPPER_LATENCY
+from kdacupy.emulate.profile import PATH_KINDS
 
 from ..cases import case_inputs
 from .test_emulate_runtime import kernel_source
@@ -73,8 +80,48 @@ extern "C" __global__ void units(float* out) {
   __syncthreads();
   out[blockIdx.x * blockDim.x + threadIdx.x] = c[0];
 }
+// n mma into one accumulator: with a new A fragment each step (new_a) or the same one
+extern "C" __global__ void mma_steps(float* out, int n, int new_a) {
+  u32 a[4] = {threadIdx.x + 1u, 2u, 3u, 4u}, b[2] = {1u, 1u};
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int i = 0; i < n; ++i) {
+    if (new_a) a[0] = a[0] * 3u + 1u;
+    mma_bf16_m16n8k16(c, a, b, c);
+  }
+  out[threadIdx.x] = c[0];
+}
+// two global loads, then their sum stored (fenced: the second load after a store)
+extern "C" __global__ void two_loads(const float* x, float* out, int fenced) {
+  const float v = x[threadIdx.x];
+  if (fenced) out[threadIdx.x] = v;
+  const float w = x[threadIdx.x + 32];
+  out[threadIdx.x + 32] = v + w;
+}
+// two barriers around a store
+extern "C" __global__ void bars(float* out) {
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = 1.f;
+  __syncthreads();
+}
+// n chunks of 16 bytes per thread through a two-stage cp.async pipeline (the recurrence's pattern)
+extern "C" __global__ void cp_pipe(const float* g, float* out, int n) {
+  unsigned char* s = dynamic_smem();
+  float acc = 0.f;
+  for (int c = -1; c < n; ++c) {
+    if (c + 1 < n) cp_async_16(s + ((c + 1) % 2) * 1024 + 16 * threadIdx.x, g + 4 * threadIdx.x);
+    cp_async_commit();
+    if (c < 0) continue;
+    cp_async_wait<1>();
+    __syncthreads();
+    acc += reinterpret_cast<const float*>(s + (c % 2) * 1024)[threadIdx.x];
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  out[threadIdx.x] = acc;
+}
 """
-NAMES = ["smem_load", "smem_store", "smem_wide", "ldsm", "cp16", "gmem_load", "loop_store", "units"]
+NAMES = ["smem_load", "smem_store", "smem_wide", "ldsm", "cp16", "gmem_load", "loop_store", "units", "mma_steps",
+         "two_loads", "bars", "cp_pipe"]
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +230,53 @@ def test_sfu_mma_barriers(run):
     rec = run("units", 3, 64, (np.zeros(3 * 64, np.float32),))
     assert (rec["sfu"], rec["sfu_lanes"]) == (6, 6 * 16)
     assert (rec["mma"], rec["barriers"], rec["ctas"], rec["warps"]) == (12, 6, 3, 6)
+
+
+def path(rec, which="max"):
+    """The dependent path's nonzero steps per kind."""
+    return {k: rec[f"path_{which}_{k}"] for k in PATH_KINDS if rec[f"path_{which}_{k}"]}
+
+
+@pytest.mark.parametrize("new_a, mma", [(1, 5), (0, 1)])
+def test_the_path_chains_mma_over_new_a_fragments(run, new_a, mma):
+    """Each new A fragment waits for the results so far: 5 dependent mma; one fragment for all 5:
+    they issue a clock apart, and the store waits for the last (4 issues, 1 mma, its own issue)."""
+    rec = run("mma_steps", 1, 32, (np.zeros(32, np.float32), np.int32(5), np.int32(new_a)))
+    assert path(rec) == ({"mma": 5, "issue": 1} if new_a else {"mma": 1, "issue": 5})
+
+
+@pytest.mark.parametrize("fenced, steps", [(0, {"dram": 1, "issue": 2}), (1, {"dram": 2, "issue": 2})])
+def test_loads_overlap_until_a_store_fences_them(run, fenced, steps):
+    """Two loads issue a clock apart and the sum waits for both: one DRAM latency, both loads' 128
+    bytes in flight at once; a store between them keeps the second load after it (after the first
+    one's data): two latencies, 128 bytes in flight at a time."""
+    rec = run("two_loads", 1, 32, (np.zeros(64, np.float32), np.zeros(64, np.float32), np.int32(fenced)))
+    assert path(rec) == steps
+    assert rec["inflight_peak_bytes"] == (128 if fenced else 256)
+
+
+def test_barriers_align_the_warps_and_the_longest_cta_is_kept(run):
+    rec = run("bars", 5, 64, (np.zeros(5 * 64, np.float32),))
+    assert path(rec) == {"barrier": 2, "issue": 1}  # barrier, store, barrier
+    assert path(rec, "sum") == {"barrier": 10, "issue": 5}  # the 5 CTAs alike
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_a_two_stage_cp_async_pipeline_waits_half_its_chunks(run, n):
+    """Chunk c + 1's copies leave as chunk c starts; with almost nothing to compute, chunk c + 1's
+    wait finds them a DRAM latency after chunk c's: every other chunk's wait is on the path. Both
+    stages' 1 KB are in flight at once."""
+    rec = run("cp_pipe", 1, 64, (np.zeros(256, np.float32), np.zeros(64, np.float32), np.int32(n)), 2048)
+    assert rec["path_max_dram"] == n // 2 and rec["path_max_mma"] == 0
+    assert rec["inflight_peak_bytes"] == 2048
+
+
+def test_profile_h_picks_paths_with_the_roofline_s_hopper_latencies():
+    text = (Path(__file__).resolve().parents[2] / "kdacupy" / "emulate" / "profile.h").read_text()
+    kinds = re.search(r"enum : int \{ (PK_[^}]*)\}", text).group(1).replace("PK_", "").replace(" ", "").split(",")
+    ref = [int(x) for x in re.search(r"PATH_REF\[PK_N\] = \{([^}]*)\}", text).group(1).split(",")]
+    assert tuple(kinds[:-1]) == PATH_KINDS and kinds[-1] == "N"
+    assert dict(zip(PATH_KINDS, ref)) == HOPPER_LATENCY
 
 
 def test_hotspots_name_the_source_line(run):
