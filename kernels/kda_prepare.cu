@@ -39,20 +39,27 @@ static_assert(PSM_GS % 4 == 1 && PSM_GS >= K + K / 8, "padded fp32 rows");
 // mma accumulator stores of bf16_abt and a warp's 32 consecutive elements are conflict-free.
 __device__ __forceinline__ int sw(int i, int j) { return i * CHUNK + (j ^ ((i >> 1 & 1) | (i >> 2 & 1) << 3)); }
 
-// 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6] (kda_bwd_chunk has
-// its own: its [16, 16] tiles use another swizzle and 8-byte stores).
-__device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
+// 16x16 fp32 = A B^T of 16xK operands in two bf16 parts each (tiles a, al and b, bl): three passes
+// over the channels, a b^T, a bl^T, al b^T, into one accumulator (al bl^T, 2^-16 of the product, is
+// left out), one warp, to dst [6] (kda_bwd_chunk has its own: its [16, 16] tiles use another swizzle
+// and 8-byte stores).
+__device__ __forceinline__ void split_abt(float* dst, const u16* a, const u16* al, const u16* b, const u16* bl, int lane) {
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
   // B operand (k = channel, n = row j of b): row-major rows of b give k-pairs directly;
   // matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15)
   const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 1
+  for (int pass = 0; pass < 3; ++pass) {
+    const u16* x = pass == 2 ? al : a;
+    const u16* y = pass == 1 ? bl : b;
 #pragma unroll
-  for (int s = 0; s < K / 16; ++s) {
-    u32 af[4], bf[4];
-    ldmatrix_x4(af, a + mrow * TS + 16 * s + mcol);
-    ldmatrix_x4(bf, b + brow * TS + 16 * s + bcol);
-    mma2(acc, af, bf);
+    for (int s = 0; s < K / 16; ++s) {
+      u32 af[4], bf[4];
+      ldmatrix_x4(af, x + mrow * TS + 16 * s + mcol);
+      ldmatrix_x4(bf, y + brow * TS + 16 * s + bcol);
+      mma2(acc, af, bf);
+    }
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -67,178 +74,264 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
 
 }  // namespace
 
-// Four CTAs per SM keep ~48 KB of loads in flight per SM (the kernel is
-// bandwidth-bound) and let ptxas use 128 registers: no spills on any arch
-// (a bare __launch_bounds__(128) made it settle for 64 and spill on sm_80/sm_100a).
+// Four CTAs per SM and let ptxas use 128 registers: no spills on any arch (a bare
+// __launch_bounds__(128) made it settle for 64 and spill on sm_80/sm_100a). Each CTA takes
+// slots_per_cta consecutive chunk slots of one value head, in a software pipeline: the next
+// chunk's q, k and g rows are copied (cp.async) into the input stage as soon as this chunk's are
+// in registers and sG, so they stay in flight through its [4]-[8] (docs/design.md section 5).
 extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     const void* q, const void* k, const void* g, const void* beta,
     i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
     i64 b_sb, i64 b_st, i64 b_sh,
     const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
-    int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, float scale, float lb2,
+    int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, int slots_per_cta, float scale, float lb2,
     unsigned char* ws) {
-  const int slot = blockIdx.x, hv = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-  // which sequence and chunk this slot is
-  const int n = slot_sequence(cu_seqlens, cu_is_i64, slot, nseq, T, chunks_per_seq);
-  const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
-  const i64 c0 = (slot - first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * CHUNK;
-  if (c0 < 0 || c0 >= seq.len) return;  // an unused slot (varlen padding)
-  const int rows = seq.len - c0 < CHUNK ? static_cast<int>(seq.len - c0) : CHUNK;
-  const int b = cu_seqlens == nullptr ? n : 0;
-  const i64 t0 = (cu_seqlens == nullptr ? 0 : seq.bos) + c0;  // token index within row b
+  const int hv = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r = tid >> 3, s = tid & 7;  // this thread's row and its place among the row's 8 threads
+  const int h = hv / (HV / H);
+  const int first = blockIdx.x * slots_per_cta;
+  const int last = first + slots_per_cta < nslots ? first + slots_per_cta : nslots;
 
   unsigned char* sm = dynamic_smem();
   float* sG = reinterpret_cast<float*>(sm + PSM_G);
-  u16* sQm = reinterpret_cast<u16*>(sm + PSM_U);  // fast path: the factored form's q_m, k_m, k_i
+  u16* sQm = reinterpret_cast<u16*>(sm + PSM_U);  // fast path: the factored form's q_m, k_m, k_i and their low parts
   u16* sKm = sQm + CHUNK * TS;
   u16* sKi = sKm + CHUNK * TS;
+  u16* sQml = sKi + CHUNK * TS;
+  u16* sKml = sQml + CHUNK * TS;
+  u16* sKil = sKml + CHUNK * TS;
   float* sQs = reinterpret_cast<float*>(sm + PSM_U);  // pair path: q * scale
   float* sKn = sQs + CHUNK * PSM_GS;                  // pair path: k
   float* sL = reinterpret_cast<float*>(sm + PSM_L);
   float* sM = reinterpret_cast<float*>(sm + PSM_M);
   float* sBeta = reinterpret_cast<float*>(sm + PSM_BETA);
   float* sRef = reinterpret_cast<float*>(sm + PSM_REF);  // a row of sG's padding: the row phase's reads meet 32 banks
+  unsigned char* sInQ = sm + PSM_INQ;  // the input stage: the chunk's q, k rows ([16, K]) and g rows (PSM_GROW bytes apart)
+  unsigned char* sInK = sm + PSM_INK;
+  unsigned char* sInG = sm + PSM_ING;
 
-  unsigned char* blk = ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
-  const int r = tid >> 3, s = tid & 7;  // this thread's row and its place among the row's 8 threads
-  const bool live = r < rows;
-  const int h = hv / (HV / H);
-
-  // [1] load and l2-normalise q and k (this thread: pieces s + 8v, channels (s + 8v) E + e); padded rows are zero
-  float qv[SEG], kv[SEG];
-  load_qk_rows<KDA_DT, E, PPS>(qv, kv, q, b * q_sb + (t0 + r) * q_st + h * q_sh, k, b * k_sb + (t0 + r) * k_st + h * k_sh, s,
-                               live);
-  if constexpr (KDA_L2NORM) {
-    float iq, ik;
-    l2norm_qk_rows<E, PPS>(qv, kv, s, iq, ik);
-  }
-
-  // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time
-  {
-    const float a = gate_a<KDA_GATE>(A_log, hv);
-    const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv);
-    const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
-    const unsigned char* grow = static_cast<const unsigned char*>(g) + (b * g_sb + (t0 + r) * g_st + hv * g_sh) * elem_bytes<KDA_G_DT>();
+  // where a slot's chunk is: its row b, its first token t0 within the row, its live rows (0: an unused slot)
+  // (found again where needed: fewer registers live through [4]-[8] than carrying it)
+  struct At {
+    i64 t0;
+    int b, rows;
+  };
+  const auto locate = [&](int slot) {
+    At at{0, 0, 0};
+    if (slot >= last) return at;
+    const int n = slot_sequence(cu_seqlens, cu_is_i64, slot, nseq, T, chunks_per_seq);
+    const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
+    const i64 c0 = (slot - first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * CHUNK;
+    if (c0 < 0 || c0 >= seq.len) return at;  // an unused slot (varlen padding)
+    at.rows = seq.len - c0 < CHUNK ? static_cast<int>(seq.len - c0) : CHUNK;
+    at.b = cu_seqlens == nullptr ? n : 0;
+    at.t0 = (cu_seqlens == nullptr ? 0 : seq.bos) + c0;
+    return at;
+  };
+  // queue this thread's pieces of row r of q, k (pieces s + 8 v) and g (16-byte pieces s + 8 u) into the
+  // stage; a padded row reads zeros. One commit group per chunk, empty for an unused slot.
+  constexpr int GES = elem_bytes<KDA_G_DT>(), GPIECES = K * GES / 16;
+  static_assert(GPIECES % 8 == 0, "whole 16-byte pieces of g per thread");
+  const auto issue = [&](const At& at) {
+    if (at.rows > 0) {
+      const bool live = r < at.rows;
+      const i64 tok = at.t0 + (live ? r : 0);
+      const unsigned char* qrow = static_cast<const unsigned char*>(q) + (at.b * q_sb + tok * q_st + h * q_sh) * elem_bytes<KDA_DT>();
+      const unsigned char* krow = static_cast<const unsigned char*>(k) + (at.b * k_sb + tok * k_st + h * k_sh) * elem_bytes<KDA_DT>();
+      const unsigned char* grow = static_cast<const unsigned char*>(g) + (at.b * g_sb + tok * g_st + hv * g_sh) * GES;
 #pragma unroll
-    for (int v = 0; v < K / 32; ++v) {
-      const int c = 4 * (s + 8 * v);
-      // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
-      float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
-      if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
-      if (bias_vec) {
-        load_quad<KDA_F32>(bias_row + c, bq);
-      } else if (bias_row != nullptr) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) bq[e] = bias_row[c + e];
+      for (int v = 0; v < PPS; ++v) {
+        const int off = (s + 8 * v) * 16;
+        cp_async_16_zfill(sInQ + r * K * elem_bytes<KDA_DT>() + off, qrow + off, live);
+        cp_async_16_zfill(sInK + r * K * elem_bytes<KDA_DT>() + off, krow + off, live);
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;  // [2]
-    }
-  }
-  // [3] beta
-  if (tid < CHUNK) {
-    const float bt = tid < rows ? beta_at<KDA_BETA_MODE, KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh) : 0.f;
-    sBeta[tid] = bt;
-    reinterpret_cast<float*>(blk + WS_BETA)[tid] = bt;
-  }
-  __syncthreads();
-
-  // [4] running sum over the chunk rows, per channel, sequential fp32, and its reference gr; [9] gexp = ex2(gt)
-  const auto at = [](int i, int c) { return gx(i, c); };
-  const bool unsafe = gate_cumsum<K, NT>(
-      sG, at, [&](int c, float x) { reinterpret_cast<float*>(blk + WS_GEXP)[c] = x; }, [&](int c, float x) { sRef[gx(0, c)] = x; },
-      tid);
-
-  // [5] decayed operands, piece by piece: the recurrence's (from the chunk's start) to the workspace,
-  // the factored form's (from the reference gr) to shared memory for [6]
-#pragma unroll
-  for (int v = 0; v < PPS; ++v) {
-    const int c0 = (s + 8 * v) * E;
-    u32 wq[E / 2], wk[E / 2], wr[E / 2], wqm[E / 2], wkm[E / 2], wi[E / 2];
-#pragma unroll
-    for (int w = 0; w < E / 2; ++w) {
-      float qd[2], kd[2], kr[2], qm[2], km[2], ki[2];
-#pragma unroll
-      for (int e2 = 0; e2 < 2; ++e2) {
-        const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-        const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)], gr = sRef[gx(0, c)];
-        const float e = ex2_approx_ftz(gc), em = ex2_approx_ftz(gc - gr);
-        qd[e2] = qv[i] * (e * scale);
-        kd[e2] = kv[i] * e;
-        kr[e2] = kv[i] * ex2_approx_ftz(gt - gc);
-        qm[e2] = qv[i] * (em * scale);
-        km[e2] = kv[i] * em;
-        ki[e2] = kv[i] * ex2_approx_ftz(gr - gc);
+      for (int u = 0; u < GPIECES / 8; ++u) {
+        const int off = (s + 8 * u) * 16;
+        cp_async_16_zfill(sInG + r * PSM_GROW + off, grow + off, live);
       }
-      wq[w] = pack_bf16x2(qd[0], qd[1]);
-      wk[w] = pack_bf16x2(kd[0], kd[1]);
-      wr[w] = pack_bf16x2(kr[0], kr[1]);
-      wqm[w] = pack_bf16x2(qm[0], qm[1]);
-      wkm[w] = pack_bf16x2(km[0], km[1]);
-      wi[w] = pack_bf16x2(ki[0], ki[1]);
     }
-    const i64 off = (static_cast<i64>(r) * K + c0) * 2;
-    store_piece<E>(blk + WS_QDEC + off, wq);
-    store_piece<E>(blk + WS_KDEC + off, wk);
-    store_piece<E>(blk + WS_KRES + off, wr);
-    if (!unsafe) {
-      store_piece<E>(sQm + r * TS + c0, wqm);
-      store_piece<E>(sKm + r * TS + c0, wkm);
-      store_piece<E>(sKi + r * TS + c0, wi);
+    cp_async_commit();
+  };
+
+  issue(locate(first));
+#pragma unroll 1
+  for (int slot = first; slot < last; ++slot) {
+    const At cur = locate(slot);
+    cp_async_wait<0>();
+    __syncthreads();  // this chunk's rows are in the stage; the previous chunk's [8] is done with the tiles
+    if (cur.rows == 0) {  // an unused slot: nothing to write
+      issue(locate(slot + 1));
+      continue;
     }
-  }
-  if (unsafe) {
+    const int rows = cur.rows;
+    const bool live = r < rows;
+    unsigned char* blk = ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+    const i64 t0 = cur.t0;
+    const int b = cur.b;
+
+    // [1] q and k rows from the stage (this thread: pieces s + 8v, channels (s + 8v) E + e), l2-normalised;
+    // padded rows are zero
+    float qv[SEG], kv[SEG];
+    load_qk_rows<KDA_DT, E, PPS>(qv, kv, sInQ, r * K, sInK, r * K, s, live);
+    if constexpr (KDA_L2NORM) {
+      float iq, ik;
+      l2norm_qk_rows<E, PPS>(qv, kv, s, iq, ik);
+    }
+
+    // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time
+    {
+      const float a = gate_a<KDA_GATE>(A_log, hv);
+      const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv);
+      const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
+      const unsigned char* grow = sInG + r * PSM_GROW;
+#pragma unroll
+      for (int v = 0; v < K / 32; ++v) {
+        const int c = 4 * (s + 8 * v);
+        // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
+        float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
+        if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
+        if (bias_vec) {
+          load_quad<KDA_F32>(bias_row + c, bq);
+        } else if (bias_row != nullptr) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) bq[e] = bias_row[c + e];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;  // [2]
+      }
+    }
+    // [3] beta
+    if (tid < CHUNK) {
+      const float bt = tid < rows ? beta_at<KDA_BETA_MODE, KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh) : 0.f;
+      sBeta[tid] = bt;
+      reinterpret_cast<float*>(blk + WS_BETA)[tid] = bt;
+    }
+    __syncthreads();
+    issue(locate(slot + 1));  // the stage is free: its rows are in registers and sG
+
+    // [4] running sum over the chunk rows, per channel, sequential fp32, and its reference gr; [9] gexp = ex2(gt)
+    const auto at = [](int i, int c) { return gx(i, c); };
+    const bool unsafe = gate_cumsum<K, NT>(
+        sG, at, [&](int c, float x) { reinterpret_cast<float*>(blk + WS_GEXP)[c] = x; }, [&](int c, float x) { sRef[gx(0, c)] = x; },
+        tid);
+
+    // [5] decayed operands, piece by piece: the recurrence's (from the chunk's start) to the workspace,
+    // the factored form's (from the reference gr) to shared memory for [6]
 #pragma unroll
     for (int v = 0; v < PPS; ++v) {
+      const int c0 = (s + 8 * v) * E;
+      // two passes over the piece, to the workspace then to shared memory: half the packed words live at once
+      {
+        u32 wq[E / 2], wk[E / 2], wr[E / 2];
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const int c = (s + 8 * v) * E + e;
-        sQs[gx(r, c)] = qv[v * E + e] * scale;
-        sKn[gx(r, c)] = kv[v * E + e];
+        for (int w = 0; w < E / 2; ++w) {
+          float qd[2], kd[2], kr[2];
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
+            const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)];
+            const float e = ex2_approx_ftz(gc);
+            qd[e2] = qv[i] * (e * scale);
+            kd[e2] = kv[i] * e;
+            kr[e2] = kv[i] * ex2_approx_ftz(gt - gc);
+          }
+          wq[w] = pack_bf16x2(qd[0], qd[1]);
+          wk[w] = pack_bf16x2(kd[0], kd[1]);
+          wr[w] = pack_bf16x2(kr[0], kr[1]);
+        }
+        const i64 off = (static_cast<i64>(r) * K + c0) * 2;
+        store_piece<E>(blk + WS_QDEC + off, wq);
+        store_piece<E>(blk + WS_KDEC + off, wk);
+        store_piece<E>(blk + WS_KRES + off, wr);
+      }
+      if (!unsafe) {  // the factored form's operands in two bf16 parts: q_m, k_m (from em), then k_i (from ei)
+        u32 wqm[E / 2], wqml[E / 2], wkm[E / 2], wkml[E / 2];
+#pragma unroll
+        for (int w = 0; w < E / 2; ++w) {
+          float qm[2], km[2];
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
+            const float em = ex2_approx_ftz(sG[gx(r, c)] - sRef[gx(0, c)]);
+            qm[e2] = qv[i] * (em * scale);
+            km[e2] = kv[i] * em;
+          }
+          split_bf16x2(qm, wqm[w], wqml[w]);
+          split_bf16x2(km, wkm[w], wkml[w]);
+        }
+        store_piece<E>(sQm + r * TS + c0, wqm);
+        store_piece<E>(sQml + r * TS + c0, wqml);
+        store_piece<E>(sKm + r * TS + c0, wkm);
+        store_piece<E>(sKml + r * TS + c0, wkml);
+        u32 wi[E / 2], wil[E / 2];
+#pragma unroll
+        for (int w = 0; w < E / 2; ++w) {
+          float ki[2];
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
+            ki[e2] = kv[i] * ex2_approx_ftz(sRef[gx(0, c)] - sG[gx(r, c)]);
+          }
+          split_bf16x2(ki, wi[w], wil[w]);
+        }
+        store_piece<E>(sKi + r * TS + c0, wi);
+        store_piece<E>(sKil + r * TS + c0, wil);
       }
     }
-  }
-  __syncthreads();
-
-  // [6] L = k_m k_i^T and Mf = q_m k_i^T
-  if (!unsafe) {
-    if (warp == 0) bf16_abt(sL, sKm, sKi, lane);
-    if (warp == 1) bf16_abt(sM, sQm, sKi, lane);
-  } else {
-    // pair form: every product of two decays taken as one exponent difference. Threads 0-119
-    // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16
-    // diagonals Mf_ii run on warp 3, whose lanes 24-31 have no pair (no divergence inside a warp).
-    // (kda_bwd_chunk has its own copy: see its [6])
-    if (tid < CHUNK * (CHUNK - 1) / 2) {
-      int i = 1, j = tid;
-      while (j >= i) j -= i++;
-      float accl = 0.f, accm = 0.f;
-      for (int c = 0; c < K; ++c) {
-        const float e = ex2_approx_ftz(sG[gx(i, c)] - sG[gx(j, c)]), kj = sKn[gx(j, c)];
-        accl = fmaf(sKn[gx(i, c)] * kj, e, accl);
-        accm = fmaf(sQs[gx(i, c)] * kj, e, accm);
+    if (unsafe) {
+#pragma unroll
+      for (int v = 0; v < PPS; ++v) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const int c = (s + 8 * v) * E + e;
+          sQs[gx(r, c)] = qv[v * E + e] * scale;
+          sKn[gx(r, c)] = kv[v * E + e];
+        }
       }
-      sL[sw(i, j)] = accl;
-      sM[sw(i, j)] = accm;
     }
-    if (warp == NT / 32 - 1 && lane < CHUNK) {
-      const int i = lane;
-      float acc = 0.f;
-      for (int c = 0; c < K; ++c) acc = fmaf(sQs[gx(i, c)] * sKn[gx(i, c)], ex2_approx_ftz(sG[gx(i, c)] - sG[gx(i, c)]), acc);
-      sM[sw(i, i)] = acc;
+    __syncthreads();
+
+    // [6] L = k_m k_i^T and Mf = q_m k_i^T, each operand in two bf16 parts
+    if (!unsafe) {
+      if (warp == 0) split_abt(sL, sKm, sKml, sKi, sKil, lane);
+      if (warp == 1) split_abt(sM, sQm, sQml, sKi, sKil, lane);
+    } else {
+      // pair form: every product of two decays taken as one exponent difference. Threads 0-119
+      // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16
+      // diagonals Mf_ii run on warp 3, whose lanes 24-31 have no pair (no divergence inside a warp).
+      // (kda_bwd_chunk has its own copy: see its [6])
+      if (tid < CHUNK * (CHUNK - 1) / 2) {
+        int i = 1, j = tid;
+        while (j >= i) j -= i++;
+        float accl = 0.f, accm = 0.f;
+        for (int c = 0; c < K; ++c) {
+          const float e = ex2_approx_ftz(sG[gx(i, c)] - sG[gx(j, c)]), kj = sKn[gx(j, c)];
+          accl = fmaf(sKn[gx(i, c)] * kj, e, accl);
+          accm = fmaf(sQs[gx(i, c)] * kj, e, accm);
+        }
+        sL[sw(i, j)] = accl;
+        sM[sw(i, j)] = accm;
+      }
+      if (warp == NT / 32 - 1 && lane < CHUNK) {
+        const int i = lane;
+        float acc = 0.f;
+        for (int c = 0; c < K; ++c) acc = fmaf(sQs[gx(i, c)] * sKn[gx(i, c)], ex2_approx_ftz(sG[gx(i, c)] - sG[gx(i, c)]), acc);
+        sM[sw(i, i)] = acc;
+      }
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // [7] Lb = fp32(L * beta) strictly lower, in place; [9] Mqk = bf16(Mf) on and below the diagonal
-  for (int p = tid; p < CHUNK * CHUNK; p += NT) {
-    const int i = p / CHUNK, j = p % CHUNK;
-    sL[sw(i, j)] = i > j ? sL[sw(i, j)] * sBeta[i] : 0.f;
-    reinterpret_cast<u16*>(blk + WS_MQK)[p] = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
-  }
-  __syncthreads();
+    // [7] Lb = fp32(L * beta) strictly lower, in place; [9] Mqk = bf16(Mf) on and below the diagonal
+    for (int p = tid; p < CHUNK * CHUNK; p += NT) {
+      const int i = p / CHUNK, j = p % CHUNK;
+      sL[sw(i, j)] = i > j ? sL[sw(i, j)] * sBeta[i] : 0.f;
+      reinterpret_cast<u16*>(blk + WS_MQK)[p] = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
+    }
+    __syncthreads();
 
-  // [8] (I + Lb)^-1, one column per thread (a row of the workspace's INV: 16 adjacent lanes)
-  if (tid < CHUNK) inverse_column<CHUNK>(sL, [](int i, int j) { return sw(i, j); }, reinterpret_cast<u16*>(blk + WS_INV), tid);
+    // [8] (I + Lb)^-1, one column per thread (a row of the workspace's INV: 16 adjacent lanes)
+    if (tid < CHUNK) inverse_column<CHUNK>(sL, [](int i, int j) { return sw(i, j); }, reinterpret_cast<u16*>(blk + WS_INV), tid);
+  }
+  cp_async_wait<0>();
 }

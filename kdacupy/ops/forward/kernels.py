@@ -26,11 +26,14 @@ class PrepareVariant(InputVariant):
     kernel: ClassVar[str] = "kda_prepare"
 
     def layout_config(self) -> dict:
-        return dict(**layouts.workspace(self.K), **layouts.prepare_smem(self.K))
+        return dict(**layouts.workspace(self.K), **self._smem())
+
+    def _smem(self) -> dict:
+        return layouts.prepare_smem(self.K, np.dtype(self.dtype).itemsize, np.dtype(self.g_dtype).itemsize)
 
     @property
     def smem(self) -> int:
-        return layouts.prepare_smem(self.K)["PSM_TOTAL"]
+        return self._smem()["PSM_TOTAL"]
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,8 @@ def launch_prepare(run, p, a, ws, nslots, per_seq):
             *strides(a["q"]), *strides(a["k"]), *strides(a["g"]), *strides(a["beta"]),
             ptr(a["A_log"]), ptr(a["dt_bias"]), *cu_args(a["cu_seqlens"]),
             np.int32(p.T), np.int32(p.H), np.int32(p.HV), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
-            np.float32(p.scale), lower_bound_log2(p), ptr(ws)]
-    run.launch(fn, (nslots, p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
+            np.int32(spc := layouts.prepare_slots_per_cta(nslots)), np.float32(p.scale), lower_bound_log2(p), ptr(ws)]
+    run.launch(fn, (-(-nslots // spc), p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
 
 
 def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False, states=None):

@@ -42,16 +42,32 @@ def prepare_row(K: int) -> int:
     return K + K // 8 + 1
 
 
-def prepare_smem(K: int) -> dict[str, int]:
+def prepare_grow(K: int, g_bytes: int) -> int:
+    """Bytes between the input stage's g rows: 16-bit gates are read 8 bytes a thread, two rows
+    per half-warp, so rows sit 64 bytes off the 128-byte bank period (kernels/kda_prepare.cu)."""
+    return K * g_bytes + (64 if g_bytes == 2 else 0)
+
+
+def prepare_smem(K: int, dt_bytes: int, g_bytes: int) -> dict[str, int]:
     """Shared memory of kda_prepare. The fast path keeps bf16 tiles (padded rows
-    for ldmatrix), the pair path padded fp32 rows of q*scale and k: they share a region.
-    REF: the factored form's reference per channel (precision.py step 4), padded as a row of G."""
+    for ldmatrix: q_m, k_m, k_i and their low parts), the pair path padded fp32 rows of q*scale
+    and k: they share a region.
+    REF: the factored form's reference per channel (precision.py step 4), padded as a row of G.
+    INQ, INK, ING: the input stage, the next chunk's q, k and g rows on their way (cp.async)."""
     tile = CHUNK * (K + 8) * 2
     rows = CHUNK * prepare_row(K) * 4
-    parts = [("G", rows), ("U", max(3 * tile, 2 * rows)), ("L", CHUNK * CHUNK * 4),
-             ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4), ("REF", (K + K // 8) * 4)]
+    parts = [("G", rows), ("U", max(6 * tile, 2 * rows)), ("L", CHUNK * CHUNK * 4),
+             ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4), ("REF", (K + K // 8) * 4),
+             ("INQ", CHUNK * K * dt_bytes), ("INK", CHUNK * K * dt_bytes), ("ING", CHUNK * prepare_grow(K, g_bytes))]
     off, total = _place(parts)
-    return {f"PSM_{n}": v for n, v in off.items()} | {"PSM_TOTAL": total, "PSM_GS": prepare_row(K)}
+    return ({f"PSM_{n}": v for n, v in off.items()}
+            | {"PSM_TOTAL": total, "PSM_GS": prepare_row(K), "PSM_GROW": prepare_grow(K, g_bytes)})
+
+
+def prepare_slots_per_cta(nslots: int) -> int:
+    """Chunk slots per kda_prepare CTA (of one value head): up to 8 in its pipeline, while a head's
+    slots give at least 64 CTAs (short sequences keep one chunk per CTA, and their parallelism)."""
+    return max(1, min(8, nslots // 64))
 
 
 def recurrence_smem(K: int, BV: int, stages: int, elem_bytes: int) -> dict[str, int]:
