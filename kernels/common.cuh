@@ -99,6 +99,17 @@ __device__ __forceinline__ void store_row16(u16* row, u32 lo, u32 hi, int t) {
   const u64 w0 = lo + (other - lo) * odd, w1 = other + (hi - other) * odd;
   *reinterpret_cast<u64*>(row + 2 * t + 6 * odd) = w0 | w1 << 32;
 }
+// store_row16's inverse: row[0..15] to the accumulator layout (``lo``, ``hi`` as there), one
+// 8-byte load per lane (the same columns store_row16 writes) and one shuffle, so the quad reads
+// one whole 32-byte sector. Every lane of the warp takes part.
+__device__ __forceinline__ void load_row16(const u16* row, u32& lo, u32& hi, int t) {
+  const u32 odd = t & 1;
+  const u64 w = *reinterpret_cast<const u64*>(row + 2 * t + 6 * odd);
+  const u32 w0 = static_cast<u32>(w), w1 = static_cast<u32>(w >> 32);
+  const u32 other = __shfl_xor_sync(0xffffffffu, w1 + (w0 - w1) * odd, 1);  // even lanes hand over w1
+  lo = w0 + (other - w0) * odd;
+  hi = other + (w1 - other) * odd;
+}
 
 // Low and high halves of a packed bf16x2 as fp32.
 __device__ __forceinline__ float bf16_lo(u32 x) { return __uint_as_float(x << 16); }

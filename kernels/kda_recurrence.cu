@@ -56,6 +56,14 @@ __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned 
   copy_rows_zfill<NT, VCH, RSM_VROW>(stage + RSM_VT, vrow0, v_row_bytes, rows, tid);
 }
 
+// The state this CTA reads and writes: sequence n's, or with a pool its slot idx[n]'s; -1 for a
+// slot outside [0, P) (padding: nothing read or written).
+__device__ __forceinline__ i64 state_slot(int n, int hv, int HV, const void* pool_idx, int pool_idx_i64, i64 pool_slots) {
+  if (pool_idx == nullptr) return static_cast<i64>(n) * HV + hv;
+  const i64 slot = pool_idx_i64 ? static_cast<const i64*>(pool_idx)[n] : static_cast<const i32*>(pool_idx)[n];
+  return slot < 0 || slot >= pool_slots ? -1 : slot * HV + hv;
+}
+
 }  // namespace
 
 // fp32 state (twice the registers): a minimum-blocks figure that allows 256
@@ -75,40 +83,14 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int vw = v0 + 16 * warp;  // first value row of this warp
-  i64 nh = static_cast<i64>(n) * HV + hv;
-  if (pool_idx != nullptr) {  // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
-    const i64 slot = pool_idx_i64 ? static_cast<const i64*>(pool_idx)[n] : static_cast<const i32*>(pool_idx)[n];
-    if (slot < 0 || slot >= pool_slots) {
-      s_in_dtype = 0;
-      s_out = nullptr;
-    } else {
-      nh = slot * HV + hv;
-    }
-  }
+  // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
+  const i64 nh = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
+  if (nh < 0) s_in_dtype = KDA_STATE_NONE;
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
 
   if (seq.len == 0) {  // [16] the final state is the initial state, converted only
-    if (s_out != nullptr) copy_state_rows<V, K>(s_out, s_out_dtype, s_in, s_in_dtype, layout_vk, nh, vw, lane);
+    if (s_out != nullptr && nh >= 0) copy_state_rows<V, K>(s_out, s_out_dtype, s_in, s_in_dtype, layout_vk, nh, vw, lane);
     return;
-  }
-
-  // [10] the warp's 16 x K slice of the state: n-tile j holds (row g / g+8, column 8j + 2t, +1)
-  float Sf[FP32_STATE ? K / 8 : 1][4];
-  u32 Sa[FP32_STATE ? 1 : KS][4];
-#pragma unroll
-  for (int j = 0; j < K / 8; ++j) {
-    float x[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      x[e] = load_state(s_in, s_in_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t));
-    }
-    if constexpr (FP32_STATE) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) Sf[j][e] = x[e];
-    } else {
-      Sa[j / 2][2 * (j & 1)] = pack_bf16x2(x[0], x[1]);
-      Sa[j / 2][2 * (j & 1) + 1] = pack_bf16x2(x[2], x[3]);
-    }
   }
 
   unsigned char* sm = dynamic_smem();
@@ -128,6 +110,27 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   };
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
+
+  // [10] the warp's 16 x K slice of the state: n-tile j holds (row g / g+8, column 8j + 2t, +1),
+  // read 16 keys at a time in whole sectors, after the first copies are issued (read before them,
+  // it cost spills at the register limit: K = 256, fp32 state)
+  float Sf[FP32_STATE ? K / 8 : 1][4];
+  u32 Sa[FP32_STATE ? 1 : KS][4];
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    float x[2][4];
+    load_state_cols16<V, K>(x, s_in, s_in_dtype, layout_vk, nh, vw, s, g, t);
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      if constexpr (FP32_STATE) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) Sf[2 * s + jj][e] = x[jj][e];
+      } else {
+        Sa[s][2 * jj] = pack_bf16x2(x[jj][0], x[jj][1]);
+        Sa[s][2 * jj + 1] = pack_bf16x2(x[jj][2], x[jj][3]);
+      }
+    }
+  }
 
   // ldmatrix lane addresses in a 16x16 window of a row-major 16-bit tile:
   const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);  // B = tile^T
@@ -264,17 +267,25 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   }
   cp_async_wait<0>();
 
-  // [16] final state
-  if (s_out != nullptr) {
+  // [16] final state, 16 keys at a time in whole sectors; the slot is looked up again rather than
+  // held across the chunk loop (at the register limit, K = 256 in fp32, holding it cost spills)
+  const i64 nh_out = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
+  if (s_out != nullptr && nh_out >= 0) {
 #pragma unroll
-    for (int j = 0; j < K / 8; ++j) {
+    for (int s = 0; s < KS; ++s) {
+      float x[2][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = FP32_STATE ? Sf[j][e]
-                                   : ((e & 1) ? bf16_hi(Sa[j / 2][2 * (j & 1) + (e >> 1)])
-                                              : bf16_lo(Sa[j / 2][2 * (j & 1) + (e >> 1)]));
-        store_state(s_out, s_out_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t), x);
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (FP32_STATE) {
+            x[jj][e] = Sf[2 * s + jj][e];
+          } else {
+            x[jj][e] = (e & 1) ? bf16_hi(Sa[s][2 * jj + (e >> 1)]) : bf16_lo(Sa[s][2 * jj + (e >> 1)]);
+          }
+        }
       }
+      store_state_cols16<V, K>(s_out, s_out_dtype, layout_vk, nh_out, vw, s, g, t, x);
     }
   }
 }
