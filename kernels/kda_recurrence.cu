@@ -66,10 +66,11 @@ __device__ __forceinline__ i64 state_slot(int n, int hv, int HV, const void* poo
 
 }  // namespace
 
-// fp32 state (twice the registers): a minimum-blocks figure that allows 256
-// registers per thread makes ptxas use what it needs; left to itself it settles
-// at 128 and spills a few bytes. The same for the state store (sm_100a settled at 80 and spilled).
-#if KDA_STATE_FP32 || KDA_STORE_STATES
+// A minimum-blocks figure that allows 256 registers per thread makes ptxas use what it needs; left
+// to itself it settles short and spills a few bytes: at 128 with the fp32 state (twice the
+// registers), at 80 for the state store on sm_100a and, since the whole-sector state I/O, for the
+// bf16 state at K = 64, BV = 64, 3 stages on sm_80.
+#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_K <= 64
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
 #else
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)
