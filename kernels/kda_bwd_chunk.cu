@@ -126,21 +126,22 @@ template <class F> __device__ __forceinline__ void each_pair(int n0, int lane, F
   }
 }
 
-// 16x16 fp32 = A B^T of 16xK operands in two bf16 parts (a, al and b, bl): per k-step a b^T, a bl^T,
-// al b^T into one accumulator, each fragment loaded once, one warp (kda_prepare's [6], but to this
-// kernel's swizzle of [16, 16] tiles, by 8-byte stores).
+// 16x16 fp32 = A B^T of 16xK operands in two bf16 parts (a, al and b, bl): the passes a b^T,
+// a bl^T, al b^T into one accumulator, one warp (kda_prepare's [6], but to this kernel's swizzle of
+// [16, 16] tiles, by 8-byte stores).
 __device__ __forceinline__ void split_abt(float* dst, const u16* a, const u16* al, const u16* b, const u16* bl, int lane) {
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 2
-  for (int s = 0; s < KS; ++s) {
-    u32 af[4], alf[4], bf[4], blf[4];
-    lda(af, a, TS, 16 * s, lane);
-    lda(alf, al, TS, 16 * s, lane);
-    ldb_nk(bf, b, TS, 0, 16 * s, lane);
-    ldb_nk(blf, bl, TS, 0, 16 * s, lane);
-    mma2(acc, af, bf);
-    mma2(acc, af, blf);
-    mma2(acc, alf, bf);
+#pragma unroll 1
+  for (int pass = 0; pass < 3; ++pass) {
+    const u16* x = pass == 2 ? al : a;
+    const u16* y = pass == 1 ? bl : b;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      u32 af[4], bf[4];
+      lda(af, x, TS, 16 * s, lane);
+      ldb_nk(bf, y, TS, 0, 16 * s, lane);
+      mma2(acc, af, bf);
+    }
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll

@@ -39,26 +39,27 @@ static_assert(PSM_GS % 4 == 1 && PSM_GS >= K + K / 8, "padded fp32 rows");
 // mma accumulator stores of bf16_abt and a warp's 32 consecutive elements are conflict-free.
 __device__ __forceinline__ int sw(int i, int j) { return i * CHUNK + (j ^ ((i >> 1 & 1) | (i >> 2 & 1) << 3)); }
 
-// 16x16 fp32 = A B^T of 16xK operands in two bf16 parts each (tiles a, al and b, bl): per k-step the
-// products a b^T, a bl^T, al b^T into one accumulator (al bl^T, 2^-16 of the product, is left out),
-// each fragment loaded once; one warp, to dst [6] (kda_bwd_chunk has its own: its [16, 16] tiles use
-// another swizzle and 8-byte stores).
+// 16x16 fp32 = A B^T of 16xK operands in two bf16 parts each (tiles a, al and b, bl): three passes
+// over the channels, a b^T, a bl^T, al b^T, into one accumulator (al bl^T, 2^-16 of the product, is
+// left out), one warp, to dst [6] (kda_bwd_chunk has its own: its [16, 16] tiles use another swizzle
+// and 8-byte stores).
 __device__ __forceinline__ void split_abt(float* dst, const u16* a, const u16* al, const u16* b, const u16* bl, int lane) {
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
   // B operand (k = channel, n = row j of b): row-major rows of b give k-pairs directly;
   // matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15)
   const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 2
-  for (int s = 0; s < K / 16; ++s) {
-    u32 af[4], alf[4], bf[4], blf[4];
-    ldmatrix_x4(af, a + mrow * TS + 16 * s + mcol);
-    ldmatrix_x4(alf, al + mrow * TS + 16 * s + mcol);
-    ldmatrix_x4(bf, b + brow * TS + 16 * s + bcol);
-    ldmatrix_x4(blf, bl + brow * TS + 16 * s + bcol);
-    mma2(acc, af, bf);
-    mma2(acc, af, blf);
-    mma2(acc, alf, bf);
+#pragma unroll 1
+  for (int pass = 0; pass < 3; ++pass) {
+    const u16* x = pass == 2 ? al : a;
+    const u16* y = pass == 1 ? bl : b;
+#pragma unroll
+    for (int s = 0; s < K / 16; ++s) {
+      u32 af[4], bf[4];
+      ldmatrix_x4(af, x + mrow * TS + 16 * s + mcol);
+      ldmatrix_x4(bf, y + brow * TS + 16 * s + bcol);
+      mma2(acc, af, bf);
+    }
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -105,7 +106,6 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   float* sM = reinterpret_cast<float*>(sm + PSM_M);
   float* sBeta = reinterpret_cast<float*>(sm + PSM_BETA);
   float* sRef = reinterpret_cast<float*>(sm + PSM_REF);  // a row of sG's padding: the row phase's reads meet 32 banks
-  float* sBias = reinterpret_cast<float*>(sm + PSM_BIAS);  // the head's dt_bias row
   unsigned char* sInQ = sm + PSM_INQ;  // the input stage: the chunk's q, k rows ([16, K]) and g rows (PSM_GROW bytes apart)
   unsigned char* sInK = sm + PSM_INK;
   unsigned char* sInG = sm + PSM_ING;
@@ -132,12 +132,8 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
   // stage; a padded row reads zeros. One commit group per chunk, empty for an unused slot.
   constexpr int GES = elem_bytes<KDA_G_DT>(), GPIECES = K * GES / 16;
   static_assert(GPIECES % 8 == 0, "whole 16-byte pieces of g per thread");
-  float beta_raw = 0.f;  // threads 0-15: the next chunk's beta (row tid), loaded with its rows
   const auto issue = [&](const At& at) {
     if (at.rows > 0) {
-      if (KDA_BETA_MODE != KDA_BETA_NONE && tid < at.rows) {
-        beta_raw = load_f32<KDA_BETA_DT>(beta, at.b * b_sb + (at.t0 + tid) * b_st + hv * b_sh);
-      }
       const bool live = r < at.rows;
       const i64 tok = at.t0 + (live ? r : 0);
       const unsigned char* qrow = static_cast<const unsigned char*>(q) + (at.b * q_sb + tok * q_st + h * q_sh) * elem_bytes<KDA_DT>();
@@ -158,12 +154,6 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     cp_async_commit();
   };
 
-  // the head's gate parameters, once per CTA: A_log's factor in a register, dt_bias's row in shared memory
-  const float gate_mul = gate_a<KDA_GATE>(A_log, hv);
-  const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv);
-  if (bias_row != nullptr) {
-    for (int c = tid; c < K; c += NT) sBias[c] = bias_row[c];
-  }
   issue(locate(first));
 #pragma unroll 1
   for (int slot = first; slot < last; ++slot) {
@@ -177,6 +167,8 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     const int rows = cur.rows;
     const bool live = r < rows;
     unsigned char* blk = ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+    const i64 t0 = cur.t0;
+    const int b = cur.b;
 
     // [1] q and k rows from the stage (this thread: pieces s + 8v, channels (s + 8v) E + e), l2-normalised;
     // padded rows are zero
@@ -189,7 +181,9 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 
     // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time
     {
-      const float a = gate_mul;
+      const float a = gate_a<KDA_GATE>(A_log, hv);
+      const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv);
+      const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
       const unsigned char* grow = sInG + r * PSM_GROW;
 #pragma unroll
       for (int v = 0; v < K / 32; ++v) {
@@ -197,14 +191,19 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
         // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
         float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
         if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
-        if (bias_row != nullptr) load_quad<KDA_F32>(sBias + c, bq);
+        if (bias_vec) {
+          load_quad<KDA_F32>(bias_row + c, bq);
+        } else if (bias_row != nullptr) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) bq[e] = bias_row[c + e];
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;  // [2]
       }
     }
     // [3] beta
     if (tid < CHUNK) {
-      const float bt = tid < rows ? beta_activate<KDA_BETA_MODE>(beta_raw) : 0.f;
+      const float bt = tid < rows ? beta_at<KDA_BETA_MODE, KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh) : 0.f;
       sBeta[tid] = bt;
       reinterpret_cast<float*>(blk + WS_BETA)[tid] = bt;
     }
@@ -222,9 +221,7 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 #pragma unroll
     for (int v = 0; v < PPS; ++v) {
       const int c0 = (s + 8 * v) * E;
-      // two passes over the piece, to the workspace then to shared memory: half the packed words live at
-      // once; the piece's sums gc read once
-      float gcv[E];
+      // two passes over the piece, to the workspace then to shared memory: half the packed words live at once
       {
         u32 wq[E / 2], wk[E / 2], wr[E / 2];
 #pragma unroll
@@ -234,7 +231,6 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
           for (int e2 = 0; e2 < 2; ++e2) {
             const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
             const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)];
-            gcv[2 * w + e2] = gc;
             const float e = ex2_approx_ftz(gc);
             qd[e2] = qv[i] * (e * scale);
             kd[e2] = kv[i] * e;
@@ -249,28 +245,36 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
         store_piece<E>(blk + WS_KDEC + off, wk);
         store_piece<E>(blk + WS_KRES + off, wr);
       }
-      if (!unsafe) {  // the factored form's operands in two bf16 parts
-        u32 wqm[E / 2], wqml[E / 2], wkm[E / 2], wkml[E / 2], wi[E / 2], wil[E / 2];
+      if (!unsafe) {  // the factored form's operands in two bf16 parts: q_m, k_m (from em), then k_i (from ei)
+        u32 wqm[E / 2], wqml[E / 2], wkm[E / 2], wkml[E / 2];
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
-          float qm[2], km[2], ki[2];
+          float qm[2], km[2];
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
             const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-            const float gc = gcv[2 * w + e2], gr = sRef[gx(0, c)];
-            const float em = ex2_approx_ftz(gc - gr);
+            const float em = ex2_approx_ftz(sG[gx(r, c)] - sRef[gx(0, c)]);
             qm[e2] = qv[i] * (em * scale);
             km[e2] = kv[i] * em;
-            ki[e2] = kv[i] * ex2_approx_ftz(gr - gc);
           }
           split_bf16x2(qm, wqm[w], wqml[w]);
           split_bf16x2(km, wkm[w], wkml[w]);
-          split_bf16x2(ki, wi[w], wil[w]);
         }
         store_piece<E>(sQm + r * TS + c0, wqm);
         store_piece<E>(sQml + r * TS + c0, wqml);
         store_piece<E>(sKm + r * TS + c0, wkm);
         store_piece<E>(sKml + r * TS + c0, wkml);
+        u32 wi[E / 2], wil[E / 2];
+#pragma unroll
+        for (int w = 0; w < E / 2; ++w) {
+          float ki[2];
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
+            ki[e2] = kv[i] * ex2_approx_ftz(sRef[gx(0, c)] - sG[gx(r, c)]);
+          }
+          split_bf16x2(ki, wi[w], wil[w]);
+        }
         store_piece<E>(sKi + r * TS + c0, wi);
         store_piece<E>(sKil + r * TS + c0, wil);
       }

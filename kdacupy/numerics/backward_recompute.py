@@ -9,7 +9,7 @@ parity tolerance), this module follows the kernel exactly:
 
 - [1] l2norm: each row's sum of squares is 8 partial ``fmaf`` chains over K/8 adjacent
   channels (one per thread), combined by the xor-shuffle tree ``((p0+p4)+(p2+p6))+((p1+p5)+(p3+p7))``;
-- [6] L, Mf: per step of 16 channels three mma (hi hi, hi lo, lo hi); the pair form's ``fmaf``
+- [6] L, Mf: mma steps of 16 channels, three passes (hi hi, hi lo, lo hi); the pair form's ``fmaf``
   chain over the channels;
 - [8] the forward substitution's ``fmaf`` chain;
 - [12]-[15] W, U and dS: mma steps (16 channels, 16 tokens); the state update one ``fmaf``.
@@ -52,16 +52,6 @@ def _pair(a, b, gc, mask):
     return np.where(mask, acc, 0.0)
 
 
-def split_mma(a, al, b, bl):
-    """[6] a b + a bl + al b (operands in two bf16 parts, [..., M, K] and [..., K, N]): per step of
-    16 channels the three mma in that order, one accumulator."""
-    acc = None
-    for k0 in range(0, a.shape[-1], 16):
-        x, xl, y, yl = a[..., k0:k0 + 16], al[..., k0:k0 + 16], b[..., k0:k0 + 16, :], bl[..., k0:k0 + 16, :]
-        acc = mma(mma(mma(acc, x, y), x, yl), xl, y)
-    return acc
-
-
 def solve_unit_lower_exact(Lb):
     """[8] X = (I + Lb)^-1, one column per thread, the fmaf chain in j order."""
     C = Lb.shape[-1]
@@ -86,8 +76,9 @@ def prepare_exact(qn, kn, g2, beta, scale):
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
     k_iT, k_ilT = np.swapaxes(op["k_i"], -1, -2), np.swapaxes(op["k_il"], -1, -2)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 only in chunks that take the pair form
-        L = np.where(strict, split_mma(op["k_m"], op["k_ml"], k_iT, k_ilT), 0.0)
-        Mf = np.where(incl, split_mma(op["q_m"], op["q_ml"], k_iT, k_ilT), 0.0)
+        # [6] three mma passes over the channels: hi hi, hi lo, lo hi
+        L = np.where(strict, mma(mma(mma(None, op["k_m"], k_iT), op["k_m"], k_ilT), op["k_ml"], k_iT), 0.0)
+        Mf = np.where(incl, mma(mma(mma(None, op["q_m"], k_iT), op["q_m"], k_ilT), op["q_ml"], k_iT), 0.0)
     unsafe = pair_form_chunks(gc, gr)
     if np.any(unsafe):
         L[unsafe] = _pair(kn[unsafe], kn[unsafe], gc[unsafe], strict)

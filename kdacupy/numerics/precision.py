@@ -32,7 +32,7 @@ prepare (token-parallel, per 16-token chunk and value head)
                 q_mf = r32(q * r32(em * scale)),  k_mf = r32(k * em),  em = ex2(r32(gc - gr))
                 k_if = r32(k * ex2(r32(gr - gc)))
   6. L = r32(k_m k_i^T + k_m k_i_l^T + k_m_l k_i^T), Mf alike with q_m (fp32 tensor-core
-     accumulate, per 16 channels the three products in that order): k_m,i k_i,j carries 2^(gc_i - gr) 2^(gr - gc_j)
+     accumulate, the three products in that order): k_m,i k_i,j carries 2^(gc_i - gr) 2^(gr - gc_j)
      = 2^(gc_i - gc_j), each factor half the chunk's range at most, and each product is that of
      the fp32 factors to about 2^-16 (the split's missing lo * lo term), as the pair form's.
      When some |r32(gc - gr)| > 100 (the channel's range over 200: 2^(gc - gr) * scale * q would

@@ -53,11 +53,11 @@ def prepare_smem(K: int, dt_bytes: int, g_bytes: int) -> dict[str, int]:
     for ldmatrix: q_m, k_m, k_i and their low parts), the pair path padded fp32 rows of q*scale
     and k: they share a region.
     REF: the factored form's reference per channel (precision.py step 4), padded as a row of G.
-    BIAS: the head's dt_bias row. INQ, INK, ING: the input stage, the next chunk's q, k and g rows on their way (cp.async)."""
+    INQ, INK, ING: the input stage, the next chunk's q, k and g rows on their way (cp.async)."""
     tile = CHUNK * (K + 8) * 2
     rows = CHUNK * prepare_row(K) * 4
     parts = [("G", rows), ("U", max(6 * tile, 2 * rows)), ("L", CHUNK * CHUNK * 4),
-             ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4), ("REF", (K + K // 8) * 4), ("BIAS", K * 4),
+             ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4), ("REF", (K + K // 8) * 4),
              ("INQ", CHUNK * K * dt_bytes), ("INK", CHUNK * K * dt_bytes), ("ING", CHUNK * prepare_grow(K, g_bytes))]
     off, total = _place(parts)
     return ({f"PSM_{n}": v for n, v in off.items()}
