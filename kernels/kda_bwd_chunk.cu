@@ -126,22 +126,16 @@ template <class F> __device__ __forceinline__ void each_pair(int n0, int lane, F
   }
 }
 
-// 16x16 fp32 = A B^T of 16xK operands in two bf16 parts (a, al and b, bl): the passes a b^T,
-// a bl^T, al b^T into one accumulator, one warp (kda_prepare's [6], but to this kernel's swizzle of
-// [16, 16] tiles, by 8-byte stores).
-__device__ __forceinline__ void split_abt(float* dst, const u16* a, const u16* al, const u16* b, const u16* bl, int lane) {
+// 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp (kda_prepare's [6], but fully
+// unrolled and to this kernel's swizzle of [16, 16] tiles, by 8-byte stores).
+__device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 1
-  for (int pass = 0; pass < 3; ++pass) {
-    const u16* x = pass == 2 ? al : a;
-    const u16* y = pass == 1 ? bl : b;
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      u32 af[4], bf[4];
-      lda(af, x, TS, 16 * s, lane);
-      ldb_nk(bf, y, TS, 0, 16 * s, lane);
-      mma2(acc, af, bf);
-    }
+  for (int s = 0; s < KS; ++s) {
+    u32 af[4], bf[4];
+    lda(af, a, TS, 16 * s, lane);
+    ldb_nk(bf, b, TS, 0, 16 * s, lane);
+    mma2(acc, af, bf);
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -227,9 +221,6 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sDGAM = reinterpret_cast<float*>(sm + CSM_DGAM);
   float* sKT = reinterpret_cast<float*>(sm + CSM_KT);
   u16* sKL = reinterpret_cast<u16*>(sm + CSM_KL);  // [B6]: k_i's low part, in the region between the V-blocks and [B7]
-  u16* sQML = reinterpret_cast<u16*>(sm + CSM_QML);  // [6]: the low parts of q_m, k_m, k_i, in the region before the V-blocks
-  u16* sKML = reinterpret_cast<u16*>(sm + CSM_KML);
-  u16* sKIL = reinterpret_cast<u16*>(sm + CSM_KIL);
   float* sDQN = reinterpret_cast<float*>(sm + CSM_DQN);
   float* sDKN = reinterpret_cast<float*>(sm + CSM_DKN);
   float* sDOT = reinterpret_cast<float*>(sm + CSM_DOT);
@@ -309,35 +300,25 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
       for (int v = 0; v < PPS; ++v) {
         const int c0 = (s8 + 8 * v) * E;
-        u32 wk[E / 2], wr[E / 2];  // the recurrence's k_dec and k_res
+        u32 wqm[E / 2], wk[E / 2], wkm[E / 2], wi[E / 2], wr[E / 2];
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           const int c = c0 + 2 * w;
-          const float2 gc = ld2(sG + fx<K>(r, c)), gt = ld2(sG + fx<K>(CHUNK - 1, c)), kn = ld2(sKN + fx<K>(r, c));
-          wk[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gc.x), kn.y * ex2_approx_ftz(gc.y));
-          wr[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gt.x - gc.x), kn.y * ex2_approx_ftz(gt.y - gc.y));
-        }
-        store_piece<E>(sKD + r * TS + c0, wk);
-        store_piece<E>(sKR + r * TS + c0, wr);
-        u32 wqm[E / 2], wqml[E / 2], wkm[E / 2], wkml[E / 2], wi[E / 2], wil[E / 2];  // the factored form's, in two parts
-#pragma unroll
-        for (int w = 0; w < E / 2; ++w) {
-          const int c = c0 + 2 * w;
-          const float2 gc = ld2(sG + fx<K>(r, c)), gr = ld2(sRef + fx<K>(0, c));
+          const float2 gc = ld2(sG + fx<K>(r, c)), gt = ld2(sG + fx<K>(CHUNK - 1, c)), gr = ld2(sRef + fx<K>(0, c));
           const float2 qn = ld2(sQN + fx<K>(r, c)), kn = ld2(sKN + fx<K>(r, c));
+          const float e0 = ex2_approx_ftz(gc.x), e1 = ex2_approx_ftz(gc.y);
           const float m0 = ex2_approx_ftz(gc.x - gr.x), m1 = ex2_approx_ftz(gc.y - gr.y);
-          const float qm[2] = {qn.x * (m0 * scale), qn.y * (m1 * scale)}, km[2] = {kn.x * m0, kn.y * m1};
-          const float ki[2] = {kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y)};
-          split_bf16x2(qm, wqm[w], wqml[w]);
-          split_bf16x2(km, wkm[w], wkml[w]);
-          split_bf16x2(ki, wi[w], wil[w]);
+          wk[w] = pack_bf16x2(kn.x * e0, kn.y * e1);
+          wr[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gt.x - gc.x), kn.y * ex2_approx_ftz(gt.y - gc.y));
+          wqm[w] = pack_bf16x2(qn.x * (m0 * scale), qn.y * (m1 * scale));
+          wkm[w] = pack_bf16x2(kn.x * m0, kn.y * m1);
+          wi[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y));
         }
         store_piece<E>(sQM + r * TS + c0, wqm);
-        store_piece<E>(sQML + r * TS + c0, wqml);
+        store_piece<E>(sKD + r * TS + c0, wk);
         store_piece<E>(sKM + r * TS + c0, wkm);
-        store_piece<E>(sKML + r * TS + c0, wkml);
         store_piece<E>(sKI + r * TS + c0, wi);
-        store_piece<E>(sKIL + r * TS + c0, wil);
+        store_piece<E>(sKR + r * TS + c0, wr);
       }
     }
     __syncthreads();
@@ -346,8 +327,8 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     // Mf on 16 threads of their own (a copy: as one template for both kernels, ptxas unrolled the channel
     // loops otherwise, 8 more MUFU in the cubin on sm_90a)
     if (!unsafe) {
-      if (warp == 0) split_abt(sL, sKM, sKML, sKI, sKIL, lane);
-      if (warp == 1) split_abt(sDM, sQM, sQML, sKI, sKIL, lane);  // sDM holds Mf until [7]
+      if (warp == 0) bf16_abt(sL, sKM, sKI, lane);
+      if (warp == 1) bf16_abt(sDM, sQM, sKI, lane);  // sDM holds Mf until [7]
     } else {
       if (tid < CHUNK * (CHUNK - 1) / 2) {
         int i = 1, j = tid;
@@ -594,9 +575,9 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           for (int w = 0; w < E / 2; ++w) {
             const int c = c0 + 2 * w;
             const float2 gc = ld2(sG + fx<K>(r, c)), gr = ld2(sRef + fx<K>(0, c)), kn = ld2(sKN + fx<K>(r, c));
-            const float f[2] = {kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y)};
-            u32 hi;
-            split_bf16x2(f, hi, wl[w]);
+            const float f0 = kn.x * ex2_approx_ftz(gr.x - gc.x), f1 = kn.y * ex2_approx_ftz(gr.y - gc.y);
+            const u32 hi = pack_bf16x2(f0, f1);
+            wl[w] = pack_bf16x2(f0 - bf16_lo(hi), f1 - bf16_hi(hi));
           }
           store_piece<E>(sKL + r * TS + c0, wl);
         }

@@ -39,27 +39,20 @@ static_assert(PSM_GS % 4 == 1 && PSM_GS >= K + K / 8, "padded fp32 rows");
 // mma accumulator stores of bf16_abt and a warp's 32 consecutive elements are conflict-free.
 __device__ __forceinline__ int sw(int i, int j) { return i * CHUNK + (j ^ ((i >> 1 & 1) | (i >> 2 & 1) << 3)); }
 
-// 16x16 fp32 = A B^T of 16xK operands in two bf16 parts each (tiles a, al and b, bl): three passes
-// over the channels, a b^T, a bl^T, al b^T, into one accumulator (al bl^T, 2^-16 of the product, is
-// left out), one warp, to dst [6] (kda_bwd_chunk has its own: its [16, 16] tiles use another swizzle
-// and 8-byte stores).
-__device__ __forceinline__ void split_abt(float* dst, const u16* a, const u16* al, const u16* b, const u16* bl, int lane) {
+// 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6] (kda_bwd_chunk has
+// its own: its [16, 16] tiles use another swizzle and 8-byte stores).
+__device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
   // B operand (k = channel, n = row j of b): row-major rows of b give k-pairs directly;
   // matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15)
   const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 1
-  for (int pass = 0; pass < 3; ++pass) {
-    const u16* x = pass == 2 ? al : a;
-    const u16* y = pass == 1 ? bl : b;
 #pragma unroll
-    for (int s = 0; s < K / 16; ++s) {
-      u32 af[4], bf[4];
-      ldmatrix_x4(af, x + mrow * TS + 16 * s + mcol);
-      ldmatrix_x4(bf, y + brow * TS + 16 * s + bcol);
-      mma2(acc, af, bf);
-    }
+  for (int s = 0; s < K / 16; ++s) {
+    u32 af[4], bf[4];
+    ldmatrix_x4(af, a + mrow * TS + 16 * s + mcol);
+    ldmatrix_x4(bf, b + brow * TS + 16 * s + bcol);
+    mma2(acc, af, bf);
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -94,12 +87,9 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 
   unsigned char* sm = dynamic_smem();
   float* sG = reinterpret_cast<float*>(sm + PSM_G);
-  u16* sQm = reinterpret_cast<u16*>(sm + PSM_U);  // fast path: the factored form's q_m, k_m, k_i and their low parts
+  u16* sQm = reinterpret_cast<u16*>(sm + PSM_U);  // fast path: the factored form's q_m, k_m, k_i
   u16* sKm = sQm + CHUNK * TS;
   u16* sKi = sKm + CHUNK * TS;
-  u16* sQml = sKi + CHUNK * TS;
-  u16* sKml = sQml + CHUNK * TS;
-  u16* sKil = sKml + CHUNK * TS;
   float* sQs = reinterpret_cast<float*>(sm + PSM_U);  // pair path: q * scale
   float* sKn = sQs + CHUNK * PSM_GS;                  // pair path: k
   float* sL = reinterpret_cast<float*>(sm + PSM_L);
@@ -245,38 +235,27 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
         store_piece<E>(blk + WS_KDEC + off, wk);
         store_piece<E>(blk + WS_KRES + off, wr);
       }
-      if (!unsafe) {  // the factored form's operands in two bf16 parts: q_m, k_m (from em), then k_i (from ei)
-        u32 wqm[E / 2], wqml[E / 2], wkm[E / 2], wkml[E / 2];
+      if (!unsafe) {
+        u32 wqm[E / 2], wkm[E / 2], wi[E / 2];
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
-          float qm[2], km[2];
+          float qm[2], km[2], ki[2];
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
             const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-            const float em = ex2_approx_ftz(sG[gx(r, c)] - sRef[gx(0, c)]);
+            const float gc = sG[gx(r, c)], gr = sRef[gx(0, c)];
+            const float em = ex2_approx_ftz(gc - gr);
             qm[e2] = qv[i] * (em * scale);
             km[e2] = kv[i] * em;
+            ki[e2] = kv[i] * ex2_approx_ftz(gr - gc);
           }
-          split_bf16x2(qm, wqm[w], wqml[w]);
-          split_bf16x2(km, wkm[w], wkml[w]);
+          wqm[w] = pack_bf16x2(qm[0], qm[1]);
+          wkm[w] = pack_bf16x2(km[0], km[1]);
+          wi[w] = pack_bf16x2(ki[0], ki[1]);
         }
         store_piece<E>(sQm + r * TS + c0, wqm);
-        store_piece<E>(sQml + r * TS + c0, wqml);
         store_piece<E>(sKm + r * TS + c0, wkm);
-        store_piece<E>(sKml + r * TS + c0, wkml);
-        u32 wi[E / 2], wil[E / 2];
-#pragma unroll
-        for (int w = 0; w < E / 2; ++w) {
-          float ki[2];
-#pragma unroll
-          for (int e2 = 0; e2 < 2; ++e2) {
-            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-            ki[e2] = kv[i] * ex2_approx_ftz(sRef[gx(0, c)] - sG[gx(r, c)]);
-          }
-          split_bf16x2(ki, wi[w], wil[w]);
-        }
         store_piece<E>(sKi + r * TS + c0, wi);
-        store_piece<E>(sKil + r * TS + c0, wil);
       }
     }
     if (unsafe) {
@@ -292,10 +271,10 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     }
     __syncthreads();
 
-    // [6] L = k_m k_i^T and Mf = q_m k_i^T, each operand in two bf16 parts
+    // [6] L = k_m k_i^T and Mf = q_m k_i^T
     if (!unsafe) {
-      if (warp == 0) split_abt(sL, sKm, sKml, sKi, sKil, lane);
-      if (warp == 1) split_abt(sM, sQm, sQml, sKi, sKil, lane);
+      if (warp == 0) bf16_abt(sL, sKm, sKi, lane);
+      if (warp == 1) bf16_abt(sM, sQm, sKi, lane);
     } else {
       // pair form: every product of two decays taken as one exponent difference. Threads 0-119
       // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16

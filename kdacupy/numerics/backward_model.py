@@ -36,7 +36,7 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
       chain with dLb_ij L_ij (j < i); dL = r32(beta_i dLb); dbeta through the beta sigmoid:
       r32(dbeta r32(sig(b) sig(-b))) (x2 exact for allow_neg_eigval).
   B6. factored chunks (q_m, k_m, k_i: precision.py [5], measured from the reference gr;
-      k_if = r32(kn ei), ei = ex2(r32(gr - gc)), is k_i before its rounding, k_lo its low part k_il):
+      k_if = r32(kn ei), ei = ex2(r32(gr - gc)), is k_i before its rounding, k_lo = bf(k_if - k_i)):
       dQm = mma(bf(dM) k_i) then + mma(bf(dM) k_lo), dKm = mma(bf(dL) k_i) then + mma(bf(dL) k_lo),
       dKi = mma(bf(dL)^T k_m) then + mma(bf(dM)^T q_m). k_lo carries k_i to 16 bits: with q
       nearly parallel to k under the l2norm, dq is what its projection leaves of dqn, and k_i's
@@ -169,7 +169,8 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
     gc, gr = ops["gc"], ops["gr"]
     with np.errstate(invalid="ignore", over="ignore"):
         em, ei = ex2(r32(gc - gr)), ex2(r32(gr - gc))
-        k_if, k_lo = r32(kn * ei), ops["k_il"]  # k_i before its bf16 rounding, and its low part
+        k_if = r32(kn * ei)  # k_i before its bf16 rounding, and its low part (an exact difference, rounded)
+        k_lo = bf(k_if - ops["k_i"])
         dQm = mma(mma(None, bf(dM), ops["k_i"]), bf(dM), k_lo)                           # B6
         dKm = mma(mma(None, bf(dL), ops["k_i"]), bf(dL), k_lo)
         dKi = mma(mma(None, _T(bf(dL)), ops["k_m"]), _T(bf(dM)), ops["q_m"])

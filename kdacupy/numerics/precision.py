@@ -27,14 +27,11 @@ prepare (token-parallel, per 16-token chunk and value head)
      (NaN ignored, as fmaxf / fminf do): the centre of the channel's exponent range.
   5. operands:  q_dec = bf(r32(q * r32(ex2(gc) * scale)))
                 k_dec = bf(r32(k * ex2(gc))),   k_res = bf(r32(k * ex2(r32(gt - gc))))
-     (the recurrence's, measured from the chunk's start) and the factored form's, measured from gr,
-     each in two bf16 parts, x = bf(xf) and its low part x_l = bf(xf - x) (an exact difference):
-                q_mf = r32(q * r32(em * scale)),  k_mf = r32(k * em),  em = ex2(r32(gc - gr))
-                k_if = r32(k * ex2(r32(gr - gc)))
-  6. L = r32(k_m k_i^T + k_m k_i_l^T + k_m_l k_i^T), Mf alike with q_m (fp32 tensor-core
-     accumulate, the three products in that order): k_m,i k_i,j carries 2^(gc_i - gr) 2^(gr - gc_j)
-     = 2^(gc_i - gc_j), each factor half the chunk's range at most, and each product is that of
-     the fp32 factors to about 2^-16 (the split's missing lo * lo term), as the pair form's.
+     (the recurrence's, measured from the chunk's start) and the factored form's, measured from gr:
+                q_m = bf(r32(q * r32(em * scale))),  k_m = bf(r32(k * em)),  em = ex2(r32(gc - gr))
+                k_i = bf(r32(k * ex2(r32(gr - gc))))
+  6. L = r32(k_m k_i^T), Mf = r32(q_m k_i^T) (fp32 tensor-core accumulate): k_m,i k_i,j carries
+     2^(gc_i - gr) 2^(gr - gc_j) = 2^(gc_i - gc_j), each factor half the chunk's range at most.
      When some |r32(gc - gr)| > 100 (the channel's range over 200: 2^(gc - gr) * scale * q would
      go subnormal, which the kernels' FTZ flushes, or 2^(gr - gc) overflow with large keys), the
      chunk uses the pair form instead: r32(sum_d k_i k_j ex2(r32(gc_i - gc_j))) (q_i: r32(q_i * scale)).
@@ -196,25 +193,14 @@ def pair_form_chunks(gc, gr):
         return np.any(span > SAFE_EXPONENT, axis=(-1, -2))
 
 
-def split_bf16(xf):
-    """fp32 values as two bf16 parts (hi, lo): hi = bf(xf), lo = bf(xf - hi) (the difference is
-    exact in fp32, flushed to zero below 2^-126 as the kernels' FTZ does)."""
-    hi = bf(xf)
-    with np.errstate(invalid="ignore"):
-        return hi, bf(ftz_f32(xf - hi))
-
-
 def decayed_operands(qn, kn, gc, gt, gr, scale):
     """Step 5: the recurrence's bf16 operands q_dec, k_dec, k_res and the factored form's q_m, k_m,
-    k_i with their low parts q_ml, k_ml, k_il (float64 arrays holding bf16 values), as a dict."""
+    k_i (float64 arrays holding bf16 values), as a dict."""
     e = ex2(gc)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 only in chunks that take the pair form
         em, ei = ex2(r32(gc - gr)), ex2(r32(gr - gc))
-        q_m, q_ml = split_bf16(r32(qn * r32(em * scale)))
-        k_m, k_ml = split_bf16(r32(kn * em))
-        k_i, k_il = split_bf16(r32(kn * ei))
         return dict(q_dec=bf(r32(qn * r32(e * scale))), k_dec=bf(r32(kn * e)), k_res=bf(r32(kn * ex2(r32(gt - gc)))),
-                    q_m=q_m, k_m=k_m, k_i=k_i, q_ml=q_ml, k_ml=k_ml, k_il=k_il)
+                    q_m=bf(r32(qn * r32(em * scale))), k_m=bf(r32(kn * em)), k_i=bf(r32(kn * ei)))
 
 
 def prepare_chunks(qn, kn, g2, beta, scale):
@@ -226,10 +212,10 @@ def prepare_chunks(qn, kn, g2, beta, scale):
     op = decayed_operands(qn, kn, gc, gt, gr, scale)
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
-    k_iT, k_ilT = np.swapaxes(op["k_i"], -1, -2), np.swapaxes(op["k_il"], -1, -2)
+    k_iT = np.swapaxes(op["k_i"], -1, -2)
     with np.errstate(all="ignore"):
-        L = np.where(strict, r32(op["k_m"] @ k_iT + op["k_m"] @ k_ilT + op["k_ml"] @ k_iT), 0.0)
-        Mf = np.where(incl, r32(op["q_m"] @ k_iT + op["q_m"] @ k_ilT + op["q_ml"] @ k_iT), 0.0)
+        L = np.where(strict, r32(op["k_m"] @ k_iT), 0.0)
+        Mf = np.where(incl, r32(op["q_m"] @ k_iT), 0.0)
     unsafe = pair_form_chunks(gc, gr)
     if np.any(unsafe):
         L[unsafe] = _pair_form(kn[unsafe], kn[unsafe], gc[unsafe], strict)
