@@ -72,3 +72,20 @@ def problem(B=1, T=4, H=1, HV=None, K=64, V=64, lens=None, gate="log", A_log=Tru
 #: argument name -> where it lives ("x": inputs, "o": options) for the gradient fields
 FIELDS = {"dq": "q", "dk": "k", "dv": "v", "dg": "g", "dbeta": "beta", "dinitial_state": "initial_state",
           "dA_log": "A_log", "ddt_bias": "dt_bias"}
+
+
+def chunks_in_pair_form(x, opts):
+    """[N, HV, chunks]: which chunks of a problem's inputs take the pair form, by the precision
+    model's rule (backward_recompute.prepare_exact's, the kernels'), as kda_backward_model sets it up."""
+    from kdacupy.numerics.backward_recompute import l2norm_exact, prepare_exact
+    from kdacupy.numerics.precision import Chunks, beta_f32, gate_f32, scale_f32
+    q, k, g = (np.asarray(x[n], np.float64) for n in ("q", "k", "g"))
+    B, T, H, K = q.shape
+    HV = g.shape[2]
+    if opts.get("qk_l2norm"):
+        (q, _), (k, _) = l2norm_exact(q), l2norm_exact(k)
+    g2 = gate_f32(g, opts.get("gate", "log"), opts.get("A_log"), opts.get("dt_bias"), opts.get("lower_bound"))
+    beta = beta_f32(x.get("beta"), (B, T, HV), opts.get("beta_sigmoid", False), opts.get("allow_neg_eigval", False))
+    ch = Chunks.of(B, T, opts.get("cu_seqlens"))
+    q, k = (ch.split(np.repeat(a, HV // H, axis=2)) for a in (q, k))
+    return prepare_exact(q, k, ch.split(g2), ch.split(beta), scale_f32(opts.get("scale"), K))["unsafe"]

@@ -3,7 +3,9 @@ shared-memory races, misaligned vectors) and its stress modes (cp.async landing 
 threads in reverse order): no finding, and gradients bit-identical to the unchecked run, which
 is the model's (test_backward_emulate.py). One case, with that suite's kernel variants, covers
 what the checks look for: the grouped heads' loop reusing shared memory, ragged tails and a
-zero-length sequence, the pair form, the vk layout, both initial and final state gradients.
+zero-length sequence, the vk layout, both initial and final state gradients (its chunks are all
+factored: the pair form, and sequences long enough to wrap the cp.async rings, are
+test_backward_rings.py's).
 Under the checks the launchers' scratch and gradients start as NaN bytes (kdacupy/ops/alloc.py),
 so a kernel that reads a partial sum it did not write, or leaves part of a gradient unwritten,
 gives NaN in the checked run, every time."""

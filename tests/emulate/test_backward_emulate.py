@@ -9,7 +9,7 @@ import kdacupy
 from kdacupy.numerics.backward_model import kda_backward_model
 from kdacupy.numerics.dtypes import BF16, F16, F32
 
-from ..backward_cases import FD_CASES, problem
+from ..backward_cases import FD_CASES, chunks_in_pair_form, problem
 
 pytestmark = pytest.mark.emulate
 
@@ -23,18 +23,47 @@ CASES = {
     # batched, no beta, no l2norm, no initial state; chunk 1 decays 40x faster than chunks 0 and 2: one
     # chunk takes the pair form, the others the tensor cores
     "K128-V128-batched-mixed-chunks": dict(B=2, T=40, K=128, V=128, gate="log", beta=None, dfinal=True),
+    # the l2norm at K = 64 (one 16-byte piece per thread in the row phases) with fp32 gates: the pair form
+    # alone reads the fp32 normalised q and k, and an fp32 dg alone shows their last bits; chunk 1 takes it
+    "l2norm-pair-chunk-f32-gate": dict(T=37, HV=2, gate="log", l2norm=True, state=True, dfinal=True),
+    # K = 256: kda_bwd_chunk's V-blocks of 16 columns and its [B7] passes of one n-tile (JG < NKT), in a pair
+    # chunk (0) and a factored one (1); with the l2norm (four pieces per thread) and fp32 gates as above
+    "K256-V64-l2norm-f32-gate": dict(T=20, K=256, V=64, gate="log", l2norm=True, state=True, dfinal=True),
+    # fp32 q, k: dq and dk hold the pair form's own terms and the sum over the grouped value heads (in order)
+    # to the bit; the beta sigmoid's x2 (allow_neg_eigval) with an fp32 dbeta; chunk 1 takes the pair form
+    "fp32-gva-l2norm-neg-eigval-pair-chunk": dict(T=37, HV=2, gate="log", beta="logits", neg=True, l2norm=True,
+                                                  state=True, dfinal=True, dtype=F32),
 }
-F32_PARTS = {"varlen-gva-softplus-vk-f32-gate-and-beta"}  # g and beta in fp32 with bf16 q, k, v
+#: name -> the inputs held in fp32 with 16-bit q, k, v
+F32_PARTS = {"varlen-gva-softplus-vk-f32-gate-and-beta": ("g", "beta"), "l2norm-pair-chunk-f32-gate": ("g",),
+             "K256-V64-l2norm-f32-gate": ("g",)}
+#: name -> (tokens, nats): channel 0 of those tokens decays faster by that many nats a token, so that their
+#: chunk takes the pair form (15 steps of 20 / ln 2 = 28.9 in base 2: gc down to -433, past 100 from the
+#: chunk's first row and half the channel's range, 216, past 100 too) while every other channel decays
+#: slowly: the pair form's terms between rows, 2^(gc_i - gc_j), are then of the order of one, not 2^-29
+DEEPER = {"l2norm-pair-chunk-f32-gate": (slice(16, 32), 20.0), "K256-V64-l2norm-f32-gate": (slice(0, 16), 20.0),
+          "fp32-gva-l2norm-neg-eigval-pair-chunk": (slice(16, 32), 20.0)}
+#: name -> the chunks that take the pair form (in every sequence and value head); the others take none. The
+#: varlen case's chunk nearest the bound (|gc| up to 154, half its channels' range at most 71) took it under
+#: the former rule (|gc| > 100), not under the midpoint's: a case is held to its forms here, not to a rule.
+PAIR_CHUNKS = {"gva-sigmoid-l2norm-neg-eigval": [], "varlen-gva-softplus-vk-f32-gate-and-beta": [],
+               "fp16-sigmoid-bias-only": [], "fp32-softplus-bare": [],
+               "K128-V128-batched-mixed-chunks": [1], "l2norm-pair-chunk-f32-gate": [1],
+               "K256-V64-l2norm-f32-gate": [0], "fp32-gva-l2norm-neg-eigval-pair-chunk": [1]}
 
 
-def inputs(name, state_dtype=np.float32):
-    opts_in = dict(CASES[name])
+def inputs(name, state_dtype=np.float32, **over):
+    """(inputs, options, do, dfinal_state) of CASES[name], its options updated with ``over``."""
+    opts_in = dict(CASES[name], **over)
     dtype = opts_in.pop("dtype", BF16)
     x, opts, do, ds = problem(**opts_in, dtype=dtype)
-    if name in F32_PARTS:
-        x["g"], x["beta"] = x["g"].astype(np.float32), x["beta"].astype(np.float32)
+    for part in F32_PARTS.get(name, ()):
+        x[part] = x[part].astype(np.float32)
     if name == "K128-V128-batched-mixed-chunks":
         x["g"][:, 16:32] = (40 * x["g"][:, 16:32].astype(np.float32)).astype(x["g"].dtype)
+    if name in DEEPER:
+        tokens, nats = DEEPER[name]
+        x["g"][:, tokens, :, 0] = (x["g"][:, tokens, :, 0].astype(np.float32) - nats).astype(x["g"].dtype)
     if "initial_state" in opts:
         opts["initial_state"] = opts["initial_state"].astype(state_dtype)
     return x, opts, do, None if ds is None else ds.astype(np.float32)
@@ -61,6 +90,16 @@ def run(name, precision="bf16", state_dtype=np.float32, **over):
 @pytest.mark.parametrize("name", list(CASES))
 def test_emulated_kernels_are_the_model_bit_for_bit(name):
     assert_bitwise(*run(name))
+
+
+@pytest.mark.parametrize("name", list(PAIR_CHUNKS))
+def test_cases_take_the_chunk_forms_they_are_for(name):
+    """The model's own choice (backward_recompute.prepare_exact, the kernels' rule): each case's pair
+    chunks, and only those, take the pair form, whatever that rule's bound is measured on."""
+    x, opts, _, _ = inputs(name)
+    unsafe = chunks_in_pair_form(x, opts)
+    assert [c for c in range(unsafe.shape[-1]) if unsafe[..., c].any()] == PAIR_CHUNKS[name]
+    assert all(unsafe[..., c].all() for c in PAIR_CHUNKS[name])
 
 
 def test_fp32_states_and_a_bf16_initial_state():

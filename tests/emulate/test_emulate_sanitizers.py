@@ -362,5 +362,5 @@ def test_kernels_hand_the_launch_their_arrays(monkeypatch):
     kdacupy.kda_forward(**x, **opts, backend="emulate")
     monkeypatch.setattr(kernels, "np", ShortWorkspace())
     with pytest.raises(EmulationError, match=r"^kda_prepare: block \(1,0,0\) thread \(\d+,0,0\): out of bounds: "
-                       r"write of \d+ bytes at byte offset \d+ of argument 28 \(ws\) .* at kernels/kda_prepare.cu:"):
+                       r"write of \d+ bytes at byte offset \d+ of argument 29 \(ws\) .* at kernels/kda_prepare.cu:"):
         kdacupy.kda_forward(**x, **opts, backend="emulate")

@@ -1,0 +1,75 @@
+"""The forward kernels on the CPU emulation bit for bit: the output and the final state of every
+case of the option matrix (tests/cases.py), both state precisions.
+
+precision.py's kda_model rounds some sums once where the kernels take mma steps, so the parity
+suite (test_kernels_emulate.py) holds the forward within parity.EMULATE only, and an error of an
+ulp in the output ([14]) or the final state ([16]) would pass it. The backward's recompute
+(kdacupy/numerics/backward_recompute.py) models kda_prepare and kda_recurrence to the bit up to
+the state entering each chunk; the output and the final state follow from those states here:
+  o^T = out_dtype(mma(mma(Hop, q_dec^T), U^T, Mqk^T))   (one fp32 accumulator, [14])
+with Hop = bf(S_c) and U^T as [11]-[13] compute them from S_c, and the final state is the state
+entering one more chunk of padding (zero keys, gexp = 1: it passes the state through unchanged),
+stored in the state dtype ([16]; a zero-length sequence: its initial state, converted only)."""
+import numpy as np
+import pytest
+
+import kdacupy
+from kdacupy.numerics.backward_arith import mma
+from kdacupy.numerics.backward_recompute import chunk_states, l2norm_exact, prepare_exact
+from kdacupy.numerics.dtypes import F32, round_bf16, round_f32, round_to
+from kdacupy.numerics.precision import Chunks, beta_f32, gate_f32, scale_f32
+from kdacupy.numerics.reference import state_from_kv, state_to_kv
+
+from ..cases import CASES, case_inputs
+
+pytestmark = pytest.mark.emulate
+
+
+def _T(x):
+    return np.swapaxes(x, -1, -2)
+
+
+def forward_exact(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False,
+                  cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log",
+                  A_log=None, dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None,
+                  state_precision="bf16"):
+    """kda_forward's (o, final state) on the emulation's default numerics, to the bit."""
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    qn, kn = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    if qk_l2norm:
+        (qn, _), (kn, _) = l2norm_exact(qn), l2norm_exact(kn)
+    g2 = gate_f32(np.asarray(g, np.float64), gate, A_log, dt_bias, lower_bound)
+    b = beta_f32(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
+    ch = Chunks.of(B, T, cu_seqlens)
+
+    def chunks(x):  # [N, HV, chunks + 1, 16, ...]: one chunk of padding after the last
+        c = ch.split(x)
+        return np.concatenate([c, np.zeros_like(c[:, :, :1])], axis=2)
+    qc, kc = (chunks(np.repeat(x, HV // H, axis=2)) for x in (qn, kn))
+    vc, gc, bc = (chunks(x) for x in (np.asarray(v, np.float64), g2, b))
+    ops = prepare_exact(qc, kc, gc, bc, scale_f32(scale, K))
+    S0 = np.zeros((ch.N, HV, K, v.shape[3])) if initial_state is None else state_to_kv(initial_state, state_layout)
+    S = chunk_states(round_bf16(S0) if state_precision == "bf16" else round_f32(S0), ops, vc, bc, state_precision)
+    Hop = round_bf16(S)                                                                 # [11]
+    Wt = mma(None, Hop, _T(ops["k_dec"]))                                               # [12]
+    vsub = round_bf16(round_f32(bc[..., None, :] * round_f32(_T(vc) - Wt)))
+    Ut = round_bf16(mma(None, vsub, _T(ops["INV"])))                                    # [13]
+    Ot = mma(mma(None, Hop, _T(ops["q_dec"])), Ut, _T(ops["Mqk"]))                       # [14]
+    o = round_to(ch.join(_T(Ot)[:, :, :-1]), v.dtype).astype(v.dtype)
+    if not output_final_state:
+        return o, None
+    if state_dtype is None:
+        state_dtype = initial_state.dtype if initial_state is not None else F32
+    final = np.where((ch.lengths == 0)[:, None, None, None], S0, _T(S[:, :, -1]))           # [16]
+    return o, round_to(state_from_kv(final, state_layout), state_dtype).astype(state_dtype)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulated_forward_is_bit_for_bit(name, precision):
+    x, opts = case_inputs(name, precision)
+    got = kdacupy.kda_forward(**x, **opts, backend="emulate")
+    for a, b in zip(got, forward_exact(**x, **opts)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
