@@ -29,9 +29,10 @@ CASES = {
     # K = 256: kda_bwd_chunk's V-blocks of 16 columns and its [B7] passes of one n-tile (JG < NKT), in a pair
     # chunk (0) and a factored one (1); with the l2norm (four pieces per thread) and fp32 gates as above
     "K256-V64-l2norm-f32-gate": dict(T=20, K=256, V=64, gate="log", l2norm=True, state=True, dfinal=True),
-    # fp32 q, k: dq and dk hold the pair form's own terms and the sum over the grouped value heads (in order)
-    # to the bit; the beta sigmoid's x2 (allow_neg_eigval) with an fp32 dbeta; chunk 1 takes the pair form
-    "fp32-gva-l2norm-neg-eigval-pair-chunk": dict(T=37, HV=2, gate="log", beta="logits", neg=True, l2norm=True,
+    # fp32 q, k: dq and dk hold the pair form's own terms, and the fp32 sum over a group of three value heads
+    # (two would add the same either way round), to the bit; the beta sigmoid's x2 (allow_neg_eigval) with an
+    # fp32 dbeta; chunk 1 takes the pair form
+    "fp32-gva-l2norm-neg-eigval-pair-chunk": dict(T=37, HV=3, gate="log", beta="logits", neg=True, l2norm=True,
                                                   state=True, dfinal=True, dtype=F32),
 }
 #: name -> the inputs held in fp32 with 16-bit q, k, v

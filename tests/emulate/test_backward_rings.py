@@ -13,7 +13,6 @@ racecheck reports the write-after-read, and eager copies (landing at issue) over
 warp still reads: wrong gradients. The case is the checked suite's (test_backward_checked.py:
 its variants, no new build at 2 stages), longer, with channel 0 of chunk 1 of the long sequence
 decaying 20 nats a token more (the pair form); the 3-stage ring at V = 128 (new builds either way)."""
-import numpy as np
 import pytest
 
 import kdacupy
@@ -24,10 +23,10 @@ from kdacupy.ops.forward.tuning import TileConfig
 from ..backward_cases import chunks_in_pair_form
 from .test_backward_emulate import assert_bitwise, inputs, run
 
-CHECKED = "varlen-gva-softplus-vk-f32-gate-and-beta"
-LENS = [131, 0, 37]
 pytestmark = pytest.mark.emulate
 
+CHECKED = "varlen-gva-softplus-vk-f32-gate-and-beta"
+LENS = [131, 0, 37]
 MODES = {"racecheck": {"KDACUPY_EMULATE_CHECK": "all"}, "eager": {"KDACUPY_EMULATE_CP_ASYNC": "eager"}}
 
 
