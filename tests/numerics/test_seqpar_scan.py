@@ -22,13 +22,6 @@ from kdacupy.numerics.dtypes import BF16
 from kdacupy.numerics.scan_model import scan_model
 from kdacupy.ops.seqpar import split
 
-try:
-    from kdacupy.emulate import find_compiler
-    find_compiler()
-    HAVE_EMU = True
-except Exception:  # noqa: BLE001
-    HAVE_EMU = False
-needs_emu = pytest.mark.skipif(not HAVE_EMU, reason="no host C++ compiler for the emulation")
 
 TI = split.SCAN_TI
 BIG = np.float32(2.0 ** 25)
@@ -114,7 +107,7 @@ def test_model_is_the_scan():
     np.testing.assert_array_equal(got.reshape((2, n) + got.shape[1:])[:, 0], S0)
 
 
-@needs_emu
+@pytest.mark.emulate  # skipped, with the reason, without a host compiler (tests/conftest.py)
 @pytest.mark.parametrize("K, V, state_layout, s0_dtype", [
     (64, 64, "kv", np.float32), (64, 64, "vk", np.float32), (128, 64, "vk", BF16), (64, 128, "kv", None)])
 def test_scan_kernel_is_the_fp32_scan(K, V, state_layout, s0_dtype):
@@ -131,7 +124,7 @@ def order_model(K, V, with_s0):
     return scan_model(M, B, S0 if with_s0 else np.zeros_like(S0), n)
 
 
-@needs_emu
+@pytest.mark.emulate  # skipped, with the reason, without a host compiler (tests/conftest.py)
 @pytest.mark.parametrize("K", [64, 128])
 @pytest.mark.parametrize("state_layout, s0_dtype", list(itertools.product(["kv", "vk"], [np.float32, BF16, None])))
 def test_scan_kernel_keeps_the_key_order(K, state_layout, s0_dtype):
