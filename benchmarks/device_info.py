@@ -2,7 +2,7 @@
 screen. The GPU (name, compute capability, SMs, memory, L2), CuPy, the CUDA
 runtime, driver and NVRTC versions, the target CuPy's NVRTC builds for (sm_90
 on an H100 / H200: benchmarks/compile-sm_90.txt is its compile report), and
-which optional pieces are there (torch, triton, fla and its pool decode, JAX,
+which optional pieces are there (torch, triton, fla, JAX,
 mpi4py, NCCL, pytest-timeout, compute-sanitizer, a host C++ compiler). Runs
 without a GPU too (it says so), as in the CPU rehearsal."""
 from __future__ import annotations
@@ -62,9 +62,9 @@ def main():
     gpu()
     for name in ("torch", "triton", "jax", "mpi4py", "pytest_timeout"):
         print(f"{name}: {version(name)}")
-    from kdacupy.cli.bench_decode import detect_fla, fla_label
-
-    print(f"fla: {version('fla')}; decode: {fla_label(detect_fla())}")
+    # which FLA pool-decode call is there needs FLA imported (torch, triton: seconds more than
+    # this step's box); step 13's decode benchmark prints it
+    print(f"fla: {version('fla')}")
     try:
         import warnings
 
