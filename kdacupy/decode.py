@@ -2,18 +2,24 @@
 state pool (docs/design.md section 7.1): validation, then dispatch to a backend."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from .numerics.decode_reference import decode_plan
 from .ops.decode import fastpath
 from .validation import validate
+from .validation.arrays import is_device
 from .validation.keywords import DECODE_KEYWORDS, check_keywords
 from .validation.pool import validate_pool
+from .validation.steps import validate_steps
 
 
 def kda_decode(
     q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
     qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
-    lower_bound=None, state_layout="vk", out=None, backend=None, **unknown,
+    lower_bound=None, state_layout="vk", out=None, backend=None, parent_indices=None, step_states=None,
+    step_state_indices=None, update_pool=True, **unknown,
 ):
     """Kimi Delta Attention, token by token from states held in a pool.
 
@@ -36,11 +42,30 @@ def kda_decode(
     races across CTAs and the result is undefined: distinct slots are the
     caller's duty there. FLA's and FlashInfer's keywords raise a TypeError that
     names kdacupy's spelling.
+
+    Tree speculative verify and step states (docs/design.md section 7.1):
+    step_states: [R, S, HV, V, K] ("vk"; "kv": [R, S, HV, K, V]), S >= T, float32 or
+    bfloat16: the state after token t of sequence n is written to
+    ``step_states[step_state_indices[n], t]`` (``step_state_indices`` [N] int32/int64;
+    None: row n; a negative row: no step states for that sequence).
+    parent_indices: [N, T] int32/int64, with [N] state_indices and step_states: token t >= 1
+    starts from the state after token ``parent_indices[n, t]`` of its draft (a value in
+    [-1, t); -1: from the start slot's state, like token 0, whose entry is not read). SGLang's
+    ``retrieve_parent_token``. A parent other than t - 1 is read back from its step state, so
+    a bfloat16 step buffer rounds the state there; with a float32 one every root-to-leaf path
+    gives, to the bit, that path run alone.
+    update_pool: False leaves the pool unwritten (the engine commits the accepted path's step
+    state itself; SGLang's ``disable_state_update=True``); True writes as above (in a tree, the
+    last token's state goes to idx[n]). Padded sequences write no step states. Host values are
+    checked (parents in range, rows < R, distinct, one per live sequence of a tree); on the
+    device a parent outside [-1, t) reads as -1 and a row outside [0, R) as none (the tokens
+    then run as a chain). One launch, no host synchronisation: capturable in a CUDA graph.
     """
     if unknown:
         check_keywords(unknown, "kda_decode", DECODE_KEYWORDS)
-    options = (scale, qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend)
-    arrays = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias)
+    options = (scale, qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend, update_pool)
+    arrays = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias, parent_indices,
+              step_states, step_state_indices)
     key = fastpath.call_key(arrays, options)
     call = None if key is None else fastpath.lookup(key)
     if call is not None:
@@ -55,9 +80,15 @@ def kda_decode(
         state_precision="fp32", out=out, backend=backend)
     pool, idx, acc, pool_arr = validate_pool(state_pool, state_indices, num_accepted_tokens, problem, a,
                                              T=problem.T)
+    host = not is_device(idx) and (acc is None or not is_device(acc))  # start slots the host may read
+    steps, parents, step_arr, rows, update_pool = validate_steps(
+        parent_indices, step_states, step_state_indices, update_pool, problem=problem, pool=pool, idx=idx,
+        start=decode_plan(idx, acc, problem.N, problem.T, pool.P)[0] if host else None,
+        arrays=dict(a, state_pool=pool_arr))
+    pool = replace(pool, update=update_pool, steps=steps)
     if problem.backend in ("cuda", "emulate"):
         checked = (a["q"], a["k"], a["v"], a["g"], a["beta"], pool_arr, idx, acc, a["out"], a["A_log"],
-                   a["dt_bias"])
+                   a["dt_bias"], parents, step_arr, rows)
         call = fastpath.DecodeCall(problem, pool, checked)
         if key is not None and all(x is y for x, y in zip(checked, arrays)):
             fastpath.store(key, call)  # the arrays were used as given: the next call with this key may skip this
@@ -66,7 +97,8 @@ def kda_decode(
     options = dict(
         state_pool=pool_arr, state_indices=idx, num_accepted_tokens=acc, scale=problem.scale,
         qk_l2norm=problem.qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
-        A_log=a["A_log"], dt_bias=a["dt_bias"], lower_bound=problem.lower_bound, state_layout=problem.state_layout)
+        A_log=a["A_log"], dt_bias=a["dt_bias"], lower_bound=problem.lower_bound, state_layout=problem.state_layout,
+        parent_indices=parents, step_states=step_arr, step_state_indices=rows, update_pool=update_pool)
     if problem.backend == "model":
         from .numerics.decode_model import kda_decode_model
         o = kda_decode_model(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)

@@ -9,12 +9,23 @@
 // beta and l2norm are computed here (no prepare kernel, no workspace).
 // Reductions over K: a per-lane fp32 FMA chain, then a 5-step xor shuffle.
 // Rounding points: kdacupy/numerics/decode_model.py steps 1-8.
+// Tree verify (docs/design.md section 7.1): token t > 0 starts from the state after its parent
+// parents[n, t] (t - 1: the registers as they are; -1: the start slot, read again; another
+// draft: its step state, read back from ``steps`` in the step dtype). Each thread reads back
+// only the elements it stored itself, so no barrier orders those reads. ``steps``
+// [rows, S, HV, V, K] ("vk"; "kv": [.., K, V]) receives the state after every token of a
+// sequence with a step row; ``update_pool`` 0 leaves the pool unwritten.
 //
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (q, k, v, o), KDA_G_DT, KDA_BETA_DT,
 // KDA_GATE, KDA_BETA_MODE, KDA_L2NORM, KDA_POOL_DT (KDA_BF16 or KDA_F32),
-// KDA_LAYOUT_VK, KDA_BV, KDA_WARPS.
+// KDA_LAYOUT_VK, KDA_BV, KDA_WARPS; optional KDA_STEP_DT (the step states' dtype, default
+// the pool's).
 #include "common.cuh"
 #include "gates.cuh"
+
+#ifndef KDA_STEP_DT
+#define KDA_STEP_DT KDA_POOL_DT
+#endif
 
 namespace {
 using namespace kda;
@@ -42,10 +53,14 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// Offset of state element (value row vr, key kk) of head hv in slot s.
-__device__ __forceinline__ i64 pool_offset(i64 s, int hv, int HV, int vr, int kk) {
-  const i64 sh = s * HV + hv;
+// Offset of state element (value row vr, key kk) of state sh (a [V, K] or [K, V] matrix).
+__device__ __forceinline__ i64 state_offset(i64 sh, int vr, int kk) {
   return VK ? (sh * V + vr) * K + kk : (sh * K + kk) * V + vr;
+}
+
+// ... of head hv in pool slot s.
+__device__ __forceinline__ i64 pool_offset(i64 s, int hv, int HV, int vr, int kk) {
+  return state_offset(s * HV + hv, vr, kk);
 }
 
 }  // namespace
@@ -55,7 +70,9 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 v_sb, i64 v_st, i64 v_sh,
     i64 g_sb, i64 g_st, i64 g_sh, i64 b_sb, i64 b_st, i64 b_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
     const float* A_log, const float* dt_bias, void* pool, i64 P, const void* idx, int idx_i64, int per_token,
-    const void* accepted, int acc_i64, int T, int H, int HV, float scale, float lb2) {
+    const void* accepted, int acc_i64, int T, int H, int HV, float scale, float lb2,
+    const void* parents, int par_i64, void* steps, i64 step_rows, int step_len, const void* step_idx,
+    int sidx_i64, int update_pool) {
   const int n = blockIdx.x / VB, hv = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int v0 = (blockIdx.x % VB) * BV + warp * RV;  // first value row of this warp
@@ -77,6 +94,13 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     return;
   }
 
+  // this sequence's row of step states (none: -1, which also leaves parents unread)
+  i64 srow = -1;
+  if (steps != nullptr) {
+    srow = step_idx != nullptr ? index_at(step_idx, sidx_i64, n) : n;
+    if (srow >= step_rows) srow = -1;
+  }
+
   // [1] the state slice, loaded once into fp32
   float S[RK][RV];
 #pragma unroll
@@ -95,6 +119,21 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
 
 #pragma unroll 1
   for (int t = 0; t < T; ++t) {
+    if (parents != nullptr && srow >= 0 && t > 0) {  // [1] tree verify: the parent's state
+      i64 par = index_at(parents, par_i64, static_cast<i64>(n) * T + t);
+      if (par != t - 1) {
+        par = par >= 0 && par < t ? par : -1;  // outside [-1, t) (unchecked device values): the start
+#pragma unroll
+        for (int i = 0; i < RK; ++i) {
+#pragma unroll
+          for (int j = 0; j < RV; ++j) {
+            S[i][j] = par < 0 ? load_f32<KDA_POOL_DT>(pool, pool_offset(start, hv, HV, v0 + j, lane + 32 * i))
+                              : load_f32<KDA_STEP_DT>(steps, state_offset((srow * step_len + par) * HV + hv, v0 + j,
+                                                                          lane + 32 * i));
+          }
+        }
+      }
+    }
     const i64 qo = n * q_sb + t * q_st + h * q_sh, ko = n * k_sb + t * k_st + h * k_sh;
     const i64 go = n * g_sb + t * g_st + hv * g_sh, vo = n * v_sb + t * v_st + hv * v_sh;
     float qs[RK], kn[RK], kd[RK], a[RK];
@@ -151,8 +190,17 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     }
     if (lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, mine);
 
-    // [8] store this token's state where asked
-    const i64 slot = per_token ? index_at(idx, idx_i64, static_cast<i64>(n) * T + t) : (t == T - 1 ? start : -1);
+    // [8] store this token's state where asked: its step state, then its pool slot
+    if (srow >= 0) {
+      const i64 sh = (srow * step_len + t) * HV + hv;
+#pragma unroll
+      for (int i = 0; i < RK; ++i) {
+#pragma unroll
+        for (int j = 0; j < RV; ++j) store_f32<KDA_STEP_DT>(steps, state_offset(sh, v0 + j, lane + 32 * i), S[i][j]);
+      }
+    }
+    const i64 slot = !update_pool ? -1 : per_token ? index_at(idx, idx_i64, static_cast<i64>(n) * T + t)
+                                                   : (t == T - 1 ? start : -1);
     if (slot >= 0 && slot < P) {
 #pragma unroll
       for (int i = 0; i < RK; ++i) {

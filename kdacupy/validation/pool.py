@@ -31,6 +31,8 @@ class Pool:
     layout: str
     per_token: bool  # state_indices is [N, T]
     accepted: bool  # num_accepted_tokens given
+    update: bool = True  # the pool is written (kda_decode's update_pool)
+    steps: object = None  # kdacupy.validation.steps.Steps: kda_decode's step states, if any
 
 
 def _index_array(name, x, device, dims):

@@ -18,11 +18,15 @@ import numpy as np
 
 from ...jit.loaders import loader
 from ..alloc import empty
+from ...numerics.decode_reference import step_problems
 from .kernels import decode_args, launch_plan, scalar_args, stride_args
 
-#: (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias)
-NAMES = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "out", "A_log", "dt_bias")
-_INPUTS = (0, 1, 2, 3, 4, 9, 10)  # what neither the pool nor out may overlap
+#: (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias, then tree verify's
+#: parent_indices, step_states, step_state_indices)
+NAMES = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "out", "A_log", "dt_bias",
+         "parent_indices", "step_states", "step_state_indices")
+_INPUTS = (0, 1, 2, 3, 4, 9, 10)  # what neither the pool, out nor the step states may overlap
+_WRITTEN = (5, 8, 12)  # the pool, out, the step states: apart from the inputs and from each other
 _cache: dict = {}
 MAX_ENTRIES = 512
 
@@ -87,10 +91,12 @@ class DecodeCall:
                       if arrays[i] is not None and arrays[i].size]
         self.host_idx = not self.device
         self.rows = np.arange(problem.N)
-        # the pool and out against the inputs, and each other, where both hold memory
+        # the pool, out and the step states against the inputs, and each other, where both hold memory
+        written = tuple(i for i in _WRITTEN if i < len(arrays))
         self.pairs = [(i, j, self.spans[i][0], self.spans[i][1], self.spans[j][0], self.spans[j][1])
-                      for i in (5, 8) for j in _INPUTS + ((8,) if i == 5 else ())
+                      for w, i in enumerate(written) for j in _INPUTS + written[w + 1:]
                       if self.spans[i] is not None and self.spans[j] is not None]
+        self.steps = pool.steps if len(arrays) > 11 and arrays[12] is not None else None
         self.out_shape, self.out_dtype = arrays[2].shape, problem.dtype
         self.strides = stride_args(arrays)
         N, T, HV, V = arrays[2].shape
@@ -122,6 +128,16 @@ class DecodeCall:
             w = w[w >= 0]
         return len(set(w.tolist())) == w.size
 
+    def _host_steps_ok(self, arrays):
+        """The host checks of kdacupy.validation.steps: writeable step states, parents, step rows."""
+        if not arrays[12].flags.writeable:
+            return False
+        parents, rows, idx, acc = arrays[11], arrays[13], arrays[6], arrays[7]
+        if parents is None and rows is None:
+            return True
+        start = idx if idx.ndim == 1 else idx[self.rows, 0 if acc is None else acc - 1]
+        return step_problems(parents, rows, start, self.steps.rows, self.p.T, parents is not None) is None
+
     def checked(self, arrays):
         """The data pointers when every per-call check passes, else None."""
         if self.device:
@@ -139,6 +155,8 @@ class DecodeCall:
             if not pool.flags.writeable or (out is not None and not out.flags.writeable):
                 return None
             if not self._host_indices_ok(arrays[6], arrays[7]):
+                return None
+            if self.steps is not None and not self._host_steps_ok(arrays):
                 return None
         return ptrs
 

@@ -36,11 +36,13 @@ class DecodeVariant:
     pool_dtype: np.dtype
     layout: str
     tiles: DecodeTiles
+    step_dtype: np.dtype | None = None  # the step states' dtype where it is not the pool's
 
     def config(self) -> dict:
+        extra = {} if self.step_dtype is None else dict(KDA_STEP_DT=DTYPE_CODE[self.step_dtype])
         return dict(KDA_K=self.K, KDA_V=self.V, **input_config(self),
                     KDA_POOL_DT=DTYPE_CODE[self.pool_dtype], KDA_LAYOUT_VK=int(self.layout == "vk"),
-                    KDA_BV=self.tiles.BV, KDA_WARPS=self.tiles.warps)
+                    KDA_BV=self.tiles.BV, KDA_WARPS=self.tiles.warps, **extra)
 
     @property
     def threads(self) -> int:
@@ -50,11 +52,14 @@ class DecodeVariant:
 
     def label(self) -> str:
         return (f"kda_decode K={self.K} V={self.V} {input_label(self)} "
-                f"pool={dtype_name(self.pool_dtype)} layout={self.layout} BV={self.tiles.BV} warps={self.tiles.warps}")
+                f"pool={dtype_name(self.pool_dtype)} layout={self.layout} BV={self.tiles.BV} warps={self.tiles.warps}"
+                + ("" if self.step_dtype is None else f" steps={dtype_name(self.step_dtype)}"))
 
 
 def decode_variant(p, pool, tiles: DecodeTiles) -> DecodeVariant:
-    return DecodeVariant(p.K, p.V, *input_options(p), pool.dtype, pool.layout, tiles)
+    steps = pool.steps
+    step_dtype = None if steps is None or steps.dtype == pool.dtype else steps.dtype
+    return DecodeVariant(p.K, p.V, *input_options(p), pool.dtype, pool.layout, tiles, step_dtype)
 
 
 def select_decode_tiles(p, pool) -> DecodeTiles:
@@ -80,18 +85,25 @@ def stride_args(arrays):
 def scalar_args(p, pool, arrays):
     """The arguments after the pointers that depend only on the call's key."""
     idx, acc = arrays[6], arrays[7]
+    parents, steps, rows = arrays[11:14] if len(arrays) > 11 else (None, None, None)
     return (np.int64(pool.P), np.int32(idx.dtype == np.int64), np.int32(pool.per_token),
             np.int32(acc is not None and acc.dtype == np.int64), np.int32(p.T), np.int32(p.H), np.int32(p.HV),
-            np.float32(p.scale), lower_bound_log2(p))
+            np.float32(p.scale), lower_bound_log2(p),
+            np.int32(parents is not None and parents.dtype == np.int64),
+            np.int64(0 if steps is None else steps.shape[0]), np.int32(0 if steps is None else steps.shape[1]),
+            np.int32(rows is not None and rows.dtype == np.int64), np.int32(pool.update))
 
 
 def decode_args(ptrs, strides, scalars):
-    """The kernel's argument tuple from the 11 data pointers (ints, 0 for none; or, for the
-    emulation, ``kdacupy.emulate.pointer`` objects, which carry their arrays' extents)."""
+    """The kernel's argument tuple from the 14 data pointers (``fastpath.NAMES``; ints, 0 for
+    none; or, for the emulation, ``kdacupy.emulate.pointer`` objects, which carry their arrays'
+    extents)."""
     def u(p):
         return np.uint64(p) if isinstance(p, (int, np.integer)) else p
+    ptrs = list(ptrs) + [0] * (14 - len(ptrs))  # callers of the 11-array form pass no tree arrays
     sq, sk, sv, sg, sb, so = strides
-    P, idx64, per_token, acc64, T, H, HV, scale, lb2 = scalars
+    P, idx64, per_token, acc64, T, H, HV, scale, lb2, par64, R, S, rows64, update = scalars
     return (u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), *sq, *sk, *sv, *sg, *sb,
             u(ptrs[8]), *so, u(ptrs[9]), u(ptrs[10]), u(ptrs[5]), P, u(ptrs[6]), idx64, per_token,
-            u(ptrs[7]), acc64, T, H, HV, scale, lb2)
+            u(ptrs[7]), acc64, T, H, HV, scale, lb2, u(ptrs[11]), par64, u(ptrs[12]), R, S, u(ptrs[13]), rows64,
+            update)
