@@ -22,9 +22,15 @@ of the pool, timed the same three ways; the call timed is printed first and kept
 in the JSON, and one call of each from the same pool is compared first (RMS
 ratio of output and written slots). ``--decode-n`` keeps some N only.
 
-Always, also without a GPU: the host overhead of ``kda_decode`` with a null
-launcher on the CPU (validation, cache lookup, argument packing; NumPy arrays,
-the emulation backend's path with its launch replaced by nothing).
+Always, also without a GPU (and so in ``--dry-run``): the host time per call of
+``kda_decode``'s CUDA path, repeated calls with the same arrays, on device-array
+stand-ins (kdacupy/cli/cuda_standins.py: CuPy arrays over host memory, a null
+kernel in the RawKernel's place: the code that runs on a GPU, less the driver's
+launch), and of each compat decode entry point (kdacupy.torch.kda_decode,
+kdacupy.compat.fla, and kdacupy.compat.vllm / sglang where present) on CPU tensors
+standing for CUDA tensors; medians of many calls. Also the emulation backend's
+path with a null launcher (NumPy arrays: its per-array pointer wrappers for
+memcheck are not the CUDA path's cost).
 """
 from __future__ import annotations
 
@@ -167,6 +173,127 @@ def host_overhead(calls: int = 2000, repeats: int = 5) -> list[dict]:
                     ptr_best = min(ptr_best, (time.perf_counter() - t0) / calls)
                 rows.append(dict(N=64, HV=32, T=T, out_given=given, us_per_call=best * 1e6,
                                  numpy_pointer_us=ptr_best * 1e6))
+    return rows
+
+
+def per_call_us(fn, calls: int, batch: int = 50) -> dict:
+    """``fn()``'s wall time per call in microseconds: the median and the min over batches of
+    ``batch`` calls (a batch's mean; the median is robust to a busy machine's preemptions)."""
+    fn()
+    means = []
+    for _ in range(max(1, calls // batch)):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        means.append((time.perf_counter() - t0) / batch * 1e6)
+    return dict(median_us=float(np.median(means)), min_us=min(means), calls=len(means) * batch)
+
+
+def cuda_host_overhead(calls: int = 20000, gpu: str = "NVIDIA H200", sm_count: int = 132) -> list[dict]:
+    """Microseconds per repeated kda_decode call on the CUDA path (kdacupy/cli/cuda_standins.py:
+    CuPy arrays over host memory, a null kernel in the RawKernel's place), the same arrays every
+    call: decode (N = 64, T = 1) and verify (N = 64, T = 4) on an fp32 pool, ``out`` given and not;
+    each row says which kernel the calls launched, and how often."""
+    from ..decode import kda_decode
+    from .cuda_standins import as_standins, device_array, standin_device
+
+    rows = []
+    with standin_device(gpu, sm_count) as kernels_made:
+        for T in (1, 4):
+            s = dict(N=64, HV=32, T=T, pool=F32)
+            a, o = make_case(s)
+            a, o = as_standins(a), as_standins(o)
+            out = device_array(a["v"].shape, a["v"].dtype)
+            for given in (True, False):
+                kw = dict(a, **o, **(dict(out=out) if given else {}))
+                t = per_call_us(lambda: kda_decode(**kw), calls)
+                fns = [fn for fn in kernels_made.values() if fn.launches]
+                rows.append(dict(N=64, HV=32, T=T, out_given=given, **t, kernel=fns[-1].config,
+                                 launches=sum(fn.launches for fn in fns)))
+                for fn in fns:
+                    fn.launches = 0
+    return rows
+
+
+def _torch_case(N=64, HV=32, T=1):
+    """make_case's decode inputs as CPU tensors (zero-copy) for the compat entry points."""
+    import torch
+
+    def tensor(x):  # zero-copy; bf16 through its bits (NumPy's DLPack has no bf16)
+        if not isinstance(x, np.ndarray):
+            return x
+        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16) if x.dtype == BF16 else torch.from_numpy(x)
+
+    a, o = make_case(dict(N=N, HV=HV, T=T, pool=F32))
+    return {n: tensor(x) for n, x in a.items()}, {n: tensor(x) for n, x in o.items()}
+
+
+def compat_calls(N=64, HV=32) -> dict:
+    """Each compat decode entry point as its engine calls it for one token per sequence (N
+    sequences, HV = H heads, K = V = 128, fp32 pool [P, HV, V, K], Kimi's options): name ->
+    a call, or an error string where the module is missing or its case cannot be built."""
+    import importlib
+
+    import torch
+
+    a, o = _torch_case(N, HV)
+    q, k, v, g, beta = a["q"], a["k"], a["v"], a["g"], a["beta"]
+    pool, idx, A_log, dt_bias = o["state_pool"], o["state_indices"], o["A_log"], o["dt_bias"]
+    packed = lambda x: x.reshape((1, N) + tuple(x.shape[2:]))  # noqa: E731  ([1, N*T, ...] with cu_seqlens)
+    cu = torch.arange(N + 1, dtype=torch.int32)
+    cases = {
+        "kdacupy.torch.kda_decode": ("kdacupy.torch", "kda_decode", lambda f: lambda: f(
+            q, k, v, g, beta, state_pool=pool, state_indices=idx, qk_l2norm=True, beta_sigmoid=True, gate="sigmoid",
+            A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0)),
+        # FLA's serving entry (fla-core 0.6.0), as vLLM's older layers call it
+        "kdacupy.compat.fla.fused_recurrent_kda_fwd": ("kdacupy.compat.fla", "fused_recurrent_kda_fwd", lambda f: lambda: f(
+            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias.reshape(-1), initial_state=pool, inplace_final_state=True,
+            state_v_first=True, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+            use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)),
+        # vLLM's KDA layer: decode on packed tokens, the gate already applied (fused_kda_gate)
+        "kdacupy.compat.vllm.fused_recurrent_kda": ("kdacupy.compat.vllm", "fused_recurrent_kda", lambda f: lambda: f(
+            packed(q), packed(k), packed(v), packed(g), packed(beta), initial_state=pool,
+            use_qk_l2norm_in_kernel=True, cu_seqlens=cu, ssm_state_indices=idx)),
+        # SGLang's KDA backend: the raw gate flat [1, N, HV * K], beta logits, A_log [1, 1, HV, 1]
+        "kdacupy.compat.sglang.fused_sigmoid_gating_delta_rule_update": (
+            "kdacupy.compat.sglang", "fused_sigmoid_gating_delta_rule_update", lambda f: lambda: f(
+                A_log.reshape(1, 1, HV, 1), packed(g).reshape(1, N, -1), dt_bias.reshape(-1), 1.0, 20.0, packed(q),
+                packed(k), packed(v), packed(beta), pool, idx, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                is_kda=True, lower_bound=-5.0)),
+    }
+    calls = {}
+    for name, (module, fn, make) in cases.items():
+        try:
+            calls[name] = make(getattr(importlib.import_module(module), fn))
+        except Exception as e:  # noqa: BLE001  (a module not there yet, or one without this function)
+            calls[name] = f"{type(e).__name__}: {e}"[:200]
+    return calls
+
+
+def compat_host_overhead(calls: int = 20000, gpu: str = "NVIDIA H200", sm_count: int = 132) -> list[dict]:
+    """Microseconds per call of kdacupy.torch.kda_decode and each compat decode entry point on
+    the CUDA path without a GPU: CPU tensors stand for CUDA tensors (cuda_standins.standin_torch_cuda)
+    under the same stand-ins as cuda_host_overhead, in ``torch.inference_mode`` as engines run;
+    a row whose call did not launch the null kernel once per call says so (``launches``)."""
+    import torch
+
+    from .cuda_standins import standin_device, standin_torch_cuda
+
+    rows = []
+    with standin_device(gpu, sm_count) as kernels_made, standin_torch_cuda(), torch.inference_mode():
+        for name, call in compat_calls().items():
+            if isinstance(call, str):
+                rows.append(dict(entry=name, error=call))
+                continue
+            try:
+                t = per_call_us(call, calls)
+            except Exception as e:  # noqa: BLE001  (record it: the other rows still stand)
+                rows.append(dict(entry=name, error=f"{type(e).__name__}: {e}"[:200]))
+                continue
+            launched = sum(fn.launches for fn in kernels_made.values())
+            for fn in kernels_made.values():
+                fn.launches = 0
+            rows.append(dict(entry=name, **t, launches=launched))
     return rows
 
 
@@ -437,6 +564,29 @@ def bench_gpu(shapes, warmup, iters, fla_on=True, on_row=None) -> tuple[dict, li
     return head, rows
 
 
+def cuda_path_host_time(calls: int, gpu: str, sm_count: int) -> tuple[list, list]:
+    """The CUDA path's host time per call (cuda_host_overhead, compat_host_overhead), printed."""
+    print(f"host time per call of kda_decode's CUDA path (kdacupy/cli/cuda_standins.py: CuPy arrays over host "
+          f"memory, a null kernel for the RawKernel; {gpu} tiles; the same arrays every call; median of "
+          f"{calls} calls):")
+    cuda = cuda_host_overhead(calls, gpu, sm_count)
+    for r in cuda:
+        print(f"  N={r['N']} HV={r['HV']} T={r['T']} out {'given' if r['out_given'] else 'allocated'}: "
+              f"{r['median_us']:.1f} us (min {r['min_us']:.1f}), {r['launches']} launches")
+    print("host time per call of the compat decode entry points (CPU tensors standing for CUDA tensors, the same "
+          "stand-ins, torch.inference_mode; N=64 HV=32 T=1):")
+    try:
+        compat = compat_host_overhead(calls, gpu, sm_count)
+    except ImportError as e:  # no torch: kdacupy.torch and the compat faces need it
+        compat = [dict(entry="kdacupy.torch", error=f"{type(e).__name__}: {e}"[:200])]
+    for r in compat:
+        if "error" in r:
+            print(f"  {r['entry']}: not measured: {r['error']}")
+        else:
+            print(f"  {r['entry']}: {r['median_us']:.1f} us (min {r['min_us']:.1f}), {r['launches']} launches")
+    return cuda, compat
+
+
 def run(args) -> int:
     """Entry from ``python -m kdacupy.bench`` when ``--shapes decode`` is given."""
     from . import timing
@@ -445,13 +595,15 @@ def run(args) -> int:
     calls = max(50, 20 * args.iters)  # --iters 100 (the default): 2000 calls per host measurement
     host = host_overhead(calls)
     fwd = forward_validation_us(calls // 4)
-    print("host overhead of kda_decode (null launcher, NumPy arrays, this CPU):")
+    print("host overhead of kda_decode on the emulation's path (null launcher, NumPy arrays, this CPU):")
     for r in host:
         print(f"  N={r['N']} HV={r['HV']} T={r['T']} out {'given' if r['out_given'] else 'allocated'}: "
               f"{r['us_per_call']:.1f} us per call, of which {r['numpy_pointer_us']:.1f} us NumPy's pointer lookups")
     print(f"  for scale, kda_forward's validation alone: {fwd:.1f} us per call")
+    cuda, compat = cuda_path_host_time(10 * calls, getattr(args, "gpu", "NVIDIA H200"),
+                                       getattr(args, "sm_count", 132))
     doc = dict(kind="kdacupy.bench.decode", date=now.isoformat(timespec="seconds"), commit=timing.git_commit(),
-               host_overhead=host, forward_validation_us=fwd)
+               host_overhead=host, forward_validation_us=fwd, cuda_host_overhead=cuda, compat_host_overhead=compat)
     path = Path(args.json) if args.json else Path(f"benchmarks/decode_{now.strftime('%Y%m%d-%H%M%S')}.json")
 
     def write(head=None, rows=None):  # after every shape: a run stopped by a time limit keeps what it measured

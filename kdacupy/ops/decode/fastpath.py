@@ -35,38 +35,39 @@ def clear():
     _cache.clear()
 
 
-def _cupy_ndarray():
-    try:
-        import cupy
-    except Exception:  # noqa: BLE001  (no CuPy, or CuPy without CUDA libraries)
-        return None
-    return cupy.ndarray
+_CUPY: list = []  # (cupy.ndarray, cupy.cuda.runtime) once looked up, or (None, None) without CuPy
+
+
+def _cupy():
+    if not _CUPY:
+        try:
+            import cupy
+            _CUPY.append((cupy.ndarray, cupy.cuda.runtime))
+        except Exception:  # noqa: BLE001  (no CuPy, or CuPy without CUDA libraries)
+            _CUPY.append((None, None))
+    return _CUPY[0]
 
 
 def call_key(arrays, options):
-    """Hashable key of a call, or None when the fast path does not apply."""
-    kind = None
-    for x in arrays:
-        if x is not None:
-            if kind is None:
-                kind = type(x)
-            elif type(x) is not kind:
-                return None
-    if kind is not np.ndarray and (kind is None or kind is not _cupy_ndarray()):
-        return None
-    if kind is np.ndarray:
-        sig = tuple(None if x is None else (x.shape, x.strides, x.dtype) for x in arrays)
-        dev = -1
-    else:
-        sig = tuple(None if x is None else (x.shape, x.strides, x.dtype, x.device.id) for x in arrays)
-        import cupy
-        dev = cupy.cuda.runtime.getDevice()
+    """Key of a call (every array's type, shape, strides, dtype and device, the current device,
+    the options with their types), or None when the fast path does not apply. One pass per
+    array, hashed once by the lookup: a decode step's whole host budget is microseconds.
+    Mixed kinds of arrays give keys that no call stored (the full path converts or refuses them)."""
+    kind = type(arrays[0])
     try:
-        key = (kind, dev, sig, tuple((type(o), o) for o in options))
-        hash(key)
-    except TypeError:  # an unhashable option value: the full path says what is wrong with it
+        if kind is np.ndarray:
+            sig = [None if x is None else (type(x), x.shape, x.strides, x.dtype) for x in arrays]
+            dev = -1
+        else:
+            ndarray, runtime = _cupy()
+            if ndarray is None or kind is not ndarray:
+                return None
+            sig = [None if x is None else (type(x), x.shape, x.strides, x.dtype, x.data.device_id) for x in arrays]
+            dev = runtime.getDevice()
+    except AttributeError:  # not an array (e.g. a list of slots): the full path converts it
         return None
-    return key
+    # (type, value) per option: 1, 1.0 and True are equal keys but not equal calls
+    return dev, tuple(sig), options, tuple(map(type, options))
 
 
 def _span(x):
@@ -93,7 +94,8 @@ class DecodeCall:
         self.rows = np.arange(problem.N)
         # the pool, out and the step states against the inputs, and each other, where both hold memory
         written = tuple(i for i in _WRITTEN if i < len(arrays))
-        self.pairs = [(i, j, self.spans[i][0], self.spans[i][1], self.spans[j][0], self.spans[j][1])
+        # (i, j, a, b): arrays i and j overlap where a < ptr_j - ptr_i < b (bounds, as may_share_memory)
+        self.pairs = [(i, j, self.spans[i][0] - self.spans[j][1], self.spans[i][1] - self.spans[j][0])
                       for w, i in enumerate(written) for j in _INPUTS + written[w + 1:]
                       if self.spans[i] is not None and self.spans[j] is not None]
         self.steps = pool.steps if len(arrays) > 11 and arrays[12] is not None else None
@@ -103,6 +105,16 @@ class DecodeCall:
         # o allocated in launch() is C-contiguous
         self.fresh_out_strides = self.strides[:5] + ((np.int64(T * HV * V), np.int64(HV * V), np.int64(V)),)
         self.scalars = scalar_args(problem, pool, arrays)
+        # the argument list made once, pointer slots marked: a call only puts its pointers in
+        marks = [_Slot(i) if x is not None or i == 8 else 0 for i, x in enumerate(arrays)]
+        self.args = list(decode_args(marks, self.strides, self.scalars))
+        self.fresh_args = list(decode_args(marks, self.fresh_out_strides, self.scalars))
+        self.slots = [(a.i, at) for at, a in enumerate(self.args) if isinstance(a, _Slot)]
+        self._launch = loader("cuda" if self.device else "emulate").launch
+        self._xp = None
+        if self.device:
+            import cupy
+            self._xp = cupy
 
     def _ptr(self, x):
         if x is None:
@@ -147,8 +159,8 @@ class DecodeCall:
         for i, a in self.align:
             if ptrs[i] % a:
                 return None
-        for i, j, lo_i, hi_i, lo_j, hi_j in self.pairs:  # bounds overlap, as may_share_memory
-            if ptrs[i] + lo_i < ptrs[j] + hi_j and ptrs[j] + lo_j < ptrs[i] + hi_i:
+        for i, j, a, b in self.pairs:
+            if a < ptrs[j] - ptrs[i] < b:
                 return None
         if self.host_idx:
             pool, out = arrays[5], arrays[8]
@@ -163,23 +175,31 @@ class DecodeCall:
     def launch(self, arrays, ptrs):
         """Allocate o unless given, launch, return o."""
         out = arrays[8]
-        strides = self.strides
+        args = self.args
         if out is None:
-            if self.device:
-                import cupy as xp
-            else:
-                xp = np
-            out = empty(xp, self.out_shape, self.out_dtype)
-            ptrs = list(ptrs)
-            ptrs[8] = self._ptr(out)
-            strides = self.fresh_out_strides
+            out = empty(self._xp or np, self.out_shape, self.out_dtype)
+            args = self.fresh_args
         if self.p.N and self.p.T:
             fn, grid, block = self.plan
-            if not self.device:  # the emulation: each pointer carries its array's extent (memcheck)
-                ptrs = [_emulated_pointer(x) for x in (*arrays[:8], out, *arrays[9:])]
-            loader("cuda" if self.device else "emulate").launch(fn, grid, block,
-                                                                decode_args(ptrs, strides, self.scalars), 0)
+            args = args.copy()
+            given = (*arrays[:8], out, *arrays[9:])
+            if self.device:  # CuPy arrays: the RawKernel passes their data pointers (checked() read them)
+                for i, at in self.slots:
+                    args[at] = given[i]
+            else:  # the emulation: each pointer carries its array's extent (memcheck)
+                for i, at in self.slots:
+                    args[at] = _emulated_pointer(given[i])
+            self._launch(fn, grid, block, tuple(args), 0)
         return out
+
+
+class _Slot:
+    """Where pointer ``i`` (fastpath.NAMES order) goes in the argument list."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
 
 
 def _emulated_pointer(x):
@@ -190,10 +210,16 @@ def _emulated_pointer(x):
 
 
 def lookup(key):
-    return _cache.get(key)
+    try:
+        return _cache.get(key)
+    except TypeError:  # an unhashable option value: the full path says what is wrong with it
+        return None
 
 
 def store(key, call):
     if len(_cache) >= MAX_ENTRIES:
         _cache.clear()
-    _cache[key] = call
+    try:
+        _cache[key] = call
+    except TypeError:  # as in lookup (the full path accepted it: e.g. a list-valued option it ignores)
+        pass
