@@ -57,12 +57,24 @@ def kda_backward(
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
         state_precision=state_precision, backend=backend)
     if problem.backend == "reference":
-        return _reference(problem, a)
+        return _as_given(_reference(problem, a), A_log, dt_bias)
     if problem.backend == "model":
-        return _model(problem, a)
+        return _as_given(_model(problem, a), A_log, dt_bias)
     from .ops.backward.kernels import backward  # launchers import the JIT machinery: load it only when used
     grads = backward(problem, a)
-    return KDAGradients(**grads)
+    return _as_given(KDAGradients(**grads), A_log, dt_bias)
+
+
+def _as_given(grads, A_log, dt_bias):
+    """dA_log and ddt_bias in their argument's shape and dtype: validation reads A_log [1, 1, HV, 1]
+    as [HV] and bf16 / fp16 parameters as float32 (validation/options.py), the backends answer in those."""
+    fixed = {}
+    for n, grad, x in (("dA_log", grads.dA_log, A_log), ("ddt_bias", grads.ddt_bias, dt_bias)):
+        if grad is not None:
+            x = as_array(n[1:], x)
+            if (grad.shape, grad.dtype) != (x.shape, x.dtype):
+                fixed[n] = grad.reshape(x.shape).astype(x.dtype)
+    return grads._replace(**fixed)
 
 
 def validated(do, q, k, v, g, beta=None, *, dfinal_state=None, scale=None, initial_state=None, cu_seqlens=None,

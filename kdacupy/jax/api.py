@@ -177,6 +177,16 @@ def _rank(name, x, ranks):
                          f"{getattr(x, 'shape', type(x).__name__)}")
 
 
+def _gate_params(A_log, dt_bias):
+    """A_log in a model's parameter shape [1, 1, HV, 1] as [HV] and bf16 / fp16 parameters as float32,
+    by JAX ops (on the device, differentiable: the gradients come back in the parameters' shape and
+    dtype); kdacupy checks what is left when the callback runs."""
+    if A_log is not None and A_log.ndim == 4:
+        A_log = jax.numpy.reshape(A_log, (-1,))
+    return tuple(x.astype(np.float32) if x is not None and str(x.dtype) in ("bfloat16", "float16") else x
+                 for x in (A_log, dt_bias))
+
+
 def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
         qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
         lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", sequence_parallel=None,
@@ -192,8 +202,9 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("initial_state", initial_state)):
         _rank(name, x, (4,))
     _rank("beta", beta, (3,))
-    _rank("A_log", A_log, (1,))
+    _rank("A_log", A_log, (1, 4))
     _rank("dt_bias", dt_bias, (1, 2))
+    A_log, dt_bias = _gate_params(A_log, dt_bias)
     _rank("cu_seqlens", cu_seqlens, (1,))
     if state_dtype is not None:
         state_dtype = "bfloat16" if str(state_dtype) in ("bf16", "bfloat16") else np.dtype(state_dtype).name

@@ -5,7 +5,7 @@ import numbers
 
 import numpy as np
 
-from ..numerics.dtypes import F32, F64
+from ..numerics.dtypes import BF16, F16, F32, F64, dtype_name
 from .arrays import check_dtype, check_shape, describe, fail
 
 GATES = ("log", "softplus", "sigmoid")
@@ -37,9 +37,10 @@ def check_gate(gate, arrays, dt_bias, lower_bound, HV, K):
         for n, x in (("A_log", A), ("dt_bias", dt_bias), ("lower_bound", lower_bound)):
             if x is not None:
                 fail(n, "None with gate='log' (g is already the log decay)", describe(x))
-    params = (F32, F64) if arrays["q"].dtype == F64 else (F32,)
+    params = (BF16, F16, F32, F64) if arrays["q"].dtype == F64 else (BF16, F16, F32)
     if A is not None:
-        check_shape("A_log", A, (HV,), "([HV])")
+        if tuple(A.shape) not in ((HV,), (1, 1, HV, 1)):
+            fail("A_log", f"shape ({HV},) or (1, 1, {HV}, 1) (a model's parameter shape)", tuple(A.shape))
         check_dtype("A_log", A, params)
     if dtb is not None:
         if tuple(dtb.shape) not in ((HV, K), (HV * K,)):
@@ -55,6 +56,25 @@ def check_gate(gate, arrays, dt_bias, lower_bound, HV, K):
             fail("lower_bound", "a number in [-5, 0)", repr(lower_bound))
         lower_bound = float(lower_bound)
     return lower_bound
+
+
+def gate_params_as_read(arrays, HV, capturing):
+    """A_log as [HV] and bf16 / fp16 A_log and dt_bias in float32, the kernels' parameter
+    types: one conversion on the arrays' own device (no host copy), after every check. While
+    a CUDA graph is captured a conversion would be a per-call temporary the graph keeps, so
+    such parameters are refused there (the torch face converts them with torch's allocator)."""
+    for n in ("A_log", "dt_bias"):
+        x = arrays[n]
+        if x is None:
+            continue
+        if n == "A_log" and x.ndim != 1:
+            x = x.reshape(HV)
+        if x.dtype in (BF16, F16):
+            if capturing():
+                fail(n, "float32 while the current stream captures a CUDA graph (a conversion would be a "
+                     "per-call temporary the graph keeps)", dtype_name(x.dtype))
+            x = x.astype(F32)
+        arrays[n] = x
 
 
 def check_scale(scale, K) -> float:

@@ -12,9 +12,9 @@ from typing import Any, Optional
 import numpy as np
 
 from ..ops.forward.limits import supports
-from .arrays import as_array, check_bool, fail
+from .arrays import as_array, capturing, check_bool, cupy_module, fail
 from .memory import check_backend, check_devices, check_kernel_layouts, check_out
-from .options import check_beta, check_gate, check_scale
+from .options import check_beta, check_gate, check_scale, gate_params_as_read
 from .seqlens import check_seqlens
 from .shapes import Sizes, check_input_dtypes, check_shapes
 from .state import check_state
@@ -69,6 +69,7 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
                                  flags["output_final_state"])
     check_out(arrays, device)
     check_kernel_layouts(arrays)  # on every backend: code that runs on "model" runs on "cuda"
+    gate_params_as_read(arrays, HV, lambda: device and capturing(cupy_module()))
 
     problem = Problem(
         **vars(sizes), N=N, dtype=arrays["q"].dtype, g_dtype=arrays["g"].dtype,

@@ -132,7 +132,7 @@ BAD = {
     "A_log-shape": (lambda x, o: with_(x, o, A_log=o["A_log"][:2]), ValueError, "A_log: expected shape"),
     "A_log-dtype": (lambda x, o: with_(x, o, A_log=o["A_log"].astype(np.float64)), TypeError, "A_log: expected dtype"),
     "dt_bias-shape": (lambda x, o: with_(x, o, dt_bias=o["dt_bias"][:, :3]), ValueError, "dt_bias: expected shape"),
-    "dt_bias-dtype": (lambda x, o: with_(x, o, dt_bias=o["dt_bias"].astype(BF16)), TypeError,
+    "dt_bias-dtype": (lambda x, o: with_(x, o, dt_bias=o["dt_bias"].astype(np.float64)), TypeError,
                       "dt_bias: expected dtype"),
     "softplus-with-lower_bound": (lambda x, o: with_(x, o, gate="softplus"), ValueError,
                                   "lower_bound: expected None with gate='softplus'"),
