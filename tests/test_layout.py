@@ -152,12 +152,15 @@ def test_functions_are_at_most_120_lines(name):
 
 
 # the framework faces (docs/design.md section 10) sit on the public API: each may import
-# kdacupy's public names (the package itself) and the faces listed for it, nothing deeper
-FRAMEWORK_FACES = {"kdacupy.torch": (), "kdacupy.jax": (), "kdacupy.compat": ("kdacupy.torch",)}
-#: third-party frameworks, and the packages that may import each: its face, and the benchmark
-#: CLIs, which time FLA itself on torch tensors
-FRAMEWORKS = {"torch": ("kdacupy.torch", "kdacupy.cli"), "jax": ("kdacupy.jax",), "jaxlib": ("kdacupy.jax",),
-              "fla": ("kdacupy.compat", "kdacupy.cli")}
+# kdacupy's public names (the package itself, and kdacupy.distributed's context parallelism)
+# and the faces listed for it, nothing deeper
+FRAMEWORK_FACES = {"kdacupy.torch": ("kdacupy.distributed",), "kdacupy.jax": ("kdacupy.distributed",),
+                   "kdacupy.compat": ("kdacupy.torch",)}
+#: third-party frameworks, and the packages that may import each: its face, the benchmark
+#: CLIs, which time FLA itself on torch tensors, and kdacupy.distributed, whose engine for a
+#: torch.distributed process group imports torch.distributed (only when given one, as MPI)
+FRAMEWORKS = {"torch": ("kdacupy.torch", "kdacupy.cli", "kdacupy.distributed"), "jax": ("kdacupy.jax",),
+              "jaxlib": ("kdacupy.jax",), "fla": ("kdacupy.compat", "kdacupy.cli")}
 
 
 def test_faces_use_only_the_public_api():

@@ -1,6 +1,7 @@
-"""The two communication engines behind one small interface: an mpi4py
-communicator, or CuPy's NCCL communicator. MPI and NCCL are imported here only,
-and only when such a communicator is used.
+"""The communication engines behind one small interface: an mpi4py communicator, CuPy's NCCL
+communicator, or a ``torch.distributed`` process group (its own backend: NCCL for CUDA tensors,
+gloo for CPU tensors). MPI, NCCL and torch.distributed are imported here only, and only when such
+a communicator is used.
 
 Every collective is blocking on the host: context parallelism needs the
 ranks' token counts on the host to plan the pieces, so it synchronises once
@@ -8,7 +9,7 @@ per call by nature (unlike ``kda_forward``).
 
 ``agree`` is the small collective that keeps a failure on one rank from
 hanging the others: each rank contributes None or its failure, every rank gets
-all of them (kdacupy/distributed/cp.py runs one after each local step).
+all of them (kdacupy/distributed/agree.py runs one after each local step).
 """
 from __future__ import annotations
 
@@ -18,9 +19,31 @@ import warnings
 import numpy as np
 
 _OBJ_BYTES = 1 << 16  # fixed size of a pickled object in allgather_obj (NCCL needs equal sizes)
-_STATUS_BYTES = 1 << 12  # fixed size of one rank's status in agree
+STATUS_BYTES = 1 << 12  # fixed size of one rank's status in agree
 _STATUS_TEXT = 1500  # characters of a failure message that travel (the rest is cut)
 _warned_host_staging = False
+
+
+def pack(obj, nbytes: int) -> bytes:
+    """``obj`` pickled into exactly ``nbytes`` bytes (its length first), for equal-size collectives."""
+    raw = pickle.dumps(obj, protocol=4)
+    if len(raw) + 8 > nbytes:
+        raise ValueError(f"allgather_obj: object of {len(raw)} bytes exceeds {nbytes - 8}")
+    return np.int64(len(raw)).tobytes() + raw + bytes(nbytes - 8 - len(raw))
+
+
+def cut_status(failure):
+    """A status as it travels: None, or ``(kind, message)`` with the message cut to a fixed size."""
+    if failure is None:
+        return None
+    kind, msg = failure
+    return (str(kind)[:100], msg if len(msg) <= _STATUS_TEXT else msg[:_STATUS_TEXT] + " [...]")
+
+
+def unpack(row):
+    """The object ``pack`` put into ``row`` (a uint8 array)."""
+    n = int(np.frombuffer(row[:8].tobytes(), np.int64)[0])
+    return pickle.loads(row[8:8 + n].tobytes())
 
 
 def _cupy():
@@ -41,6 +64,11 @@ NCCL_NEEDS_DEVICE = ("an mpi4py communicator for NumPy arrays (NCCL moves device
                      "cupy.cuda.nccl.NcclCommunicator")
 
 
+def _is_torch_group(comm) -> bool:
+    return any(c.__name__ == "ProcessGroup" and (c.__module__ or "").startswith("torch")
+               for c in type(comm).__mro__)
+
+
 def wrap(comm, device: bool):
     """The engine for ``comm``; ``device``: this rank's arrays are CuPy arrays.
 
@@ -52,8 +80,11 @@ def wrap(comm, device: bool):
         return MpiComm(comm, device)
     if _is_nccl(comm):
         return NcclComm(comm)
-    raise TypeError(f"comm: expected an mpi4py communicator (e.g. mpi4py.MPI.COMM_WORLD) or a "
-                    f"cupy.cuda.nccl.NcclCommunicator, got {type(comm).__module__}.{type(comm).__name__}")
+    if _is_torch_group(comm):
+        return TorchComm(comm, device)
+    raise TypeError(f"comm: expected an mpi4py communicator (e.g. mpi4py.MPI.COMM_WORLD), a "
+                    f"cupy.cuda.nccl.NcclCommunicator or a torch.distributed ProcessGroup, got "
+                    f"{type(comm).__module__}.{type(comm).__name__}")
 
 
 class _Engine:
@@ -65,27 +96,13 @@ class _Engine:
         """Every rank's status, in rank order: ``failure`` is None (this rank's step
         went well) or ``(exception type name, message)``; the message is cut to a
         fixed size so the collective is small and never fails itself."""
-        if failure is not None:
-            kind, msg = failure
-            msg = msg if len(msg) <= _STATUS_TEXT else msg[:_STATUS_TEXT] + " [...]"
-            failure = (str(kind)[:100], msg)
-        return self.allgather_obj(failure, _STATUS_BYTES)
+        return self.allgather_obj(cut_status(failure), STATUS_BYTES)
 
     def allgather_obj(self, obj, nbytes: int = _OBJ_BYTES) -> list:
         """Every rank's ``obj`` (picklable, at most ``nbytes`` - 8 bytes pickled; the
         same ``nbytes`` on every rank), in rank order."""
-        raw = pickle.dumps(obj, protocol=4)
-        if len(raw) + 8 > nbytes:
-            raise ValueError(f"allgather_obj: object of {len(raw)} bytes exceeds {nbytes - 8}")
-        buf = np.zeros(nbytes, np.uint8)
-        buf[:8] = np.frombuffer(np.int64(len(raw)).tobytes(), np.uint8)
-        buf[8:8 + len(raw)] = np.frombuffer(raw, np.uint8)
-        rows = self._allgather_host_bytes(buf)
-        out = []
-        for row in rows:
-            n = int(np.frombuffer(row[:8].tobytes(), np.int64)[0])
-            out.append(pickle.loads(row[8:8 + n].tobytes()))
-        return out
+        buf = np.frombuffer(pack(obj, nbytes), np.uint8).copy()
+        return [unpack(row) for row in self._allgather_host_bytes(buf)]
 
 
 class MpiComm(_Engine):
@@ -188,3 +205,52 @@ class NcclComm(_Engine):
     def _allgather_host_bytes(self, buf):
         cp = _cupy()
         return cp.asnumpy(self.allgather(cp.asarray(buf)))
+
+
+class TorchComm(_Engine):
+    """A ``torch.distributed`` process group, on its own backend: arrays travel as tensors
+    viewing their memory (NumPy through ``torch.from_numpy``, CuPy through DLPack on the
+    current stream, which kdacupy.torch makes torch's), gathered by ``dist.all_gather`` into
+    the rows of one tensor. A group without a CPU backend (NCCL alone) takes device arrays
+    only, as CuPy's NCCL communicator does; its small host collectives (the agreements) go
+    through the current CUDA device."""
+
+    def __init__(self, group, device: bool):
+        import torch
+        import torch.distributed as dist
+
+        self._torch, self._dist, self.group = torch, dist, group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        backend = str(dist.get_backend(group)).lower()
+        self.host = "gloo" in backend or "mpi" in backend or backend.startswith("cpu")
+        self.requires_device = not self.host
+
+    def _tensor(self, x):
+        if isinstance(x, np.ndarray):
+            return self._torch.from_numpy(np.ascontiguousarray(x))
+        return self._torch.from_dlpack(_cupy().ascontiguousarray(x))
+
+    def _back(self, t, like):
+        if isinstance(like, np.ndarray):
+            return t.numpy()
+        return _cupy().from_dlpack(t)
+
+    def _gather(self, t):
+        out = t.new_empty((self.size, *t.shape))
+        self._dist.all_gather(list(out.unbind(0)), t, group=self.group)
+        return out
+
+    def allgather(self, x):
+        return self._back(self._gather(self._tensor(x)), x)
+
+    def allreduce_sum(self, x):
+        t = self._tensor(x).clone()
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM, group=self.group)
+        return self._back(t, x)
+
+    def _allgather_host_bytes(self, buf):
+        t = self._torch.from_numpy(buf)
+        if not self.host:
+            t = t.to(f"cuda:{self._torch.cuda.current_device()}")
+        return self._gather(t).cpu().numpy()

@@ -91,3 +91,19 @@ def start_state_sources(plans: list[RankPlan], rank: int) -> dict[int, list[tupl
             if n in need:
                 need[n].append((r, i))
     return need
+
+
+def end_gradient_sources(plans: list[RankPlan], rank: int, fixed: bool) -> dict[int, list[tuple[int, int]]]:
+    """For each sequence ``rank`` carries past its slice: the ``(rank, row)`` adjoint maps of the
+    later ranks that hold its next pieces, in order, the last one holding its end. The gradient
+    at the end of ``rank``'s piece is their chain applied from the last back to the first
+    (``dS = M^T dS + A``, docs/design.md section 7.3); ``row`` is the sequence's row in that
+    rank's gathered buffer: the sequence for fixed-length input, else 0 (only a slice's first
+    piece can come from an earlier rank)."""
+    need = {n: [] for n in plans[rank].carry}
+    for r in range(rank + 1, len(plans)):
+        pieces = plans[r].pieces if fixed else plans[r].pieces[:1]
+        for piece in pieces:
+            if piece.seq in need and not piece.starts:
+                need[piece.seq].append((r, piece.seq if fixed else 0))
+    return need

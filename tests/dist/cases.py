@@ -4,7 +4,7 @@ checks, without MPI, that the cases at RANKS ranks hold every edge case of the
 piece plan)."""
 import numpy as np
 
-from kdacupy.numerics.dtypes import BF16, F32
+from kdacupy.numerics.dtypes import BF16, F32, F64
 
 #: the ranks the workers run with: enough for an empty rank, a one-token rank, a rank
 #: wholly inside a sequence and a chain of two maps (test_the_cases_cover_every_edge_case)
@@ -41,6 +41,23 @@ CASES = [
      "uneven", "emulate", False),
     ("fixed emulate slow decay", dict(B=1, T=40, H=1, K=64, V=64, state=BF16, gate="log", g_scale=0.05, beta="raw"),
      dict(qk_l2norm=True), "even", "emulate", False),
+]
+
+
+#: the backward's cases, as CASES (exact: the float64 reference, to 1e-10): every gate, both
+#: layouts and state precisions, initial and final states, grouped value heads, varlen
+#: sequences across rank boundaries and inside one rank, fixed-length slices
+BACKWARD_CASES = [
+    ("bwd varlen spanning model sigmoid vk", dict(cu_seqlens=[7, 0, 50, 3, 0, 30], H=1, HV=2, K=64, V=64, state=BF16,
+                                                  state_layout="vk"), dict(qk_l2norm=True), "uneven", "model", False),
+    ("bwd fixed model softplus fp32-state", dict(B=2, T=40, H=1, K=64, V=64, gate="softplus", beta="raw", state=F32),
+     dict(state_precision="fp32"), "even", "model", False),
+    ("bwd varlen across every rank model log", dict(cu_seqlens=[5, 70, 3], H=1, K=64, V=64, gate="log", beta=None),
+     dict(qk_l2norm=True), "even", "model", False),
+    ("bwd varlen reference float64", dict(cu_seqlens=[20, 0, 30, 40], H=1, HV=2, K=64, V=64, dtype=F64, state=F64),
+     dict(qk_l2norm=True, allow_neg_eigval=True), "even", "reference", True),
+    ("bwd fixed reference float64 vk", dict(B=2, T=37, H=1, K=64, V=64, dtype=F64, gate="softplus", state=F64,
+                                            state_layout="vk"), {}, "even", "reference", True),
 ]
 
 

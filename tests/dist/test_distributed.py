@@ -1,11 +1,11 @@
-"""Context parallelism (kdacupy.distributed): the piece plan, a one-rank call,
-and real multi-process runs under ``mpiexec`` (3 ranks: fixed and varlen;
-uneven slices with a one-token and an empty rank, even ones with a rank wholly
-inside a sequence; model, emulate and the float64 reference) against the
-single-process forward and the reference; a rank failing with an unexpected
-exception makes every rank raise, never hang. The MPI runs skip when mpi4py or
-mpiexec is missing (``pip install ".[distributed]"``) and are killed, as a
-failure, when they outlast their time limit."""
+"""Context parallelism (kdacupy.distributed): the piece plan, one-rank calls, and real
+multi-process runs under ``mpiexec`` (3 ranks: fixed and varlen; uneven slices with a
+one-token and an empty rank, even ones with a rank wholly inside a sequence; model, emulate
+and the float64 reference) of the forward and the backward against the single-process calls;
+a rank failing with an unexpected exception makes every rank raise, never hang. One mpiexec
+launch runs every MPI check (tests/dist/cp_worker.py); the MPI runs skip when mpi4py or
+mpiexec is missing (``pip install ".[distributed]"``) and are killed, as a failure, when they
+outlast their time limit."""
 import os
 import shutil
 import signal
@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.distributed import kda_forward_cp
-from kdacupy.distributed.plan import plan_fixed, plan_varlen, start_state_sources
+from kdacupy.distributed import kda_backward_cp, kda_forward_cp
+from kdacupy.distributed.plan import end_gradient_sources, plan_fixed, plan_varlen, start_state_sources
 
 from ..inputs import make_inputs
-from .cases import CASES, RANKS, case_tokens, cuts_for
+from .cases import BACKWARD_CASES, CASES, RANKS, case_tokens, cuts_for
+from .faults import SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,35 +107,50 @@ def run_mpi(ranks, script, timeout, *args):
     return proc.returncode, out, err
 
 
-def test_context_parallel_under_mpiexec():
-    rc, out, err = run_mpi(RANKS, "cp_worker.py", timeout=300)
-    lines = [ln for ln in out.splitlines() if ln.startswith(("ok:", "FAIL:"))]
-    assert rc == 0, out[-6000:] + err[-3000:]
-    assert len(lines) == len(CASES) + 4 and all(ln.startswith("ok:") for ln in lines), out
+@pytest.fixture(scope="module")
+def mpi_run(tmp_path_factory):
+    """One mpiexec launch of every MPI check: (rc, stdout, stderr, the ranks' error files)."""
+    out = tmp_path_factory.mktemp("ranks")
+    return (*run_mpi(RANKS, "cp_worker.py", 240, str(out)), out)
 
 
-def test_a_failing_rank_makes_every_rank_raise(tmp_path):
-    """Before the first collective and between collectives, one rank (or two) raises an
-    exception no validation expects: every rank raises the same ContextParallelError naming
-    it, and the next call works; uncaught, every rank exits with an error."""
-    rc, out, err = run_mpi(3, "cp_fail_worker.py", 120, str(tmp_path))
-    lines = [ln for ln in out.splitlines() if ln.startswith(("ok:", "FAIL:"))]
-    assert len(lines) == 5 and all(ln.startswith("ok:") for ln in lines), out + err[-3000:]
+def _lines(out, prefix=""):
+    return [ln for ln in out.splitlines() if ln.startswith(("ok:", "FAIL:")) and ln.split(": ", 1)[1].startswith(prefix)]
+
+
+def test_context_parallel_under_mpiexec(mpi_run):
+    """Forward and backward cases, and the collective input errors, on 3 ranks."""
+    rc, out, err, _ = mpi_run
+    lines = [ln for ln in _lines(out) if not ln.split(": ", 1)[1].startswith("fault:")]
+    assert len(lines) == len(CASES) + len(BACKWARD_CASES) + 5 and all(ln.startswith("ok:") for ln in lines), \
+        out[-6000:] + err[-3000:]
+
+
+def test_a_failing_rank_makes_every_rank_raise(mpi_run):
+    """Before the first collective, between collectives and after the last one's input, one
+    rank (or two) raises an exception no validation expects, in the forward and in the
+    backward: every rank raises the same ContextParallelError naming it, and the next call
+    works; uncaught, every rank exits with an error."""
+    rc, out, err, ranks_dir = mpi_run
+    lines = _lines(out, "fault:")
+    assert len(lines) == len(SCENARIOS) and all(ln.startswith("ok:") for ln in lines), out + err[-3000:]
     assert "scenarios done on 3 ranks" in out, out + err[-3000:]
     assert rc != 0 and "returned normally" not in out, out
     for r in range(3):
-        assert (tmp_path / f"rank{r}.err").read_text() == (
+        assert (ranks_dir / f"rank{r}.err").read_text() == (
             "ContextParallelError: kda_forward_cp: rank 1 failed computing its state maps: "
             "LinAlgError: injected: uncaught\n"), r
 
 
-def test_the_cases_cover_every_edge_case():
-    """At RANKS ranks the worker's cases still hold every situation of the piece plan that
-    more ranks would: an empty rank and a one-token rank; for fixed-length and for varlen
-    input a rank wholly inside a sequence and a start state built from two ranks' maps; a
-    rank whose first piece ends a sequence and whose last one is carried on."""
+@pytest.mark.parametrize("cases", [CASES, BACKWARD_CASES], ids=["forward", "backward"])
+def test_the_cases_cover_every_edge_case(cases):
+    """At RANKS ranks the worker's cases (the forward's, and the backward's on their own) still
+    hold every situation of the piece plan that more ranks would: an empty rank and a
+    one-token rank; for fixed-length and for varlen input a rank wholly inside a sequence, a
+    start state built from two ranks' maps and an end-of-slice gradient from two ranks'
+    adjoints; a rank whose first piece ends a sequence and whose last one is carried on."""
     seen = set()
-    for _, inputs, _, style, _, _ in CASES:
+    for _, inputs, _, style, _, _ in cases:
         T, cu = case_tokens(inputs)
         c = cuts_for(T, style, RANKS)
         tokens = np.diff(c).tolist()
@@ -147,11 +163,40 @@ def test_the_cases_cover_every_edge_case():
                 seen.add(f"{kind}: a rank inside a sequence")
             if any(len(src) >= 2 for src in start_state_sources(plans, r).values()):
                 seen.add(f"{kind}: two ranks' maps")
+            if any(len(src) >= 2 for src in end_gradient_sources(plans, r, cu is None).values()):
+                seen.add(f"{kind}: two ranks' adjoints")
             if len(pl.pieces) >= 2 and not pl.pieces[0].starts and pl.carry:
                 seen.add(f"{kind}: ends one, carries another")
     want = {"empty rank", "one-token rank", "fixed: a rank inside a sequence", "fixed: two ranks' maps",
-            "varlen: a rank inside a sequence", "varlen: two ranks' maps", "varlen: ends one, carries another"}
+            "varlen: a rank inside a sequence", "varlen: two ranks' maps", "varlen: ends one, carries another",
+            "fixed: two ranks' adjoints", "varlen: two ranks' adjoints"}
     assert want <= seen, want - seen
+
+
+def test_plan_end_gradient_sources():
+    """The gradient at a carried piece's end chains the later ranks' adjoints up to the rank
+    holding the sequence's end (rows: the sequence for fixed-length input, else 0)."""
+    plans = plan_varlen(np.array([0, 5, 95]), [10, 30, 30, 25])
+    assert end_gradient_sources(plans, 0, False) == {1: [(1, 0), (2, 0), (3, 0)]}
+    assert end_gradient_sources(plans, 2, False) == {1: [(3, 0)]}
+    assert end_gradient_sources(plans, 3, False) == {}
+    fixed = plan_fixed(2, [4, 0, 5, 3])
+    assert end_gradient_sources(fixed, 0, True) == {0: [(2, 0), (3, 0)], 1: [(2, 1), (3, 1)]}
+
+
+def test_one_rank_backward_is_the_plain_backward():
+    """One rank runs the whole path (plan, adjoints, scan, local backward, shares): it is
+    kda_backward, bit for bit, in both shared-gradient modes."""
+    MPI = _mpi()
+    x, opts = make_inputs(cu_seqlens=[20, 0, 35], H=1, HV=2, K=64, V=64, state=np.float32, seed=5)
+    rng = np.random.default_rng(1)
+    do = rng.standard_normal(x["v"].shape).astype(x["v"].dtype)
+    ds = rng.standard_normal(opts["initial_state"].shape).astype(np.float32)
+    ref = kdacupy.kda_backward(do, **x, dfinal_state=ds, backend="model", **opts)
+    for mode in ("total", "local"):
+        g = kda_backward_cp(do, **x, comm=MPI.COMM_SELF, dfinal_state=ds, backend="model", shared_grads=mode, **opts)
+        for a, b in zip(g, ref):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_nccl_with_host_arrays_is_refused_through_the_ranks(monkeypatch):
