@@ -124,8 +124,9 @@ def decode(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_l
     if dev < 0 or not _no_mode() or (torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in tensors)):
         return False
-    try:  # the views made before: one lookup per tensor
-        views = [None if t is None else _views[_key(t)] for t in tensors]
+    try:  # the views made before: one lookup per tensor (_key, inline)
+        views = [None if t is None else _views[t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(), type(t)]
+                 for t in tensors]
     except KeyError:
         views = _views_of(tensors, dev)
         if views is None:
