@@ -1,8 +1,10 @@
 """fla-core 0.6.0's KDA entry points on kdacupy: ``chunk_kda``, ``fused_recurrent_kda``,
-``fused_recurrent_kda_fwd``, with FLA's signatures, defaults and return values, so
-``from kdacupy.compat.fla import chunk_kda`` replaces FLA's import in a vLLM or SGLang
-KDA layer; ``patch()`` swaps them into an imported ``fla.ops.kda`` and ``unpatch()``
-restores FLA's own.
+``fused_recurrent_kda_fwd`` and ``fused_kda_gate``, with FLA's signatures, defaults and
+return values, for code that imports fla-core (FLA's own layers, the Kimi Linear modeling
+code): ``from kdacupy.compat.fla import chunk_kda`` replaces FLA's import; ``patch()``
+swaps them into an imported ``fla.ops.kda`` and ``unpatch()`` restores FLA's own. (vLLM
+and SGLang vendor their own FLA copies, with other signatures and layouts:
+kdacupy.compat.vllm and kdacupy.compat.sglang.)
 
 They run on kdacupy.torch (autograd, ``torch.compile``, torch's stream; CPU tensors on
 the NumPy backends). FLA's keywords map to kdacupy's (README "Keyword mapping");
@@ -10,15 +12,20 @@ what kdacupy cannot honour raises an error that names the argument:
 ``return_intermediate_states``, ``cp_context`` (kdacupy.distributed does context
 parallelism), a per-channel beta ``[B, T, HV, V]``, head dims outside {64, 128, 256},
 ``use_gate_in_kernel=True`` with neither ``A_log`` nor ``lower_bound`` in
-``fused_recurrent_kda`` (fla-core then multiplies the softplus by e, an undocumented
-constant; ``chunk_kda`` refuses the same call), unknown keywords (fla-core ignores
-them silently; a misspelt option should not be), and ``ssm_state_indices`` uses that
-fla-core only defines for one token per sequence (below).
+``fused_recurrent_kda`` and ``fused_kda_gate`` (fla-core then multiplies the softplus by
+e, an undocumented constant; ``chunk_kda`` refuses the same call), unknown keywords
+(fla-core ignores them silently; a misspelt option should not be), and
+``ssm_state_indices`` uses that fla-core only defines for one token per sequence (below).
+One departure on purpose: ``A_log``, ``dt_bias`` or ``lower_bound`` without
+``use_gate_in_kernel=True`` raise, naming the flag (fla-core drops them silently, and a
+call that passes them meant the gate: read as a log decay, a raw gate is wrong by orders
+of magnitude).
 Performance knobs that do not change results are accepted and have no effect:
 ``disable_recompute`` (kdacupy's backward always recomputes from the saved inputs),
 ``cu_seqlens_cpu``, ``use_graph`` / ``max_num_seqs`` (kdacupy's forward is
 graph-capturable with device ``cu_seqlens`` as it is), ``chunk_size`` (32 or 64, as
-FLA checks) and ``safe_gate`` beyond its checks.
+FLA checks) and ``safe_gate`` beyond its checks. ``A_log`` and ``dt_bias`` may be
+bf16 or fp16 (converted to float32 on their device by kdacupy.torch).
 
 Final states come back in float32, as FLA's do (float64 for float64 inputs, which run
 on kdacupy's float64 reference). Negative ``ssm_state_indices`` are padding (the
@@ -30,10 +37,12 @@ import sys
 import warnings
 
 from kdacupy.torch import kda as _kda
-from kdacupy.torch import kda_decode as _kda_decode
-from kdacupy.torch.tensors import check_equal_lengths, fp32_state_dtype, slots
+from kdacupy.torch.tensors import fp32_state_dtype, slots
 
-__all__ = ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "patch", "unpatch"]
+from .gate import FLOAT32, activate, kernel_gate
+from .pool import into, sequences, step, token_slots
+
+__all__ = ["chunk_kda", "fused_kda_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "patch", "unpatch"]
 
 
 def _state_v_first(fn, state_v_first, kwargs):
@@ -54,18 +63,23 @@ def _refuse_unknown(fn, kwargs):
                         f"does not know; kdacupy.compat.fla refuses them, so a misspelt option is not dropped)")
 
 
-def _gate(fn, use_gate_in_kernel, A_log, dt_bias, lower_bound):
-    """FLA's gate switches as kdacupy's gate options. Without ``use_gate_in_kernel`` FLA
-    ignores A_log, dt_bias and lower_bound (g is the log decay), and so does this."""
+def _gate(fn, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate=False):
+    """FLA's gate switches as kdacupy's gate options. Without ``use_gate_in_kernel`` fla-core
+    ignores A_log, dt_bias and lower_bound (g is then the log decay); a call that passes them
+    meant the gate, so kdacupy refuses it, naming the flag (README "FLA's names"). (chunk_kda's
+    ``safe_gate=True`` with a log decay g takes ``lower_bound`` as g's declared bound: FLA's own
+    tests pass it so.)"""
     if not use_gate_in_kernel:
+        for name, x in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", None if safe_gate else lower_bound)):
+            if x is not None:
+                raise ValueError(f"{name}: {fn}() applies A_log, dt_bias and lower_bound only with "
+                                 f"use_gate_in_kernel=True (g the raw gate); with use_gate_in_kernel=False g is the "
+                                 f"log decay and fla-core drops them silently: pass use_gate_in_kernel=True or "
+                                 f"leave {name} out")
         return dict(gate="log")
     if A_log is None and lower_bound is None:
         raise ValueError(f"A_log: {fn}() needs `A_log` when `use_gate_in_kernel=True` and `lower_bound` is not set")
-    params = dict(A_log=None if A_log is None else A_log.reshape(-1),  # FLA takes any shape with HV elements
-                  dt_bias=None if dt_bias is None else dt_bias.reshape(-1))
-    if lower_bound is None:
-        return dict(gate="softplus", **params)
-    return dict(gate="sigmoid", lower_bound=lower_bound, **params)
+    return kernel_gate(A_log, dt_bias, lower_bound)  # FLA takes A_log in any shape with HV elements
 
 
 def _check_beta(beta, v):
@@ -119,9 +133,6 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if chunk_size not in (32, 64):
         raise ValueError(f"`chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
     _refuse_unknown("chunk_kda", kwargs)
-    if return_intermediate_states:
-        raise NotImplementedError("return_intermediate_states: kdacupy does not return FLA's per-chunk states "
-                                  "h [B, NT, HV, K, V]; its forward needs none (use output_final_state)")
     if cp_context is not None:
         raise NotImplementedError("cp_context: kdacupy does context parallelism with "
                                   "kdacupy.distributed.kda_forward_cp (README), not with FLA's FLACPContext")
@@ -136,11 +147,35 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
         if not (-5 <= lower_bound < 0):
             raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
-    return _forward("chunk_kda", q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, scale=scale,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-                    state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-                    dt_bias=dt_bias, lower_bound=lower_bound)
+    forward = _forward_with_chunk_states if return_intermediate_states else _forward
+    return forward("chunk_kda", q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, scale=scale,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                   state_v_first=state_v_first, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                   # safe_gate with a log decay g: lower_bound is g's declared bound (FLA's tests pass it so)
+                   dt_bias=dt_bias, lower_bound=None if safe_gate and not use_gate_in_kernel else lower_bound)
+
+
+def _forward_with_chunk_states(fn, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, **fla):
+    """``chunk_kda(..., return_intermediate_states=True)``: FLA then returns ``(o, final_state, h)``
+    with the state at every 64-token chunk boundary, h [B, NT, HV, K, V] (prefix caching). The
+    hook for kda_forward's chunk-boundary states, called as ``_forward`` is (after chunk_kda's
+    checks); until kdacupy's forward writes them, the call is refused here, naming the argument."""
+    raise NotImplementedError("return_intermediate_states: kdacupy.compat.fla does not return FLA's per-chunk "
+                              "states h [B, NT, HV, K, V] yet (use output_final_state)")
+
+
+def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=FLOAT32):
+    """fla-core 0.6.0's ``fla.ops.kda.gate.fused_kda_gate`` on the kernels' gate arithmetic
+    (kdacupy/compat/gate.py): g [..., HV, K] -> the log decay in ``output_dtype``;
+    ``-exp(A_log) * softplus(g + dt_bias)``, or ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``
+    (without A_log, ``lower_bound * sigmoid(g + dt_bias)``). Differentiable (g, A_log, dt_bias).
+    A softplus gate without A_log is refused, as in ``fused_recurrent_kda`` (fla-core's kernel then
+    multiplies by e)."""
+    if A_log is None and lower_bound is None:
+        raise ValueError("A_log: fused_kda_gate() needs `A_log` when `lower_bound` is not set (fla-core then "
+                         "multiplies the softplus by e, an undocumented constant)")
+    return activate(g, A_log, dt_bias, lower_bound).to(output_dtype)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
@@ -198,7 +233,7 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
         o, final = _kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=output_final_state,
                         cu_seqlens=cu_seqlens, state_dtype=fp32_state_dtype(q) if output_final_state else None,
                         **opts)
-        return _into(out, o), final
+        return into(out, o), final
     if initial_state is None:
         raise ValueError("initial_state: expected the state pool (updated in place) with inplace_final_state=True, "
                          "got None")
@@ -206,58 +241,16 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
         N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
         o, _ = _kda(q, k, v, g, beta, cu_seqlens=cu_seqlens, state_pool=initial_state,
                     state_indices=slots(N, initial_state), **opts)
-        return _into(out, o), initial_state
-    o = _decode(q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices, num_accepted_tokens, opts)
-    return _into(out, o), initial_state
-
-
-def _decode(q, k, v, g, beta, pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, opts):
-    """Continuous batching through ``kdacupy.torch.kda_decode``: inputs as [N, T, ...]."""
-    B, TT = q.shape[0], q.shape[1]
-    if cu_seqlens is None:
-        N, T = B, TT
-    else:
-        if B != 1:
-            raise ValueError(f"q: expected batch size 1 with cu_seqlens (packed sequences), got {B}")
-        N = cu_seqlens.shape[0] - 1
-        if N < 1 or TT % N:
-            raise ValueError(f"cu_seqlens: expected N >= 1 sequences of equal length with ssm_state_indices, got "
-                             f"{N} sequences for {TT} tokens")
-        T = TT // N
-        check_equal_lengths(cu_seqlens, T)
-    idx = ssm_state_indices
-    if idx.dim() == 1:
-        if T != 1:
-            raise NotImplementedError(f"ssm_state_indices: [N] slots serve one token per sequence (fla-core then "
-                                      f"writes token t's state to ssm_state_indices[n + t]); for T = {T} tokens "
-                                      f"pass [N, T] slots")
-        if num_accepted_tokens is not None:
-            raise ValueError("num_accepted_tokens: expected None with [N] ssm_state_indices (it picks the start "
-                             "slot among [N, T] ones)")
-    elif idx.dim() == 2:
-        if idx.shape[1] < T:
-            raise ValueError(f"ssm_state_indices: expected [N, C] slots with C >= T = {T}, got "
-                             f"{tuple(idx.shape)}")
-        idx = idx[:, :T]
-    if T == 0:
-        return v.new_zeros(v.shape)
-    split = lambda x: None if x is None else x.reshape((N, T) + tuple(x.shape[2:]))  # noqa: E731
-    o = _kda_decode(split(q), split(k), split(v), split(g), split(beta), state_pool=pool, state_indices=idx,
-                    num_accepted_tokens=num_accepted_tokens, **opts)
-    return o.reshape(v.shape)
-
-
-def _into(out, o):
-    if out is None:
-        return o
-    out.copy_(o)
-    return out
+        return into(out, o), initial_state
+    N, T = sequences(q, cu_seqlens)
+    idx = token_slots(ssm_state_indices, T, num_accepted_tokens)
+    return into(out, step(q, k, v, g, beta, initial_state, idx, num_accepted_tokens, N, T, opts)), initial_state
 
 
 # ---------------------------------------------------------------------------
 # patch / unpatch
 
-_NAMES = ("chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd")
+_NAMES = ("chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "fused_kda_gate")
 _patched: list = []  # (module, name, FLA's object) for every attribute patch() replaced
 
 
@@ -271,12 +264,14 @@ def patch():
         return
     import fla.ops.kda.chunk
     import fla.ops.kda.fused_recurrent
+    import fla.ops.kda.gate
 
     originals = {"chunk_kda": fla.ops.kda.chunk.chunk_kda,
                  "fused_recurrent_kda": fla.ops.kda.fused_recurrent.fused_recurrent_kda,
-                 "fused_recurrent_kda_fwd": fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd}
+                 "fused_recurrent_kda_fwd": fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd,
+                 "fused_kda_gate": fla.ops.kda.gate.fused_kda_gate}
     ours = {"chunk_kda": chunk_kda, "fused_recurrent_kda": fused_recurrent_kda,
-            "fused_recurrent_kda_fwd": fused_recurrent_kda_fwd}
+            "fused_recurrent_kda_fwd": fused_recurrent_kda_fwd, "fused_kda_gate": fused_kda_gate}
     for modname, mod in list(sys.modules.items()):
         if mod is None or not (modname == "fla" or modname.startswith("fla.")):
             continue

@@ -1,0 +1,63 @@
+"""The decode / verify step the engines' pool calls share: packed equal-length sequences as
+``[N, T, ...]`` rows for one ``kdacupy.torch.kda_decode`` launch, the engines' slot indices
+as kdacupy's (docs/design.md section 7.1), and results written into a caller's ``out``."""
+from __future__ import annotations
+
+from kdacupy.torch import kda_decode
+from kdacupy.torch.tensors import check_equal_lengths
+
+
+def sequences(q, cu_seqlens):
+    """(N, T): the number of sequences and their common length. Without ``cu_seqlens`` q is
+    [N, T, ...]; with it q is packed [1, N*T, ...] and every sequence must hold T tokens
+    (host ``cu_seqlens`` checked here, device ones by an asynchronous device-side assert)."""
+    B, TT = q.shape[0], q.shape[1]
+    if cu_seqlens is None:
+        return B, TT
+    if B != 1:
+        raise ValueError(f"q: expected batch size 1 with cu_seqlens (packed sequences), got {B}")
+    N = cu_seqlens.shape[0] - 1
+    if N < 1 or TT % N:
+        raise ValueError(f"cu_seqlens: expected N >= 1 sequences of equal length (one pool step), got {N} "
+                         f"sequences for {TT} tokens")
+    check_equal_lengths(cu_seqlens, TT // N)
+    return N, TT // N
+
+
+def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
+    """One ``kda_decode`` launch over N sequences of T tokens; o in v's shape. ``idx``: kdacupy's
+    [N] slots (start from and write the final state back to idx[n]) or [N, T] slots (start from
+    idx[n, a_n - 1], the state after token t to idx[n, t]); negative slots are padding."""
+    if T == 0:
+        return v.new_zeros(v.shape)
+    split = lambda x: None if x is None else x.reshape((N, T) + tuple(x.shape[2:]))  # noqa: E731
+    o = kda_decode(split(q), split(k), split(v), split(g), split(beta), state_pool=pool, state_indices=idx,
+                   num_accepted_tokens=num_accepted_tokens, **opts)
+    return o.reshape(v.shape)
+
+
+def token_slots(idx, T, num_accepted_tokens, name="ssm_state_indices"):
+    """FLA's (and vLLM's copy of FLA's) slot tables as kdacupy's: ``[N]`` slots for one token per
+    sequence, ``[N, C]`` slots (C >= T, the first T used) with ``num_accepted_tokens``. Their
+    kernels write token t's state to slot ``idx[n * C + t]``, which for ``[N]`` slots and T > 1
+    is ``idx[n + t]``, another sequence's slot: that use is refused."""
+    if idx.dim() == 1:
+        if T != 1:
+            raise NotImplementedError(f"{name}: [N] slots serve one token per sequence (FLA's kernel, and vLLM's "
+                                      f"copy of it, then write token t's state to {name}[n + t]); for T = {T} "
+                                      f"tokens pass [N, T] slots")
+        if num_accepted_tokens is not None:
+            raise ValueError(f"num_accepted_tokens: expected None with [N] {name} (it picks the start slot among "
+                             f"[N, T] ones)")
+        return idx
+    if idx.dim() != 2 or idx.shape[1] < T:
+        raise ValueError(f"{name}: expected [N] slots or [N, C] slots with C >= T = {T}, got {tuple(idx.shape)}")
+    return idx[:, :T]
+
+
+def into(out, o):
+    """o written into the caller's ``out`` when one is given (FLA's and vLLM's ``out=``)."""
+    if out is None:
+        return o
+    out.copy_(o)
+    return out

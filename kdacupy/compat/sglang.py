@@ -1,0 +1,188 @@
+"""SGLang's vendored KDA ops on kdacupy: ``chunk_kda`` (prefill / extend) and
+``fused_sigmoid_gating_delta_rule_update`` (decode) with SGLang's signatures, defaults,
+state layout and return values; ``patch()`` swaps them into SGLang's op modules (and every
+loaded SGLang module holding them, e.g. its KDA kernel backend), ``unpatch()`` restores
+SGLang's.
+
+Matched revision (SGLang's public repository): ``chunk_kda`` of
+``python/sglang/kernels/ops/attention/fla/kda.py`` at 2cd7fdddeda38d5df2e08b34331979474fed8ae0
+and ``fused_sigmoid_gating_delta_rule_update`` of
+``python/sglang/kernels/ops/attention/fla/fused_sigmoid_gating_recurrent.py`` at
+7e1816db07b10f1e1cd0ecc6b7095725bf31f45e, with the ``lower_bound`` keyword (after ``is_kda``)
+that the later revisions of that file add; called as
+``python/sglang/srt/layers/attention/linear/kernels/kda_triton.py`` at
+007d1d93beabe99478bc855e6ccdc4ac0bfcdf7d calls them (``extend``, ``decode``,
+``target_verify``). Older SGLang keeps the same functions under
+``sglang.srt.layers.attention.fla``; ``patch()`` covers both homes.
+
+SGLang's calls, as kdacupy does them:
+- the pool is ``[P, HV, V, K]`` and is updated in place; ``chunk_kda`` returns ``o`` only;
+- a slot of -1 is padding: the pool is neither read nor written (SGLang computes that row's
+  output from a zero state; kdacupy returns zeros there: nothing reads it);
+- ``A_log`` (HV elements: the layer's ``[1, 1, H, 1]`` parameter) switches the gate on: g is
+  then the raw gate, ``-exp(A_log) * softplus(g + dt_bias)``, bounded
+  ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` with ``lower_bound``; without A_log g is
+  the log decay. ``dt_bias`` has HV * K elements;
+- decode passes the raw gate ``a`` flat ([T, HV * K], [B, T, HV * K] or [B, T, HV, K]) and beta
+  logits ``b``; ``is_kda=False`` (GDN, one gate per head: a [.., HV], dt_bias [HV]) runs as KDA
+  with the gate repeated over K. Sequences are packed with ``cu_seqlens`` of equal lengths
+  (one ``kdacupy.kda_decode`` launch); each starts from ``idx[n]`` and its final state goes back
+  there. A softplus other than SGLang's (softplus_beta 1, threshold >= 15, where kdacupy's kernel
+  gives the same float32 values) is computed by torch ops and passed as the log decay.
+Prefill keeps the state in fp32 through the chunks (``state_precision="fp32"``), as SGLang's
+Triton kernels hold it.
+
+What kdacupy cannot honour raises an error that names it: ``output_intermediate_states``
+and the target_verify arguments (``disable_state_update=True``, ``intermediate_states_buffer``,
+``intermediate_state_indices``, ``cache_steps``, ``retrieve_parent_token``: tree speculative
+verify), a pool call without a pool or its indices, unequal decode lengths, and unknown
+keywords (SGLang's ``**kwargs`` drops them silently). ``dt_bias`` or ``lower_bound`` without
+``A_log`` raise, naming A_log (SGLang ignores them).
+"""
+from __future__ import annotations
+
+from kdacupy.torch import kda as _kda
+
+from .gate import SOFTPLUS_THRESHOLD, activate, kernel_gate
+from .patching import Patcher
+from .pool import sequences, step
+
+__all__ = ["chunk_kda", "fused_sigmoid_gating_delta_rule_update", "patch", "unpatch"]
+
+
+def _refuse_unknown(fn, kwargs):
+    if kwargs:
+        name = next(iter(kwargs))
+        raise TypeError(f"{fn}() got an unexpected keyword argument {name!r} (SGLang's **kwargs drops keywords it "
+                        f"does not know; kdacupy.compat.sglang refuses them, so a misspelt option is not dropped)")
+
+
+def _need_pool(fn, pool, idx, pool_name, idx_name):
+    for name, x in ((pool_name, pool), (idx_name, idx)):
+        if x is None:
+            raise ValueError(f"{name}: {fn}() runs on the state pool [P, HV, V, K] and its slots (updated in "
+                             f"place), got None")
+
+
+def _gate(fn, A_log, dt_bias, lower_bound):
+    """SGLang's gate switch: A_log given means g is the raw gate."""
+    if A_log is None:
+        for name, x in (("dt_bias", dt_bias), ("lower_bound", lower_bound)):
+            if x is not None:
+                raise ValueError(f"{name}: {fn}() applies dt_bias and lower_bound only with A_log (SGLang reads g "
+                                 f"as the raw gate when A_log is given, else as the log decay, and drops {name} "
+                                 f"silently): pass A_log or leave {name} out")
+        return dict(gate="log")
+    return kernel_gate(A_log, dt_bias, lower_bound)
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, initial_state_indices=None,
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None, A_log=None, dt_bias=None, lower_bound=None,
+              output_intermediate_states=False, **kwargs):
+    """SGLang's ``chunk_kda`` (extend): sequence n starts from ``initial_state[idx[n]]`` and its
+    final state is written back there in place; returns o."""
+    _refuse_unknown("chunk_kda", kwargs)
+    _need_pool("chunk_kda", initial_state, initial_state_indices, "initial_state", "initial_state_indices")
+    opts = dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, state_layout="vk", state_precision="fp32",
+                **_gate("chunk_kda", A_log, dt_bias, lower_bound))
+    if output_intermediate_states:
+        return _extend_with_chunk_states(q, k, v, g, beta, initial_state, initial_state_indices, cu_seqlens, opts)
+    o, _ = _kda(q, k, v, g, beta, cu_seqlens=cu_seqlens, state_pool=initial_state,
+                state_indices=initial_state_indices, **opts)
+    return o
+
+
+def _extend_with_chunk_states(q, k, v, g, beta, pool, idx, cu_seqlens, opts):
+    """``chunk_kda(..., output_intermediate_states=True)``: SGLang then also returns the state at
+    every 64-token chunk boundary, h [B, NT, HV, V, K] (prefix caching). The hook for
+    kda_forward's chunk-boundary states, called with the validated call as kdacupy.torch.kda
+    takes it; until kdacupy's forward writes them, the call is refused here, naming the argument."""
+    raise NotImplementedError("output_intermediate_states: kdacupy.compat.sglang does not return SGLang's "
+                              "per-chunk states h [B, NT, HV, V, K] yet")
+
+
+def _decode_gate(a, A_log, dt_bias, lower_bound, softplus_beta, softplus_threshold, is_kda, shape):
+    """(g [B, T, HV, K], gate options) for the decode call's raw gate ``a``."""
+    B, T, HV, K = shape
+    per_token = HV * K if is_kda else HV
+    if a.numel() != B * T * per_token:
+        raise ValueError(f"a: expected the raw gate of the {B * T} tokens, {per_token} values each ([T, "
+                         f"{'HV * K' if is_kda else 'HV'}] or [B, T, ...]), got shape {tuple(a.shape)}")
+    if is_kda:
+        g, dtb = a.reshape(B, T, HV, K), dt_bias
+    else:  # GDN: one gate per head, repeated over the key channels
+        g = a.reshape(B, T, HV, 1).expand(B, T, HV, K)
+        dtb = None if dt_bias is None else dt_bias.reshape(HV, 1).expand(HV, K)
+    if lower_bound is not None or (softplus_beta == 1.0 and softplus_threshold >= SOFTPLUS_THRESHOLD):
+        return g, kernel_gate(A_log, dtb, lower_bound)
+    return activate(g, A_log, dtb, None, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold), \
+        dict(gate="log")
+
+
+def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
+                                           initial_state_source, initial_state_indices, scale=None,
+                                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, is_kda=False,
+                                           lower_bound=None, disable_state_update=False,
+                                           intermediate_states_buffer=None, intermediate_state_indices=None,
+                                           cache_steps=None, retrieve_parent_token=None):
+    """SGLang's decode step on the pool ``initial_state_source`` [P, HV, V, K]: the gate from the
+    raw ``a`` and A_log / dt_bias (/ lower_bound), beta = sigmoid(b), one ``kdacupy.kda_decode``
+    launch; sequence n starts from slot ``initial_state_indices[n]`` and its state after its
+    tokens is written back there (-1: padding). Returns o [B, T, HV, V]."""
+    fn = "fused_sigmoid_gating_delta_rule_update"
+    _need_pool(fn, initial_state_source, initial_state_indices, "initial_state_source", "initial_state_indices")
+    N, T = sequences(q, cu_seqlens)
+    B, TT, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
+    g, gate = _decode_gate(a, A_log, dt_bias, lower_bound, softplus_beta, softplus_threshold, is_kda, (B, TT, HV, K))
+    opts = dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=True, state_layout="vk", **gate)
+    if b.numel() != B * TT * HV:
+        raise ValueError(f"b: expected the beta logits of the {B * TT} tokens, HV = {HV} each, got shape "
+                         f"{tuple(b.shape)}")
+    beta = b.reshape(B, TT, HV)
+    verify = dict(disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
+                  intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
+                  retrieve_parent_token=retrieve_parent_token)
+    if disable_state_update or any(x is not None for n, x in verify.items() if n != "disable_state_update"):
+        return _target_verify(q, k, v, g, beta, initial_state_source, initial_state_indices, N, T, opts, **verify)
+    return step(q, k, v, g, beta, initial_state_source, initial_state_indices, None, N, T, opts)
+
+
+def _target_verify(q, k, v, g, beta, pool, idx, N, T, opts, *, disable_state_update, intermediate_states_buffer,
+                   intermediate_state_indices, cache_steps, retrieve_parent_token):
+    """SGLang's target_verify mode (EAGLE tree speculative verify): token t > 0 starts from the
+    state after its parent ``retrieve_parent_token[n, t]``, the state after every step goes to
+    ``intermediate_states_buffer[intermediate_state_indices[n], t]`` ([HV, V, K]; ``cache_steps``
+    steps per row), and ``disable_state_update=True`` leaves the pool untouched until the engine
+    commits the accepted path. The hook for kda_decode's tree verify, called with the decode
+    step already mapped (q..beta as [B, T, ...] packed rows of N sequences of T tokens, ``opts``
+    as kdacupy.torch.kda_decode takes them); until kda_decode takes these, the call is refused
+    here, naming the first argument given."""
+    for name, x in (("retrieve_parent_token", retrieve_parent_token),
+                    ("intermediate_states_buffer", intermediate_states_buffer),
+                    ("intermediate_state_indices", intermediate_state_indices), ("cache_steps", cache_steps),
+                    ("disable_state_update", disable_state_update or None)):
+        if x is not None:
+            raise NotImplementedError(f"{name}: SGLang's target_verify (tree speculative verify with per-step "
+                                      f"states and the pool left untouched) is not wired to kdacupy.kda_decode yet")
+    raise AssertionError("_target_verify: called without a target_verify argument")
+
+
+_HOMES = ("sglang.kernels.ops.attention.fla.kda", "sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent",
+          "sglang.srt.layers.attention.fla.kda", "sglang.srt.layers.attention.fla.fused_sigmoid_gating_recurrent")
+_PATCHER = Patcher("sglang", _HOMES, {"chunk_kda": chunk_kda,
+                                      "fused_sigmoid_gating_delta_rule_update": fused_sigmoid_gating_delta_rule_update})
+
+
+def patch():
+    """Swap kdacupy's functions into SGLang's KDA op modules (``sglang.kernels.ops.attention.fla``'s
+    ``kda`` and ``fused_sigmoid_gating_recurrent``, or the older ``sglang.srt.layers.attention.fla``
+    ones, whichever import) and every loaded ``sglang`` module holding SGLang's function under its
+    name (the kernel backends import them by name). Calling it again does nothing; ``unpatch()``
+    restores SGLang's. Both SGLang's KDA and GDN (Qwen3-Next) decode call the decode function:
+    kdacupy serves both."""
+    _PATCHER.patch()
+
+
+def unpatch():
+    """Restore SGLang's functions where ``patch()`` replaced them."""
+    _PATCHER.unpatch()

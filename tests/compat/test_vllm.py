@@ -1,0 +1,280 @@
+"""kdacupy.compat.vllm on vLLM's own call sites (the KDA layers' keywords, shapes and layouts,
+docs in kdacupy/compat/vllm.py), on CPU torch tensors, against the float64 recurrence of
+tests/compat/reference.py: bf16 outputs within 2.5e-3 (rmse ratio; the bf16 rounding of the
+output is 1.1e-3), float32 pools within 1e-6, slots not named bit for bit untouched, the null
+block (slot 0) and -1 slots padding."""
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from tests.compat.reference import bounded_gate, f64, rmse_ratio, run, softplus_gate, vk
+from tests.frameworks.common import import_torch, one_thread
+
+pytestmark = pytest.mark.torch
+torch = import_torch()
+
+import kdacupy.compat.vllm as vllm  # noqa: E402
+
+H, D, P = 2, 64, 8  # heads (= value heads, as the layer has), head dim, pool slots
+OUT, POOL = 2.5e-3, 1e-6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_thread():
+        yield
+
+
+def tokens(n, gen):
+    """A layer's kernel inputs for n tokens, packed [1, n, ...]: q, k, v bf16, beta sigmoided float32."""
+    q, k, v = (torch.randn(1, n, H, D, generator=gen).bfloat16() for _ in range(3))
+    beta = torch.rand(1, n, H, generator=gen)
+    return q, k, v, beta
+
+
+def params(gen):
+    """The layer's gate parameters: A_log [1, 1, H, 1] and dt_bias [H * D], float32."""
+    return torch.log(torch.empty(1, 1, H, 1).uniform_(1, 16, generator=gen)), torch.randn(H * D, generator=gen)
+
+
+def pool_with_sentinels(gen):
+    """The recurrent state pool [P, H, V, K] float32: random states."""
+    return torch.randn(P, H, D, D, generator=gen) * 0.1
+
+
+def expected(q, k, v, g, beta, starts, cu, l2=True):
+    """Reference outputs and final [K, V] states per sequence; g the float64 log decay [T, H, K]."""
+    outs, finals = [], []
+    for n in range(len(cu) - 1):
+        s = slice(cu[n], cu[n + 1])
+        o, states = run(f64(q)[0, s], f64(k)[0, s], f64(v)[0, s], g[s], f64(beta)[0, s], starts[n], l2=l2)
+        outs.append(o)
+        finals.append(states[-1] if cu[n + 1] > cu[n] else starts[n])
+    return np.concatenate(outs), finals
+
+
+def test_prefill_chunk_kda_as_the_kda_layer_calls_it():
+    """vllm/model_executor/layers/kda.py: g1 = fused_kda_gate(g1, A_log, head_dim, g_bias=dt_bias);
+    zero the new requests' slots, gather, chunk_kda(..., initial_state=pool[idx]), scatter back."""
+    gen = torch.Generator().manual_seed(0)
+    A_log, dt_bias = params(gen)
+    pool = pool_with_sentinels(gen)
+    before = pool.clone()
+    idx = torch.tensor([5, 2, 7], dtype=torch.int32)
+    has_initial_state = torch.tensor([True, False, True])
+    lens = [9, 17, 1]
+    cu = torch.tensor(np.cumsum([0] + lens), dtype=torch.int32)
+    q, k, v, beta = tokens(sum(lens), gen)
+    raw = torch.randn(sum(lens), H * D, generator=gen).bfloat16()
+    g1 = vllm.fused_kda_gate(raw, A_log, D, g_bias=dt_bias).unsqueeze(0)
+    assert g1.shape == (1, sum(lens), H, D) and g1.dtype == torch.float32
+
+    zero_idx = idx[~has_initial_state]
+    pool[zero_idx] = 0
+    initial_state = pool[idx].contiguous()
+    o, last = vllm.chunk_kda(q=q, k=k, v=v, g=g1, beta=beta, initial_state=initial_state, output_final_state=True,
+                             use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    pool[idx] = last
+
+    g_ref = softplus_gate(f64(raw).reshape(-1, H, D), f64(A_log), f64(dt_bias))
+    assert rmse_ratio(g1[0], g_ref) < 1e-6
+    starts = [vk(f64(before[i])) if h else np.zeros((H, D, D)) for i, h in zip(idx.tolist(), has_initial_state)]
+    o_ref, finals = expected(q, k, v, g_ref, beta, starts, cu.tolist())
+    assert o.dtype == torch.bfloat16 and last.dtype == torch.float32 and last.shape == (3, H, D, D)
+    assert rmse_ratio(o[0], o_ref) < OUT
+    for i, S in zip(idx.tolist(), finals):
+        assert rmse_ratio(pool[i], vk(S)) < POOL  # [V, K] states in the pool
+    others = [i for i in range(P) if i not in idx.tolist()]
+    assert torch.equal(pool[others], before[others])
+
+
+@pytest.mark.parametrize("safe_gate", [False, True])
+def test_prefill_chunk_kda_with_fused_gate_as_the_kimi_gdn_layer_calls_it(safe_gate):
+    """kimi_gdn_linear_attn.py: chunk_kda_with_fused_gate(q, k, v, raw_g=g1 [1, T, H, D], beta,
+    A_log=[1, 1, H, 1], g_bias=dt_bias, initial_state=pool[idx], ...); the bounded gate with safe_gate."""
+    gen = torch.Generator().manual_seed(1)
+    A_log, dt_bias = params(gen)
+    pool = pool_with_sentinels(gen)
+    idx = torch.tensor([1, 6], dtype=torch.int32)
+    lens = [20, 3]
+    cu = torch.tensor(np.cumsum([0] + lens), dtype=torch.int32)
+    q, k, v, beta = tokens(sum(lens), gen)
+    raw_g = torch.randn(1, sum(lens), H, D, generator=gen).bfloat16()
+    extra = dict(safe_gate=True, lower_bound=-5.0) if safe_gate else {}
+    o, last = vllm.chunk_kda_with_fused_gate(q=q, k=k, v=v, raw_g=raw_g, beta=beta, A_log=A_log, g_bias=dt_bias,
+                                             initial_state=pool[idx].contiguous(), output_final_state=True,
+                                             use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **extra)
+    raw = f64(raw_g)[0]
+    g_ref = (bounded_gate(raw, f64(A_log), f64(dt_bias), -5.0) if safe_gate
+             else softplus_gate(raw, f64(A_log), f64(dt_bias)))
+    o_ref, finals = expected(q, k, v, g_ref, beta, [vk(f64(pool[i])) for i in idx.tolist()], cu.tolist())
+    assert rmse_ratio(o[0], o_ref) < OUT
+    assert max(rmse_ratio(last[n], vk(S)) for n, S in enumerate(finals)) < POOL
+
+
+def test_decode_fused_recurrent_kda_as_the_layer_calls_it():
+    """Decode: fused_kda_gate, then fused_recurrent_kda(q, k, v, g, beta, initial_state=pool,
+    use_qk_l2norm_in_kernel=True, cu_seqlens=query_start_loc[:N + 1], ssm_state_indices=idx) with
+    the pool updated in place; the null block 0 and -1 are padding (zero output, never touched)."""
+    gen = torch.Generator().manual_seed(2)
+    A_log, dt_bias = params(gen)
+    pool = pool_with_sentinels(gen)
+    before = pool.clone()
+    idx = torch.tensor([3, 0, 6, -1, 1], dtype=torch.int32)
+    N = len(idx)
+    q, k, v, beta = tokens(N, gen)
+    raw = torch.randn(N, H * D, generator=gen).bfloat16()
+    g1 = vllm.fused_kda_gate(raw, A_log, D, g_bias=dt_bias).unsqueeze(0)
+    o, state = vllm.fused_recurrent_kda(q=q, k=k, v=v, g=g1, beta=beta, initial_state=pool,
+                                        use_qk_l2norm_in_kernel=True,
+                                        cu_seqlens=torch.arange(N + 1, dtype=torch.int32), ssm_state_indices=idx)
+    assert state is pool
+    g_ref = softplus_gate(f64(raw).reshape(N, H, D), f64(A_log), f64(dt_bias))
+    live = [n for n in range(N) if idx[n] > 0]
+    for n in range(N):
+        if n not in live:
+            assert torch.equal(o[0, n], torch.zeros_like(o[0, n]))
+    o_ref, finals = expected(q[:, live], k[:, live], v[:, live], g_ref[live], beta[:, live],
+                             [vk(f64(before[idx[n]])) for n in live], list(range(len(live) + 1)))
+    assert rmse_ratio(o[0, live], o_ref) < OUT
+    for n, S in zip(live, finals):
+        assert rmse_ratio(pool[idx[n]], vk(S)) < POOL
+    untouched = [i for i in range(P) if i not in idx[live].tolist()]
+    assert 0 in untouched and torch.equal(pool[untouched], before[untouched])
+
+
+def test_decode_with_the_gate_and_beta_in_the_kernel_into_out():
+    """The later ops' fused decode: compute_gate=True (the bounded gate from the raw g, a_log,
+    g_bias), sigmoid_beta=True (beta logits), out= a caller's buffer."""
+    gen = torch.Generator().manual_seed(3)
+    A_log, dt_bias = params(gen)
+    pool = pool_with_sentinels(gen)
+    before = pool.clone()
+    idx = torch.tensor([4, 2], dtype=torch.int32)
+    q, k, v, _ = tokens(2, gen)
+    raw_g = torch.randn(1, 2, H, D, generator=gen).bfloat16()
+    logits = torch.randn(1, 2, H, generator=gen).bfloat16()
+    out = torch.empty_like(k)
+    o, _ = vllm.fused_recurrent_kda(q, k, v, raw_g, logits, initial_state=pool, cu_seqlens=torch.arange(3),
+                                    ssm_state_indices=idx, out=out, sigmoid_beta=True, a_log=A_log, g_bias=dt_bias,
+                                    compute_gate=True, lower_bound=-5.0)
+    assert o is out
+    g_ref = bounded_gate(f64(raw_g)[0], f64(A_log), f64(dt_bias), -5.0)
+    beta = torch.sigmoid(logits.double())
+    o_ref, finals = expected(q, k, v, g_ref, beta, [vk(f64(before[i])) for i in idx.tolist()], [0, 1, 2])
+    assert rmse_ratio(out[0], o_ref) < OUT
+    assert max(rmse_ratio(pool[i], vk(S)) for i, S in zip(idx.tolist(), finals)) < POOL
+
+
+def test_speculative_decode_with_slot_rows_and_accepted_tokens():
+    """[N, C] slots and num_accepted_tokens: sequence n starts from idx[n, a_n - 1] and the state
+    after token t goes to idx[n, t] (a null-block entry skips that store)."""
+    gen = torch.Generator().manual_seed(4)
+    pool = pool_with_sentinels(gen)
+    before = pool.clone()
+    idx = torch.tensor([[1, 2, 3], [4, 5, 0]], dtype=torch.int32)
+    acc = torch.tensor([2, 1], dtype=torch.int32)
+    T = 3
+    q, k, v, beta = tokens(2 * T, gen)
+    g = -torch.rand(1, 2 * T, H, D, generator=gen)
+    o, _ = vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.arange(0, 7, T),
+                                    ssm_state_indices=idx, num_accepted_tokens=acc)
+    ref = before.clone()
+    for n in range(2):
+        s = slice(n * T, (n + 1) * T)
+        o_ref, states = run(f64(q)[0, s], f64(k)[0, s], f64(v)[0, s], f64(g)[0, s], f64(beta)[0, s],
+                            vk(f64(before[idx[n, acc[n] - 1]])))
+        assert rmse_ratio(o[0, s], o_ref) < OUT
+        for t in range(T):
+            if idx[n, t] > 0:
+                ref[idx[n, t]] = torch.from_numpy(vk(states[t])).float()
+    assert rmse_ratio(pool, ref.double().numpy()) < POOL
+    assert torch.equal(pool[[0, 6, 7]], before[[0, 6, 7]])
+
+
+def test_what_kdacupy_cannot_honour_raises_naming_it():
+    gen = torch.Generator().manual_seed(5)
+    A_log, dt_bias = params(gen)
+    pool = pool_with_sentinels(gen)
+    q, k, v, beta = tokens(2, gen)
+    g = -torch.rand(1, 2, H, D)
+    cu, idx = torch.arange(3), torch.tensor([1, 2])
+    with pytest.raises(TypeError, match="'ssm_state_idx'"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=cu, ssm_state_idx=idx)
+    with pytest.raises(NotImplementedError, match="^inplace_final_state"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx,
+                                 inplace_final_state=False)
+    with pytest.raises(ValueError, match="^ssm_state_indices"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="^a_log: .*compute_gate=True"):  # vLLM would drop it: g read as the decay
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx,
+                                 a_log=A_log, g_bias=dt_bias)
+    with pytest.raises(ValueError, match="^lower_bound: .*compute_gate=True"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx,
+                                 lower_bound=-3.0)
+    with pytest.raises(ValueError, match="^lower_bound: .*safe_gate=True"):
+        vllm.chunk_kda_with_fused_gate(q, k, v, g, beta, A_log, dt_bias, cu_seqlens=cu, lower_bound=-3.0)
+    with pytest.raises(ValueError, match="^lower_bound: .*safe_gate=True"):
+        vllm.fused_kda_gate(g.reshape(2, H * D), A_log, D, lower_bound=-3.0)
+    with pytest.raises(NotImplementedError, match=r"^ssm_state_indices: \[N\] slots serve one token"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.tensor([0, 2]),
+                                 ssm_state_indices=idx[:1])
+    with pytest.raises(ValueError, match="^cu_seqlens: expected 1 tokens in every sequence"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.tensor([0, 0, 2]),
+                                 ssm_state_indices=idx)
+
+
+def fake_vllm(monkeypatch):
+    """vLLM's module names in sys.modules: the ops module and a KDA layer module that imported
+    the ops by name, each holding stand-ins that fail if called."""
+    def stand_in(name):
+        def engine_op(*args, **kwargs):
+            raise AssertionError(f"vLLM's own {name} ran")
+        return engine_op
+    names = ("chunk_kda", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "fused_kda_gate")
+    ops = types.ModuleType("vllm.third_party.flash_linear_attention.ops.kda")
+    for n in names:
+        setattr(ops, n, stand_in(n))
+    layer = types.ModuleType("vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn")
+    for n in names:
+        setattr(layer, n, getattr(ops, n))
+    layer.FusedRMSNormGated = object()  # not a KDA op: left alone
+    for name in ("vllm", "vllm.third_party", "vllm.third_party.flash_linear_attention",
+                 "vllm.third_party.flash_linear_attention.ops", "vllm.model_executor", "vllm.model_executor.layers",
+                 "vllm.model_executor.layers.mamba", "vllm.model_executor.layers.mamba.gdn"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, ops.__name__, ops)
+    monkeypatch.setitem(sys.modules, layer.__name__, layer)
+    return ops, layer, names
+
+
+def test_patch_swaps_vllms_names_and_a_layers_decode_runs_on_kdacupy(monkeypatch):
+    ops, layer, names = fake_vllm(monkeypatch)
+    originals = {n: getattr(ops, n) for n in names}
+    norm = layer.FusedRMSNormGated
+    vllm.patch()
+    try:
+        vllm.patch()  # twice: still one patch
+        for n in names:
+            assert getattr(ops, n) is getattr(vllm, n) and getattr(layer, n) is getattr(vllm, n)
+        assert layer.FusedRMSNormGated is norm
+        gen = torch.Generator().manual_seed(6)
+        A_log, dt_bias = params(gen)
+        pool = pool_with_sentinels(gen)
+        before = pool.clone()
+        q, k, v, beta = tokens(1, gen)
+        raw = torch.randn(1, H * D, generator=gen).bfloat16()
+        # the layer's decode, through the names it imported
+        g1 = layer.fused_kda_gate(raw, A_log, D, g_bias=dt_bias).unsqueeze(0)
+        o, _ = layer.fused_recurrent_kda(q=q, k=k, v=v, g=g1, beta=beta, initial_state=pool,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor([0, 1]),
+                                         ssm_state_indices=torch.tensor([5]))
+        g_ref = softplus_gate(f64(raw).reshape(1, H, D), f64(A_log), f64(dt_bias))
+        o_ref, (S,) = expected(q, k, v, g_ref, beta, [vk(f64(before[5]))], [0, 1])
+        assert rmse_ratio(o[0], o_ref) < OUT and rmse_ratio(pool[5], vk(S)) < POOL
+    finally:
+        vllm.unpatch()
+    for n in names:
+        assert getattr(ops, n) is originals[n] and getattr(layer, n) is originals[n]
