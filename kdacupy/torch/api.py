@@ -55,6 +55,19 @@ def _dense(x):
     return None if x is None else x.contiguous()
 
 
+def _gate_params(A_log, dt_bias):
+    """A_log in a model's parameter shape [1, 1, HV, 1] as [HV], and bf16 / fp16 A_log and dt_bias
+    as float32 (the kernels' parameter type): torch ops on the tensors' own device, so autograd
+    hands the gradients back in the parameters' own shape and dtype, and a capture in
+    ``torch.cuda.graph`` takes the conversion from torch's graph pool. Other shapes are left to
+    kdacupy's checks."""
+    if A_log is not None and A_log.dim() == 4 and A_log.shape[:2] == (1, 1) and A_log.shape[3] == 1:
+        A_log = A_log.reshape(-1)
+    A_log, dt_bias = (x.float() if x is not None and x.dtype in (torch.bfloat16, torch.float16) else x
+                      for x in (A_log, dt_bias))
+    return _dense(A_log), _dense(dt_bias)
+
+
 def _unexpected(fn, unknown):
     name = next(iter(unknown))
     hint = (" (kdacupy.torch returns new tensors: torch custom ops may not return their inputs)" if name == "out"
@@ -90,7 +103,8 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
                   lower_bound=_real("lower_bound", lower_bound), state_layout=_name("state_layout", state_layout))
     cu = _index_tensor("cu_seqlens", cu_seqlens)
     q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
-    initial_state, A_log, dt_bias = (_dense(x) for x in (initial_state, A_log, dt_bias))
+    initial_state = _dense(initial_state)
+    A_log, dt_bias = _gate_params(A_log, dt_bias)
     if state_pool is not None or state_indices is not None:
         for n, x in (("initial_state", initial_state), ("state_dtype", state_dtype)):
             if x is not None:
@@ -126,7 +140,7 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
         if x is None:
             raise TypeError(f"{n}: expected a tensor, got None")
     q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
-    A_log, dt_bias = _dense(A_log), _dense(dt_bias)
+    A_log, dt_bias = _gate_params(A_log, dt_bias)
     out = torch.empty(tuple(v.shape), dtype=v.dtype, device=v.device)
     args = (q, k, v, g, beta, state_pool, _index_tensor("state_indices", state_indices),
             _index_tensor("num_accepted_tokens", num_accepted_tokens), A_log, dt_bias, out,
