@@ -19,7 +19,8 @@ What vLLM's copy does differently from fla-core, and kdacupy does as vLLM:
 - states are ``[N, HV, V, K]``, always (no layout flag): the pool, ``initial_state`` and the
   returned final state (float32);
 - slot ``NULL_BLOCK_ID`` (0) and below are padding: the sequence's output is zeros and the
-  pool is neither read nor written (vLLM reserves block 0; kdacupy's own padding is -1);
+  pool is neither read nor written (vLLM reserves block 0; kdacupy's own padding is -1). Earlier
+  vLLM padded with PAD_SLOT_ID -1 and kept a state in slot 0: set ``NULL_BLOCK_ID = -1`` there;
 - ``fused_recurrent_kda`` defaults to ``use_qk_l2norm_in_kernel=True``; its in-kernel gate
   (``compute_gate=True``) is the bounded one, ``lower_bound * sigmoid(exp(a_log) * (g + g_bias))``;
   ``chunk_kda_with_fused_gate`` takes the raw gate: ``-exp(A_log) * softplus(raw_g + g_bias)``,

@@ -194,6 +194,21 @@ def test_speculative_decode_with_slot_rows_and_accepted_tokens():
     assert torch.equal(pool[[0, 6, 7]], before[[0, 6, 7]])
 
 
+def test_slot_0_holds_a_state_with_earlier_vllms_padding(monkeypatch):
+    """NULL_BLOCK_ID = -1: earlier vLLM's convention (PAD_SLOT_ID -1 pads, slot 0 is a request's)."""
+    monkeypatch.setattr(vllm, "NULL_BLOCK_ID", -1)
+    gen = torch.Generator().manual_seed(7)
+    pool = pool_with_sentinels(gen)
+    before = pool.clone()
+    q, k, v, beta = tokens(2, gen)
+    g = -torch.rand(1, 2, H, D, generator=gen)
+    o, _ = vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.arange(3),
+                                    ssm_state_indices=torch.tensor([0, -1]))
+    o_ref, (S,) = expected(q[:, :1], k[:, :1], v[:, :1], f64(g)[0, :1], beta[:, :1], [vk(f64(before[0]))], [0, 1])
+    assert rmse_ratio(o[0, :1], o_ref) < OUT and rmse_ratio(pool[0], vk(S)) < POOL
+    assert torch.equal(o[0, 1], torch.zeros_like(o[0, 1])) and torch.equal(pool[1:], before[1:])
+
+
 def test_what_kdacupy_cannot_honour_raises_naming_it():
     gen = torch.Generator().manual_seed(5)
     A_log, dt_bias = params(gen)
