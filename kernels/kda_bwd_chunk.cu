@@ -161,7 +161,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     i64 g_sb, i64 g_st, i64 g_sh, i64 b_sb, i64 b_st, i64 b_sh, i64 d_sb, i64 d_st, i64 d_sh,
     const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
     int T, int H, int HV, int V, int nseq, int nslots, int chunks_per_seq, float scale, float lb2, float lb,
-    const unsigned char* states, int states_fp32, const u16* dstates,
+    const unsigned char* states, int states_fp32, const u16* dstates, const unsigned char* ws,
     void* dq, void* dk, void* dv, void* dg, void* dbeta, float* part_ddt, float* part_dA) {
   const int slot = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gq = lane >> 2, tq = lane & 3;
@@ -322,44 +322,30 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       }
     }
     __syncthreads();
-    // [6] L = k_m k_i^T, Mf = q_m k_i^T; the pair form where the decay would overflow: as
-    // kda_prepare's, one thread per pair i > j (L and Mf from one ex2 per channel), the diagonals of
-    // Mf on 16 threads of their own (a copy: as one template for both kernels, ptxas unrolled the channel
-    // loops otherwise, 8 more MUFU in the cubin on sm_90a)
+    // [6] L = k_m k_i^T; the pair form where the decay would overflow: as kda_prepare's, one thread per
+    // pair i > j (a copy: as one template for both kernels, ptxas unrolled the channel loop otherwise).
+    // Mqk is R1's, read from the workspace: prepare forms Mf from the two-part q_m, k_i, tiles this
+    // kernel has no room for at K = 256.
     if (!unsafe) {
       if (warp == 0) bf16_abt(sL, sKM, sKI, lane);
-      if (warp == 1) bf16_abt(sDM, sQM, sKI, lane);  // sDM holds Mf until [7]
-    } else {
-      if (tid < CHUNK * (CHUNK - 1) / 2) {
-        int i = 1, j = tid;
-        while (j >= i) j -= i++;
-        float accl = 0.f, accm = 0.f;
-        for (int c = 0; c < K; ++c) {
-          const float e = ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(j, c)]), kj = sKN[fx<K>(j, c)];
-          accl = fmaf(sKN[fx<K>(i, c)] * kj, e, accl);
-          accm = fmaf((sQN[fx<K>(i, c)] * scale) * kj, e, accm);
-        }
-        sL[sw(i, j)] = accl;
-        sDM[sw(i, j)] = accm;
+    } else if (tid < CHUNK * (CHUNK - 1) / 2) {
+      int i = 1, j = tid;
+      while (j >= i) j -= i++;
+      float accl = 0.f;
+      for (int c = 0; c < K; ++c) {
+        const float e = ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(j, c)]), kj = sKN[fx<K>(j, c)];
+        accl = fmaf(sKN[fx<K>(i, c)] * kj, e, accl);
       }
-      constexpr int DIAG = NT >= 256 ? 128 : 96;  // a warp with no pair, or the lanes 0-15 of warp 3
-      if (tid >= DIAG && tid < DIAG + CHUNK) {
-        const int i = tid - DIAG;
-        float acc = 0.f;
-        for (int c = 0; c < K; ++c) {
-          const float x = sQN[fx<K>(i, c)] * scale;
-          acc = fmaf(x * sKN[fx<K>(i, c)], ex2_approx_ftz(sG[fx<K>(i, c)] - sG[fx<K>(i, c)]), acc);
-        }
-        sDM[sw(i, i)] = acc;
-      }
+      sL[sw(i, j)] = accl;
     }
     __syncthreads();
-    // [7] Lb = fp32(L beta) strictly lower (L kept for dbeta); Mqk = bf16(Mf) on and below the diagonal
+    // [7] Lb = fp32(L beta) strictly lower (L kept for dbeta); Mqk from the workspace block
+    const u16* wsMqk = reinterpret_cast<const u16*>(ws + hs * WS_STRIDE + WS_MQK);
     for (int p = tid; p < CHUNK * CHUNK; p += NT) {
       const int i = p / CHUNK, j = p % CHUNK, x = sw(i, j);
       if (i <= j) sL[x] = 0.f;
       sLB[x] = i > j ? sL[x] * sBeta[i] : 0.f;
-      sMQ[i * SR + j] = i >= j ? f32_to_bf16(sDM[x]) : u16(0);
+      sMQ[i * SR + j] = wsMqk[p];
     }
     __syncthreads();
     // [8] (I + Lb)^-1 by forward substitution, one column per thread

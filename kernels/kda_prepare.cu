@@ -40,19 +40,28 @@ static_assert(PSM_GS % 4 == 1 && PSM_GS >= K + K / 8, "padded fp32 rows");
 __device__ __forceinline__ int sw(int i, int j) { return i * CHUNK + (j ^ ((i >> 1 & 1) | (i >> 2 & 1) << 3)); }
 
 // 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6] (kda_bwd_chunk has
-// its own: its [16, 16] tiles use another swizzle and 8-byte stores).
-__device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane) {
+// its own: its [16, 16] tiles use another swizzle and 8-byte stores). With al, bl (the operands' low
+// bf16 parts) it takes three passes over the channels into one accumulator, a b^T, a bl^T, al b^T:
+// the product of the fp32 operands to about 2^-16 (al bl^T left out).
+template <int PASSES>
+__device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane, const u16* al = nullptr,
+                                         const u16* bl = nullptr) {
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
   // B operand (k = channel, n = row j of b): row-major rows of b give k-pairs directly;
   // matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15)
   const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 1
+  for (int pass = 0; pass < PASSES; ++pass) {
+    const u16* x = pass == 2 ? al : a;
+    const u16* y = pass == 1 ? bl : b;
 #pragma unroll
-  for (int s = 0; s < K / 16; ++s) {
-    u32 af[4], bf[4];
-    ldmatrix_x4(af, a + mrow * TS + 16 * s + mcol);
-    ldmatrix_x4(bf, b + brow * TS + 16 * s + bcol);
-    mma2(acc, af, bf);
+    for (int s = 0; s < K / 16; ++s) {
+      u32 af[4], bf[4];
+      ldmatrix_x4(af, x + mrow * TS + 16 * s + mcol);
+      ldmatrix_x4(bf, y + brow * TS + 16 * s + bcol);
+      mma2(acc, af, bf);
+    }
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -87,9 +96,11 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 
   unsigned char* sm = dynamic_smem();
   float* sG = reinterpret_cast<float*>(sm + PSM_G);
-  u16* sQm = reinterpret_cast<u16*>(sm + PSM_U);  // fast path: the factored form's q_m, k_m, k_i
-  u16* sKm = sQm + CHUNK * TS;
+  u16* sQm = reinterpret_cast<u16*>(sm + PSM_U);  // fast path: the factored form's q_m, k_m, k_i,
+  u16* sKm = sQm + CHUNK * TS;                     // and the low parts of q_m and k_i (Mf's)
   u16* sKi = sKm + CHUNK * TS;
+  u16* sQml = sKi + CHUNK * TS;
+  u16* sKil = sQml + CHUNK * TS;
   float* sQs = reinterpret_cast<float*>(sm + PSM_U);  // pair path: q * scale
   float* sKn = sQs + CHUNK * PSM_GS;                  // pair path: k
   float* sL = reinterpret_cast<float*>(sm + PSM_L);
@@ -236,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
         store_piece<E>(blk + WS_KRES + off, wr);
       }
       if (!unsafe) {
-        u32 wqm[E / 2], wkm[E / 2], wi[E / 2];
+        u32 wqm[E / 2], wqml[E / 2], wkm[E / 2], wi[E / 2], wil[E / 2];
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           float qm[2], km[2], ki[2];
@@ -249,13 +260,15 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
             km[e2] = kv[i] * em;
             ki[e2] = kv[i] * ex2_approx_ftz(gr - gc);
           }
-          wqm[w] = pack_bf16x2(qm[0], qm[1]);
+          split_bf16x2(qm, wqm[w], wqml[w]);
           wkm[w] = pack_bf16x2(km[0], km[1]);
-          wi[w] = pack_bf16x2(ki[0], ki[1]);
+          split_bf16x2(ki, wi[w], wil[w]);
         }
         store_piece<E>(sQm + r * TS + c0, wqm);
         store_piece<E>(sKm + r * TS + c0, wkm);
         store_piece<E>(sKi + r * TS + c0, wi);
+        store_piece<E>(sQml + r * TS + c0, wqml);
+        store_piece<E>(sKil + r * TS + c0, wil);
       }
     }
     if (unsafe) {
@@ -271,10 +284,11 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     }
     __syncthreads();
 
-    // [6] L = k_m k_i^T and Mf = q_m k_i^T
+    // [6] L = k_m k_i^T; Mf = q_m k_i^T with q_m and k_i in two parts each (only the output reads
+    // Mf: L stays the product of the bf16 keys, as the recurrence's k_dec, k_res are bf16)
     if (!unsafe) {
-      if (warp == 0) bf16_abt(sL, sKm, sKi, lane);
-      if (warp == 1) bf16_abt(sM, sQm, sKi, lane);
+      if (warp == 0) bf16_abt<1>(sL, sKm, sKi, lane);
+      if (warp == 1) bf16_abt<3>(sM, sQm, sKi, lane, sQml, sKil);
     } else {
       // pair form: every product of two decays taken as one exponent difference. Threads 0-119
       // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16

@@ -36,6 +36,14 @@ __device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRe
   return __syncthreads_or(unsafe);
 }
 
+// [5] two fp32 values in two bf16 parts each, packed in pairs: hi their rounding, lo the rounding of
+// what it left (an exact fp32 difference, flushed to zero when subnormal under -ftz=true), for [6]'s
+// split product.
+__device__ __forceinline__ void split_bf16x2(const float (&x)[2], u32& hi, u32& lo) {
+  hi = pack_bf16x2(x[0], x[1]);
+  lo = pack_bf16x2(x[0] - bf16_lo(hi), x[1] - bf16_hi(hi));
+}
+
 // [8] column ``col`` of (I + Lb)^-1 by forward substitution in fp32 (Lb strictly lower, [16, 16]
 // at sw(i, j)): X_i = e_i - sum_j<i Lb_ij X_j, FMAs in j order, each X_i to inv[i * ROW + col] as
 // bf16. Unlike a power series of Lb it has no large intermediates, so repeated keys (Lb near an

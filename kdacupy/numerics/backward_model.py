@@ -22,7 +22,8 @@ kda_bwd_chain (head-parallel, chunks in reverse; D = dS^T [V, K] in fp32 registe
   C6. dinitial_state = D in initial_state's dtype and layout (a zero-length sequence: dfinal_state).
 kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads in order):
   P1. q, k: l2norm [1] (kept: qn, kn and the rsqrt factors); per value head the prepare
-      steps [2]-[9] again (gc, gr, q_m, k_m, k_i, L before beta too), bit-identical to R1.
+      steps [2]-[9] again (gc, gr, q_m, k_m, k_i, L before beta too), bit-identical to R1, but
+      for Mqk, read from R1's workspace (its Mf takes the low parts of q_m and k_i as well).
   per V-block of VBLOCK value columns, in order:
   B1. W = mma(k_dec S_op^T), S_op = bf(S_c);  X = r32(v - W);  Y = bf(r32(beta * X)).
   B2. U = bf(mma(INV Y));  dU = bf(mma(Mqk^T dO) then + mma(k_res dS_c^T)).

@@ -9,7 +9,8 @@ parity tolerance), this module follows the kernel exactly:
 
 - [1] l2norm: each row's sum of squares is 8 partial ``fmaf`` chains over K/8 adjacent
   channels (one per thread), combined by the xor-shuffle tree ``((p0+p4)+(p2+p6))+((p1+p5)+(p3+p7))``;
-- [6] L, Mf: mma steps of 16 channels; the pair form's ``fmaf`` chain over the channels;
+- [6] L, Mf: mma steps of 16 channels (Mf: three passes, q_m k_i, q_m k_il, q_ml k_i); the pair
+  form's ``fmaf`` chain over the channels;
 - [8] the forward substitution's ``fmaf`` chain;
 - [12]-[15] W, U and dS: mma steps (16 channels, 16 tokens); the state update one ``fmaf``.
 """
@@ -73,10 +74,10 @@ def prepare_exact(qn, kn, g2, beta, scale):
     op = decayed_operands(qn, kn, gc, gt, gr, scale)
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
-    k_iT = np.swapaxes(op["k_i"], -1, -2)
+    k_iT, k_ilT = np.swapaxes(op["k_i"], -1, -2), np.swapaxes(op["k_il"], -1, -2)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 only in chunks that take the pair form
         L = np.where(strict, mma(None, op["k_m"], k_iT), 0.0)
-        Mf = np.where(incl, mma(None, op["q_m"], k_iT), 0.0)
+        Mf = np.where(incl, mma(mma(mma(None, op["q_m"], k_iT), op["q_m"], k_ilT), op["q_ml"], k_iT), 0.0)
     unsafe = pair_form_chunks(gc, gr)
     if np.any(unsafe):
         L[unsafe] = _pair(kn[unsafe], kn[unsafe], gc[unsafe], strict)

@@ -30,8 +30,14 @@ prepare (token-parallel, per 16-token chunk and value head)
      (the recurrence's, measured from the chunk's start) and the factored form's, measured from gr:
                 q_m = bf(r32(q * r32(em * scale))),  k_m = bf(r32(k * em)),  em = ex2(r32(gc - gr))
                 k_i = bf(r32(k * ex2(r32(gr - gc))))
-  6. L = r32(k_m k_i^T), Mf = r32(q_m k_i^T) (fp32 tensor-core accumulate): k_m,i k_i,j carries
-     2^(gc_i - gr) 2^(gr - gc_j) = 2^(gc_i - gc_j), each factor half the chunk's range at most.
+     with the low parts of q_m and k_i, q_ml = bf(ftz(r32(q * r32(em * scale)) - q_m)) and k_il alike
+     (the fp32 differences are exact).
+  6. L = r32(k_m k_i^T), Mf = r32(q_m k_i^T + q_m k_il^T + q_ml k_i^T) (fp32 tensor-core
+     accumulate, the three products in that order): k_m,i k_i,j carries 2^(gc_i - gr) 2^(gr - gc_j)
+     = 2^(gc_i - gc_j), each factor half the chunk's range at most. Mf is the fp32 operands'
+     product to about 2^-16, as the pair form's is; only the output reads it. L stays the bf16
+     keys' product: the recurrence's k_dec and k_res are bf16, and an L more exact than they are
+     breaks the delta rule's cancellation for repeated keys at beta near 2.
      When some |r32(gc - gr)| > 100 (the channel's range over 200: 2^(gc - gr) * scale * q would
      go subnormal, which the kernels' FTZ flushes, or 2^(gr - gc) overflow with large keys), the
      chunk uses the pair form instead: r32(sum_d k_i k_j ex2(r32(gc_i - gc_j))) (q_i: r32(q_i * scale)).
@@ -195,12 +201,15 @@ def pair_form_chunks(gc, gr):
 
 def decayed_operands(qn, kn, gc, gt, gr, scale):
     """Step 5: the recurrence's bf16 operands q_dec, k_dec, k_res and the factored form's q_m, k_m,
-    k_i (float64 arrays holding bf16 values), as a dict."""
+    k_i with the low parts q_ml, k_il (float64 arrays holding bf16 values), as a dict."""
     e = ex2(gc)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 only in chunks that take the pair form
         em, ei = ex2(r32(gc - gr)), ex2(r32(gr - gc))
+        q_mf, k_if = r32(qn * r32(em * scale)), r32(kn * ei)
+        q_m, k_i = bf(q_mf), bf(k_if)
         return dict(q_dec=bf(r32(qn * r32(e * scale))), k_dec=bf(r32(kn * e)), k_res=bf(r32(kn * ex2(r32(gt - gc)))),
-                    q_m=bf(r32(qn * r32(em * scale))), k_m=bf(r32(kn * em)), k_i=bf(r32(kn * ei)))
+                    q_m=q_m, k_m=bf(r32(kn * em)), k_i=k_i, q_ml=bf(ftz_f32(q_mf - q_m)),
+                    k_il=bf(ftz_f32(k_if - k_i)))
 
 
 def prepare_chunks(qn, kn, g2, beta, scale):
@@ -212,10 +221,10 @@ def prepare_chunks(qn, kn, g2, beta, scale):
     op = decayed_operands(qn, kn, gc, gt, gr, scale)
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
-    k_iT = np.swapaxes(op["k_i"], -1, -2)
+    k_iT, k_ilT = np.swapaxes(op["k_i"], -1, -2), np.swapaxes(op["k_il"], -1, -2)
     with np.errstate(all="ignore"):
         L = np.where(strict, r32(op["k_m"] @ k_iT), 0.0)
-        Mf = np.where(incl, r32(op["q_m"] @ k_iT), 0.0)
+        Mf = np.where(incl, r32(op["q_m"] @ k_iT + op["q_m"] @ k_ilT + op["q_ml"] @ k_iT), 0.0)
     unsafe = pair_form_chunks(gc, gr)
     if np.any(unsafe):
         L[unsafe] = _pair_form(kn[unsafe], kn[unsafe], gc[unsafe], strict)
@@ -242,10 +251,12 @@ def kda_model(
     q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False,
     cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False,
     gate="log", A_log=None, dt_bias=None, lower_bound=None, state_layout="kv",
-    state_dtype=None, state_precision="bf16",
+    state_dtype=None, state_precision="bf16", on_chunk=None,
 ):
     """The CUDA kernels' result, modelled in NumPy. Inputs in their storage
-    dtypes; returns ``(o, final_state)`` in v's dtype and ``state_dtype``."""
+    dtypes; returns ``(o, final_state)`` in v's dtype and ``state_dtype``. ``on_chunk(end, S)``
+    is called after each chunk with the state as held, [N, HV, K, V], after each sequence's
+    first ``end`` tokens (checkpoints, kdacupy/numerics/checkpoints.py)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     out_dtype = np.dtype(v.dtype)
@@ -271,6 +282,8 @@ def kda_model(
     for c in range(nchunks):
         ops = prepare_chunks(qc[:, :, c], kc[:, :, c], gcn[:, :, c], bc[:, :, c], scale32)
         Hs, o[:, :, c] = recurrence_step(Hs, ops, vc[:, :, c], bc[:, :, c], out_dtype, state_precision)
+        if on_chunk is not None:
+            on_chunk((c + 1) * CHUNK, Hs)
     o = ch.join(o).astype(out_dtype)
     final = None
     if output_final_state:

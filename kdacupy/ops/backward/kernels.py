@@ -58,7 +58,7 @@ class ChunkVariant(InputVariant):
     kernel: ClassVar[str] = "kda_bwd_chunk"
 
     def layout_config(self) -> dict:
-        return layouts.chunk_smem(self.K)
+        return layouts.chunk_smem(self.K) | fwd_layouts.workspace(self.K)  # it reads R1's Mqk
 
     @property
     def smem(self) -> int:
@@ -176,7 +176,7 @@ def launch_chunk(run, p, a, sc, grads, nslots, per_seq):
     args += [ptr(a["A_log"]), ptr(a["dt_bias"]), *cu_args(a["cu_seqlens"]), np.int32(p.T),
              np.int32(p.H), np.int32(p.HV), np.int32(p.V), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
              np.float32(p.scale), lower_bound_log2(p), lb, ptr(sc["states"]), np.int32(p.state_precision == "fp32"),
-             ptr(sc["dstates"])]
+             ptr(sc["dstates"]), ptr(sc["ws"])]
     args += [ptr(grads[n]) for n in ("dq", "dk", "dv", "dg", "dbeta")]
     args += [ptr(sc["ddt"] if grads["ddt_bias"] is not None else None),
              ptr(sc["dA"] if grads["dA_log"] is not None else None)]

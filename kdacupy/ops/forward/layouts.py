@@ -50,12 +50,13 @@ def prepare_grow(K: int, g_bytes: int) -> int:
 
 def prepare_smem(K: int, dt_bytes: int, g_bytes: int) -> dict[str, int]:
     """Shared memory of kda_prepare. The fast path keeps bf16 tiles (padded rows
-    for ldmatrix), the pair path padded fp32 rows of q*scale and k: they share a region.
+    for ldmatrix: q_m, k_m, k_i and the low parts of q_m, k_i), the pair path padded fp32
+    rows of q*scale and k: they share a region.
     REF: the factored form's reference per channel (precision.py step 4), padded as a row of G.
     INQ, INK, ING: the input stage, the next chunk's q, k and g rows on their way (cp.async)."""
     tile = CHUNK * (K + 8) * 2
     rows = CHUNK * prepare_row(K) * 4
-    parts = [("G", rows), ("U", max(3 * tile, 2 * rows)), ("L", CHUNK * CHUNK * 4),
+    parts = [("G", rows), ("U", max(5 * tile, 2 * rows)), ("L", CHUNK * CHUNK * 4),
              ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4), ("REF", (K + K // 8) * 4),
              ("INQ", CHUNK * K * dt_bytes), ("INK", CHUNK * K * dt_bytes), ("ING", CHUNK * prepare_grow(K, g_bytes))]
     off, total = _place(parts)
