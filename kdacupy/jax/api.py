@@ -21,7 +21,7 @@ from jax.experimental.buffer_callback import buffer_callback
 
 import kdacupy
 
-from . import batching
+from . import batching, manual
 from .buffers import arrays_of
 
 #: the differentiable inputs, then cu_seqlens, in the order of the custom_vjp's arguments
@@ -124,7 +124,8 @@ def _forward(opts, args):
         out_ranks.append(4)
     call = buffer_callback(_callback(_forward_body, opts, names, tuple(out_names), tuple(out_ranks)), tuple(outs),
                            vmap_method="expand_dims")
-    results = call(*present)
+    axes = manual.varying(*present)  # inside shard_map: the results vary as the inputs do
+    results = [manual.to_varying(r, axes) for r in call(*present)]
     return results[0], (results[1] if opts.output_final_state else None)
 
 
@@ -136,7 +137,8 @@ def _backward(opts, do, dfinal_state, args):
     call = buffer_callback(
         _callback(_backward_body, opts, names, tuple(n for n, _ in wrt), tuple(x.ndim for _, x in wrt)),
         tuple(_struct(x.shape, x.dtype) for _, x in wrt), vmap_method="expand_dims")
-    grads = dict(zip((n for n, _ in wrt), call(*present)))
+    axes = manual.varying(*present)  # each gradient typed as its argument, summed over the shards sharing it
+    grads = {n: manual.like(manual.to_varying(d, axes), x, axes) for (n, x), d in zip(wrt, call(*present))}
     return tuple(grads.get(n) for n in _INPUTS[:8])
 
 

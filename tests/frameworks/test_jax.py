@@ -233,3 +233,33 @@ def test_vmap_of_grad_gives_per_example_gradients(x64):
                                    **opts)
         assert np.array_equal(np.asarray(grads[0][i]), ref.dq)
         assert np.array_equal(np.asarray(grads[1][i]), ref.dA_log)
+
+
+def test_grad_inside_shard_map_passes_its_checks(x64):
+    """kda on a shard inside jax.shard_map (its default check_vma=True) under jax.grad: the
+    callbacks' results are typed as varying like their inputs and each gradient like its
+    argument, the shared A_log's and dt_bias's summed over the shards (it used to need
+    check_vma=False: "the manual axis types do not match"). One device here;
+    tests/dist/test_jax_cp.py runs four."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    x, opts = numpy_case("sigmoid-gva-l2norm")
+    mesh = jax.make_mesh((1,), ("b",))
+    rng = np.random.default_rng(2)
+    o1, _ = kdacupy.kda_forward(*(x[n] for n in ARRAYS), **opts)
+    do = rng.standard_normal(o1.shape)
+    ref = kdacupy.kda_backward(do, *(x[n] for n in ARRAYS), **opts)
+    jx, jo = to_jax(x, opts)
+    static = {n: a for n, a in jo.items() if n not in ("A_log", "dt_bias")}
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    args = [put(jx[n], P("b")) for n in ARRAYS] + [put(jo[n], P()) for n in ("A_log", "dt_bias")]
+
+    def shard_loss(q, k, v, g, beta, A_log, dt_bias, do):
+        o, _ = kj.kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, **static)
+        return jax.lax.psum((o * do).sum(), "b")
+
+    loss = jax.shard_map(shard_loss, mesh=mesh, in_specs=(P("b"),) * 5 + (P(), P(), P("b")), out_specs=P())
+    grads = jax.jit(jax.grad(loss, argnums=tuple(range(7))))(*args, put(jnp.asarray(do), P("b")))
+    for n, got in zip(ARRAYS + ("A_log", "dt_bias"), grads):
+        assert np.array_equal(np.asarray(got), getattr(ref, "d" + n)), n

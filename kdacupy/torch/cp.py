@@ -1,0 +1,213 @@
+"""``kdacupy.torch.kda_cp``: context parallelism on a ``torch.distributed`` process group
+(docs/design.md sections 7.3 and 10.1).
+
+Two custom ops, ``torch.ops.kdacupy.forward_cp`` and ``backward_cp``, run
+``kdacupy.distributed.kda_forward_cp`` / ``kda_backward_cp`` with the group as their
+communicator (its own backend: NCCL for CUDA tensors, gloo for CPU tensors), and
+``register_autograd`` makes the first differentiable through the second. Custom ops rather
+than a ``torch.autograd.Function``: the collectives run inside the ops' implementations, so
+``torch.compile`` traces each call as one opaque op (fake implementations give the results'
+shapes) with no graph break, as for ``kdacupy.torch.kda``; an op's schema cannot hold a
+ProcessGroup, so the ops take the group's name and find the group in the registry
+``kda_cp`` fills. Every rank must run the forward and the backward of every call (the
+backward's collectives need every rank), as in any context-parallel training step.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from kdacupy.distributed import kda_backward_cp, kda_forward_cp
+
+from .api import _dense, _flag, _gate_params, _index_tensor, _name, _real, _rows, _unexpected
+from .bridge import empty_like_rows, numpy_dtype, on_torch_stream, to_array, to_tensor
+from .ops import _final_state_dtype, _nothing
+
+_GROUPS: dict = {}  # group name -> ProcessGroup, for the ops (kda_cp registers each group it is given)
+
+
+def _group(name):
+    group = _GROUPS.get(name)
+    if group is None:
+        raise ValueError(f"group: no process group named {name!r} was passed to kdacupy.torch.kda_cp")
+    return group
+
+
+@torch.library.custom_op("kdacupy::forward_cp", mutates_args=(), device_types=("cpu", "cuda"))
+def forward_cp(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor], initial_state: Optional[Tensor],
+               cu_seqlens: Optional[Tensor], A_log: Optional[Tensor], dt_bias: Optional[Tensor], group: str,
+               scale: Optional[float], output_final_state: bool, qk_l2norm: bool, beta_sigmoid: bool,
+               allow_neg_eigval: bool, gate: str, lower_bound: Optional[float], state_layout: str,
+               state_dtype: Optional[torch.dtype], state_precision: str,
+               backend: Optional[str]) -> tuple[Tensor, Tensor]:
+    """``kda_forward_cp`` on this rank's slice: (o, final_state or an empty tensor)."""
+    with on_torch_stream(q.device):
+        o = empty_like_rows(v)
+        _, final = kda_forward_cp(
+            to_array(q), to_array(k), to_array(v), to_array(g), to_array(beta), comm=_group(group), scale=scale,
+            initial_state=to_array(initial_state), output_final_state=output_final_state,
+            cu_seqlens=to_array(cu_seqlens), qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid,
+            allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=to_array(A_log), dt_bias=to_array(dt_bias),
+            lower_bound=lower_bound, state_layout=state_layout, state_dtype=numpy_dtype(state_dtype),
+            state_precision=state_precision, out=to_array(o), backend=backend)
+        return o, (to_tensor(final).contiguous() if final is not None else _nothing(v))
+
+
+@forward_cp.register_fake
+def _forward_cp_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, group, scale, output_final_state,
+                     qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_dtype,
+                     state_precision, backend):
+    o = v.new_empty(v.shape)
+    if not output_final_state:
+        return o, _nothing(v)
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    shape = (N, HV, K, V) if state_layout == "kv" else (N, HV, V, K)
+    return o, q.new_empty(shape, dtype=_final_state_dtype(q, initial_state, state_dtype))
+
+
+@torch.library.custom_op("kdacupy::backward_cp", mutates_args=(), device_types=("cpu", "cuda"))
+def backward_cp(do: Tensor, dfinal_state: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, g: Tensor,
+                beta: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                A_log: Optional[Tensor], dt_bias: Optional[Tensor], group: str, scale: Optional[float],
+                qk_l2norm: bool, beta_sigmoid: bool, allow_neg_eigval: bool, gate: str, lower_bound: Optional[float],
+                state_layout: str, state_precision: str,
+                backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``kda_backward_cp(shared_grads="local")``: this rank's slice's gradients and its shares of
+    the shared arguments' (summed over the ranks they are the whole loss's, as DDP sums
+    replicated parameters' gradients); ``dfinal_state`` is this rank's share of the final
+    state's gradient. An empty tensor for an argument not given."""
+    inputs = (q, k, v, g, beta, initial_state, A_log, dt_bias)
+    with on_torch_stream(q.device):
+        grads = kda_backward_cp(
+            to_array(do), to_array(q), to_array(k), to_array(v), to_array(g), to_array(beta), comm=_group(group),
+            dfinal_state=to_array(dfinal_state), scale=scale, initial_state=to_array(initial_state),
+            cu_seqlens=to_array(cu_seqlens), qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid,
+            allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=to_array(A_log), dt_bias=to_array(dt_bias),
+            lower_bound=lower_bound, state_layout=state_layout, state_precision=state_precision, backend=backend,
+            shared_grads="local")
+        out = []
+        for x, dx in zip(inputs, tuple(grads)):
+            if x is None:
+                out.append(_nothing(q))
+            elif dx is None:
+                out.append(torch.zeros_like(x))
+            else:
+                out.append(to_tensor(dx).reshape(x.shape).to(x.dtype).contiguous())
+        return tuple(out)
+
+
+@backward_cp.register_fake
+def _backward_cp_fake(do, dfinal_state, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, group, scale,
+                      qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_precision,
+                      backend):
+    return tuple(_nothing(q) if x is None else x.new_empty(x.shape)
+                 for x in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+
+
+_TENSORS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "A_log", "dt_bias")
+_OPTIONS = ("group", "scale", "output_final_state", "qk_l2norm", "beta_sigmoid", "allow_neg_eigval", "gate",
+            "lower_bound", "state_layout", "state_dtype", "state_precision", "backend")
+_BACKWARD_OPTIONS = ("group", "scale", "qk_l2norm", "beta_sigmoid", "allow_neg_eigval", "gate", "lower_bound",
+                     "state_layout", "state_precision", "backend")
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:len(_TENSORS)])
+    ctx.options = dict(zip(_OPTIONS, inputs[len(_TENSORS):]))
+    final = output[1]
+    ctx.final_like = (tuple(final.shape), final.dtype, final.device)
+
+
+def _backward(ctx, do, dfinal_state):
+    q, k, v, g, beta, h0, cu, A_log, dt_bias = ctx.saved_tensors
+    opts = ctx.options
+    # every rank takes part in the collectives with the same arguments: an output whose gradient
+    # autograd did not materialise counts as zeros
+    do = torch.zeros_like(v) if do is None else do.contiguous()
+    dfinal = None
+    if opts["output_final_state"]:
+        shape, dtype, device = ctx.final_like
+        dfinal = torch.zeros(shape, dtype=dtype, device=device) if dfinal_state is None else dfinal_state.contiguous()
+    grads = torch.ops.kdacupy.backward_cp(do, dfinal, q, k, v, g, beta, h0, cu, A_log, dt_bias,
+                                          *(opts[n] for n in _BACKWARD_OPTIONS))
+    dq, dk, dv, dg, dbeta, dh0, dA, ddt = (None if x is None else d
+                                          for x, d in zip((q, k, v, g, beta, h0, A_log, dt_bias), grads))
+    return (dq, dk, dv, dg, dbeta, dh0, None, dA, ddt) + (None,) * len(_OPTIONS)
+
+
+torch.library.register_autograd("kdacupy::forward_cp", _backward, setup_context=_setup_context)
+
+
+def _group_name(group):
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("kda_cp: torch.distributed is not initialised (call torch.distributed.init_process_group)")
+    group = dist.group.WORLD if group is None else group
+    name = group.group_name
+    _GROUPS[name] = group
+    return name
+
+
+def kda_cp(q, k, v, g, beta=None, *, group=None, scale=None, initial_state=None, output_final_state=False,
+           cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None,
+           dt_bias=None, lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16",
+           backend=None, **unknown):
+    """Kimi Delta Attention on this rank's contiguous slice of the tokens, across the ranks of
+    ``group`` (a ``torch.distributed`` ProcessGroup; None: the default group): ``(o_local,
+    final_state)``, as ``kdacupy.distributed.kda_forward_cp``, and differentiable, the backward
+    through ``kda_backward_cp``.
+
+    Ranks hold consecutive slices in group order, of any length: ``[B, T_r, ...]`` slices of
+    the same B sequences, or with ``cu_seqlens`` (the GLOBAL packed offsets, the same on every
+    rank; a host tensor or list spares a device-to-host copy) a slice of the packed stream.
+    ``initial_state``, A_log and dt_bias are the same on every rank; ``final_state`` comes back
+    the same on every rank. Gradients: q, k, v, g and beta of this rank's slice; for
+    initial_state, A_log and dt_bias this rank's share, the whole loss's gradient being the sum
+    of the shares over the group (sum them with the other replicated parameters' gradients,
+    e.g. ``torch.distributed.all_reduce``, as DDP does); the loss is the sum of the ranks'
+    losses, so the final state's gradient is the sum of what each rank's loss gives it. The
+    other keywords are ``kdacupy.torch.kda``'s.
+    """
+    if unknown:
+        _unexpected("kda_cp", unknown)
+    if state_dtype is not None and not isinstance(state_dtype, torch.dtype):
+        raise TypeError(f"state_dtype: expected a torch dtype or None, got {state_dtype!r}")
+    cu = _index_tensor("cu_seqlens", cu_seqlens)
+    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
+    initial_state = _dense(initial_state)
+    A_log, dt_bias = _gate_params(A_log, dt_bias)  # as kda: the parameters as a model holds them
+    output_final_state = _flag("output_final_state", output_final_state)
+    o, final = forward_cp(q, k, v, g, beta, initial_state, cu, A_log, dt_bias, _group_name(group),
+                          _real("scale", scale), output_final_state, _flag("qk_l2norm", qk_l2norm),
+                          _flag("beta_sigmoid", beta_sigmoid), _flag("allow_neg_eigval", allow_neg_eigval),
+                          _name("gate", gate), _real("lower_bound", lower_bound), _name("state_layout", state_layout),
+                          state_dtype, _name("state_precision", state_precision), _name("backend", backend))
+    return o, (final if output_final_state else None)
+
+
+def fla_cu_seqlens(cp_context, tokens: int):
+    """The global ``cu_seqlens`` of FLA's ``FLACPContext`` (fla/ops/cp: rank-local offsets, and
+    ``pre_num_ranks > 0`` when the slice's first sequence began on an earlier rank), gathered
+    from every rank of its group (one small all_gather of Python objects): each rank's local
+    lengths, its first one joined to the previous rank's last when it continues it."""
+    import torch.distributed as dist
+
+    local = cp_context.cu_seqlens_cpu if getattr(cp_context, "cu_seqlens_cpu", None) is not None \
+        else cp_context.cu_seqlens
+    local = [int(x) for x in local.tolist()]
+    if local[-1] != tokens:
+        raise ValueError(f"cp_context: expected rank-local cu_seqlens ending at this rank's {tokens} tokens, got "
+                         f"{local}")
+    mine = ([b - a for a, b in zip(local, local[1:])], bool(cp_context.pre_num_ranks))
+    every = [None] * dist.get_world_size(cp_context.group)
+    dist.all_gather_object(every, mine, group=cp_context.group)
+    lengths = []
+    for rank_lengths, continues in every:
+        if continues and lengths and rank_lengths:
+            lengths[-1] += rank_lengths[0]
+            rank_lengths = rank_lengths[1:]
+        lengths += rank_lengths
+    return torch.tensor([0] + list(torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()), dtype=torch.int64)
