@@ -178,15 +178,18 @@ def host_overhead(calls: int = 2000, repeats: int = 5) -> list[dict]:
 
 def per_call_us(fn, calls: int, batch: int = 50) -> dict:
     """``fn()``'s wall time per call in microseconds: the median and the min over batches of
-    ``batch`` calls (a batch's mean; the median is robust to a busy machine's preemptions)."""
+    ``batch`` calls (a batch's mean; the median is robust to a busy machine's preemptions), and
+    the median of the thread's CPU time per call (what other processes' turns do not add to)."""
     fn()
-    means = []
+    means, cpu = [], []
     for _ in range(max(1, calls // batch)):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(batch):
             fn()
         means.append((time.perf_counter() - t0) / batch * 1e6)
-    return dict(median_us=float(np.median(means)), min_us=min(means), calls=len(means) * batch)
+        cpu.append((time.thread_time() - c0) / batch * 1e6)
+    return dict(median_us=float(np.median(means)), min_us=min(means), cpu_median_us=float(np.median(cpu)),
+                calls=len(means) * batch)
 
 
 def cuda_host_overhead(calls: int = 20000, gpu: str = "NVIDIA H200", sm_count: int = 132) -> list[dict]:
@@ -239,32 +242,34 @@ def compat_calls(N=64, HV=32) -> dict:
     a, o = _torch_case(N, HV)
     q, k, v, g, beta = a["q"], a["k"], a["v"], a["g"], a["beta"]
     pool, idx, A_log, dt_bias = o["state_pool"], o["state_indices"], o["A_log"], o["dt_bias"]
-    packed = lambda x: x.reshape((1, N) + tuple(x.shape[2:]))  # noqa: E731  ([1, N*T, ...] with cu_seqlens)
+    pq, pk, pv, pg, pb = (x.reshape((1, N) + tuple(x.shape[2:])) for x in (q, k, v, g, beta))  # [1, N*T, ...]
     cu = torch.arange(N + 1, dtype=torch.int32)
+    # (module, function, args, keywords): the engines' own tensors made here, once, not in the timed calls
     cases = {
-        "kdacupy.torch.kda_decode": ("kdacupy.torch", "kda_decode", lambda f: lambda: f(
-            q, k, v, g, beta, state_pool=pool, state_indices=idx, qk_l2norm=True, beta_sigmoid=True, gate="sigmoid",
-            A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0)),
+        "kdacupy.torch.kda_decode": ("kdacupy.torch", "kda_decode", (q, k, v, g, beta), dict(
+            state_pool=pool, state_indices=idx, qk_l2norm=True, beta_sigmoid=True, gate="sigmoid", A_log=A_log,
+            dt_bias=dt_bias, lower_bound=-5.0)),
         # FLA's serving entry (fla-core 0.6.0), as vLLM's older layers call it
-        "kdacupy.compat.fla.fused_recurrent_kda_fwd": ("kdacupy.compat.fla", "fused_recurrent_kda_fwd", lambda f: lambda: f(
-            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias.reshape(-1), initial_state=pool, inplace_final_state=True,
-            state_v_first=True, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-            use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)),
+        "kdacupy.compat.fla.fused_recurrent_kda_fwd": ("kdacupy.compat.fla", "fused_recurrent_kda_fwd", (
+            q, k, v, g, beta), dict(A_log=A_log, dt_bias=dt_bias.reshape(-1), initial_state=pool,
+                                   inplace_final_state=True, state_v_first=True, ssm_state_indices=idx,
+                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                   use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)),
         # vLLM's KDA layer: decode on packed tokens, the gate already applied (fused_kda_gate)
-        "kdacupy.compat.vllm.fused_recurrent_kda": ("kdacupy.compat.vllm", "fused_recurrent_kda", lambda f: lambda: f(
-            packed(q), packed(k), packed(v), packed(g), packed(beta), initial_state=pool,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=cu, ssm_state_indices=idx)),
+        "kdacupy.compat.vllm.fused_recurrent_kda": ("kdacupy.compat.vllm", "fused_recurrent_kda", (
+            pq, pk, pv, pg, pb), dict(initial_state=pool, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                      ssm_state_indices=idx)),
         # SGLang's KDA backend: the raw gate flat [1, N, HV * K], beta logits, A_log [1, 1, HV, 1]
         "kdacupy.compat.sglang.fused_sigmoid_gating_delta_rule_update": (
-            "kdacupy.compat.sglang", "fused_sigmoid_gating_delta_rule_update", lambda f: lambda: f(
-                A_log.reshape(1, 1, HV, 1), packed(g).reshape(1, N, -1), dt_bias.reshape(-1), 1.0, 20.0, packed(q),
-                packed(k), packed(v), packed(beta), pool, idx, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-                is_kda=True, lower_bound=-5.0)),
+            "kdacupy.compat.sglang", "fused_sigmoid_gating_delta_rule_update", (
+                A_log.reshape(1, 1, HV, 1), pg.reshape(1, N, -1), dt_bias.reshape(-1), 1.0, 20.0, pq, pk, pv, pb,
+                pool, idx), dict(use_qk_l2norm_in_kernel=True, cu_seqlens=cu, is_kda=True, lower_bound=-5.0)),
     }
     calls = {}
-    for name, (module, fn, make) in cases.items():
+    for name, (module, fn, args, kw) in cases.items():
         try:
-            calls[name] = make(getattr(importlib.import_module(module), fn))
+            f = getattr(importlib.import_module(module), fn)
+            calls[name] = lambda f=f, args=args, kw=kw: f(*args, **kw)
         except Exception as e:  # noqa: BLE001  (a module not there yet, or one without this function)
             calls[name] = f"{type(e).__name__}: {e}"[:200]
     return calls
@@ -572,7 +577,8 @@ def cuda_path_host_time(calls: int, gpu: str, sm_count: int) -> tuple[list, list
     cuda = cuda_host_overhead(calls, gpu, sm_count)
     for r in cuda:
         print(f"  N={r['N']} HV={r['HV']} T={r['T']} out {'given' if r['out_given'] else 'allocated'}: "
-              f"{r['median_us']:.1f} us (min {r['min_us']:.1f}), {r['launches']} launches")
+              f"{r['median_us']:.1f} us (min {r['min_us']:.1f}, CPU {r['cpu_median_us']:.1f}), "
+              f"{r['launches']} launches")
     print("host time per call of the compat decode entry points (CPU tensors standing for CUDA tensors, the same "
           "stand-ins, torch.inference_mode; N=64 HV=32 T=1):")
     try:
@@ -583,7 +589,8 @@ def cuda_path_host_time(calls: int, gpu: str, sm_count: int) -> tuple[list, list
         if "error" in r:
             print(f"  {r['entry']}: not measured: {r['error']}")
         else:
-            print(f"  {r['entry']}: {r['median_us']:.1f} us (min {r['min_us']:.1f}), {r['launches']} launches")
+            print(f"  {r['entry']}: {r['median_us']:.1f} us (min {r['min_us']:.1f}, CPU {r['cpu_median_us']:.1f}), "
+                  f"{r['launches']} launches")
     return cuda, compat
 
 
