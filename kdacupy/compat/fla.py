@@ -8,9 +8,9 @@ kdacupy.compat.vllm and kdacupy.compat.sglang.)
 
 They run on kdacupy.torch (autograd, ``torch.compile``, torch's stream; CPU tensors on
 the NumPy backends). FLA's keywords map to kdacupy's (README "Keyword mapping");
+``cp_context`` (FLA's context parallelism) runs kdacupy.torch.kda_cp (kdacupy/compat/fla_cp.py);
 what kdacupy cannot honour raises an error that names the argument:
-``return_intermediate_states``, ``cp_context`` (kdacupy.distributed does context
-parallelism), a per-channel beta ``[B, T, HV, V]``, head dims outside {64, 128, 256},
+``return_intermediate_states``, a per-channel beta ``[B, T, HV, V]``, head dims outside {64, 128, 256},
 ``use_gate_in_kernel=True`` with neither ``A_log`` nor ``lower_bound`` in
 ``fused_recurrent_kda`` and ``fused_kda_gate`` (fla-core then multiplies the softplus by
 e, an undocumented constant; ``chunk_kda`` refuses the same call), unknown keywords
@@ -133,9 +133,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if chunk_size not in (32, 64):
         raise ValueError(f"`chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
     _refuse_unknown("chunk_kda", kwargs)
-    if cp_context is not None:
-        raise NotImplementedError("cp_context: kdacupy does context parallelism with "
-                                  "kdacupy.distributed.kda_forward_cp (README), not with FLA's FLACPContext")
+    if cp_context is not None:  # FLA's context parallelism (fla/ops/cp) on kdacupy.torch.kda_cp
+        from .fla_cp import cp_call
+        cu_seqlens, forward_cp = cp_call(cp_context, q, initial_state, output_final_state,
+                                         return_intermediate_states, use_graph)
     _check_varlen(q, initial_state, cu_seqlens)
     if use_graph and cu_seqlens is not None and max_num_seqs is not None and cu_seqlens.shape[0] - 1 != max_num_seqs:
         raise ValueError(f"cu_seqlens must be padded with zero-length tail sequences to exactly max_num_seqs + 1 "
@@ -148,6 +149,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if not (-5 <= lower_bound < 0):
             raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
     forward = _forward_with_chunk_states if return_intermediate_states else _forward
+    if cp_context is not None:
+        forward = forward_cp
     return forward("chunk_kda", q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, scale=scale,
                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,

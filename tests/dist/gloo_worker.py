@@ -125,6 +125,52 @@ def torch_call(ranks, group, varlen, backward):
     return o
 
 
+def fla_context(group, cu, rank, ranks):
+    """What FLA's build_cp_context (fla/ops/cp) gives this rank for the global ``cu``: equal
+    shares of the packed stream, the share's rank-local offsets, and how many earlier ranks
+    the share's first sequence began on (a namespace with FLACPContext's fields)."""
+    import types
+    part = int(cu[-1]) // ranks
+    lo, hi = rank * part, (rank + 1) * part
+    first = int(np.searchsorted(cu[1:], lo, side="right"))
+    last = int(np.searchsorted(cu[:-1], hi, side="left"))
+    local = np.unique(np.clip(cu[first:last + 1], lo, hi) - lo)
+    t = torch.from_numpy(local.astype(np.int32))
+    return types.SimpleNamespace(group=group, cu_seqlens=t, cu_seqlens_cpu=t, pre_num_ranks=rank - int(cu[first]) // part,
+                                 is_first_rank=int(cu[first]) // part == rank)
+
+
+def fla_cp_case(ranks, group):
+    """kdacupy.compat.fla.chunk_kda with FLA's cp_context on this rank's share against chunk_kda
+    on the whole packed stream: the output and every gradient (float64, to 1e-10; A_log's and
+    dt_bias's summed over the ranks)."""
+    from kdacupy.compat.fla import chunk_kda
+    x, opts = float64(*make_inputs(cu_seqlens=[10, 40, 4, 0, 21], H=1, HV=2, K=64, V=64, dtype=F64))
+    cu = opts["cu_seqlens"]
+    T = int(cu[-1])
+    fla_kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                  lower_bound=-5.0, safe_gate=True)
+    ctx = fla_context(group, cu, ranks.rank, ranks.size)
+    sl = slice(ranks.rank * (T // ranks.size), (ranks.rank + 1) * (T // ranks.size))
+    got, want = {}, {}
+    for mine, out in ((True, got), (False, want)):
+        leaves = {n: torch.from_numpy(x[n][:, sl] if mine else x[n]).requires_grad_() for n in NAMES}
+        params = {n: torch.from_numpy(opts[n]).requires_grad_() for n in ("A_log", "dt_bias")}
+        o, _ = chunk_kda(*(leaves[n] for n in NAMES), **params, **fla_kw,
+                         **(dict(cp_context=ctx) if mine else dict(cu_seqlens=torch.from_numpy(cu))))
+        do = torch.from_numpy(np.random.default_rng(2).standard_normal(x["v"].shape))
+        (o * (do[:, sl] if mine else do)).sum().backward()
+        out.update(o=o.detach(), **{n: t.grad for n, t in {**leaves, **params}.items()})
+    for n in ("A_log", "dt_bias"):
+        dist.all_reduce(got[n], group=group)
+    problems = []
+    for n, a in got.items():
+        b = want[n][:, sl] if n in NAMES + ("o",) else want[n]
+        err = float((a - b).abs().max() / b.abs().max())
+        problems += [f"{n}: {err:.3g}"] if err >= 1e-10 else []
+    assert not problems, "; ".join(problems)
+
+
 TORCH_CASES = [
     ("kda_cp float64 varlen spanning, states, GVA", dict(cu_seqlens=[7, 0, 30, 3, 0, 20], H=1, HV=2, K=64, V=64,
                                                          dtype=F64, state=F64), dict(qk_l2norm=True), "uneven",
@@ -148,6 +194,7 @@ def child(rank, store, out):
     jobs = [(f"engine: {fwd[0]}", lambda: forward_case(ranks, group, *fwd)),
             (f"engine: {bwd[0]}", lambda: backward_case(ranks, group, *bwd, repeat=True))]
     jobs += [(c[0], lambda c=c: torch_case(ranks, group, *c[1:])) for c in TORCH_CASES]
+    jobs += [("compat.fla chunk_kda with FLA's cp_context", lambda: fla_cp_case(ranks, group))]
     for name, job in jobs:
         failed += run_everywhere(ranks, job, f"{name} ({RANKS} gloo processes)")
     for name, where, failing, exc, varlen, backward, needle in faults.SCENARIOS:

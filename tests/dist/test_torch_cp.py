@@ -1,6 +1,7 @@
 """Context parallelism on torch.distributed: three gloo processes (tests/dist/gloo_worker.py,
-one launch) run kdacupy.distributed's calls on the process group and kdacupy.torch.kda_cp's
-autograd against the single-process kdacupy.torch.kda, and fault injection through kda_cp;
+one launch) run kdacupy.distributed's calls on the process group, kdacupy.torch.kda_cp's
+autograd against the single-process kdacupy.torch.kda, kdacupy.compat.fla.chunk_kda with FLA's
+cp_context against chunk_kda on the whole stream, and fault injection through kda_cp;
 uncaught, an injected failure ends every process with the same error. The launch is killed,
 as a failure, when it outlasts its time limit. Skipped without torch."""
 import importlib.util
@@ -34,10 +35,30 @@ def test_kda_cp_on_three_gloo_processes(tmp_path):
         out, err = proc.communicate()
         pytest.fail(f"gloo_worker.py did not finish in 120 s (a hang):\n{out[-4000:]}\n{err[-3000:]}")
     lines = [ln for ln in out.splitlines() if ln.startswith(("ok:", "FAIL:"))]
-    assert len(lines) == 5 + len(SCENARIOS) and all(ln.startswith("ok:") for ln in lines), out[-6000:] + err[-3000:]
+    assert len(lines) == 6 + len(SCENARIOS) and all(ln.startswith("ok:") for ln in lines), out[-6000:] + err[-3000:]
     assert "scenarios done on 3 gloo processes" in out and "exit codes [1, 1, 1]" in out, out + err[-3000:]
     assert proc.returncode == 0 and "returned normally" not in out, out
     for r in range(3):
         assert (tmp_path / f"rank{r}.err").read_text() == (
             "ContextParallelError: kda_backward_cp: rank 1 failed computing its state maps and adjoints: "
             "LinAlgError: injected: uncaught\n"), r
+
+
+def test_fla_cp_context_refuses_what_fla_refuses():
+    """chunk_kda with FLA's cp_context: FLA's asserts, with its messages, before any collective:
+    no initial state, no final state, cu_seqlens from the context."""
+    import types
+
+    torch = pytest.importorskip("torch", reason=MARKERS["torch"])
+    from kdacupy.compat.fla_cp import cp_call
+
+    ctx = types.SimpleNamespace(group=None, cu_seqlens=torch.tensor([0, 4], dtype=torch.int32), pre_num_ranks=0)
+    q = torch.zeros(1, 4, 1, 64)
+    with pytest.raises(AssertionError, match="^Initial state is not supported for CP$"):
+        cp_call(ctx, q, torch.zeros(1, 1, 64, 64), False, False, False)
+    with pytest.raises(AssertionError, match="^Output final state is not supported for CP$"):
+        cp_call(ctx, q, None, True, False, False)
+    with pytest.raises(AssertionError, match="^cu_seqlens is required for CP$"):
+        cp_call(types.SimpleNamespace(group=None, cu_seqlens=None), q, None, False, False, False)
+    cu, forward = cp_call(ctx, q, None, False, False, False)
+    assert cu is ctx.cu_seqlens and callable(forward)
