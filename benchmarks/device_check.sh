@@ -45,7 +45,8 @@
 # 18  frameworks on the GPU                      60  34?  torch's stream, zero copy, no host sync, graph capture,
 #                                                         inductor, fla's Triton decode, JAX under jit on XLA's stream
 # 19  few heads: serial vs split                 30   15  what sequence parallelism buys (calibrates its heuristic)
-# 20  context parallelism (NCCL, MPI)            15    8  CP on the GPU; last, so an NCCL hang costs only its box
+# 20  context parallelism (NCCL, MPI)            15  11?  CP forward and backward on the GPU (CuPy's NCCL, torch's,
+#                                                         MPI), one rank; last, so an NCCL hang costs only its box
 #
 # How the boxes were sized (measured on a 2-core CPU machine without a GPU, then a margin of
 # about 1.5-2x for what only the GPU machine can tell):

@@ -39,6 +39,8 @@ def check(fn: str, what: str, rows):
     """Raise, the same on every rank, when any rank's status row ([ranks, STATUS_BYTES]) holds a
     failure: bad input as the single-process call raises it (ValueError / TypeError, "rank r:
     ..."), anything else as a ContextParallelError naming the rank and the step ``what``."""
+    if not isinstance(rows, np.ndarray) and hasattr(rows, "get"):  # CuPy: XLA's device buffer on a GPU
+        rows = rows.get()
     statuses = [unpack(np.asarray(r, np.uint8)) for r in rows]
     inputs = all(s is None or s[0] in ("ValueError", "TypeError") for s in statuses)
     raise_collective(fn, None if inputs else what, statuses)
