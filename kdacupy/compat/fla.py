@@ -136,7 +136,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if cp_context is not None:  # FLA's context parallelism (fla/ops/cp) on kdacupy.torch.kda_cp
         from .fla_cp import cp_call
         cu_seqlens, forward_cp = cp_call(cp_context, q, initial_state, output_final_state,
-                                         return_intermediate_states, use_graph)
+                                         return_intermediate_states, use_graph, options=_options,
+                                         check_beta=_check_beta)
     _check_varlen(q, initial_state, cu_seqlens)
     if use_graph and cu_seqlens is not None and max_num_seqs is not None and cu_seqlens.shape[0] - 1 != max_num_seqs:
         raise ValueError(f"cu_seqlens must be padded with zero-length tail sequences to exactly max_num_seqs + 1 "

@@ -16,9 +16,11 @@ from kdacupy.torch import kda_cp
 from kdacupy.torch.cp import fla_cu_seqlens
 
 
-def cp_call(cp_context, q, initial_state, output_final_state, return_intermediate_states, use_graph):
+def cp_call(cp_context, q, initial_state, output_final_state, return_intermediate_states, use_graph, *, options,
+            check_beta):
     """FLA's checks of a CP call, with its messages; then (the rank-local cu_seqlens, which
-    chunk_kda's own checks read as FLA's do, and the forward to run instead of chunk_kda's)."""
+    chunk_kda's own checks read as FLA's do, and the forward to run instead of chunk_kda's).
+    ``options``, ``check_beta``: compat.fla's keyword mapping and beta check."""
     assert initial_state is None, "Initial state is not supported for CP"
     assert output_final_state is False, "Output final state is not supported for CP"
     assert cp_context.cu_seqlens is not None, "cu_seqlens is required for CP"
@@ -29,12 +31,11 @@ def cp_call(cp_context, q, initial_state, output_final_state, return_intermediat
         raise ValueError("use_graph: fla-core does not support cp_context with use_graph")
 
     def forward(fn, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, **fla):
-        from .fla import _check_beta, _options
         if fla["allow_neg_eigval"] and not fla["use_beta_sigmoid_in_kernel"]:
             raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
-        _check_beta(beta, v)
+        check_beta(beta, v)
         o, _ = kda_cp(q, k, v, g, beta, group=cp_context.group, cu_seqlens=fla_cu_seqlens(cp_context, q.shape[1]),
-                      **_options(fn, **fla))
+                      **options(fn, **fla))
         return o, None
 
     return cp_context.cu_seqlens, forward
