@@ -58,9 +58,23 @@ __device__ __forceinline__ i64 state_offset(i64 sh, int vr, int kk) {
   return VK ? (sh * V + vr) * K + kk : (sh * K + kk) * V + vr;
 }
 
-// ... of head hv in pool slot s.
-__device__ __forceinline__ i64 pool_offset(i64 s, int hv, int HV, int vr, int kk) {
-  return state_offset(s * HV + hv, vr, kk);
+// The warp's slice of state sh (rows v0 + j, keys lane + 32 i) from and to memory of dtype DT: one
+// base offset, the rest constants the loads and stores take as immediates.
+template <int DT> __device__ __forceinline__ void load_slice(float (&S)[RK][RV], const void* base, i64 sh, int v0,
+                                                             int lane) {
+#pragma unroll
+  for (int i = 0; i < RK; ++i) {
+#pragma unroll
+    for (int j = 0; j < RV; ++j) S[i][j] = load_f32<DT>(base, state_offset(sh, v0 + j, lane + 32 * i));
+  }
+}
+template <int DT> __device__ __forceinline__ void store_slice(void* base, i64 sh, int v0, int lane,
+                                                              const float (&S)[RK][RV]) {
+#pragma unroll
+  for (int i = 0; i < RK; ++i) {
+#pragma unroll
+    for (int j = 0; j < RV; ++j) store_f32<DT>(base, state_offset(sh, v0 + j, lane + 32 * i), S[i][j]);
+  }
 }
 
 }  // namespace
@@ -94,20 +108,18 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     return;
   }
 
-  // this sequence's row of step states (none: -1, which also leaves parents unread)
-  i64 srow = -1;
+  // this sequence's row of step states: sb, the state index of its step 0 (none: -1, which also
+  // leaves the parents unread); token t's step state is sb + t * HV
+  i64 sb = -1;
   if (steps != nullptr) {
-    srow = step_idx != nullptr ? index_at(step_idx, sidx_i64, n) : n;
-    if (srow >= step_rows) srow = -1;
+    const i64 srow = step_idx != nullptr ? index_at(step_idx, sidx_i64, n) : n;
+    sb = srow >= 0 && srow < step_rows ? srow * step_len * HV + hv : -1;
   }
+  const bool tree = parents != nullptr && sb >= 0;
 
   // [1] the state slice, loaded once into fp32
   float S[RK][RV];
-#pragma unroll
-  for (int i = 0; i < RK; ++i) {
-#pragma unroll
-    for (int j = 0; j < RV; ++j) S[i][j] = load_f32<KDA_POOL_DT>(pool, pool_offset(start, hv, HV, v0 + j, lane + 32 * i));
-  }
+  load_slice<KDA_POOL_DT>(S, pool, start * HV + hv, v0, lane);
 
   // per-head gate parameters, hoisted out of the token loop
   float A = 1.f, bias[RK];
@@ -119,19 +131,12 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
 
 #pragma unroll 1
   for (int t = 0; t < T; ++t) {
-    if (parents != nullptr && srow >= 0 && t > 0) {  // [1] tree verify: the parent's state
-      i64 par = index_at(parents, par_i64, static_cast<i64>(n) * T + t);
-      if (par != t - 1) {
-        par = par >= 0 && par < t ? par : -1;  // outside [-1, t) (unchecked device values): the start
-#pragma unroll
-        for (int i = 0; i < RK; ++i) {
-#pragma unroll
-          for (int j = 0; j < RV; ++j) {
-            S[i][j] = par < 0 ? load_f32<KDA_POOL_DT>(pool, pool_offset(start, hv, HV, v0 + j, lane + 32 * i))
-                              : load_f32<KDA_STEP_DT>(steps, state_offset((srow * step_len + par) * HV + hv, v0 + j,
-                                                                          lane + 32 * i));
-          }
-        }
+    if (tree && t > 0) {  // [1] tree verify: the parent's state
+      const i64 par = index_at(parents, par_i64, static_cast<i64>(n) * T + t);
+      if (par >= 0 && par < t - 1) {
+        load_slice<KDA_STEP_DT>(S, steps, sb + par * HV, v0, lane);
+      } else if (par != t - 1) {  // -1, or outside [-1, t) (unchecked device values): the start
+        load_slice<KDA_POOL_DT>(S, pool, start * HV + hv, v0, lane);
       }
     }
     const i64 qo = n * q_sb + t * q_st + h * q_sh, ko = n * k_sb + t * k_st + h * k_sh;
@@ -191,22 +196,9 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     if (lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, mine);
 
     // [8] store this token's state where asked: its step state, then its pool slot
-    if (srow >= 0) {
-      const i64 sh = (srow * step_len + t) * HV + hv;
-#pragma unroll
-      for (int i = 0; i < RK; ++i) {
-#pragma unroll
-        for (int j = 0; j < RV; ++j) store_f32<KDA_STEP_DT>(steps, state_offset(sh, v0 + j, lane + 32 * i), S[i][j]);
-      }
-    }
+    if (sb >= 0) store_slice<KDA_STEP_DT>(steps, sb + static_cast<i64>(t) * HV, v0, lane, S);
     const i64 slot = !update_pool ? -1 : per_token ? index_at(idx, idx_i64, static_cast<i64>(n) * T + t)
                                                    : (t == T - 1 ? start : -1);
-    if (slot >= 0 && slot < P) {
-#pragma unroll
-      for (int i = 0; i < RK; ++i) {
-#pragma unroll
-        for (int j = 0; j < RV; ++j) store_f32<KDA_POOL_DT>(pool, pool_offset(slot, hv, HV, v0 + j, lane + 32 * i), S[i][j]);
-      }
-    }
+    if (slot >= 0 && slot < P) store_slice<KDA_POOL_DT>(pool, slot * HV + hv, v0, lane, S);
   }
 }

@@ -14,7 +14,11 @@
 // neither computed nor written, only the final state: the segment maps of the
 // sequence-parallel forward, kdacupy/seqpar.py); optional KDA_STORE_STATES (1: the state at
 // each chunk's start, as held, goes to ``states`` [HV, slots, V, K]: what the backward reads,
-// kdacupy/ops/backward/).
+// kdacupy/ops/backward/); optional KDA_CHECKPOINTS (1: the state after every ``ckpt_every`` chunks of
+// a sequence, as held, goes to ``ckpt`` [rows, HV, ., .] in the state layout and the ckpt_dtype
+// precision: boundary j of sequence n, the state after its first j * ckpt_every * 16 tokens, to row
+// ckpt_idx[n, j - 1] (without ckpt_idx: n * ckpt_per_seq + j - 1), for j <= ckpt_per_seq; a row
+// outside [0, ckpt_rows) is skipped: prefix caching, docs/design.md section 7.1).
 #include "common.cuh"
 #include "chunk_stream.cuh"
 #include "fragments.cuh"
@@ -25,6 +29,9 @@
 #endif
 #ifndef KDA_STORE_STATES
 #define KDA_STORE_STATES 0
+#endif
+#ifndef KDA_CHECKPOINTS
+#define KDA_CHECKPOINTS 0
 #endif
 
 namespace {
@@ -70,7 +77,7 @@ __device__ __forceinline__ i64 state_slot(int n, int hv, int HV, const void* poo
 // to itself it settles short and spills a few bytes: at 128 with the fp32 state (twice the
 // registers), at 80 for the state store on sm_100a and, since the whole-sector state I/O, for the
 // bf16 state at K = 64, BV = 64, 3 stages on sm_80.
-#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_K <= 64
+#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_CHECKPOINTS || KDA_K <= 64
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
 #else
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)
@@ -79,7 +86,8 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
     const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
     const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq,
-    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* states) {
+    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* states,
+    void* ckpt, int ckpt_dtype, const void* ckpt_idx, int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every) {
   constexpr int VB = V / BV;
   const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -132,6 +140,27 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
       }
     }
   }
+
+  // [16] the state as held, 16 keys at a time in whole sectors, to state nh of dst (the final state;
+  // with KDA_CHECKPOINTS also each boundary's)
+  auto store_held = [&](void* dst, int dtype, i64 nh_dst) {
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      float x[2][4];
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (FP32_STATE) {
+            x[jj][e] = Sf[2 * s + jj][e];
+          } else {
+            x[jj][e] = (e & 1) ? bf16_hi(Sa[s][2 * jj + (e >> 1)]) : bf16_lo(Sa[s][2 * jj + (e >> 1)]);
+          }
+        }
+      }
+      store_state_cols16<V, K>(dst, dtype, layout_vk, nh_dst, vw, s, g, t, x);
+    }
+  };
 
   // ldmatrix lane addresses in a 16x16 window of a row-major 16-bit tile:
   const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);  // B = tile^T
@@ -264,6 +293,14 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
         }
       }
     }
+#if KDA_CHECKPOINTS
+    if ((c + 1) % ckpt_every == 0 && (c + 1) * CHUNK <= seq.len && (c + 1) / ckpt_every <= ckpt_per_seq) {
+      const i64 e = static_cast<i64>(n) * ckpt_per_seq + (c + 1) / ckpt_every - 1;
+      const i64 row = ckpt_idx == nullptr ? e
+                      : ckpt_i64 ? static_cast<const i64*>(ckpt_idx)[e] : static_cast<const i32*>(ckpt_idx)[e];
+      if (row >= 0 && row < ckpt_rows) store_held(ckpt, ckpt_dtype, row * HV + hv);
+    }
+#endif
     __syncthreads();  // the stage is refilled by the next iteration's issue()
   }
   cp_async_wait<0>();
@@ -271,22 +308,5 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   // [16] final state, 16 keys at a time in whole sectors; the slot is looked up again rather than
   // held across the chunk loop (at the register limit, K = 256 in fp32, holding it cost spills)
   const i64 nh_out = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
-  if (s_out != nullptr && nh_out >= 0) {
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      float x[2][4];
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if constexpr (FP32_STATE) {
-            x[jj][e] = Sf[2 * s + jj][e];
-          } else {
-            x[jj][e] = (e & 1) ? bf16_hi(Sa[s][2 * jj + (e >> 1)]) : bf16_lo(Sa[s][2 * jj + (e >> 1)]);
-          }
-        }
-      }
-      store_state_cols16<V, K>(s_out, s_out_dtype, layout_vk, nh_out, vw, s, g, t, x);
-    }
-  }
+  if (s_out != nullptr && nh_out >= 0) store_held(s_out, s_out_dtype, nh_out);
 }

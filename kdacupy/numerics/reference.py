@@ -135,7 +135,7 @@ def _pair_products(a, b, gc, lower):
     return np.einsum("...id,...jd,...ijd->...ij", a, b, np.exp(diff))
 
 
-def chunked_form(q, k, v, g, beta, S, scale, chunk_size=64):
+def chunked_form(q, k, v, g, beta, S, scale, chunk_size=64, on_chunk=None):
     """Chunkwise WY form. Per chunk, with gc the in-chunk cumulative decay:
 
         (I + A) U = diag(beta) (V - (K * e^gc) S),  A_ij = beta_i (k_i e^gc_i).(k_j e^-gc_j), i > j
@@ -144,7 +144,7 @@ def chunked_form(q, k, v, g, beta, S, scale, chunk_size=64):
 
     The factored products are taken about the chunk's middle row so that the
     factors stay in range; chunks whose decay span would still overflow use the
-    elementwise pair form.
+    elementwise pair form. ``on_chunk(end, S)``, if given, sees the state after each chunk.
     """
     N, L, HV, K = k.shape
     C = int(chunk_size)
@@ -181,6 +181,8 @@ def chunked_form(q, k, v, g, beta, S, scale, chunk_size=64):
         o[:, :, sl] = scale * ((qc * eg) @ S + M @ U)
         glast = gc[:, :, -1:]
         S = np.exp(glast[:, :, 0])[..., None] * S + np.swapaxes(kc * np.exp(glast - gc), -1, -2) @ U
+        if on_chunk is not None:
+            on_chunk(c0 + C, S)
     o = np.moveaxis(o, 2, 1)
     return o[:, :L], S
 
@@ -193,10 +195,12 @@ def kda_reference(
     q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False,
     cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False,
     gate="log", A_log=None, dt_bias=None, lower_bound=None, state_layout="kv",
-    form="chunked", chunk_size=64,
+    form="chunked", chunk_size=64, on_chunk=None,
 ):
     """KDA forward in float64. Returns ``(o, final_state)``: o ``[B, T, HV, V]``,
-    final_state ``[N, HV, K, V]`` (``"vk"``: ``[N, HV, V, K]``) or None."""
+    final_state ``[N, HV, K, V]`` (``"vk"``: ``[N, HV, V, K]``) or None. ``on_chunk(end, S)``
+    (chunked form) sees the state after each chunk, [N, HV, K, V], after each sequence's first
+    ``end`` tokens."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     qf, kf, gf, bf, scale = activate_inputs(q, k, g, beta, HV, scale, qk_l2norm, beta_sigmoid, allow_neg_eigval,
@@ -214,7 +218,7 @@ def kda_reference(
     if form == "recurrent":
         o, S = recurrent_form(*args, S0, scale)
     elif form == "chunked":
-        o, S = chunked_form(*args, S0, scale, chunk_size)
+        o, S = chunked_form(*args, S0, scale, chunk_size, on_chunk)
     else:
         raise ValueError(f"form: expected 'recurrent' or 'chunked', got {form!r}")
     o = unpack(o, bounds, B * T).reshape(B, T, HV, V)

@@ -46,11 +46,14 @@ class RecurrenceVariant:
     tiles: TileConfig
     no_output: bool = False  # final state only (segment maps, kdacupy/seqpar.py)
     store_states: bool = False  # the state at each chunk's start to ``states`` (the backward)
+    checkpoints: bool = False  # the state at every checkpoint boundary to ``ckpt`` (kda_forward's checkpoints)
 
     def config(self) -> dict:
         extra = dict(KDA_NO_OUTPUT=1) if self.no_output else {}
         if self.store_states:
             extra["KDA_STORE_STATES"] = 1
+        if self.checkpoints:
+            extra["KDA_CHECKPOINTS"] = 1
         return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_BV=self.tiles.BV,
                     KDA_STAGES=self.tiles.stages, KDA_STATE_FP32=int(self.state_fp32),
                     **layouts.workspace(self.K), **self._smem(), **extra)
@@ -69,15 +72,18 @@ class RecurrenceVariant:
     def label(self) -> str:
         return (f"kda_recurrence K={self.K} V={self.V} dt={dtype_name(self.dtype)} "
                 f"state={'fp32' if self.state_fp32 else 'bf16'} BV={self.tiles.BV} stages={self.tiles.stages}"
-                + (" no_output" if self.no_output else "") + (" store_states" if self.store_states else ""))
+                + (" no_output" if self.no_output else "") + (" store_states" if self.store_states else "")
+                + (" checkpoints" if self.checkpoints else ""))
 
 
 def prepare_variant(p) -> PrepareVariant:
     return PrepareVariant(p.K, *input_options(p))
 
 
-def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> RecurrenceVariant:
-    return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles, no_output, store_states)
+def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False,
+                       checkpoints: bool = False) -> RecurrenceVariant:
+    return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles, no_output, store_states,
+                             checkpoints)
 
 
 def slots(p) -> tuple[int, int]:
@@ -97,15 +103,28 @@ def launch_prepare(run, p, a, ws, nslots, per_seq):
     run.launch(fn, (-(-nslots // spc), p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
 
 
+def checkpoint_args(ck):
+    """The kernel's checkpoint arguments of a validated ``Checkpoints`` (kdacupy/validation/checkpoints.py), or
+    none: destination, its precision, row indices and their width, rows, boundaries per sequence, chunks
+    between boundaries."""
+    if ck is None:
+        return [np.uint64(0), np.int32(0), np.uint64(0), np.int32(0), np.int64(0), np.int32(0), np.int32(1)]
+    return [ptr(ck.array), np.int32(STATE_DTYPE_CODE[ck.array.dtype]), ptr(ck.indices),
+            np.int32(ck.indices is not None and ck.indices.dtype == np.int64), np.int64(ck.rows),
+            np.int32(ck.per_seq), np.int32(ck.every // layouts.CHUNK)]
+
+
 def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False, states=None):
-    """``states``: with it, the variant that stores each chunk's start state there ([HV, slots, V, K])."""
-    var = recurrence_variant(p, tiles, no_output, states is not None)
+    """``states``: with it, the variant that stores each chunk's start state there ([HV, slots, V, K]);
+    ``a["checkpoints"]``: with it, the variant that stores the state at each checkpoint boundary."""
+    ck = a.get("checkpoints")
+    var = recurrence_variant(p, tiles, no_output, states is not None, ck is not None)
     fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
     args = [ptr(ws), ptr(a["v"]), *strides(a["v"]), ptr(o), *strides(o),
             ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
             *cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
-            *pool_args(a), ptr(states)]
+            *pool_args(a), ptr(states), *checkpoint_args(ck)]
     run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 

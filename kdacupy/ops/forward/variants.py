@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 from ...jit import registry
+from ...numerics.dtypes import BF16
 from ..inputs import DTYPES, input_option_space
 from .limits import DIMS
 from .kernels import PrepareVariant, RecurrenceVariant
@@ -17,9 +18,14 @@ def prepare_variants():
 
 
 def recurrence_variants():
+    """Every shape, dtype, state precision and tile; the checkpoints' variant (kda_forward's
+    checkpoint_every) at bf16 inputs, every tile at K = V = 128 and the widest elsewhere."""
     for K, V, dt, fp32 in itertools.product(DIMS, DIMS, DTYPES, (False, True)):
         for tiles in candidates(V):
             yield RecurrenceVariant(K, V, dt, fp32, tiles)
+    for K, V, fp32 in itertools.product(DIMS, DIMS, (False, True)):
+        for tiles in candidates(V) if (K, V) == (128, 128) else candidates(V)[-1:]:
+            yield RecurrenceVariant(K, V, BF16, fp32, tiles, checkpoints=True)
 
 
 registry.register("kda_prepare", prepare_variants)

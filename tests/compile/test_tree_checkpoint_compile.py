@@ -1,0 +1,43 @@
+"""The variants tree verify and checkpoints add (docs/design.md section 7.1) compile on every arch
+within the budgets: no spills and no local memory, the decode with step states in the other state
+dtype than the pool's, the recurrence storing checkpoints at the Kimi shapes' tiles (the chunk
+loop still one chunk's mma, not unrolled)."""
+import pytest
+
+from kdacupy.jit import registry
+from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT
+from kdacupy.numerics.dtypes import BF16, F32
+from kdacupy.ops.decode.kernels import DecodeTiles, DecodeVariant
+from kdacupy.ops.forward.kernels import RecurrenceVariant
+from kdacupy.ops.forward.tuning import TileConfig
+
+from .reports import compile_all, matrix, report
+
+pytestmark = pytest.mark.nvrtc
+
+CHECKPOINTS = [RecurrenceVariant(128, 128, BF16, fp32, TileConfig(bv, 2), checkpoints=True)
+               for bv, fp32 in ((128, False), (32, True))]  # the widest slice, and the fp32 state's registers
+STEPS = [DecodeVariant(128, 128, BF16, BF16, BF16, "sigmoid", "sigmoid", True, pool, layout, DecodeTiles(),
+                       F32 if pool == BF16 else BF16) for pool, layout in [(BF16, "vk"), (F32, "kv")]]
+HMMA_PER_CHUNK = 2 * 2 * 128 // 16 + 4 + 128 // 8  # as tests/compile/test_compile.py counts them
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    compile_all(matrix(CHECKPOINTS, ARCHS) + matrix(STEPS, ARCHS))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("var", CHECKPOINTS + STEPS, ids=registry.label)
+@pytest.mark.usefixtures("compiled")
+def test_budget(arch, var):
+    res = report(var, arch)
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
+    assert var.smem + res.static_smem <= SMEM_LIMIT[arch]
+    if res.sass:
+        assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
+        if isinstance(var, RecurrenceVariant):
+            assert res.sass["HMMA"] == HMMA_PER_CHUNK
+        else:
+            assert res.sass["HMMA"] == 0
