@@ -8,9 +8,10 @@ kdacupy.compat.vllm and kdacupy.compat.sglang.)
 
 They run on kdacupy.torch (autograd, ``torch.compile``, torch's stream; CPU tensors on
 the NumPy backends). FLA's keywords map to kdacupy's (README "Keyword mapping");
-``cp_context`` (FLA's context parallelism) runs kdacupy.torch.kda_cp (kdacupy/compat/fla_cp.py);
-what kdacupy cannot honour raises an error that names the argument:
-``return_intermediate_states``, a per-channel beta ``[B, T, HV, V]``, head dims outside {64, 128, 256},
+``return_intermediate_states=True`` (inference mode) returns FLA's h, the state entering each
+chunk, from kda_forward's checkpoints; ``cp_context`` (FLA's context parallelism) runs
+kdacupy.torch.kda_cp (kdacupy/compat/fla_cp.py). What kdacupy cannot honour raises an error that names
+the argument: a per-channel beta ``[B, T, HV, V]``, head dims outside {64, 128, 256},
 ``use_gate_in_kernel=True`` with neither ``A_log`` nor ``lower_bound`` in
 ``fused_recurrent_kda`` and ``fused_kda_gate`` (fla-core then multiplies the softplus by
 e, an undocumented constant; ``chunk_kda`` refuses the same call), unknown keywords
@@ -33,6 +34,7 @@ sequence's output is zeros, the pool untouched); fla-core 0.6.0 does not define 
 """
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 
@@ -149,7 +151,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
         if not (-5 <= lower_bound < 0):
             raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
-    forward = _forward_with_chunk_states if return_intermediate_states else _forward
+    forward = functools.partial(_forward_with_chunk_states, chunk_size=chunk_size) if return_intermediate_states \
+        else _forward
     if cp_context is not None:
         forward = forward_cp
     return forward("chunk_kda", q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, scale=scale,
@@ -160,13 +163,22 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
                    dt_bias=dt_bias, lower_bound=None if safe_gate and not use_gate_in_kernel else lower_bound)
 
 
-def _forward_with_chunk_states(fn, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, **fla):
-    """``chunk_kda(..., return_intermediate_states=True)``: FLA then returns ``(o, final_state, h)``
-    with the state at every 64-token chunk boundary, h [B, NT, HV, K, V] (prefix caching). The
-    hook for kda_forward's chunk-boundary states, called as ``_forward`` is (after chunk_kda's
-    checks); until kdacupy's forward writes them, the call is refused here, naming the argument."""
-    raise NotImplementedError("return_intermediate_states: kdacupy.compat.fla does not return FLA's per-chunk "
-                              "states h [B, NT, HV, K, V] yet (use output_final_state)")
+def _forward_with_chunk_states(fn, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, *, chunk_size,
+                               **fla):
+    """``chunk_kda(..., return_intermediate_states=True)``: ``(o, final_state, h)``, h [B, NT, HV, K, V]
+    (``state_v_first``: [.., V, K]) in q's dtype, the state entering every ``chunk_size``-token chunk
+    (varlen: B = 1, each sequence's chunks after those before it), as FLA returns it: kda_forward's
+    checkpoints, each sequence's first chunk its initial state. Inference only, as in FLA."""
+    from kdacupy.torch.states import forward_with_chunk_states, inference_mode
+    assert inference_mode(), "return_intermediate_states is only allowed in inference mode"
+    if fla["allow_neg_eigval"] and not fla["use_beta_sigmoid_in_kernel"]:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    _check_beta(beta, v)
+    state_dtype = fp32_state_dtype(q) if output_final_state else None
+    init = None if initial_state is None else initial_state.contiguous()
+    return forward_with_chunk_states(q, k, v, g, beta, chunk=chunk_size, cu_seqlens=cu_seqlens,
+                                     opts=_options(fn, **fla), initial=init, initial_state=init,
+                                     output_final_state=output_final_state, state_dtype=state_dtype)
 
 
 def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=FLOAT32):

@@ -32,10 +32,13 @@ SGLang's calls, as kdacupy does them:
 Prefill keeps the state in fp32 through the chunks (``state_precision="fp32"``), as SGLang's
 Triton kernels hold it.
 
-What kdacupy cannot honour raises an error that names it: ``output_intermediate_states``
-and the target_verify arguments (``disable_state_update=True``, ``intermediate_states_buffer``,
-``intermediate_state_indices``, ``cache_steps``, ``retrieve_parent_token``: tree speculative
-verify), a pool call without a pool or its indices, unequal decode lengths, and unknown
+``output_intermediate_states=True`` returns ``(o, h)``, h the state entering every 64-token
+chunk (kda_forward's checkpoints). target_verify (``retrieve_parent_token``,
+``intermediate_states_buffer`` [.., cache_steps, HV, V, K], ``intermediate_state_indices``,
+``disable_state_update``) is kda_decode's tree verify, one launch; a padded row (-1) writes no
+intermediate states (SGLang runs it from zeros; nothing reads them).
+What kdacupy cannot honour raises an error that names it: a tree or rows without the
+buffer, ``cache_steps`` < T, a pool call without a pool or its indices, unequal decode lengths, and unknown
 keywords (SGLang's ``**kwargs`` drops them silently). ``dt_bias`` or ``lower_bound`` without
 ``A_log`` raise, naming A_log (SGLang ignores them).
 """
@@ -93,12 +96,14 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, initial_state_in
 
 
 def _extend_with_chunk_states(q, k, v, g, beta, pool, idx, cu_seqlens, opts):
-    """``chunk_kda(..., output_intermediate_states=True)``: SGLang then also returns the state at
-    every 64-token chunk boundary, h [B, NT, HV, V, K] (prefix caching). The hook for
-    kda_forward's chunk-boundary states, called with the validated call as kdacupy.torch.kda
-    takes it; until kdacupy's forward writes them, the call is refused here, naming the argument."""
-    raise NotImplementedError("output_intermediate_states: kdacupy.compat.sglang does not return SGLang's "
-                              "per-chunk states h [B, NT, HV, V, K] yet")
+    """``chunk_kda(..., output_intermediate_states=True)``: SGLang then also returns the state
+    entering every 64-token chunk, h [B, NT, HV, V, K] in q's dtype (prefix caching): kda_forward's
+    checkpoints every 64 tokens, each sequence's first chunk its slot's state (zeros for -1)."""
+    from kdacupy.torch.states import forward_with_chunk_states
+    initial = pool[idx.clamp(min=0)] * (idx >= 0).reshape(-1, 1, 1, 1).to(pool.dtype)  # on the device
+    o, _, h = forward_with_chunk_states(q, k, v, g, beta, chunk=64, cu_seqlens=cu_seqlens, opts=opts,
+                                        initial=initial, state_pool=pool, state_indices=idx)
+    return o, h
 
 
 def _decode_gate(a, A_log, dt_bias, lower_bound, softplus_beta, softplus_threshold, is_kda, shape):
@@ -153,18 +158,27 @@ def _target_verify(q, k, v, g, beta, pool, idx, N, T, opts, *, disable_state_upd
     state after its parent ``retrieve_parent_token[n, t]``, the state after every step goes to
     ``intermediate_states_buffer[intermediate_state_indices[n], t]`` ([HV, V, K]; ``cache_steps``
     steps per row), and ``disable_state_update=True`` leaves the pool untouched until the engine
-    commits the accepted path. The hook for kda_decode's tree verify, called with the decode
-    step already mapped (q..beta as [B, T, ...] packed rows of N sequences of T tokens, ``opts``
-    as kdacupy.torch.kda_decode takes them); until kda_decode takes these, the call is refused
-    here, naming the first argument given."""
-    for name, x in (("retrieve_parent_token", retrieve_parent_token),
-                    ("intermediate_states_buffer", intermediate_states_buffer),
-                    ("intermediate_state_indices", intermediate_state_indices), ("cache_steps", cache_steps),
-                    ("disable_state_update", disable_state_update or None)):
-        if x is not None:
-            raise NotImplementedError(f"{name}: SGLang's target_verify (tree speculative verify with per-step "
-                                      f"states and the pool left untouched) is not wired to kdacupy.kda_decode yet")
-    raise AssertionError("_target_verify: called without a target_verify argument")
+    commits the accepted path: kda_decode's parent_indices, step_states (the buffer as
+    [R, cache_steps, HV, V, K] rows), step_state_indices and update_pool, one launch. SGLang reads
+    no tree without a buffer; kdacupy refuses retrieve_parent_token there, naming it."""
+    from kdacupy.torch.states import verify
+    steps = None
+    if intermediate_states_buffer is not None:
+        if cache_steps is None or cache_steps < T:
+            raise ValueError(f"cache_steps: expected the steps per row of intermediate_states_buffer, >= T = {T}, "
+                             f"got {cache_steps}")
+        if not intermediate_states_buffer.is_contiguous():
+            raise ValueError("intermediate_states_buffer: expected a contiguous buffer of [HV, V, K] states "
+                             f"(rows of cache_steps), got strides {intermediate_states_buffer.stride()}")
+        steps = intermediate_states_buffer.view((-1, cache_steps) + tuple(pool.shape[1:]))
+    else:
+        for name, x in (("retrieve_parent_token", retrieve_parent_token),
+                        ("intermediate_state_indices", intermediate_state_indices)):
+            if x is not None:
+                raise ValueError(f"{name}: expected None without intermediate_states_buffer (SGLang then reads no "
+                                 f"tree and no rows: the parents' states live in that buffer)")
+    return verify(q, k, v, g, beta, pool, idx, N, T, opts, parents=retrieve_parent_token, steps=steps,
+                  rows=intermediate_state_indices, update_pool=not disable_state_update)
 
 
 _HOMES = ("sglang.kernels.ops.attention.fla.kda", "sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent",

@@ -171,17 +171,13 @@ def test_what_kdacupy_cannot_honour_raises_naming_it():
     idx, cu = torch.tensor([1, 2]), torch.arange(N + 1)
     a, b = torch.randn(N, H * D), torch.randn(N, H)
     verify = dict(retrieve_parent_token=torch.zeros(N, 1, dtype=torch.int64),
-                  intermediate_states_buffer=torch.zeros(4, 1, H, D, D),
-                  intermediate_state_indices=torch.tensor([0, 1]), cache_steps=1, disable_state_update=True)
-    for name, value in verify.items():  # SGLang's target_verify: the hook left for tree verify
+                  intermediate_state_indices=torch.tensor([0, 1]))
+    for name, value in verify.items():  # target_verify without the buffer (tests/compat/test_tree_verify.py)
         before = pool.clone()
-        with pytest.raises(NotImplementedError, match=f"^{name}: SGLang's target_verify"):
+        with pytest.raises(ValueError, match=f"^{name}: expected None without intermediate_states_buffer"):
             decode_call(q, k, v, A_log, dt_bias, pool, idx, a, b, cu, **{name: value})
         assert torch.equal(pool, before)
     g, beta = torch.randn(1, N, H, D), torch.rand(1, N, H)
-    with pytest.raises(NotImplementedError, match="^output_intermediate_states"):
-        sglang.chunk_kda(q, k, v, g, beta, initial_state=pool, initial_state_indices=idx, cu_seqlens=cu,
-                         A_log=A_log, dt_bias=dt_bias, output_intermediate_states=True)
     for name in ("dt_bias", "lower_bound"):  # SGLang drops them without A_log: g would be read as the decay
         with pytest.raises(ValueError, match=f"^{name}: chunk_kda\\(\\) applies dt_bias and lower_bound only with "
                                              f"A_log"):
