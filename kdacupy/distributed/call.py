@@ -59,7 +59,7 @@ class LocalCall:
         fn = "kda_backward_cp" if self.backward else "kda_forward_cp"
         check_options(options, fn, BACKWARD_OPTIONS if self.backward else FORWARD_OPTIONS,
                       BACKWARD_OWN if self.backward else OWN)
-        kw = {**_DEFAULTS, **options}
+        kw = {n: options.get(n, x) for n, x in _DEFAULTS.items()}  # (sequence_parallel: the local forward's own)
         if self.backward:
             if shared_grads not in SHARED_GRADS:
                 fail("shared_grads", "'total' or 'local'", repr(shared_grads))

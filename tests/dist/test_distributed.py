@@ -74,6 +74,16 @@ def test_one_rank_is_the_plain_forward():
     np.testing.assert_array_equal(s, s1)
 
 
+def test_the_forward_options_pass_to_the_local_forward():
+    """kda_forward's keywords that the validation of the slice does not take (sequence_parallel)
+    reach the local forward."""
+    MPI = _mpi()
+    x, opts = make_inputs(T=40, H=1, K=64, V=64)
+    o, _ = kda_forward_cp(**x, comm=MPI.COMM_SELF, backend="model", sequence_parallel=2, **opts)
+    o1, _ = kdacupy.kda_forward(**x, backend="model", sequence_parallel=2, **opts)
+    np.testing.assert_array_equal(o, o1)
+
+
 def test_comm_of_the_wrong_kind_is_refused():
     x, opts = make_inputs(T=16, H=1, K=64, V=64)
     with pytest.raises(TypeError, match="comm: expected an mpi4py communicator"):
