@@ -192,20 +192,27 @@ def fla_cu_seqlens(cp_context, tokens: int):
     """The global ``cu_seqlens`` of FLA's ``FLACPContext`` (fla/ops/cp: rank-local offsets, and
     ``pre_num_ranks > 0`` when the slice's first sequence began on an earlier rank), gathered
     from every rank of its group (one small all_gather of Python objects): each rank's local
-    lengths, its first one joined to the previous rank's last when it continues it."""
+    lengths, its first one joined to the previous rank's last when it continues it. A rank
+    whose context does not fit its slice makes every rank raise (none waits in kda_cp)."""
     import torch.distributed as dist
 
-    local = cp_context.cu_seqlens_cpu if getattr(cp_context, "cu_seqlens_cpu", None) is not None \
-        else cp_context.cu_seqlens
-    local = [int(x) for x in local.tolist()]
-    if local[-1] != tokens:
-        raise ValueError(f"cp_context: expected rank-local cu_seqlens ending at this rank's {tokens} tokens, got "
-                         f"{local}")
-    mine = ([b - a for a, b in zip(local, local[1:])], bool(cp_context.pre_num_ranks))
+    mine, failure = None, None
+    try:
+        local = cp_context.cu_seqlens_cpu if getattr(cp_context, "cu_seqlens_cpu", None) is not None \
+            else cp_context.cu_seqlens
+        local = [int(x) for x in local.tolist()]
+        if local[-1] != tokens:
+            raise ValueError(f"expected rank-local cu_seqlens ending at the rank's {tokens} tokens, got {local}")
+        mine = ([b - a for a, b in zip(local, local[1:])], bool(cp_context.pre_num_ranks))
+    except Exception as e:  # noqa: BLE001  (the other ranks must hear of it)
+        failure = f"{type(e).__name__}: {e}"
     every = [None] * dist.get_world_size(cp_context.group)
-    dist.all_gather_object(every, mine, group=cp_context.group)
+    dist.all_gather_object(every, (mine, failure), group=cp_context.group)
+    bad = [(r, f) for r, (_, f) in enumerate(every) if f is not None]
+    if bad:
+        raise ValueError(f"cp_context: rank {bad[0][0]}: {bad[0][1]}")
     lengths = []
-    for rank_lengths, continues in every:
+    for rank_lengths, continues in (m for m, _ in every):
         if continues and lengths and rank_lengths:
             lengths[-1] += rank_lengths[0]
             rank_lengths = rank_lengths[1:]
