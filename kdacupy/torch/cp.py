@@ -8,9 +8,10 @@ communicator (its own backend: NCCL for CUDA tensors, gloo for CPU tensors), and
 than a ``torch.autograd.Function``: the collectives run inside the ops' implementations, so
 ``torch.compile`` traces each call as one opaque op (fake implementations give the results'
 shapes) with no graph break, as for ``kdacupy.torch.kda``; an op's schema cannot hold a
-ProcessGroup, so the ops take the group's name and find the group in the registry
-``kda_cp`` fills. Every rank must run the forward and the backward of every call (the
-backward's collectives need every rank), as in any context-parallel training step.
+ProcessGroup, so the ops take the group's name and resolve it as torch's functional
+collectives do (``kda_cp`` also keeps a registry of the groups it was given). Every rank
+must run the forward and the backward of every call (the backward's collectives need every
+rank), as in any context-parallel training step.
 """
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ _GROUPS: dict = {}  # group name -> ProcessGroup, for the ops (kda_cp registers 
 
 
 def _group(name):
+    """The process group of that name: torch's own resolution (as its functional collectives,
+    whose ops also take group names, find theirs inside compiled graphs), else the registry."""
+    resolve = getattr(torch.distributed.distributed_c10d, "_resolve_process_group", None)
+    if resolve is not None:
+        try:
+            return resolve(name)
+        except Exception:  # noqa: BLE001  (a torch that does not know the name: the registry's)
+            pass
     group = _GROUPS.get(name)
     if group is None:
         raise ValueError(f"group: no process group named {name!r} was passed to kdacupy.torch.kda_cp")

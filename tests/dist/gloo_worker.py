@@ -171,6 +171,26 @@ def fla_cp_case(ranks, group):
     assert not problems, "; ".join(problems)
 
 
+def opcheck_cp_ops(store):
+    """torch.library.opcheck of forward_cp and backward_cp (their schemas, fakes, autograd
+    registration and AOT dispatch) on a one-process gloo group, in this process once the three
+    have ended: each check runs the op, collectives included, and its machinery's imports cost
+    seconds per process."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    x, _ = make_inputs(T=24, H=1, K=64, V=64, dtype=F64, gate="log", beta="raw")
+    t = [torch.from_numpy(x[n]).requires_grad_() for n in NAMES]
+    name = kt.cp._group_name(dist.group.WORLD)
+    options = (None, True, False, False, False, "log", None, "kv", None, "bf16", None)
+    torch.library.opcheck(torch.ops.kdacupy.forward_cp.default, (*t, None, None, None, None, name, *options))
+    do = torch.ones_like(t[2])
+    ds = torch.zeros(1, 1, 64, 64, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.kdacupy.backward_cp.default,
+                          (do, ds, *(a.detach() for a in t), None, None, None, None, name, None, False, False, False,
+                           "log", None, "kv", "bf16", None))
+    dist.destroy_process_group()
+
+
 TORCH_CASES = [
     ("kda_cp float64 varlen spanning, states, GVA", dict(cu_seqlens=[7, 0, 30, 3, 0, 20], H=1, HV=2, K=64, V=64,
                                                          dtype=F64, state=F64), dict(qk_l2norm=True), "uneven",
@@ -227,7 +247,8 @@ def warm_up():
     """One small kda call, forward and backward, before the fork: torch's first custom-op call
     loads what it loads lazily (seconds), once here instead of in every child."""
     x, opts = make_inputs(T=16, H=1, K=64, V=64, dtype=F64, gate="log", beta="raw")
-    o, _ = kt.kda(*(torch.from_numpy(x[n]).requires_grad_() for n in NAMES), **opts)
+    t = [torch.from_numpy(x[n]).requires_grad_() for n in NAMES]
+    o, _ = kt.kda(*t, **opts)
     o.sum().backward()
 
 
@@ -248,6 +269,15 @@ def main():
             p.join()
     codes = [p.exitcode for p in procs]
     print(f"exit codes {codes}", flush=True)
+    t0 = time.perf_counter()  # after the children: a process group in this process before a fork would hang them
+    try:
+        opcheck_cp_ops(os.path.join(out, "store-opcheck"))
+        print(f"ok: opcheck of kdacupy::forward_cp and backward_cp (one gloo process) [{time.perf_counter() - t0:.2f} s]",
+              flush=True)
+    except Exception:  # noqa: BLE001
+        import traceback
+        print(f"FAIL: opcheck of kdacupy::forward_cp and backward_cp\n{traceback.format_exc()}", flush=True)
+        codes.append(3)
     sys.exit(3 if 3 in codes or None in codes else 0)
 
 
