@@ -3,12 +3,12 @@ two collectives ends in a small agreement, each rank's status (None, or its fail
 message) gathered by every rank; on any failure every rank raises the same error naming the
 failed rank(s) and the step. The engines agree through ``agree`` (an allgather of a fixed-size
 pickle); frameworks that run their own collectives (kdacupy.jax's all_gather) carry the same
-status as a fixed-size byte row (``status_row`` / ``raise_from_rows``)."""
+status as a fixed-size byte row (``status_row``, read back by ``steps.check``)."""
 from __future__ import annotations
 
 import numpy as np
 
-from .comm import NCCL_NEEDS_DEVICE, STATUS_BYTES, cut_status, pack, unpack
+from .comm import NCCL_NEEDS_DEVICE, STATUS_BYTES, cut_status, pack
 from ..validation import fail
 
 
@@ -90,9 +90,4 @@ def status_row(failure) -> np.ndarray:
     """A rank's status (None or ``(kind, message)``) as ``uint8[STATUS_BYTES]``, for an
     all_gather of the engine's own."""
     return np.frombuffer(pack(cut_status(failure), STATUS_BYTES), np.uint8).copy()
-
-
-def raise_from_rows(fn: str, what: str | None, rows, cause=None):
-    """``raise_collective`` from gathered ``status_row`` rows ([ranks, STATUS_BYTES])."""
-    raise_collective(fn, what, [unpack(np.asarray(r, np.uint8)) for r in rows], cause)
 

@@ -65,8 +65,9 @@ def backward_case(ranks, comm, name, inputs, extra, style, backend, exact=False,
     reference in float64 to 1e-10 (relative, per gradient); the model with the CP forward's
     tolerance above: against the float64 gradient and against the single-process model,
     within 2x the single-process model's own error (pieces are chunked from their own starts,
-    so the two round differently: the same noise, other draws, about sqrt(2) x apart). ``repeat``: a second call gives the same bits, the ranks' shared gradients
-    are the same bits, and the "local" shares sum to them. Every rank reaches every collective
+    so the two round differently: the same noise, other draws, about sqrt(2) x apart).
+    ``repeat``: a second call gives the same bits, the ranks' shared gradients are the same
+    bits, and the "local" shares sum to them. Every rank reaches every collective
     whatever it finds (the findings are raised at the end), so a failed check never hangs."""
     x, opts = make_inputs(**inputs)
     opts.update(extra)

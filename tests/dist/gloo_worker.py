@@ -136,8 +136,9 @@ def fla_context(group, cu, rank, ranks):
     last = int(np.searchsorted(cu[:-1], hi, side="left"))
     local = np.unique(np.clip(cu[first:last + 1], lo, hi) - lo)
     t = torch.from_numpy(local.astype(np.int32))
-    return types.SimpleNamespace(group=group, cu_seqlens=t, cu_seqlens_cpu=t, pre_num_ranks=rank - int(cu[first]) // part,
-                                 is_first_rank=int(cu[first]) // part == rank)
+    starts_on = int(cu[first]) // part
+    return types.SimpleNamespace(group=group, cu_seqlens=t, cu_seqlens_cpu=t, pre_num_ranks=rank - starts_on,
+                                 is_first_rank=starts_on == rank)
 
 
 def fla_cp_case(ranks, group):
@@ -272,8 +273,8 @@ def main():
     t0 = time.perf_counter()  # after the children: a process group in this process before a fork would hang them
     try:
         opcheck_cp_ops(os.path.join(out, "store-opcheck"))
-        print(f"ok: opcheck of kdacupy::forward_cp and backward_cp (one gloo process) [{time.perf_counter() - t0:.2f} s]",
-              flush=True)
+        took = time.perf_counter() - t0
+        print(f"ok: opcheck of kdacupy::forward_cp and backward_cp (one gloo process) [{took:.2f} s]", flush=True)
     except Exception:  # noqa: BLE001
         import traceback
         print(f"FAIL: opcheck of kdacupy::forward_cp and backward_cp\n{traceback.format_exc()}", flush=True)

@@ -27,7 +27,7 @@ import kdacupy  # noqa: E402
 import kdacupy.distributed.shard as shard  # noqa: E402
 import kdacupy.jax as kj  # noqa: E402
 from kdacupy.numerics.dtypes import F64  # noqa: E402
-from tests.dist.checks import GRADS, U, float64  # noqa: E402
+from tests.dist.checks import U, float64  # noqa: E402
 from tests.inputs import make_inputs, rmse_ratio  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)

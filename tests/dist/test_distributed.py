@@ -125,7 +125,8 @@ def mpi_run(tmp_path_factory):
 
 
 def _lines(out, prefix=""):
-    return [ln for ln in out.splitlines() if ln.startswith(("ok:", "FAIL:")) and ln.split(": ", 1)[1].startswith(prefix)]
+    return [ln for ln in out.splitlines()
+            if ln.startswith(("ok:", "FAIL:")) and ln.split(": ", 1)[1].startswith(prefix)]
 
 
 def test_context_parallel_under_mpiexec(mpi_run):
