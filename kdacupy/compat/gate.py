@@ -11,8 +11,13 @@ def kernel_gate(A_log, dt_bias, lower_bound):
     """kdacupy's gate options for the engines' gate arguments: A_log (HV elements, any shape,
     as the engines take it) and dt_bias (HV * K elements) flattened; ``"sigmoid"`` with a lower
     bound, else ``"softplus"``."""
-    params = dict(A_log=None if A_log is None else A_log.reshape(-1),
-                  dt_bias=None if dt_bias is None else dt_bias.reshape(-1))
+    params = dict(A_log=_flat(A_log), dt_bias=_flat(dt_bias))
     if lower_bound is None:
         return dict(gate="softplus", **params)
     return dict(gate="sigmoid", lower_bound=lower_bound, **params)
+
+
+def _flat(x):
+    """x with its elements in one dim (no reshape where it has one dim already: a decode step's
+    host time is microseconds)."""
+    return x if x is None or x.dim() == 1 else x.reshape(-1)

@@ -3,8 +3,7 @@
 as kdacupy's (docs/design.md section 7.1), and results written into a caller's ``out``."""
 from __future__ import annotations
 
-from kdacupy.torch import kda_decode
-from kdacupy.torch.tensors import check_equal_lengths
+from kdacupy.torch import decode_cache
 
 
 def sequences(q, cu_seqlens):
@@ -20,7 +19,7 @@ def sequences(q, cu_seqlens):
     if N < 1 or TT % N:
         raise ValueError(f"cu_seqlens: expected N >= 1 sequences of equal length (one pool step), got {N} "
                          f"sequences for {TT} tokens")
-    check_equal_lengths(cu_seqlens, TT // N)
+    decode_cache.check_lengths(cu_seqlens, TT // N)
     return N, TT // N
 
 
@@ -30,10 +29,7 @@ def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
     idx[n, a_n - 1], the state after token t to idx[n, t]); negative slots are padding."""
     if T == 0:
         return v.new_zeros(v.shape)
-    split = lambda x: None if x is None else x.reshape((N, T) + tuple(x.shape[2:]))  # noqa: E731
-    o = kda_decode(split(q), split(k), split(v), split(g), split(beta), state_pool=pool, state_indices=idx,
-                   num_accepted_tokens=num_accepted_tokens, **opts)
-    return o.reshape(v.shape)
+    return decode_cache.step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
 
 
 def token_slots(idx, T, num_accepted_tokens, name="ssm_state_indices"):

@@ -106,6 +106,11 @@ def _extend_with_chunk_states(q, k, v, g, beta, pool, idx, cu_seqlens, opts):
     return o, h
 
 
+def _shaped(x, shape):
+    """x in ``shape`` (no reshape where it has it: each costs microseconds of a decode step)."""
+    return x if x.shape == shape else x.reshape(shape)
+
+
 def _decode_gate(a, A_log, dt_bias, lower_bound, softplus_beta, softplus_threshold, is_kda, shape):
     """(g [B, T, HV, K], gate options) for the decode call's raw gate ``a``."""
     B, T, HV, K = shape
@@ -114,7 +119,7 @@ def _decode_gate(a, A_log, dt_bias, lower_bound, softplus_beta, softplus_thresho
         raise ValueError(f"a: expected the raw gate of the {B * T} tokens, {per_token} values each ([T, "
                          f"{'HV * K' if is_kda else 'HV'}] or [B, T, ...]), got shape {tuple(a.shape)}")
     if is_kda:
-        g, dtb = a.reshape(B, T, HV, K), dt_bias
+        g, dtb = _shaped(a, (B, T, HV, K)), dt_bias
     else:  # GDN: one gate per head, repeated over the key channels
         g = a.reshape(B, T, HV, 1).expand(B, T, HV, K)
         dtb = None if dt_bias is None else dt_bias.reshape(HV, 1).expand(HV, K)
@@ -143,7 +148,7 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, sof
     if b.numel() != B * TT * HV:
         raise ValueError(f"b: expected the beta logits of the {B * TT} tokens, HV = {HV} each, got shape "
                          f"{tuple(b.shape)}")
-    beta = b.reshape(B, TT, HV)
+    beta = _shaped(b, (B, TT, HV))
     verify = dict(disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
                   intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
                   retrieve_parent_token=retrieve_parent_token)

@@ -41,6 +41,7 @@ without ``compute_gate=True``, and a ``lower_bound`` other than the default with
 from __future__ import annotations
 
 from kdacupy.torch import kda as _kda
+from kdacupy.torch.decode_cache import padded_slots
 from kdacupy.torch.tensors import fp32_state_dtype
 
 from .gate import activate, kernel_gate
@@ -119,7 +120,7 @@ def chunk_kda_with_fused_gate(q, k, v, raw_g, beta, A_log, g_bias, scale=None, i
 
 def _padding(idx):
     """vLLM's slots as kdacupy's: the null block and below become -1 (padding)."""
-    return idx.masked_fill(idx <= NULL_BLOCK_ID, -1)
+    return padded_slots(idx, NULL_BLOCK_ID)
 
 
 def fused_recurrent_kda_fwd(q, k, v, g, beta, scale, initial_state, inplace_final_state=True, cu_seqlens=None,

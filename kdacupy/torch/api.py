@@ -140,7 +140,7 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
         if x is None:
             raise TypeError(f"{n}: expected a tensor, got None")
     q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
-    A_log, dt_bias = _gate_params(A_log, dt_bias)
+    A_log, dt_bias = eager.gate_params(A_log, dt_bias, _gate_params)  # bf16 ones converted once per version
     out = torch.empty(tuple(v.shape), dtype=v.dtype, device=v.device)
     args = (q, k, v, g, beta, state_pool, _index_tensor("state_indices", state_indices),
             _index_tensor("num_accepted_tokens", num_accepted_tokens), A_log, dt_bias, out,

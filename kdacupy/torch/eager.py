@@ -30,14 +30,21 @@ import kdacupy
 from .bridge import _TO_NUMPY
 
 MAX_VIEWS = 4096
+MAX_PARAMS = 256
 _views: dict = {}
 _streams: dict = {}
+_params: dict = {}  # float32 copies of bf16 / fp16 gate parameters (float_param)
 _CUPY: list = []  # cupy once imported, or None where it is not importable
+#: other caches of views (kdacupy.compat's decode calls), cleared with these
+clear_hooks: list = []
 
 
 def clear():
     _views.clear()
     _streams.clear()
+    _params.clear()
+    for hook in clear_hooks:
+        hook()
 
 
 def _cupy():
@@ -121,8 +128,7 @@ def decode(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_l
     (the caller then calls the op). Arguments as ``ops.decode``'s."""
     tensors = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_log, dt_bias, out)
     dev = q.get_device()
-    if dev < 0 or not _no_mode() or (torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in tensors)):
+    if dev < 0 or not eager_ok(tensors):
         return False
     try:  # the views made before: one lookup per tensor (_key, inline)
         views = [None if t is None else _views[t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(), type(t)]
@@ -131,20 +137,73 @@ def decode(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_l
         views = _views_of(tensors, dev)
         if views is None:
             return False
+    launch(dev, current_stream(dev), views, state_pool, dict(
+        scale=scale, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
+        lower_bound=lower_bound, state_layout=state_layout, backend=backend))
+    return True
+
+
+def eager_ok(tensors) -> bool:
+    """Where the op's body may run directly (the device checked by the caller): no mode on, and no
+    autograd to record."""
+    return _no_mode() and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+
+
+def launch(dev, stream, views, state_pool, options):
+    """``kdacupy.kda_decode`` on the views (q, k, v, g, beta, state_pool, state_indices,
+    num_accepted_tokens, A_log, dt_bias, out) on ``stream`` and device ``dev``; the pool tensor's
+    version bumped as the op's declared mutation does."""
     runtime = _cupy().cuda.runtime
-    stream = current_stream(dev)
     prev = runtime.getDevice()  # torch's current device, as a rule: nothing to switch
     if prev != dev:
         runtime.setDevice(dev)
     try:
         with stream:
-            kdacupy.kda_decode(
-                *views[:5], state_pool=views[5], state_indices=views[6], num_accepted_tokens=views[7],
-                scale=scale, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
-                gate=gate, A_log=views[8], dt_bias=views[9], lower_bound=lower_bound, state_layout=state_layout,
-                out=views[10], backend=backend)
+            kdacupy.kda_decode(*views[:5], state_pool=views[5], state_indices=views[6], num_accepted_tokens=views[7],
+                               A_log=views[8], dt_bias=views[9], out=views[10], **options)
     finally:
         if prev != dev:
             runtime.setDevice(prev)
     torch.autograd.graph.increment_version(state_pool)
-    return True
+
+
+def float_param(x):
+    """(copy, storage): a bf16 / fp16 gate parameter (A_log [HV], dt_bias) as a float32 C-contiguous
+    copy, made once per (pointer, shape, strides, dtype, device, type, version) of ``x``: an in-place
+    change bumps the version and makes a new copy. ``storage``, x's, is held with the copy, so its
+    memory is not freed and reused by another tensor under the same key. None where a change could
+    not be noticed (an inference tensor has no version counter) or where the conversion belongs to
+    autograd or to a CUDA graph being captured: the caller then converts as before."""
+    if x.is_inference():  # no version counter
+        return None
+    key = (x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device(), type(x), x._version)
+    if (torch.is_grad_enabled() and x.requires_grad) or _capturing(key[4]):
+        return None  # a capture replays the conversion, so it sees later changes: it must record it
+    hit = _params.get(key)
+    if hit is not None:
+        return hit
+    if len(_params) >= MAX_PARAMS:
+        _params.clear()
+    hit = _params[key] = (x.detach().float().contiguous(), x.untyped_storage())
+    return hit
+
+
+def _capturing(dev: int) -> bool:
+    return dev >= 0 and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def gate_params(A_log, dt_bias, convert):
+    """A_log and dt_bias as ``convert`` (kdacupy/torch/api.py's ``_gate_params``) makes them, the
+    float32 copies of bf16 / fp16 ones taken from ``float_param`` where it has them (one conversion
+    per parameter version instead of one per call; it also keeps their address, so kdacupy's own
+    fast path sees the same call)."""
+    if A_log is not None and A_log.dim() == 4 and A_log.shape[:2] == (1, 1) and A_log.shape[3] == 1:
+        A_log = A_log.reshape(-1)
+    out = []
+    for x in (A_log, dt_bias):
+        if x is not None and x.dtype in (torch.bfloat16, torch.float16):
+            hit = float_param(x)
+            if hit is not None:
+                x = hit[0]
+        out.append(x)
+    return convert(*out)

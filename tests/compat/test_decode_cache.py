@@ -1,0 +1,170 @@
+"""The compat decode entry points' repeated call (kdacupy/torch/decode_cache.py) on CPU tensors
+standing for CUDA tensors (kdacupy/cli/cuda_standins.py), no GPU: a cached call launches what
+the full path launches (variant, grid, every argument; the pointers those of the same tensors,
+the gate parameters' float32 copies with the values the full path converts), and a changed
+tensor is noticed: a parameter modified in place, another pool, other or changed indices,
+cu_seqlens changed in place or unequal."""
+import ctypes
+
+import numpy as np
+import pytest
+
+from tests.frameworks.common import import_torch
+
+pytestmark = pytest.mark.torch
+torch = import_torch()
+cupy = pytest.importorskip("cupy", reason="needs CuPy (importable without a GPU) for the stand-ins")
+
+import kdacupy.compat.fla as fla  # noqa: E402
+import kdacupy.compat.sglang as sglang  # noqa: E402
+import kdacupy.compat.vllm as vllm  # noqa: E402
+from kdacupy.cli import cuda_standins as cs  # noqa: E402
+from kdacupy.ops.forward.tuning import DEFAULT_SM_COUNT  # noqa: E402
+from kdacupy.torch import decode_cache  # noqa: E402
+
+N, H, D, P = 3, 2, 64, 8
+
+
+@pytest.fixture()
+def made():
+    with cs.standin_device(name="kdacupy stand-in GPU", sm_count=DEFAULT_SM_COUNT) as kernels, \
+            cs.standin_torch_cuda():
+        yield kernels
+
+
+def launch(made):
+    """The last launch: (variant, grid, block, args), CuPy arrays as their pointers."""
+    fns = [fn for fn in made.values() if fn.last is not None]
+    assert len(fns) == 1
+    grid, block, args, _ = fns[0].last
+    fns[0].last = None
+    return fns[0].config, grid, block, [a.data.ptr if isinstance(a, cupy.ndarray) else ("value", a.item())
+                                        for a in args]
+
+
+def floats(ptr, n):
+    return np.frombuffer(ctypes.string_at(ptr, 4 * n), np.float32)
+
+
+def inputs(gen=None):
+    """One token per sequence, packed [1, N, ...]; bf16 gate parameters, an fp32 pool [P, H, D, D]."""
+    gen = gen or torch.Generator().manual_seed(0)
+    q, k, v, g = (torch.randn(1, N, H, D, generator=gen).bfloat16() for _ in range(4))
+    b = torch.randn(1, N, H, generator=gen).bfloat16()
+    A_log = torch.randn(1, 1, H, 1, generator=gen).bfloat16()
+    dt_bias = torch.randn(H * D, generator=gen).bfloat16()
+    pool = torch.randn(P, H, D, D, generator=gen)
+    return dict(q=q, k=k, v=v, g=g, b=b, A_log=A_log, dt_bias=dt_bias, pool=pool, log_decay=-g.float().exp(),
+                beta=b.float().sigmoid(), idx=torch.tensor([5, 2, 7]), cu=torch.arange(N + 1, dtype=torch.int32))
+
+
+def sglang_call(x, **change):
+    x = dict(x, **change)
+    return sglang.fused_sigmoid_gating_delta_rule_update(
+        x["A_log"], x["g"].reshape(1, N, H * D), x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"], x["pool"],
+        x["idx"], use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu"], is_kda=True, lower_bound=-5.0)
+
+
+def fla_call(x, **change):
+    x = dict(x, **change)
+    return fla.fused_recurrent_kda_fwd(
+        *(x[n][0][:, None] for n in ("q", "k", "v", "g")), x["beta"][0][:, None], A_log=x["A_log"].reshape(-1),
+        dt_bias=x["dt_bias"], initial_state=x["pool"], state_v_first=True, ssm_state_indices=x["idx"],
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=False, lower_bound=-5.0)[0]
+
+
+def vllm_call(x, **change):
+    x = dict(x, **change)
+    return vllm.fused_recurrent_kda(x["q"], x["k"], x["v"], x["log_decay"], x["beta"], initial_state=x["pool"],
+                                    cu_seqlens=x["cu"], ssm_state_indices=x["idx"])[0]
+
+
+@pytest.mark.parametrize("call", [sglang_call, fla_call, vllm_call], ids=["sglang", "fla", "vllm"])
+def test_a_cached_call_launches_what_the_full_path_launches(made, call, monkeypatch):
+    x = inputs()
+    full_calls = []
+    full = decode_cache._full
+    monkeypatch.setattr(decode_cache, "_full", lambda *a: full_calls.append(1) or full(*a))
+    decode_cache.clear()
+    with torch.inference_mode():
+        o1 = call(x)  # the full path (kdacupy.torch.kda_decode), which stores the call
+        first = launch(made)
+        o2 = call(x)  # the cached one
+        second = launch(made)
+    assert len(full_calls) == 1
+    assert o2.shape == o1.shape and o2.dtype == o1.dtype == torch.bfloat16
+    # the same variant, grid, block and scalars; the pointers those of the same tensors (o's its own)
+    assert second[:3] == first[:3] and len(second[3]) == len(first[3])
+    for a, b in zip(second[3], first[3]):
+        if a == o2.data_ptr() or b == o1.data_ptr():
+            assert (a, b) == (o2.data_ptr(), o1.data_ptr())
+        elif isinstance(a, tuple) or a == b:
+            assert a == b
+        else:  # a tensor each call makes (vLLM's slots, the null block as padding): the same values
+            assert ctypes.string_at(a, 8 * N) == ctypes.string_at(b, 8 * N)
+
+
+def test_a_parameter_changed_in_place_is_converted_again(made):
+    x = inputs()
+    with torch.inference_mode():
+        sglang_call(x)
+        sglang_call(x)
+    before = launch(made)
+    A = x["A_log"].reshape(-1).float().numpy()
+    assert any(isinstance(p, int) and np.array_equal(floats(p, H), A) for p in before[3])
+    x["A_log"].add_(1.0)  # a model's parameter, changed in place: its version moves
+    with torch.inference_mode():
+        o = sglang_call(x)  # noqa: F841  (held: its memory is not reused under the next launch)
+    after = launch(made)
+    A2 = x["A_log"].reshape(-1).float().numpy()
+    assert not np.array_equal(A, A2)
+    assert any(isinstance(p, int) and np.array_equal(floats(p, H), A2) for p in after[3])
+    assert not any(isinstance(p, int) and np.array_equal(floats(p, H), A) for p in after[3])
+    assert after[:3] == before[:3]
+
+
+def test_another_pool_and_other_indices_are_launched(made):
+    x = inputs()
+    with torch.inference_mode():
+        sglang_call(x)
+        sglang_call(x)
+        launch(made)
+        pool2, idx2 = x["pool"].clone(), torch.tensor([1, 4, 6])
+        o = sglang_call(x, pool=pool2)  # noqa: F841
+        got = launch(made)[3]
+        assert pool2.data_ptr() in got and x["pool"].data_ptr() not in got
+        o = sglang_call(x, idx=idx2)  # noqa: F841
+        got = launch(made)[3]
+        assert idx2.data_ptr() in got and x["idx"].data_ptr() not in got
+
+
+def test_vllm_padding_follows_indices_changed_in_place(made):
+    x = inputs()
+    with torch.inference_mode():
+        vllm_call(x)
+        o = vllm_call(x)  # noqa: F841
+        padded = [p for p in launch(made)[3] if isinstance(p, int)
+                  and np.array_equal(np.frombuffer(ctypes.string_at(p, 8 * N), np.int64), [5, 2, 7])]
+        assert padded
+        x["idx"][1] = 0  # the null block: padding from now on
+        o = vllm_call(x)  # noqa: F841
+        got = launch(made)[3]
+    assert any(isinstance(p, int) and np.array_equal(np.frombuffer(ctypes.string_at(p, 8 * N), np.int64), [5, -1, 7])
+               for p in got)
+
+
+def test_cu_seqlens_changed_in_place_or_unequal_raise(made):
+    x = inputs()
+    with torch.inference_mode():
+        sglang_call(x)
+        sglang_call(x)
+    x["cu"][1] = 2  # lengths 2, 0, 1: not one token each
+    with torch.inference_mode(), pytest.raises(ValueError, match="cu_seqlens"):
+        sglang_call(x)
+    with torch.inference_mode():  # an inference tensor (no version): checked on every call
+        cu = torch.arange(N + 1, dtype=torch.int32)
+        sglang_call(x, cu=cu)
+        sglang_call(x, cu=cu)
+        cu[2] = 1
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            sglang_call(x, cu=cu)
