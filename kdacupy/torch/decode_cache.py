@@ -1,4 +1,5 @@
-"""The engines' decode step (kdacupy/compat/pool.py's ``step``, and its length check) on a repeated call: the CuPy views
+"""A repeated decode step (``kdacupy.torch.kda_decode`` and the engines' step, kdacupy/compat/pool.py's
+``step``, with its length check): the CuPy views
 of the core call kept per call signature, so a step reads each tensor's metadata once and calls
 ``kdacupy.kda_decode`` (docs/design.md section 10.1: kdacupy/torch/eager.py's path, without the
 reshapes, the option checks and the gate conversions of ``kdacupy.torch.kda_decode``).
@@ -7,7 +8,7 @@ The key holds what makes the kept views the call's own: every tensor's data poin
 strides, dtype, device and type, the version of a gate parameter that is converted (bf16 / fp16:
 its float32 copy is kept with the entry, with the parameter's storage, so the memory under the key
 is not reused), the sequence split (N, T) and the options with their types. A call that misses
-runs ``kdacupy.torch.kda_decode`` as before (every check and error there) and then stores its
+runs ``kdacupy.torch.kda_decode``'s full path as before (every check and error there) and then stores its
 views; one that cannot be kept (a reshape that copies, rows whose last dim is strided, a
 parameter without a version counter) is never stored. kdacupy.kda_decode's own per-call checks
 (alignment, overlap, the pool) run on every call. The pool's version is bumped as before.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import torch
 
 from . import eager
-from .api import kda_decode
 from .tensors import check_equal_lengths
 
 MAX_ENTRIES = 256
@@ -74,8 +74,18 @@ class _Entry:
         return view
 
 
-def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
-    """``kda_decode`` over N sequences of T tokens (q.. [B, TT, ...]); o in v's shape."""
+def repeated(q, k, v, g, beta, pool, idx, num_accepted_tokens, opts):
+    """``cached`` for ``kdacupy.torch.kda_decode``'s own call ([N, T, ...] inputs)."""
+    try:
+        N, T = q.shape[0], q.shape[1]
+    except (AttributeError, IndexError):  # the full path says what is wrong with q
+        return None, None
+    return cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
+
+
+def cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
+    """(o, None) from the kept views where this call signature was stored (o in v's shape), else
+    (None, the key to ``remember`` it by after the full path ran, or None where it cannot be kept)."""
     params = [opts.get(n) for n in _PARAMS]
     options = tuple((n, x, type(x)) for n, x in opts.items() if n not in _PARAMS)
     tensors = (q, k, v, g, beta, pool, idx, num_accepted_tokens)
@@ -83,17 +93,24 @@ def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
         key = (N, T, options, tuple(map(_meta, tensors)), tuple(map(_param_meta, params)))
         entry = _entries.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable option: the full path says what
-        key = entry = None
-    if entry is not None and eager.eager_ok(tensors):
+        return None, None
+    if entry is None:
+        return None, key
+    if eager.eager_ok(tensors):
         stream = eager.current_stream(entry.dev)
         if not (entry.copies and stream.is_capturing()):  # a capture records the conversion (full path)
             o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
             eager.launch(entry.dev, stream, entry.views + [entry.out_view(o)], pool, entry.options)
-            return o
-    o = _full(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
-    if key is not None and entry is None:
-        _store(key, tensors, params, N, T, opts, v)
-    return o
+            return o, None
+    return None, None
+
+
+def remember(key, q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
+    """Keep the views of the call the full path just made under ``key`` (from ``cached``), where
+    every one is a view of the tensors under the key (or a kept float32 copy of a parameter)."""
+    if key is not None:
+        _store(key, (q, k, v, g, beta, pool, idx, num_accepted_tokens), [opts.get(n) for n in _PARAMS], N, T, opts,
+               v)
 
 
 def _options(opts):
@@ -104,20 +121,7 @@ def _options(opts):
     return out
 
 
-def _split(x, N, T):
-    return None if x is None else x.reshape((N, T) + tuple(x.shape[2:]))
-
-
-def _full(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
-    """The step through ``kdacupy.torch.kda_decode``, every check of the torch face made."""
-    o = kda_decode(*(_split(x, N, T) for x in (q, k, v, g, beta)), state_pool=pool, state_indices=idx,
-                   num_accepted_tokens=num_accepted_tokens, **opts)
-    return o.reshape(v.shape)
-
-
 def _store(key, tensors, params, N, T, opts, v):
-    """Keep the views of the call just made, where every one is a view of the tensors under the key
-    (or a kept float32 copy of a parameter)."""
     dev = tensors[0].get_device()
     if dev < 0 or not eager.eager_ok(tensors):
         return

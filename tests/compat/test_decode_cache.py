@@ -82,9 +82,11 @@ def vllm_call(x, **change):
 @pytest.mark.parametrize("call", [sglang_call, fla_call, vllm_call], ids=["sglang", "fla", "vllm"])
 def test_a_cached_call_launches_what_the_full_path_launches(made, call, monkeypatch):
     x = inputs()
+    import kdacupy.compat.pool as pool
+
     full_calls = []
-    full = decode_cache._full
-    monkeypatch.setattr(decode_cache, "_full", lambda *a: full_calls.append(1) or full(*a))
+    full = pool.kda_decode
+    monkeypatch.setattr(pool, "kda_decode", lambda *a, **kw: full_calls.append(1) or full(*a, **kw))
     decode_cache.clear()
     with torch.inference_mode():
         o1 = call(x)  # the full path (kdacupy.torch.kda_decode), which stores the call
@@ -168,3 +170,28 @@ def test_cu_seqlens_changed_in_place_or_unequal_raise(made):
         cu[2] = 1
         with pytest.raises(ValueError, match="cu_seqlens"):
             sglang_call(x, cu=cu)
+
+
+def test_the_torch_face_caches_its_call_and_never_a_copied_one(made):
+    import kdacupy.torch as kt
+
+    x = inputs()
+    rows = {n: x[n][0][:, None] for n in ("q", "k", "v")}
+    opts = dict(state_pool=x["pool"], state_indices=x["idx"], qk_l2norm=True, beta_sigmoid=True, gate="sigmoid",
+                A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0)
+    g, b = x["g"][0][:, None], x["b"][0][:, None]
+    decode_cache.clear()
+    with torch.inference_mode():
+        o1 = kt.kda_decode(**rows, g=g, beta=b, **opts)
+        first = launch(made)
+        o2 = kt.kda_decode(**rows, g=g, beta=b, **opts)
+        second = launch(made)
+        assert len(decode_cache._entries) == 1
+        swap = {o2.data_ptr(): o1.data_ptr()}
+        assert second[:3] == first[:3] and [swap.get(a, a) for a in second[3]] == first[3]
+        decode_cache.clear()
+        strided = rows["q"].transpose(-1, -2).contiguous().transpose(-1, -2)  # last dim strided: copied
+        for _ in range(2):
+            kt.kda_decode(**dict(rows, q=strided), g=g, beta=b, **opts)
+            assert strided.data_ptr() not in launch(made)[3]
+        assert not decode_cache._entries
