@@ -149,11 +149,13 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, sof
         raise ValueError(f"b: expected the beta logits of the {B * TT} tokens, HV = {HV} each, got shape "
                          f"{tuple(b.shape)}")
     beta = _shaped(b, (B, TT, HV))
-    verify = dict(disable_state_update=disable_state_update, intermediate_states_buffer=intermediate_states_buffer,
-                  intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
-                  retrieve_parent_token=retrieve_parent_token)
-    if disable_state_update or any(x is not None for n, x in verify.items() if n != "disable_state_update"):
-        return _target_verify(q, k, v, g, beta, initial_state_source, initial_state_indices, N, T, opts, **verify)
+    if disable_state_update or not (intermediate_states_buffer is intermediate_state_indices is cache_steps
+                                    is retrieve_parent_token is None):
+        return _target_verify(q, k, v, g, beta, initial_state_source, initial_state_indices, N, T, opts,
+                              disable_state_update=disable_state_update,
+                              intermediate_states_buffer=intermediate_states_buffer,
+                              intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
+                              retrieve_parent_token=retrieve_parent_token)
     return step(q, k, v, g, beta, initial_state_source, initial_state_indices, None, N, T, opts)
 
 
