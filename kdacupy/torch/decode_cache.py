@@ -207,5 +207,8 @@ def padded_slots(idx, null_block):
     if buf is None:
         if len(_padded) >= MAX_CHECKED:
             _padded.clear()
-        buf = _padded[key] = (torch.empty_like(idx, memory_format=torch.contiguous_format), idx.new_full((), -1))
-    return torch.where(idx > null_block, idx, buf[1], out=buf[0])
+        buf = _padded[key] = (torch.empty_like(idx, memory_format=torch.contiguous_format),
+                              torch.empty_like(idx, dtype=torch.bool, memory_format=torch.contiguous_format),
+                              idx.new_full((), -1))
+    slots, live, pad = buf
+    return torch.where(torch.gt(idx, null_block, out=live), idx, pad, out=slots)
