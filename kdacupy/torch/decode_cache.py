@@ -96,7 +96,7 @@ def cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
         return None, None
     if entry is None:
         return None, key
-    if eager.eager_ok(tensors):
+    if eager.eager_ok(tensors + tuple(params)):  # as the full path's eager.decode decides
         stream = eager.current_stream(entry.dev)
         if not (entry.copies and stream.is_capturing()):  # a capture records the conversion (full path)
             o = torch.empty_like(v, memory_format=torch.contiguous_format)  # v's shape (cheaper than empty)
@@ -123,7 +123,7 @@ def _options(opts):
 
 def _store(key, tensors, params, N, T, opts, v):
     dev = tensors[0].get_device()
-    if dev < 0 or not eager.eager_ok(tensors):
+    if dev < 0 or not eager.eager_ok(tuple(tensors) + tuple(params)):
         return
     rows = []
     for x in tensors[:5]:

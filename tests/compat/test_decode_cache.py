@@ -195,3 +195,21 @@ def test_the_torch_face_caches_its_call_and_never_a_copied_one(made):
             kt.kda_decode(**dict(rows, q=strided), g=g, beta=b, **opts)
             assert strided.data_ptr() not in launch(made)[3]
         assert not decode_cache._entries
+
+
+def test_a_call_with_autograd_to_record_is_never_served_from_the_cache(made, monkeypatch):
+    import kdacupy.compat.pool as pool
+
+    x = inputs()
+    with torch.inference_mode():
+        sglang_call(x)
+    full = []
+    real = pool.kda_decode
+    monkeypatch.setattr(pool, "kda_decode", lambda *a, **kw: full.append(1) or real(*a, **kw))
+    x["dt_bias"].requires_grad_()  # the key is the same: only the grad mode tells
+    with torch.enable_grad():
+        sglang_call(x)
+    assert full == [1]
+    with torch.inference_mode():
+        sglang_call(x)
+    assert full == [1]  # served from the cache again
