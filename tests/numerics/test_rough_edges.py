@@ -132,9 +132,10 @@ def test_bad_emulation_switches_raise_the_documented_env_error(monkeypatch, name
 def test_a_cp_rank_mismatch_in_cu_seqlens_shows_the_values():
     """kda_forward_cp's agreement check compares each rank's signature: a mismatch names the
     offsets, not their hashes (two ranks simulated: rank 1's signature from other offsets)."""
-    from kdacupy.distributed import cp
+    from kdacupy.distributed.agree import collective_check
+    from kdacupy.distributed.call import LocalCall
     x, opts = make_inputs(T=8, H=1, K=64, V=64)
-    locals_ = [cp._Local(*(x[n] for n in "qkvg"), x["beta"], np.array(cu), None, False, "kv", None, None, opts)
+    locals_ = [LocalCall(*(x[n] for n in "qkvg"), x["beta"], cu_seqlens=np.array(cu), options=opts)
                for cu in ([0, 3, 20], [0, 4, 20])]
 
     class TwoRanks:
@@ -145,7 +146,7 @@ def test_a_cp_rank_mismatch_in_cu_seqlens_shows_the_values():
             return [info, other]
 
     with pytest.raises(ValueError) as e:
-        cp._collective_check(TwoRanks(), lambda: locals_[0])
+        collective_check(TwoRanks(), "kda_forward_cp", lambda: locals_[0])
     assert "disagree on cu_seqlens: rank 0 has [0, 3, 20], rank 1 has [0, 4, 20]" in str(e.value)
 
 
