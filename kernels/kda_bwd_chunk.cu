@@ -561,9 +561,9 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           for (int w = 0; w < E / 2; ++w) {
             const int c = c0 + 2 * w;
             const float2 gc = ld2(sG + fx<K>(r, c)), gr = ld2(sRef + fx<K>(0, c)), kn = ld2(sKN + fx<K>(r, c));
-            const float f0 = kn.x * ex2_approx_ftz(gr.x - gc.x), f1 = kn.y * ex2_approx_ftz(gr.y - gc.y);
-            const u32 hi = pack_bf16x2(f0, f1);
-            wl[w] = pack_bf16x2(f0 - bf16_lo(hi), f1 - bf16_hi(hi));
+            const float f[2] = {kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y)};
+            u32 hi;
+            split_bf16x2(f, hi, wl[w]);
           }
           store_piece<E>(sKL + r * TS + c0, wl);
         }

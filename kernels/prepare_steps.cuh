@@ -37,8 +37,8 @@ __device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRe
 }
 
 // [5] two fp32 values in two bf16 parts each, packed in pairs: hi their rounding, lo the rounding of
-// what it left (an exact fp32 difference, flushed to zero when subnormal under -ftz=true), for [6]'s
-// split product.
+// what it left (an exact fp32 difference, flushed to zero when subnormal under -ftz=true): [6]'s
+// split Mf, and kda_bwd_chunk's k_i low part ([B6]).
 __device__ __forceinline__ void split_bf16x2(const float (&x)[2], u32& hi, u32& lo) {
   hi = pack_bf16x2(x[0], x[1]);
   lo = pack_bf16x2(x[0] - bf16_lo(hi), x[1] - bf16_hi(hi));

@@ -24,7 +24,7 @@ from kdacupy.distributed import kda_backward_cp, kda_forward_cp
 
 from .api import _dense, _flag, _gate_params, _index_tensor, _name, _real, _rows, _unexpected
 from .bridge import empty_like_rows, numpy_dtype, on_torch_stream, to_array, to_tensor
-from .ops import _final_state_dtype, _nothing
+from .ops import _forward_outputs_fake, _nothing
 
 _GROUPS: dict = {}  # group name -> ProcessGroup, for the ops (kda_cp registers each group it is given)
 
@@ -68,13 +68,7 @@ def forward_cp(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor
 def _forward_cp_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, group, scale, output_final_state,
                      qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_dtype,
                      state_precision, backend):
-    o = v.new_empty(v.shape)
-    if not output_final_state:
-        return o, _nothing(v)
-    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    shape = (N, HV, K, V) if state_layout == "kv" else (N, HV, V, K)
-    return o, q.new_empty(shape, dtype=_final_state_dtype(q, initial_state, state_dtype))
+    return _forward_outputs_fake(q, v, initial_state, cu_seqlens, output_final_state, state_layout, state_dtype)
 
 
 @torch.library.custom_op("kdacupy::backward_cp", mutates_args=(), device_types=("cpu", "cuda"))

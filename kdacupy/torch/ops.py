@@ -41,6 +41,18 @@ def _nothing(x):
     return x.new_empty((0,))
 
 
+def _forward_outputs_fake(q, v, initial_state, cu_seqlens, output_final_state, state_layout, state_dtype):
+    """(o, final state) as a forward op returns them: shapes, dtypes, C order (the fake tensors of
+    kdacupy::forward and kdacupy::forward_cp)."""
+    o = v.new_empty(v.shape)
+    if not output_final_state:
+        return o, _nothing(v)
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    shape = (N, HV, K, V) if state_layout == "kv" else (N, HV, V, K)
+    return o, q.new_empty(shape, dtype=_final_state_dtype(q, initial_state, state_dtype))
+
+
 @torch.library.custom_op("kdacupy::forward", mutates_args=(), device_types=("cpu", "cuda"))
 def forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor], initial_state: Optional[Tensor],
             cu_seqlens: Optional[Tensor], A_log: Optional[Tensor], dt_bias: Optional[Tensor], scale: Optional[float],
@@ -66,13 +78,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor], 
 def _forward_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state, qk_l2norm,
                   beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_dtype, state_precision,
                   sequence_parallel, backend):
-    o = v.new_empty(v.shape)
-    if not output_final_state:
-        return o, _nothing(v)
-    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    shape = (N, HV, K, V) if state_layout == "kv" else (N, HV, V, K)
-    return o, q.new_empty(shape, dtype=_final_state_dtype(q, initial_state, state_dtype))
+    return _forward_outputs_fake(q, v, initial_state, cu_seqlens, output_final_state, state_layout, state_dtype)
 
 
 @torch.library.custom_op("kdacupy::forward_pool", mutates_args=("state_pool",), device_types=("cpu", "cuda"))

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..numerics.dtypes import STATE_DTYPES
 from .arrays import as_array, capturing, check_dtype, cupy_module, fail, is_device
+from .memory import check_place
 from .pool import _index_array
 
 CHUNK = 16  # the kernels' chunk: boundaries fall between chunks
@@ -45,12 +46,7 @@ def _every(checkpoint_every):
 
 def _destination(checkpoints, problem, dense):
     x = as_array("checkpoints", checkpoints)
-    if is_device(x) != problem.device:
-        fail("checkpoints", f"a {'CuPy (device)' if problem.device else 'NumPy (host)'} array like q",
-             f"a {'CuPy (device)' if is_device(x) else 'NumPy (host)'} array")
-    if problem.device and x.device.id != cupy_module().cuda.Device().id:
-        fail("checkpoints", f"an array on the current CUDA device {cupy_module().cuda.Device().id}",
-             f"device {x.device.id}")
+    check_place("checkpoints", x, problem.device)
     tail = (problem.HV, problem.K, problem.V) if problem.state_layout == "kv" else (problem.HV, problem.V, problem.K)
     names = "K, V" if problem.state_layout == "kv" else "V, K"
     if dense:

@@ -12,15 +12,29 @@ def check_devices(arrays) -> bool:
     """One kind of array (NumPy or CuPy), on one device; True for CuPy."""
     device = is_device(arrays["q"])
     for n, x in arrays.items():
-        if x is not None and is_device(x) != device:
-            fail(n, f"a {'CuPy (device)' if device else 'NumPy (host)'} array like q",
-                 f"a {'CuPy (device)' if is_device(x) else 'NumPy (host)'} array")
+        if x is not None:
+            check_kind(n, x, device)
+    if device:
+        for n, x in arrays.items():
+            if x is not None:
+                check_place(n, x, device)
+    return device
+
+
+def check_kind(name, x, device):
+    """``x`` is the kind of array q is (CuPy for ``device``, else NumPy)."""
+    if is_device(x) != device:
+        fail(name, f"a {'CuPy (device)' if device else 'NumPy (host)'} array like q",
+             f"a {'CuPy (device)' if is_device(x) else 'NumPy (host)'} array")
+
+
+def check_place(name, x, device):
+    """``x`` is q's kind of array and, a CuPy one, on the current CUDA device."""
+    check_kind(name, x, device)
     if device:
         current = cupy_module().cuda.Device().id
-        for n, x in arrays.items():
-            if x is not None and x.device.id != current:
-                fail(n, f"an array on the current CUDA device {current}", f"device {x.device.id}")
-    return device
+        if x.device.id != current:
+            fail(name, f"an array on the current CUDA device {current}", f"device {x.device.id}")
 
 
 def check_backend(backend, device) -> str:

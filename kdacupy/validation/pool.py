@@ -19,6 +19,7 @@ import numpy as np
 from ..numerics.decode_reference import decode_plan
 from ..numerics.dtypes import STATE_DTYPES, dtype_name
 from .arrays import as_array, capturing, check_dtype, cupy_module, fail, is_device
+from .memory import check_place
 
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -55,13 +56,7 @@ def check_pool(state_pool, *, HV, K, V, layout, device, name="state_pool"):
     """The pool array: [P, HV, V, K] ("vk") or [P, HV, K, V] ("kv"), bf16 or fp32,
     C-contiguous and writeable, on the same kind of memory as q."""
     pool = as_array(name, state_pool)
-    if is_device(pool) != device:
-        fail(name, f"a {'CuPy (device)' if device else 'NumPy (host)'} array like q",
-             f"a {'CuPy (device)' if is_device(pool) else 'NumPy (host)'} array")
-    if device:
-        cur = cupy_module().cuda.Device().id
-        if pool.device.id != cur:
-            fail(name, f"an array on the current CUDA device {cur}", f"device {pool.device.id}")
+    check_place(name, pool, device)
     want = ("P", HV, V, K) if layout == "vk" else ("P", HV, K, V)
     if pool.ndim != 4 or tuple(pool.shape[1:]) != want[1:] or pool.shape[0] < 1:
         fail(name, f"shape (P >= 1, {', '.join(map(str, want[1:]))}) ([P, HV, "

@@ -16,6 +16,7 @@ import numpy as np
 from ..numerics.decode_reference import step_problems
 from ..numerics.dtypes import STATE_DTYPES
 from .arrays import as_array, capturing, check_bool, check_dtype, cupy_module, fail, is_device
+from .memory import check_place
 from .pool import _index_array
 
 
@@ -36,12 +37,7 @@ def check_step_array(step_states, *, problem):
     """[R, S, HV, V, K] ("vk") or [R, S, HV, K, V] ("kv"), S >= T, bf16 or fp32, C-contiguous,
     writeable, on q's kind of memory and device."""
     x = as_array("step_states", step_states)
-    if is_device(x) != problem.device:
-        fail("step_states", f"a {'CuPy (device)' if problem.device else 'NumPy (host)'} array like q",
-             f"a {'CuPy (device)' if is_device(x) else 'NumPy (host)'} array")
-    if problem.device and x.device.id != cupy_module().cuda.Device().id:
-        fail("step_states", f"an array on the current CUDA device {cupy_module().cuda.Device().id}",
-             f"device {x.device.id}")
+    check_place("step_states", x, problem.device)
     tail = step_shape(problem.HV, problem.K, problem.V, problem.state_layout)
     if x.ndim != 5 or tuple(x.shape[2:]) != tail or x.shape[0] < 1 or x.shape[1] < problem.T:
         fail("step_states", f"shape (R >= 1, S >= T = {problem.T}, {', '.join(map(str, tail))}) ([R, S, HV, "
