@@ -14,6 +14,13 @@ the module's compiled kernels stay loaded from one test to the next. ``--emulate
 turns this off (e.g. for a debugger); it is off by itself with ``--pdb``, where ``fork`` is
 missing, and on a machine with a usable GPU (the pytest process has initialised CUDA, which
 does not survive a fork; that machine runs the GPU suite, CI runs without one).
+
+The parent takes the child's reports one test at a time, as its own protocol for that test
+runs, so the same works in a pytest-xdist worker (the README runs the suite with
+``-n auto --dist loadfile``): the worker reports each test while it runs it, as xdist expects,
+and a crash fails one test instead of taking the worker down (xdist would reschedule the rest
+of the file, the crashing test included, onto a new worker until its restart limit). Where a
+module's tests may be split across workers (another ``--dist``), each test gets a child.
 """
 from __future__ import annotations
 
@@ -44,9 +51,14 @@ def _enabled(config) -> bool:
     if "enabled" not in _memo:
         _memo["enabled"] = (hasattr(os, "fork") and not config.getoption("--emulate-in-process")
                             and not config.getoption("usepdb", False) and not config.getoption("trace", False)
-                            and not hasattr(config, "workerinput")  # pytest-xdist workers isolate already
                             and _no_gpu())
     return _memo["enabled"]
+
+
+def _whole_modules(config) -> bool:
+    """Whether this process runs every test of a module it runs one (not an xdist worker, or one
+    under a by-file / by-scope schedule): then one child serves the whole module."""
+    return not hasattr(config, "workerinput") or config.getoption("dist", "no") in ("loadfile", "loadscope")
 
 
 def _no_gpu() -> bool:
@@ -72,8 +84,8 @@ def isolated(items) -> bool:
         return False
 
 
-_handled: set = set()  # nodeids a child has run (the parent only skips them)
 _isolated: dict = {}  # module path -> the end index of its items when isolated, else False
+_children: dict = {}  # module path -> the child running its tests (the parent reads it test by test)
 _in_child = [False]
 
 
@@ -99,14 +111,10 @@ def _module_span(items, item):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    """An isolated module's first test forks the child that runs the whole module; the parent
-    then only skips the tests the child reported (and tears down what it had set up)."""
+    """A test of an isolated module runs in the module's child (forked at the module's first
+    test, or anew after a crash); the parent reports what the child sent for this test."""
     if _in_child[0] or not _enabled(item.config):
         return None
-    if item.nodeid in _handled:
-        if nextitem is None or nextitem.path != item.path:  # the module's last: what it shared with the parent
-            _root(item)._setupstate.teardown_exact(nextitem)
-        return True
     root = _root(item)
     if item.path not in _isolated:
         start, end = _module_span(root.items, item)
@@ -118,9 +126,17 @@ def pytest_runtest_protocol(item, nextitem):
     if factory is not None:
         factory.getbasetemp()  # made once here, so the children share it
     i = root.items.index(item)
-    _run_forked(root, root.items, i, end)
-    _handled.update(x.nodeid for x in root.items[i:end])
-    if nextitem is None or nextitem.path != item.path:
+    child = _children.get(item.path)
+    if child is None or child.next != i:
+        if child is not None:
+            child.close(kill=True)
+        stop = end if _whole_modules(item.config) else i + 1
+        child = _children[item.path] = _Child(root, root.items, i, stop)
+    if not child.run(i) or child.next >= child.stop:
+        _children.pop(item.path).close()
+    if nextitem is None or nextitem.path != item.path:  # the module's last: what it shared with the parent
+        if item.path in _children:  # it stopped early (e.g. -x): its other tests are not wanted
+            _children.pop(item.path).close(kill=True)
         root._setupstate.teardown_exact(nextitem)
     return True
 
@@ -165,6 +181,9 @@ def _child(root, items, start, stop, fd, crash_file):
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             config.pluginmanager.unregister(reporter)  # the parent prints
+        for plugin in config.pluginmanager.get_plugins():  # and, in an xdist worker, reports to xdist
+            if type(plugin).__name__ == "WorkerInteractor":
+                config.pluginmanager.unregister(plugin)
         config.pluginmanager.register(_Forwarder(fd, config), "kdacupy-forwarder")
         faulthandler.enable(file=crash_file, all_threads=False)  # the Python stack at a crash, for the report
         _in_child[0] = True
@@ -244,11 +263,15 @@ def _crash_report(item, how, stack, seconds):
                       duration=seconds)
 
 
-def _run_forked(root, items, start, stop):
-    config = root.config
-    while start < stop:
+class _Child:
+    """A forked child running ``items[start:stop]`` in order; ``run(i)`` reports test i from its
+    messages (the child runs ahead, bounded by the pipe) and tells whether the child lived
+    through it. After a crash the child is gone: the parent forks a new one for the next test."""
+
+    def __init__(self, root, items, start, stop):
+        self.root, self.items, self.next, self.stop = root, items, start, stop
         r, w = os.pipe()
-        crash = tempfile.TemporaryFile()
+        self.crash = tempfile.TemporaryFile()
         sys.stdout.flush()
         sys.stderr.flush()
         with warnings.catch_warnings():  # Python >= 3.12 warns when other threads exist; ours are joined
@@ -256,45 +279,54 @@ def _run_forked(root, items, start, stop):
             pid = os.fork()
         if pid == 0:
             os.close(r)
-            _child(root, items, start, stop, w, crash)
+            _child(root, items, start, stop, w, self.crash)
         os.close(w)
-        current, started, error = None, time.monotonic(), None
+        self.pid, self.fd, self.messages, self.status = pid, r, _messages(r), None
+
+    def run(self, i) -> bool:
+        config, item = self.root.config, self.items[i]
+        started, begun = time.monotonic(), False
         try:
-            for kind, payload in _messages(r):
+            for kind, payload in self.messages:
                 if kind == "start":
-                    current, started = payload, time.monotonic()
-                    items[current].ihook.pytest_runtest_logstart(nodeid=items[current].nodeid,
-                                                                 location=items[current].location)
+                    begun, started = True, time.monotonic()
+                    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
                 elif kind == "report":
                     rep = config.hook.pytest_report_from_serializable(config=config, data=payload)
-                    items[current].ihook.pytest_runtest_logreport(report=rep)
+                    item.ihook.pytest_runtest_logreport(report=rep)
                 elif kind == "warning":
                     _warn(config, payload)
                 elif kind == "done":
-                    items[current].ihook.pytest_runtest_logfinish(nodeid=items[current].nodeid,
-                                                                  location=items[current].location)
-                    current = None
+                    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+                    self.next = i + 1
+                    return True
                 elif kind == "error":
-                    error = payload
+                    self.close(kill=True)
+                    raise RuntimeError(f"the forked child of {item.path} failed: {payload}")
         except BaseException:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            self.close(kill=True)
             raise
-        finally:
-            os.close(r)
-        _, status = os.waitpid(pid, 0)
-        if error is not None:
-            raise RuntimeError(f"the forked child of {items[start].path} failed: {error}")
-        if current is None:  # the child ran to its end (or stopped as asked)
-            crash.close()
-            return
-        crash.seek(0)
-        stack = crash.read().decode(errors="replace")
-        crash.close()
-        item = items[current]
+        status = self.close()  # the pipe ended inside test i: the child died there
+        self.crash.seek(0)
+        stack = self.crash.read().decode(errors="replace")
+        self.crash.close()
+        if not begun:
+            item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         item.ihook.pytest_runtest_logreport(report=_crash_report(item, _died(status), stack,
                                                                  time.monotonic() - started))
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        if _stop_requested(root):
-            return
-        start = current + 1  # a new child for the rest of the module
+        self.next = i + 1
+        return False
+
+    def close(self, kill=False):
+        """Reap the child: one that ended its tests or died exits by itself; ``kill``: one whose
+        remaining tests are not wanted (another test was asked for, or the parent failed)."""
+        if self.pid is None:
+            return self.status
+        self.messages.close()
+        os.close(self.fd)
+        pid, self.pid = self.pid, None
+        if kill:
+            os.kill(pid, signal.SIGKILL)
+        _, self.status = os.waitpid(pid, 0)
+        return self.status

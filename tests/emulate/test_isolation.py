@@ -36,10 +36,11 @@ def test_after():
 '''
 
 
-def run_suite(tmp_path, *flags):
-    (tmp_path / "test_probe.py").write_text(PROBE)
+def run_suite(tmp_path, *flags, modules=("test_probe.py",)):
+    for name in modules:
+        (tmp_path / name).write_text(PROBE)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.isolation", "-p", "no:cacheprovider",
-           "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py"), *flags]
+           "--rootdir", str(tmp_path), *(str(tmp_path / name) for name in modules), *flags]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "KDACUPY_EMULATE_CHECK": ""})
 
@@ -54,6 +55,19 @@ def test_a_crashing_emulated_kernel_fails_its_test_and_the_suite_goes_on(tmp_pat
     assert "1 failed, 2 passed" in out, out
     assert "FAILED" in out and "test_out_of_bounds_store" in out and "SIGSEGV" in out, out
     assert "KDACUPY_EMULATE_CHECK=memcheck" in out  # the report says how to see what and where
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.skipif(why_no_gpu() is None, reason="a usable GPU here: emulated modules run in process")
+def test_under_xdist_a_crash_fails_one_test_and_the_worker_goes_on(tmp_path):
+    """The README's `-n auto --dist loadfile`: without the child, xdist would hand the crashing
+    test to a new worker again and again and never run the tests after it."""
+    pytest.importorskip("xdist", reason="pytest-xdist is in the [test] extra")
+    r = run_suite(tmp_path, "-rf", "-n", "2", "--dist", "loadfile", modules=("test_probe.py", "test_probe_2.py"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "2 failed, 4 passed" in out and "crashed" not in out, out
+    assert out.count("SIGSEGV") >= 2 and "test_probe_2.py::test_out_of_bounds_store" in out, out
 
 
 def test_in_process_the_same_bug_ends_the_run_without_a_summary(tmp_path):
