@@ -384,6 +384,25 @@ extern "C" __global__ void cached(int* o) {{ o[threadIdx.x] = {uuid.uuid4().int 
     print(f"\nbuild of a small kernel: {build_s:.2f} s")
 
 
+def test_builds_share_one_precompiled_prelude(tmp_path, monkeypatch):
+    """g++ builds force-include cuda_emu.h through one precompiled header per compiler and flags;
+    a damaged one is passed over (g++ then parses the header itself), never a wrong build."""
+    if "clang" in emu_build._version(emu_build.find_compiler()).lower():
+        pytest.skip("clang builds include cuda_emu.h itself (no precompiled prelude)")
+    monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
+    tag = uuid.uuid4().int % 1000
+    srcs = [kernel_source(f'extern "C" __global__ void k{i}(int* o) {{ o[threadIdx.x] = {tag + i} * threadIdx.x; }}')
+            for i in range(3)]
+    EmulatedModule(srcs[0], ["k0"])
+    (gch,) = (tmp_path / "emulate" / "prelude").glob("*/cuda_emu.h.gch")
+    EmulatedModule(srcs[1], ["k1"])
+    assert list((tmp_path / "emulate" / "prelude").glob("*/cuda_emu.h.gch")) == [gch]  # the same flags: shared
+    gch.write_bytes(gch.read_bytes()[:4096])  # damaged
+    out = np.zeros(32, np.int32)
+    EmulatedModule(srcs[2], ["k2"]).get_function("k2")(1, 32, (out,))
+    np.testing.assert_array_equal(out, (tag + 2) * np.arange(32))
+
+
 def test_missing_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "/nonexistent/bin/g++")
@@ -398,7 +417,8 @@ def test_compile_error_shows_compiler_output(monkeypatch, tmp_path):
     monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
     with pytest.raises(EmulationError, match="emulation build failed(.|\n)*undeclared_thing"):
         EmulatedModule('extern "C" __global__ void bad(int* o) { o[0] = undeclared_thing; }', ["bad"])
-    assert not list((tmp_path / "emulate").glob("*"))  # no partial file left behind
+    assert not [p for p in (tmp_path / "emulate").iterdir() if p.name != "prelude"]  # no partial file left behind
+    assert not list((tmp_path / "emulate").glob("prelude/*/*.tmp"))
 
 
 def test_fiber_workload(mod):
