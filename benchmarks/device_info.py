@@ -1,7 +1,8 @@
 """An early step of benchmarks/device_check.sh: what the machine has, in one
 screen. The GPU (name, compute capability, SMs, memory, L2), CuPy, the CUDA
-runtime, driver and NVRTC versions, the target CuPy's NVRTC builds for (sm_90
-on an H100 / H200: benchmarks/compile-sm_90.txt is its compile report), and
+runtime, driver and NVRTC versions, the NVRTC target the runtime builds here
+(kdacupy/jit/targets.py: sm_90a on an H100 / H200, whose compile report is
+benchmarks/compile-sm_90a.txt), and
 which optional pieces are there (torch, triton, fla, JAX,
 mpi4py, NCCL, pytest-timeout, compute-sanitizer, a host C++ compiler). Runs
 without a GPU too (it says so), as in the CPU rehearsal."""
@@ -48,8 +49,11 @@ def gpu():
     print(f"GPU: {info['name']} x {n}, compute capability {info['compute_capability']}, {info['sm_count']} SMs, "
           f"{info['memory_bytes'] / 2 ** 30:.0f} GiB, L2 {info['l2_bytes'] / 2 ** 20:.0f} MiB")
     print(f"CUDA runtime {info['cuda_runtime']}, driver {info['cuda_driver']}, NVRTC {cupy.cuda.nvrtc.getVersion()}")
-    major, minor = info["compute_capability"].split(".")
-    print(f"CuPy's NVRTC target here: sm_{major}{minor} (compile report: benchmarks/compile-sm_{major}{minor}.txt)")
+    from kdacupy.jit.nvrtc import arch_of_device
+
+    arch, special = arch_of_device(), arch_of_device(arch_specific=True)
+    also = f", {special} for variants with arch-specific instructions" if special != arch else ""
+    print(f"the runtime's NVRTC target here: {arch}{also} (compile report: benchmarks/compile-{arch}.txt)")
 
 
 def main():

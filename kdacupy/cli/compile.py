@@ -4,10 +4,16 @@ launch, through NVRTC, without a GPU.
 One line per variant: ``regs=N spill_stores=N spill_loads=N smem=N`` (shared
 memory = the variant's dynamic shared memory plus any static), from ptxas'
 ``-v`` report, built with exactly the options the runtime uses (``jit.NVRTC_OPTIONS``
-plus what CuPy adds, ``jit.CUPY_ADDED_OPTIONS``: ``-ftz=true`` among them; CuPy
-targets ``sm_90`` / ``sm_100`` on Hopper / Blackwell, also accepted here); with ``--sass`` the cubin is disassembled (pip's
-nvidia-cuda-nvdisasm) and the instruction mix that matters is added: tensor-core
-MMAs (HMMA), LDSM, local memory (LDL/STL), global loads/stores (LDG/STG).
+plus what CuPy adds, ``jit.CUPY_ADDED_OPTIONS``: ``-ftz=true`` among them), for
+``--arch`` or, with ``--cc MAJOR.MINOR``, for the target the runtime builds each
+variant on that compute capability (``jit/targets.py``: sm_90a on 9.0; on 10.x
+sm_100a for variants with arch-specific instructions, sm_100 for the others). The
+first and last lines (stderr) name the target and which runtime builds it. With
+``--sass`` the cubin is disassembled (pip's nvidia-cuda-nvdisasm) and the
+instruction mix that matters is added: tensor-core MMAs (HMMA; Hopper's warpgroup
+HGMMA and its WARPGROUP fences / waits), LDSM, local memory (LDL/STL), global
+loads/stores (LDG/STG), cp.async (LDGSTS), bulk copies (UBLKCP, UTMALDG) and
+mbarrier operations (SYNCS).
 Exit status 1 if any variant fails to compile, 2 if ``--match`` selects nothing
 or ``--sass`` finds no disassembler.
 """
@@ -20,7 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..jit import registry
-from ..jit.nvrtc import ARCHS, RUNTIME_ARCHS, SMEM_LIMIT, compile_variant
+from ..jit import targets
+from ..jit.nvrtc import ARCHS, GENERIC_ARCHS, SMEM_LIMIT, compile_variant
 from ..jit.sass import NVDISASM_HINT, nvdisasm
 from ..ops.backward import variants as _backward  # noqa: F401  (registers the backward's kernels)
 from ..ops.decode import variants as _decode  # noqa: F401  (registers the decode kernel)
@@ -40,6 +47,31 @@ def select(kernel: str, match: list) -> list:
     return [v for v in found if all(m in v.label() + " " for m in match)]
 
 
+def _cc(text: str) -> str:
+    try:
+        return targets.cc_digits(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _target(var, args) -> str:
+    if args.cc:
+        return targets.runtime_arch(args.cc, targets.uses_arch_specific(var.kernel, var.config()))
+    return args.arch or "sm_90a"
+
+
+def _targets_line(variants, arch_of, cc) -> str:
+    """'sm_90a (the runtime's target on compute capability 9.0)', or per target with --cc."""
+    counts = {}
+    for v in variants:
+        counts[arch_of[id(v)]] = counts.get(arch_of[id(v)], 0) + 1
+    if not cc:
+        (arch,) = counts
+        return f"{arch} ({targets.describe(arch)})"
+    parts = [f"{arch} ({n}: {targets.describe(arch)})" for arch, n in sorted(counts.items())]
+    return f"compute capability {cc[:-1]}.{cc[-1]}: " + ", ".join(parts)
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
@@ -47,8 +79,11 @@ def _duration(seconds: float) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kdacupy.compile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", default="sm_90a", choices=ARCHS + RUNTIME_ARCHS)
-    ap.add_argument("--sass", action="store_true", help="disassemble and count HMMA/LDSM/LDL/STL/LDG/STG")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--arch", choices=ARCHS + GENERIC_ARCHS, help="the target (default sm_90a)")
+    where.add_argument("--cc", metavar="MAJOR.MINOR", type=_cc,
+                       help="each variant for the target the runtime builds it on this compute capability")
+    ap.add_argument("--sass", action="store_true", help="disassemble and count HMMA/HGMMA/LDSM/LDL/STL/LDG/STG/...")
     ap.add_argument("--kernel", choices=(*KERNELS, "all"), default="all")
     ap.add_argument("--match", metavar="TEXT", action="append", default=[],
                     help="only variants whose line contains TEXT (e.g. 'K=128'); may repeat")
@@ -64,12 +99,14 @@ def main(argv=None):
         return 2
     jobs = args.jobs or os.cpu_count() or 1
     failed = 0
-    print(f"{len(variants)} variant(s) for {args.arch}, {jobs} parallel compile(s); an estimate follows the first",
+    arch_of = {id(v): _target(v, args) for v in variants}
+    where = _targets_line(variants, arch_of, args.cc)
+    print(f"{len(variants)} variant(s) for {where}, {jobs} parallel compile(s); an estimate follows the first",
           file=sys.stderr, flush=True)
 
     def timed(v):
         t0 = time.perf_counter()
-        return compile_variant(v, args.arch, args.sass), time.perf_counter() - t0
+        return compile_variant(v, arch_of[id(v)], args.sass), time.perf_counter() - t0
 
     with ThreadPoolExecutor(jobs) as pool:  # NVRTC releases the GIL inside ctypes calls
         for i, (var, (res, seconds)) in enumerate(zip(variants, pool.map(timed, variants))):
@@ -82,12 +119,13 @@ def main(argv=None):
                 failed += 1
                 print(f"{var.label()}  FAILED\n{res.log}", flush=True)
                 continue
-            over = smem > SMEM_LIMIT[args.arch]
+            over = smem > SMEM_LIMIT.get(arch_of[id(var)], SMEM_LIMIT["sm_90a"])
             failed += over
             mix = " ".join(f"{k}={v}" for k, v in res.sass.items())
-            print(f"{var.label()}  {res.resources} smem={smem}{' OVER-LIMIT' if over else ''} {mix}".rstrip(),
+            on = f" target={arch_of[id(var)]}" if args.cc else ""
+            print(f"{var.label()}  {res.resources} smem={smem}{' OVER-LIMIT' if over else ''}{on} {mix}".rstrip(),
                   flush=True)
-    print(f"{len(variants)} variants for {args.arch}, {failed} failed", file=sys.stderr)
+    print(f"{len(variants)} variants for {where}, {failed} failed", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -420,7 +420,7 @@ def dry_run(buckets, arch: str, jobs: int) -> int:
 
 
 def main(argv=None):
-    from ..jit.nvrtc import ARCHS, RUNTIME_ARCHS
+    from ..jit.nvrtc import ARCHS, GENERIC_ARCHS
 
     ap = argparse.ArgumentParser(prog="python -m kdacupy.tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -432,8 +432,8 @@ def main(argv=None):
                     help="YAML to write (default: the user tuning directory file for this GPU model)")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU needed: list buckets and candidates and compile each through NVRTC")
-    ap.add_argument("--arch", default="sm_90a", choices=ARCHS + RUNTIME_ARCHS,
-                    help="target of --dry-run (default sm_90a; sm_90 is what CuPy builds on an H100 / H200)")
+    ap.add_argument("--arch", default="sm_90a", choices=ARCHS + GENERIC_ARCHS,
+                    help="target of --dry-run (default sm_90a, what the runtime builds on an H100 / H200)")
     ap.add_argument("--sm-count", type=int, default=tuning.DEFAULT_SM_COUNT,
                     help=f"SM count for the buckets of --dry-run (default {tuning.DEFAULT_SM_COUNT})")
     g = ap.add_mutually_exclusive_group()

@@ -1,5 +1,6 @@
-"""Load rendered kernel variants (``render.py``): NVRTC through ``cupy.RawModule``
-on the GPU, the host C++ compiler for the CPU emulation."""
+"""Load rendered kernel variants (``render.py``): NVRTC for the runtime's target
+(``targets.py``), loaded through ``cupy.RawModule``, on the GPU; the host C++ compiler for
+the CPU emulation."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +8,7 @@ import time
 from functools import lru_cache
 
 from .. import env
-from .nvrtc import NVRTC_OPTIONS, CompileError
+from .nvrtc import CompileError
 from .render import config_label, render
 
 
@@ -15,9 +16,23 @@ def _verbose() -> bool:
     return env.get("KDACUPY_JIT_VERBOSE")
 
 
+def cuda_module(source: str, arch: str, what: str = "kernel"):
+    """``source`` compiled by NVRTC for ``arch`` (the cubin cache, cubin_cache.py) and loaded
+    as a ``cupy.RawModule``; CompileError with NVRTC's log if it does not compile."""
+    import cupy
+
+    from .cubin_cache import cubin_path
+
+    path, res = cubin_path(source, arch)
+    if path is None:
+        raise CompileError(f"{what}: NVRTC failed for {arch}:\n{res.log}")
+    return cupy.RawModule(path=str(path)), res
+
+
 class CudaLoader:
-    """Compiles each variant once per process and device (CuPy's disk cache
-    below that keeps it across processes)."""
+    """Compiles each variant once per process and device, for the target the runtime builds
+    on that device (targets.py: sm_90a on compute capability 9.0); the cubin cache on disk
+    keeps it across processes."""
 
     def __init__(self):
         self._cache = {}
@@ -25,22 +40,21 @@ class CudaLoader:
     def get(self, kernel: str, config: dict, name: str):
         import cupy
 
+        from .targets import target
+
         dev = cupy.cuda.Device().id
         key = (kernel, tuple(sorted(config.items())), dev)
         fn = self._cache.get(key)
         if fn is None:
-            source = render(kernel, config)
+            arch = target(kernel, config)
             t0 = time.perf_counter()
-            try:
-                fn = cupy.RawModule(code=source, options=NVRTC_OPTIONS).get_function(name)
-                fn.compile()  # compile now, not at the first launch
-            except cupy.cuda.compiler.CompileException as e:  # carries NVRTC's log
-                raise CompileError(f"{kernel} {config_label(config)}: NVRTC failed:\n{e}") from e
+            mod, res = cuda_module(render(kernel, config), arch, f"{kernel} {config_label(config)}")
+            fn = mod.get_function(name)
+            fn.compile()  # load now, not at the first launch
             if _verbose():
-                from .nvrtc import arch_of_device, nvrtc_compile
-                res = nvrtc_compile(source, arch_of_device())
-                print(f"[kdacupy.jit] {kernel} {config_label(config)}: {time.perf_counter() - t0:.2f} s; "
-                      f"{res.resources}", file=sys.stderr)
+                how = res.resources if res is not None else "from the cubin cache"
+                print(f"[kdacupy.jit] {kernel} {config_label(config)} for {arch}: "
+                      f"{time.perf_counter() - t0:.2f} s; {how}", file=sys.stderr)
             self._cache[key] = fn
         return fn
 

@@ -2,7 +2,7 @@
 report, without a GPU or a driver.
 
 NVRTC is called through ctypes, not ``cupy.RawModule`` (which asks the GPU for
-its architecture) and not CuPy's ``nvrtc.getCUBIN`` (CuPy 14.2 returns the cubin
+its architecture and never targets the "a" variants) and not CuPy's ``nvrtc.getCUBIN`` (CuPy 14.2 returns the cubin
 one byte short, which the binary tools reject).
 """
 from __future__ import annotations
@@ -17,9 +17,10 @@ from .render import render
 #: NVRTC options of every GPU build; --fmad=false: only explicit fmaf() fuse, as in the emulation
 NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
 #: what cupy.RawModule adds to every NVRTC compile (cupy/cuda/compiler.py, CuPy 14): -ftz=true
-#: (fp32 arithmetic flushes subnormal inputs and results to zero: part of the numerics contract),
-#: --device-as-default-execution-space, and -arch=sm_XY of the device (no "a" suffix: sm_90 on an
-#: H100/H200). The compile report passes the same, so it describes the binary the runtime builds.
+#: (fp32 arithmetic flushes subnormal inputs and results to zero: part of the numerics contract)
+#: and --device-as-default-execution-space. The runtime compiles through nvrtc_compile with the
+#: same (its loader, jit/loaders.py, then loads the cubin), for the target targets.py picks, so
+#: the compile report describes the binary the runtime builds.
 CUPY_ADDED_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")
 
 
@@ -27,9 +28,12 @@ class CompileError(RuntimeError):
     """A kernel variant NVRTC could not compile: the message names the variant and carries NVRTC's log."""
 
 
+#: the compile report's targets: sm_90a is what the runtime builds on compute capability 9.0,
+#: sm_100a on 10.0 for variants with arch-specific instructions (targets.py)
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
-#: the targets CuPy itself builds for on Hopper / Blackwell (it never adds the "a" suffix)
-RUNTIME_ARCHS = ("sm_90", "sm_100")
+#: also accepted: sm_100, the runtime's target on 10.0 for the other variants, and sm_90, what
+#: CuPy alone would build on an H100 / H200 (no "a": no wgmma)
+GENERIC_ARCHS = ("sm_90", "sm_100")
 #: shared memory a block may use, per arch (opt-in maximum)
 SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 1024, "sm_90": 227 * 1024,
               "sm_100": 227 * 1024}
@@ -98,11 +102,11 @@ def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
     return res
 
 
-def arch_of_device() -> str:
-    """The target cupy.RawModule compiles for on this device: sm_<cc>, no "a" suffix."""
-    import cupy
+def arch_of_device(arch_specific: bool = False) -> str:
+    """The target the runtime builds on this device (targets.py): sm_90a on 9.0."""
+    from .targets import device_cc, runtime_arch
 
-    return f"sm_{cupy.cuda.Device().compute_capability}"
+    return runtime_arch(device_cc(), arch_specific)
 
 
 def compile_variant(var, arch: str, sass: bool = False) -> CompileResult:

@@ -1,6 +1,7 @@
-"""The compile report builds what the runtime builds: CuPy's RawModule adds
--ftz=true and --device-as-default-execution-space to every NVRTC compile, and
-the compile service (kdacupy/jit/nvrtc.py) passes the same (plus the runtime's own
+"""The compile report builds what the runtime builds: the runtime compiles through the
+compile service (kdacupy/jit/nvrtc.py, for the target kdacupy/jit/targets.py picks:
+tests/compile/test_targets.py) with the options CuPy's RawModule would add to every NVRTC
+compile, -ftz=true and --device-as-default-execution-space (plus the runtime's own
 NVRTC_OPTIONS). On a GPU, tests/gpu/test_gpu_ptx.py shows the flush itself
 (1e-20f * 1e-20f == 0 in a RawModule kernel)."""
 import re
@@ -55,10 +56,11 @@ def cupy_nvrtc_options(arch_digits):
 @pytest.mark.parametrize("cc, target", [("90", "sm_90"), ("100", "sm_100")])
 def test_cupy_compiles_with_what_the_report_passes(cc, target):
     """CuPy adds -ftz=true and --device-as-default-execution-space to the runtime's NVRTC
-    options and targets sm_<cc> (a cubin, never the "a" suffix): the compile report passes the
-    same options and accepts those targets (RUNTIME_ARCHS)."""
+    options and targets sm_<cc> (a cubin, never the "a" suffix: why the runtime compiles
+    itself): the compile service passes the same options, and accepts those targets too
+    (GENERIC_ARCHS)."""
     opts, method = cupy_nvrtc_options(cc)
-    assert method == "cubin" and f"-arch={target}" in opts and target in jit.RUNTIME_ARCHS
+    assert method == "cubin" and f"-arch={target}" in opts and target in jit.GENERIC_ARCHS
     assert "-ftz=true" in opts
     rest = set(opts) - {f"-arch={target}", "--pch"}  # --pch: a precompiled header, no effect on the code
     assert rest == set(jit.NVRTC_OPTIONS + jit.CUPY_ADDED_OPTIONS), opts
@@ -91,11 +93,12 @@ def test_report_binary_flushes_subnormals_without_cupy():
 
 
 def test_the_gpu_conformance_kernels_compile_as_the_runtime_builds_them():
-    # tests/gpu/test_gpu_ptx.py runs these on the device through cupy.RawModule: find a compile
-    # error here, not in the device's time
+    # tests/gpu/test_gpu_ptx.py runs these on the device: find a compile error here, not in the
+    # device's time (sm_90: what its RawModule builds, sm_90a / sm_100: the runtime's targets)
     from kdacupy.jit.nvrtc import nvrtc_compile
 
     from ..emulate.test_ptx_twins import TEST_KERNELS, kernel_source
-    for arch in ("sm_90", "sm_100"):
+    for arch in ("sm_90", "sm_90a", "sm_100"):
         res = nvrtc_compile(kernel_source(TEST_KERNELS), arch)
         assert res.ok, res.log
+
