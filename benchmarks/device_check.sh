@@ -23,10 +23,11 @@
 #  #  step                                      box  est  what it will tell us
 #  1  FLA wheels                                 15    3  whether FLA is there for the comparisons
 #  2  FLA's Triton kernels, compiled ahead       90   26  (background) FLA's first chunk_kda calls find their binaries
-#  3  device info                                10    4  GPU, driver, CuPy/NVRTC, CuPy's target (sm_90), tools present
-#  4  PTX conformance                            25   10  whether the CPU twins are the hardware (bit-exact cvt,
-#                                                         ldmatrix, cp.async, mma; .approx bounds; the mma
-#                                                         accumulation model): is the emulation's evidence valid
+#  3  device info                                10    4  GPU, driver, CuPy/NVRTC, the runtime's target (sm_90a), tools
+#  4  PTX conformance                            25   15  whether the CPU twins are the hardware (bit-exact cvt,
+#                                                         ldmatrix, cp.async, mma, wgmma, mbarrier, bulk copy;
+#                                                         .approx bounds; the mma and wgmma accumulation
+#                                                         models): is the emulation's evidence valid
 #  5  GPU suite: forward, decode, seqpar         55   39  parity with the precision model over the option matrix,
 #                                                         graphs, streams, 2^31 offsets, DLPack: are the kernels right
 #  6  GPU backward                               40   20  the backward's parity with the model, accuracy against the
@@ -76,7 +77,8 @@
 # - the CPU side of the checks (one core, this machine): the float64 reference at T = 8192,
 #   H = 4, K = V = 128 1.6 s (H = 1: 0.13 s); the precision model at T = 8192, H = 1 0.6 s; one
 #   job of the long sweep (model chained over 256-token segments plus the reference) 1.6 s,
-#   twelve in parallel processes; step 5's 68 model runs 0.8 s; the mma probe of step 4 1.5 s;
+#   twelve in parallel processes; step 5's 68 model runs 0.8 s; the mma probe of step 4 1.5 s
+#   (its sm_90a probes: NVRTC 1.7 s, the wgmma model table 2.3 s);
 #   step 6's backward float64 reference at T = 1024, H = 4 0.65 s (three tests), its ten model
 #   runs 0.25 s.
 # - fixed costs: Python with CuPy and kdacupy 0.3 s, pytest collection of tests/gpu 0.5 s, the

@@ -1,12 +1,27 @@
 // The ONE place with inline PTX. Every wrapper here has a CPU twin of the same
 // name and signature in kdacupy/emulate/ptx_twins.h (used when KDA_EMULATE is
-// defined) and a unit test in tests/emulate/test_ptx_twins.py. Keep the two in step.
+// defined) and a unit test in tests/emulate/test_ptx_twins.py (the Hopper ones:
+// tests/emulate/test_ptx_twins_async.py). Keep the two in step.
 // Fragment layouts (g = lane>>2, t = lane&3, lower index in the low 16 bits):
 //   mma m16n8k16 A: a0=(g, 2t..2t+1) a1=(g+8, 2t..) a2=(g, 2t+8..) a3=(g+8, 2t+8..)
 //                B: b0=(k 2t..2t+1, n g) b1=(k 2t+8..2t+9, n g)
 //                C/D: c0,c1=(g, 2t,2t+1) c2,c3=(g+8, 2t,2t+1)
 //   ldmatrix: lane 8i+j gives row j of matrix i; r[i] = matrix i (row l/4, cols 2(l%4)..+1);
 //             .trans: r[i] = (row 2(l%4), col l/4) low, (row 2(l%4)+1, col l/4) high.
+//   wgmma m64nNk16 (warp w = (thread / 32) % 4 of the warpgroup; g, t of its lane):
+//                A: the mma A layout above, rows + 16w: a0=(16w+g, 2t..2t+1) a1=(16w+g+8, 2t..)
+//                   a2=(16w+g, 2t+8..) a3=(16w+g+8, 2t+8..)
+//                D: d[4j..4j+3] = the mma C/D layout of columns 8j..8j+7, rows + 16w:
+//                   d[4j]=(16w+g, 8j+2t) d[4j+1]=(.., 8j+2t+1) d[4j+2]=(16w+g+8, 8j+2t) d[4j+3]
+//                B (N x 16, bf16) in shared memory through a matrix descriptor (wgmma_desc below),
+//                   element (k, n) at start + (swizzle W bytes: 0 none, 128, 64, 32):
+//                   K-major (rows of n, k contiguous): none (n%8)*16 + (n/8)*SBO + (k/8)*LBO + (k%8)*2
+//                                                      W    (n%8)*W + (n/8)*SBO + k*2
+//                   N-major (rows of k, n contiguous): none (k%8)*16 + (k/8)*LBO + (n/8)*SBO + (n%8)*2
+//                                                      W    (k%8)*W + (k/8)*SBO + (n/(W/2))*LBO + (n%(W/2))*2
+//                   then, swizzled, address bits [4, 4+log2(W/16)) ^= bits [7, ..): a pattern starts
+//                   at a multiple of 8*W in the shared window (base offset 0), so align tiles by
+//                   smem_u32(), not by generic pointers.
 #pragma once
 #include "types.cuh"
 
@@ -166,4 +181,228 @@ __device__ __forceinline__ unsigned char* dynamic_smem() {
   return kda_dsmem;
 }
 
+// The 32-bit shared-window address of a pointer into shared memory (what descriptors encode).
+__device__ __forceinline__ u32 smem_u32(const void* p) { return kda_ptx_detail::smem_addr(p); }
+
+// ---- Hopper's asynchronous instructions --------------------------------------------------------
+// mbarrier, bulk copies and the async-proxy fence exist from sm_90 on (sm_90a, sm_100a too); wgmma
+// only on sm_90a (__CUDA_ARCH_FEAT_SM90_ALL: NVRTC defines it for -arch=sm_90a alone), so a kernel
+// that calls them fails to compile elsewhere instead of running something else.
+#if __CUDA_ARCH__ >= 900
+// mbarrier in shared memory (8 bytes, 8-byte aligned): a phase completes when `count` arrivals
+// and the transaction bytes expected of it have come; phases alternate parity 0, 1, 0, ...
+__device__ __forceinline__ void mbarrier_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(kda_ptx_detail::smem_addr(bar)), "r"(count)
+               : "memory");
+}
+// One arrival on the current phase.
+__device__ __forceinline__ void mbarrier_arrive(u64* bar) {
+  asm volatile("{ .reg .b64 s; mbarrier.arrive.shared::cta.b64 s, [%0]; }" ::"r"(kda_ptx_detail::smem_addr(bar))
+               : "memory");
+}
+// One arrival, after adding `bytes` to the transaction bytes the current phase waits for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
+  asm volatile("{ .reg .b64 s; mbarrier.arrive.expect_tx.shared::cta.b64 s, [%0], %1; }"
+               ::"r"(kda_ptx_detail::smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Whether the phase of parity `parity` completed (the thread may be suspended a while first).
+__device__ __forceinline__ bool mbarrier_try_wait_parity(u64* bar, u32 parity) {
+  u32 done;
+  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(done)
+               : "r"(kda_ptx_detail::smem_addr(bar)), "r"(parity)
+               : "memory");
+  return done != 0;
+}
+// Same, never suspending.
+__device__ __forceinline__ bool mbarrier_test_wait_parity(u64* bar, u32 parity) {
+  u32 done;
+  asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(done)
+               : "r"(kda_ptx_detail::smem_addr(bar)), "r"(parity)
+               : "memory");
+  return done != 0;
+}
+// Bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared
+// memory by the async proxy; its bytes count as transaction bytes of `bar`'s current phase.
+__device__ __forceinline__ void cp_async_bulk_g2s(void* smem_dst, const void* gmem_src, u32 bytes, u64* bar) {
+  asm volatile(
+      "{ .reg .u64 g; cvta.to.global.u64 g, %1; "
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [g], %2, [%3]; }"
+      :
+      : "r"(kda_ptx_detail::smem_addr(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(kda_ptx_detail::smem_addr(bar))
+      : "memory");
+}
+// Orders this thread's generic-proxy shared-memory accesses before later async-proxy ones (wgmma
+// operands, bulk copies) and after earlier ones: needed between a generic write and an async read.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+#endif  // __CUDA_ARCH__ >= 900
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Warpgroup MMA (4 consecutive warps, the first a multiple of 4, all 128 threads together).
+// Before the first wgmma reading registers (A or accumulators) that other instructions wrote.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+// Closes the warpgroup's open group of wgmma.
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Waits until at most the N newest committed groups are pending: the accumulators of the others
+// are final only now (reading or writing them, or their A registers, before is undefined).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// No instruction: tells the compiler the registers change here, so it moves no access of the
+// accumulators across a fence or wait (place it on both sides of a wgmma batch).
+template <int R>
+__device__ __forceinline__ void wgmma_fence_operand(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+namespace kda_ptx_detail {
+#define KDA_WGMMA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define KDA_WGMMA_F16(i) KDA_WGMMA_F4(i), KDA_WGMMA_F4(i + 4), KDA_WGMMA_F4(i + 8), KDA_WGMMA_F4(i + 12)
+#define KDA_WGMMA_D4 KDA_WGMMA_F4(0)
+#define KDA_WGMMA_D8 KDA_WGMMA_F4(0), KDA_WGMMA_F4(4)
+#define KDA_WGMMA_D16 KDA_WGMMA_F16(0)
+#define KDA_WGMMA_D32 KDA_WGMMA_F16(0), KDA_WGMMA_F16(16)
+#define KDA_WGMMA_D64 KDA_WGMMA_D32, KDA_WGMMA_F16(32), KDA_WGMMA_F16(48)
+#define KDA_WGMMA_D128 KDA_WGMMA_D64, KDA_WGMMA_F16(64), KDA_WGMMA_F16(80), KDA_WGMMA_F16(96), KDA_WGMMA_F16(112)
+template <int N>
+struct Wgmma;
+template <>
+struct Wgmma<8> {
+  template <int TRANS_B>
+  static __device__ __forceinline__ void run(float (&d)[4], const u32 (&a)[4], u64 desc, u32 acc) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %9, 0; "
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3"
+        "}, {%4, %5, %6, %7}, %8, p, 1, 1, %10; }"
+        : KDA_WGMMA_D4
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
+  }
+};
+
+template <>
+struct Wgmma<16> {
+  template <int TRANS_B>
+  static __device__ __forceinline__ void run(float (&d)[8], const u32 (&a)[4], u64 desc, u32 acc) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %13, 0; "
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, {%8, %9, %10, %11}, %12, p, 1, 1, %14; }"
+        : KDA_WGMMA_D8
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
+  }
+};
+
+template <>
+struct Wgmma<32> {
+  template <int TRANS_B>
+  static __device__ __forceinline__ void run(float (&d)[16], const u32 (&a)[4], u64 desc, u32 acc) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %21, 0; "
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, %22; }"
+        : KDA_WGMMA_D16
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
+  }
+};
+
+template <>
+struct Wgmma<64> {
+  template <int TRANS_B>
+  static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], u64 desc, u32 acc) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38; }"
+        : KDA_WGMMA_D32
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
+  }
+};
+
+template <>
+struct Wgmma<128> {
+  template <int TRANS_B>
+  static __device__ __forceinline__ void run(float (&d)[64], const u32 (&a)[4], u64 desc, u32 acc) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70; }"
+        : KDA_WGMMA_D64
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
+  }
+};
+
+template <>
+struct Wgmma<256> {
+  template <int TRANS_B>
+  static __device__ __forceinline__ void run(float (&d)[128], const u32 (&a)[4], u64 desc, u32 acc) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %133, 0; "
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, %134; }"
+        : KDA_WGMMA_D128
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
+  }
+};
+#undef KDA_WGMMA_F4
+#undef KDA_WGMMA_F16
+#undef KDA_WGMMA_D4
+#undef KDA_WGMMA_D8
+#undef KDA_WGMMA_D16
+#undef KDA_WGMMA_D32
+#undef KDA_WGMMA_D64
+#undef KDA_WGMMA_D128
+}  // namespace kda_ptx_detail
+
+// D(64 x N, fp32) = A(64 x 16, bf16, registers) * B(16 x N, bf16, shared memory through b_desc)
+// + (accumulate ? D : 0), issued asynchronously for the warpgroup (N = 8, 16, 32, 64, 128, 256;
+// B_N_MAJOR: B's rows are k, n contiguous, else n rows of contiguous k). d is final after the
+// wgmma_wait that covers its group; until then neither d nor a may be touched.
+template <int N, bool B_N_MAJOR>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], const u32 (&a)[4], u64 b_desc, bool accumulate) {
+  kda_ptx_detail::Wgmma<N>::template run<B_N_MAJOR ? 1 : 0>(d, a, b_desc, accumulate ? 1u : 0u);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 #endif  // KDA_EMULATE
+
+// ---- shared by the GPU and the emulation (no PTX) ----------------------------------------------
+// Swizzle modes of a wgmma matrix descriptor (bits 62-63).
+enum : int { WGMMA_SWIZZLE_NONE = 0, WGMMA_SWIZZLE_128B = 1, WGMMA_SWIZZLE_64B = 2, WGMMA_SWIZZLE_32B = 3 };
+// The wgmma matrix descriptor of a tile at `tile` in shared memory (16-byte aligned; swizzled: its
+// pattern aligned as above): bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45
+// stride byte offset >> 4, 49-51 base offset (0), 62-63 swizzle. Offsets are multiples of 16.
+__device__ __forceinline__ u64 wgmma_desc(const void* tile, u32 lead_bytes, u32 stride_bytes, int swizzle) {
+  return (u64)((smem_u32(tile) & 0x3FFFFu) >> 4) | (u64)((lead_bytes & 0x3FFFFu) >> 4) << 16 |
+         (u64)((stride_bytes & 0x3FFFFu) >> 4) << 32 | (u64)(swizzle & 3) << 62;
+}
+
+#if defined(KDA_EMULATE) || __CUDA_ARCH__ >= 900
+// Waits until the phase of parity `parity` of `bar` completed.
+__device__ __forceinline__ void mbarrier_wait_parity(u64* bar, u32 parity) {
+  while (!mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+#endif

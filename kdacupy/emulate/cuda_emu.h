@@ -5,10 +5,12 @@
 // one block at a time per OS thread. The threads of a block are fibers on that
 // OS thread (own stack, KDACUPY_EMULATE_STACK_KB, default 256), switched
 // cooperatively only at __syncthreads*, warp collectives (shuffles, votes,
-// __syncwarp, ldmatrix, mma) and exit. Hence, kernel authors:
+// __syncwarp, ldmatrix, mma), warpgroup collectives (wgmma and its fence,
+// commit and wait), mbarrier waits on an incomplete phase and exit. Hence, kernel authors:
 //  - between two such points a thread runs alone: races inside a block do not
 //    show by themselves; KDACUPY_EMULATE_ORDER=reverse reorders the threads and
-//    KDACUPY_EMULATE_CP_ASYNC=eager lands cp.async at issue, to expose them;
+//    KDACUPY_EMULATE_CP_ASYNC=eager lands cp.async and bulk copies at issue (and
+//    wgmma reads its shared operand then), to expose them;
 //  - spinning on memory another thread of the block writes never ends;
 //  - __shared__ = static thread_local: shared by the block running on this OS
 //    thread, NOT reset between blocks. Dynamic shared memory (dynamic_smem())
@@ -146,9 +148,24 @@ extern "C" void kda_emu_trampoline() __attribute__((visibility("hidden")));
 
 namespace kda_emu {
 
-enum State : int { READY, RUNNING, WAIT_BAR, WAIT_WARP, EXITED };
+enum State : int { READY, RUNNING, WAIT_BAR, WAIT_WARP, EXITED, WAIT_WG, WAIT_MBAR };
 
 struct Copy { void* dst; const void* src; unsigned bytes, group, done; };  // one queued cp.async (done: eager)
+struct Bulk { void* dst; const void* src; unsigned bytes; u64* bar; };  // one queued cp.async.bulk
+
+// Per-warpgroup state of the wgmma twins (ptx_twins.h): the lanes' deposits at a warpgroup
+// collective, and the issued wgmma not yet performed, in issue order.
+struct WgOp;
+struct WgLane { u32 a[4]; float* d; u64 desc; unsigned acc; };
+struct WarpGroup {
+  int arrived;
+  const char* what;
+  int fenced;           // a wgmma.fence since the last wgmma.wait_group (or the block's start)
+  unsigned open_group;  // id of the group new wgmma join; commit increments it
+  WgLane lane[128];
+  WgOp** ops;
+  int nops, capops;
+};
 
 struct Fiber {
   uint3 tid;
@@ -164,6 +181,7 @@ struct Fiber {
   Copy* cp;     // cp.async copies not yet performed, in issue order
   int ncp, capcp;
   unsigned open_group;  // id of the group new copies join; commit increments it
+  const u64* mbar;      // the mbarrier a WAIT_MBAR fiber waits on
 };
 
 // Per-warp exchange area. Lanes deposit into slot[buf], meet at the warp
@@ -217,6 +235,9 @@ struct Worker {
   size_t smem_size;
   unsigned epoch, epoch0;  // barrier intervals of this OS thread (monotonic); epoch0: this block's first
   Fiber* blame;            // set while the last lane of a warp collective acts for another lane
+  WarpGroup* wgs;          // (nwarps + 3) / 4 of them
+  Bulk* bulk;              // bulk copies not yet landed, in issue order (deferred mode)
+  int nbulk, capbulk;
 #ifdef KDA_EMU_CHECK
   struct Checks* ck;
   struct Prof* pf;         // counters of this OS thread (KDACUPY_EMULATE_PROFILE), or null
@@ -391,6 +412,9 @@ KDA_EMU_RT inline void check_mask(unsigned mask, const char* what) {
   Warp& wp = w->warps[f->warp];
   if (wp.arrived > 0)
     fail("thread exited while %d lane(s) of its warp %d wait in %s (full-warp mask)", wp.arrived, f->warp, wp.what);
+  if (w->wgs[f->warp >> 2].arrived > 0)
+    fail("thread exited while %d thread(s) of its warpgroup %d wait in %s", w->wgs[f->warp >> 2].arrived,
+         f->warp >> 2, w->wgs[f->warp >> 2].what);
   f->st = EXITED;
   f->ncp = 0;  // copies never waited for are dropped (their shared memory dies with the block)
   w->live--;
@@ -458,6 +482,14 @@ KDA_EMU_RT inline void run_block(Worker* w, long long b) {
     wp.arrived = wp.exited = wp.buf = 0;
     wp.what = "";
   }
+  for (int i = 0; i < (w->nwarps + 3) / 4; i++) {  // wgmma never waited for die with the block
+    WarpGroup& g = w->wgs[i];
+    for (int k = 0; k < g.nops; k++) free(g.ops[k]);
+    g.nops = g.arrived = g.fenced = 0;
+    g.open_group = 0;
+    g.what = "";
+  }
+  w->nbulk = 0;  // so do bulk copies never waited for
   for (int k = 0; k < w->n; k++) {
     Fiber* f = &w->fibers[L->reverse ? w->n - 1 - k : k];
     f->ncp = 0;
@@ -483,10 +515,16 @@ KDA_EMU_RT inline void run_block(Worker* w, long long b) {
   if (w->live == 0 || __atomic_load_n(&L->abort, __ATOMIC_RELAXED)) return;
   char msg[2048];
   int len = snprintf(msg, sizeof msg, "deadlock in block (%u,%u,%u):", w->bid.x, w->bid.y, w->bid.z);
-  int nbar = 0;
-  for (int i = 0; i < w->n; i++) nbar += w->fibers[i].st == WAIT_BAR;
+  int nbar = 0, nmbar = 0;
+  for (int i = 0; i < w->n; i++) nbar += w->fibers[i].st == WAIT_BAR, nmbar += w->fibers[i].st == WAIT_MBAR;
   if (nbar)
     len += snprintf(msg + len, sizeof msg - len, " %d thread(s) wait at __syncthreads;", nbar);
+  if (nmbar)
+    len += snprintf(msg + len, sizeof msg - len, " %d thread(s) wait for an mbarrier phase;", nmbar);
+  for (int k = 0; k < (w->nwarps + 3) / 4 && len < (int)sizeof msg - 128; k++)
+    if (w->wgs[k].arrived)
+      len += snprintf(msg + len, sizeof msg - len, " warpgroup %d: %d thread(s) wait in %s;", k, w->wgs[k].arrived,
+                      w->wgs[k].what);
   for (int k = 0; k < w->nwarps && len < (int)sizeof msg - 128; k++)
     if (w->warps[k].arrived)
       len += snprintf(msg + len, sizeof msg - len, " warp %d: %d lane(s) wait in %s;", k, w->warps[k].arrived,
@@ -562,10 +600,11 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
   w.fibers = (Fiber*)calloc(w.n, sizeof(Fiber));
   w.warps = (Warp*)aligned_alloc(64, (sizeof(Warp) * w.nwarps + 63) / 64 * 64);
   w.ready = (int*)calloc(w.n, sizeof(int));
+  w.wgs = (WarpGroup*)calloc((w.nwarps + 3) / 4, sizeof(WarpGroup));
   w.smem_size = L->smem;
   w.smem = (unsigned char*)aligned_alloc(128, (L->smem + 127) / 128 * 128 + 128);
   Stacks* stacks = get_stacks(w.n, L->stack_bytes + 4096);
-  if (!w.fibers || !w.warps || !w.ready || !w.smem || !stacks) {
+  if (!w.fibers || !w.warps || !w.ready || !w.wgs || !w.smem || !stacks) {
     record_error(L, "emulator: out of memory for a block's fibers");
   } else {
     for (int i = 0; i < w.n; i++) {
@@ -595,6 +634,13 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
   }
   if (w.fibers)
     for (int i = 0; i < w.n; i++) free(w.fibers[i].cp);
+  if (w.wgs)
+    for (int i = 0; i < (w.nwarps + 3) / 4; i++) {
+      for (int k = 0; k < w.wgs[i].nops; k++) free(w.wgs[i].ops[k]);
+      free(w.wgs[i].ops);
+    }
+  free(w.wgs);
+  free(w.bulk);
   if (stacks) put_stacks(stacks);
 #ifdef KDA_EMU_CHECK
   prof_end(&w);

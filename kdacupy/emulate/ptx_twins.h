@@ -2,7 +2,12 @@
 // Included by cuda_emu.h (which defines the fibers, warps and fail()).
 // Conversions round to nearest even exactly; approximate instructions are
 // computed in double and rounded once (the GPU is within a few ulp); mma sums
-// the 16 exact products and c in double and rounds once per output element.
+// the 16 exact products and c in double and rounds once per output element, and
+// so does wgmma per k16 instruction (a chain rounds once per instruction, in k order).
+// wgmma's accumulators read as NaN from its issue to the wait_group covering it; its
+// shared operand is read then (eager mode: at the issue). mbarrier state lives in its
+// 8 bytes; cp.async.bulk lands at the first wait on its mbarrier that finds every
+// arrival in (eager: at the issue). docs/design.md section 4 has the whole model.
 //
 // KDA_EMU_NUMERICS=1 (KDACUPY_EMULATE_NUMERICS=hardware) models the hardware instead:
 // .approx results perturbed deterministically (a hash of the input bits) within the
@@ -272,6 +277,323 @@ KDA_EMU_RT inline void cp_async_wait_n(unsigned n, uintptr_t pc) {
   memmove(f->cp, f->cp + k, sizeof(Copy) * (f->ncp - k));
   f->ncp -= k;
 }
+
+// ---- Hopper: warpgroup MMA, mbarrier, bulk copies ----------------------------------------------
+// The shared-window address of the dynamic shared memory's first byte: 128-byte aligned, as
+// dynamic_smem() promises, and no more, so a swizzled tile placed by its generic address
+// rather than by smem_u32() reads other bytes here (as it may on a GPU).
+constexpr u32 SMEM_WINDOW = 0x80;
+constexpr unsigned WG_POISON = 0xFFFFFFFFu;  // accumulators of a pending wgmma read as this NaN
+
+KDA_EMU_RT inline u32 smem_window(const void* p, const char* what) {
+  Worker* w = g_worker;
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)w->smem;
+  if (a < lo || a > lo + w->smem_size)
+    fail("%s: %p is not inside the block's dynamic shared memory [%p, +%zu): the emulation gives only it a "
+         "shared-window address", what, p, (void*)w->smem, w->smem_size);
+  return SMEM_WINDOW + (u32)(a - lo);
+}
+
+// -- warpgroup collectives: the 128 threads of warps 4g..4g+3 meet; on_last runs once, by the last --
+template <class F>
+KDA_EMU_RT inline void wg_barrier(Fiber* f, const char* what, F&& on_last) {
+  Worker* w = g_worker;
+  int g = f->warp >> 2;
+  if (128 * (g + 1) > w->n)
+    fail("%s in warpgroup %d, which has only %d threads: the warpgroup instructions need blocks of whole "
+         "warpgroups (128 threads)", what, g, w->n - 128 * g);
+  WarpGroup& wg = w->wgs[g];
+  for (int k = 4 * g; k < 4 * g + 4; k++)
+    if (w->warps[k].exited) fail("%s in warpgroup %d after %d thread(s) of warp %d exited", what, g, w->warps[k].exited, k);
+  if (wg.arrived == 0) {
+    wg.what = what;
+  } else if (wg.what != what && strcmp(wg.what, what) != 0) {
+    fail("threads of warpgroup %d meet in different warpgroup instructions: %s and %s", g, wg.what, what);
+  }
+  if (++wg.arrived == 128) {
+    for (int k = 4 * g; k < 4 * g + 4; k++) KDA_EMU_PROF_WARP(w, k);
+    on_last();
+    wg.arrived = 0;
+    Fiber* lanes = &w->fibers[g * 128];
+    for (int k = 0; k < 128; k++) {  // to the front last-first: thread 0 of the group (127 if reverse) runs first
+      Fiber* l = &lanes[w->L->reverse ? k : 127 - k];
+      if (l->st == WAIT_WG) push_front(w, l);
+    }
+  } else {
+    f->st = WAIT_WG;
+    f->what = what;
+    yield_blocked(f);
+  }
+}
+
+// One issued wgmma: the A fragments and accumulator addresses of the 128 threads, C (ready unless
+// chained to a pending wgmma on the same accumulators, whose result becomes it), B (read at issue
+// in eager mode, else when performed) and the result.
+struct WgOp {
+  int n, trans, acc, chained, has_next, b_read;
+  unsigned group;
+  u64 desc;
+  u32 a[128][4];
+  float* d[128];
+  u16 b[16][256];  // B(k, n) bits
+  float* cin;      // [128][n / 2]
+  float* out;      // [128][n / 2]
+};
+
+// B(k, n) of a descriptor, by the layouts of kernels/ptx.cuh's header (the PTX ISA's canonical ones).
+KDA_EMU_RT inline const u16* wg_b_elem(u64 desc, int trans, int k, int n) {
+  u32 start = (u32)(desc & 0x3FFF) << 4, lbo = (u32)((desc >> 16) & 0x3FFF) << 4, sbo = (u32)((desc >> 32) & 0x3FFF) << 4;
+  int swz = (int)(desc >> 62), base = (int)((desc >> 49) & 7);
+  if (base) fail("wgmma: matrix descriptor base offset %d: the emulation supports patterns aligned to their size only", base);
+  u32 W = swz == 0 ? 0 : swz == 1 ? 128 : swz == 2 ? 64 : 32, off;
+  if (!trans)
+    off = W ? (n % 8) * W + (n / 8) * sbo + k * 2 : (n % 8) * 16 + (n / 8) * sbo + (k / 8) * lbo + (k % 8) * 2;
+  else
+    off = W ? (k % 8) * W + (k / 8) * sbo + (n / (W / 2)) * lbo + (n % (W / 2)) * 2
+            : (k % 8) * 16 + (k / 8) * lbo + (n / 8) * sbo + (n % 8) * 2;
+  u32 addr = start + off;
+  if (W) addr ^= ((addr >> 7) & (W / 16 - 1)) << 4;
+  Worker* w = g_worker;
+  if (addr < SMEM_WINDOW || addr + 2 > SMEM_WINDOW + w->smem_size)
+    fail("wgmma: B(k=%d, n=%d) at shared address 0x%x is outside the dynamic shared memory [0x%x, +%zu)", k, n, addr,
+         SMEM_WINDOW, w->smem_size);
+  return reinterpret_cast<const u16*>(w->smem + (addr - SMEM_WINDOW));
+}
+
+KDA_EMU_RT inline void wg_read_b(WgOp* op) {
+  for (int k = 0; k < 16; k++)
+    for (int n = 0; n < op->n; n++) op->b[k][n] = *wg_b_elem(op->desc, op->trans, k, n);
+  op->b_read = 1;
+}
+
+// D = C + A * B for every thread: each output the exact sum of its 16 products and C rounded once
+// to fp32 (KDA_EMU_NUMERICS=1: the tensor cores' sum, hw::dot), as mma_m16n8k16 per k16 step.
+KDA_EMU_RT inline void wg_perform(WarpGroup& wg, WgOp* op, int idx) {
+  if (!op->b_read) wg_read_b(op);
+  int R = op->n / 2;
+  for (int i = 0; i < 128; i++) {
+    int warp = i >> 5, lane = i & 31, g = lane >> 2, t = lane & 3;
+    auto A = [&](int row, int k) KDA_EMU_RT {  // the thread holding (row, k): rows 16w + g (+8), k 2t (+1, +8)
+      int r = row & 15, owner = (row >> 4) * 32 + (r & 7) * 4 + ((k & 7) >> 1);
+      u32 word = op->a[owner][(r >> 3) | ((k >> 3) << 1)];
+      return bf2d((k & 1) ? word >> 16 : word & 0xffffu);
+    };
+    for (int j = 0; j < R; j++) {
+      int row = 16 * warp + g + 8 * ((j >> 1) & 1), col = 8 * (j >> 2) + 2 * t + (j & 1);
+      float c = op->cin[i * R + j];
+#if KDA_EMU_NUMERICS == 1
+      double prod[16];
+      for (int k = 0; k < 16; k++) prod[k] = A(row, k) * bf2d(op->b[k][col]);
+      op->out[i * R + j] = hw::dot(c, prod, 16);
+#else
+      double s = (double)c;
+      for (int k = 0; k < 16; k++) s += A(row, k) * bf2d(op->b[k][col]);
+      op->out[i * R + j] = (float)s;
+#endif
+    }
+  }
+  for (int k = idx + 1; k < wg.nops && op->has_next; k++) {  // the pending wgmma chained to it takes the result
+    WgOp* nx = wg.ops[k];
+    if (nx->chained && nx->d[0] == op->d[0]) {
+      memcpy(nx->cin, op->out, sizeof(float) * 128 * R);
+      nx->chained = 0;
+      return;
+    }
+  }
+  if (op->has_next) return;  // a later wgmma overwrote the accumulators without reading them
+  for (int i = 0; i < 128; i++)
+    for (int j = 0; j < R; j++) {
+      if (__float_as_uint(op->d[i][j]) != WG_POISON)
+        fail("wgmma: thread %d of warpgroup wrote its accumulator d[%d] before the wgmma.wait_group covering its "
+             "wgmma (undefined on the GPU)", i, j);
+      op->d[i][j] = op->out[i * R + j];
+    }
+}
+
+// wgmma.mma_async: every thread deposits its fragments; the last one records the operation.
+KDA_EMU_RT inline void wgmma_issue(float* d, int n, int trans, const u32* a, u64 desc, bool acc) {
+  Fiber* f = g_cur;
+  Worker* w = g_worker;
+  WarpGroup& wg = w->wgs[f->warp >> 2];
+  int me = f->lin & 127;
+  if (128 * ((f->warp >> 2) + 1) <= w->n) {
+    WgLane& l = wg.lane[me];
+    memcpy(l.a, a, 16);
+    l.d = d, l.desc = desc, l.acc = acc;
+  }
+  const char* what = trans ? "wgmma.mma_async (B N-major)" : "wgmma.mma_async (B K-major)";
+  wg_barrier(f, what, [&wg, w, n, trans]() KDA_EMU_RT {
+    if (!wg.fenced)
+      fail("wgmma.mma_async without a wgmma.fence since the warpgroup's last wgmma.wait_group (or its start): the "
+           "ISA wants one before a wgmma reads registers other instructions wrote");
+    int R = n / 2;
+    for (int i = 1; i < 128; i++)
+      if (wg.lane[i].desc != wg.lane[0].desc || wg.lane[i].acc != wg.lane[0].acc)
+        fail("wgmma.mma_async: thread %d's B descriptor or scale-d differs from thread 0's (the emulation needs "
+             "them uniform over the warpgroup)", i);
+    WgOp* prev = nullptr;
+    for (int k = wg.nops - 1; k >= 0 && !prev; k--)
+      for (int i = 0; i < 128 && !prev; i++)
+        if (wg.ops[k]->d[i] == wg.lane[i].d) prev = wg.ops[k];
+    if (prev) {
+      if (prev->n != n) fail("wgmma.mma_async: accumulators of a pending wgmma of another shape (N=%d, now %d)", prev->n, n);
+      for (int i = 0; i < 128; i++)
+        if (prev->d[i] != wg.lane[i].d)
+          fail("wgmma.mma_async: thread %d's accumulators are not the ones it gave the pending wgmma", i);
+    }
+    WgOp* op = (WgOp*)malloc(sizeof(WgOp) + 2 * sizeof(float) * 128 * R);
+    if (!op) fail("wgmma: out of memory");
+    op->n = n, op->trans = trans, op->acc = wg.lane[0].acc != 0, op->group = wg.open_group, op->desc = wg.lane[0].desc;
+    op->cin = reinterpret_cast<float*>(op + 1);
+    op->out = op->cin + 128 * R;
+    op->chained = op->acc && prev, op->has_next = 0, op->b_read = 0;
+    if (prev) prev->has_next = 1;
+    for (int i = 0; i < 128; i++) {
+      memcpy(op->a[i], wg.lane[i].a, 16);
+      op->d[i] = wg.lane[i].d;
+      for (int j = 0; j < R; j++) {
+        op->cin[i * R + j] = op->acc && !prev ? op->d[i][j] : 0.0f;
+        op->d[i][j] = __uint_as_float(WG_POISON);  // not final until the covering wait
+      }
+    }
+    if (w->L->cp_eager) wg_read_b(op);
+    if (wg.nops == wg.capops) {
+      wg.capops = wg.capops ? 2 * wg.capops : 16;
+      wg.ops = (WgOp**)realloc(wg.ops, sizeof(WgOp*) * wg.capops);
+      if (!wg.ops) fail("wgmma: out of memory");
+    }
+    wg.ops[wg.nops++] = op;
+  });
+}
+
+KDA_EMU_RT inline void wgmma_fence_all() {
+  Fiber* f = g_cur;
+  WarpGroup& wg = g_worker->wgs[f->warp >> 2];
+  wg_barrier(f, "wgmma.fence", [&wg]() KDA_EMU_RT { wg.fenced = 1; });
+}
+KDA_EMU_RT inline void wgmma_commit_all() {
+  Fiber* f = g_cur;
+  WarpGroup& wg = g_worker->wgs[f->warp >> 2];
+  wg_barrier(f, "wgmma.commit_group", [&wg]() KDA_EMU_RT { wg.open_group++; });
+}
+// wgmma.wait_group n: performs, in issue order, every wgmma of the groups older than the n newest
+// committed ones (uncommitted wgmma are not waited for).
+KDA_EMU_RT inline void wgmma_wait_n(unsigned n) {
+  Fiber* f = g_cur;
+  WarpGroup& wg = g_worker->wgs[f->warp >> 2];
+  wg_barrier(f, "wgmma.wait_group", [&wg, n]() KDA_EMU_RT {
+    int k = 0;
+    while (k < wg.nops && wg.ops[k]->group + n < wg.open_group) {
+      wg_perform(wg, wg.ops[k], k);
+      k++;
+    }
+    for (int i = 0; i < k; i++) free(wg.ops[i]);
+    memmove(wg.ops, wg.ops + k, sizeof(WgOp*) * (wg.nops - k));
+    wg.nops -= k;
+    wg.fenced = 0;
+  });
+}
+
+// -- mbarrier: its state lives in its own 8 bytes, as on the GPU: bits 0-19 pending arrivals,
+// 20-39 expected arrivals, 40-60 transaction bytes (signed), 61 phase parity, 62-63 0b01 (a marker:
+// the 0xFF fill of shared memory, or zeros, are no mbarrier).
+constexpr u64 MB_MARK = 1ull << 62, MB_COUNT = (1u << 20) - 1;
+struct MbState { unsigned pending, expected; long long tx; unsigned phase; };
+
+KDA_EMU_RT inline MbState mb_load(const u64* bar, const char* what) {
+  if ((uintptr_t)bar % 8) fail("%s: mbarrier address %p is not 8-byte aligned", what, (const void*)bar);
+  u64 v = *bar;
+  if ((v >> 62) != 1) fail("%s: no mbarrier at %p (mbarrier_init first)", what, (const void*)bar);
+  long long tx = (long long)((v >> 40) & 0x1FFFFF);
+  if (tx & 0x100000) tx -= 0x200000;
+  return MbState{(unsigned)(v & MB_COUNT), (unsigned)((v >> 20) & MB_COUNT), tx, (unsigned)((v >> 61) & 1)};
+}
+KDA_EMU_RT inline void mb_store(u64* bar, MbState s, const char* what) {
+  if (s.tx > (long long)MB_COUNT || s.tx < -(long long)MB_COUNT)
+    fail("%s: mbarrier %p's transaction count %lld is outside [-(2^20 - 1), 2^20 - 1]", what, (void*)bar, s.tx);
+  *bar = MB_MARK | (u64)s.phase << 61 | ((u64)s.tx & 0x1FFFFF) << 40 | (u64)s.expected << 20 | s.pending;
+}
+KDA_EMU_RT inline void mb_wake(const u64* bar) {
+  Worker* w = g_worker;
+  for (int i = 0; i < w->n; i++)
+    if (w->fibers[i].st == WAIT_MBAR && w->fibers[i].mbar == bar) push_ready(w, &w->fibers[i]);
+}
+// The phase completes once no arrival and no transaction byte is pending.
+KDA_EMU_RT inline void mb_update(u64* bar, MbState s, const char* what) {
+  if (s.pending == 0 && s.tx == 0) s.phase ^= 1, s.pending = s.expected;
+  mb_store(bar, s, what);
+  mb_wake(bar);
+}
+KDA_EMU_RT inline void mb_arrive(u64* bar, unsigned tx, const char* what) {
+  MbState s = mb_load(bar, what);
+  if (s.pending == 0)
+    fail("%s: mbarrier %p's phase has no pending arrival (it waits for transaction bytes only): an arrival "
+         "for the next phase before this one completed", what, (void*)bar);
+  s.tx += tx;
+  s.pending--;
+  mb_update(bar, s, what);
+}
+// Deferred bulk copies land at a wait that finds every arrival of their mbarrier's phase in.
+KDA_EMU_RT inline void mb_land(u64* bar) {
+  Worker* w = g_worker;
+  int k = 0;
+  for (int i = 0; i < w->nbulk; i++) {
+    Bulk& b = w->bulk[i];
+    if (b.bar != bar) {
+      w->bulk[k++] = b;
+      continue;
+    }
+    memcpy(b.dst, b.src, b.bytes);
+    MbState s = mb_load(bar, "cp.async.bulk");
+    s.tx -= b.bytes;
+    mb_update(bar, s, "cp.async.bulk");
+  }
+  w->nbulk = k;
+}
+KDA_EMU_RT inline bool mb_test(u64* bar, unsigned parity, const char* what) {
+  MbState s = mb_load(bar, what);
+  if (s.phase != (parity & 1)) return true;  // the phase of that parity completed
+  if (s.pending) return false;
+  mb_land(bar);
+  return mb_load(bar, what).phase != (parity & 1);
+}
+KDA_EMU_RT inline bool mb_wait(u64* bar, unsigned parity) {
+  Fiber* f = g_cur;
+  while (!mb_test(bar, parity, "mbarrier.try_wait.parity")) {  // suspended until an arrival or a copy
+    f->st = WAIT_MBAR;
+    f->mbar = bar;
+    yield_blocked(f);
+  }
+  return true;
+}
+KDA_EMU_RT inline void bulk_copy(void* dst, const void* src, unsigned bytes, u64* bar) {
+  Worker* w = g_worker;
+  const char* what = "cp.async.bulk";
+  uintptr_t a = (uintptr_t)dst, lo = (uintptr_t)w->smem;
+  if (bytes == 0 || bytes % 16) fail("%s: size %u is not a positive multiple of 16", what, bytes);
+  if (a < lo || a + bytes > lo + w->smem_size)
+    fail("%s: destination [%p, +%u) is not inside the block's dynamic shared memory [%p, +%zu)", what, dst, bytes,
+         (void*)w->smem, w->smem_size);
+  if (a % 16 || (uintptr_t)src % 16 || !src) fail("%s: address %p or %p is not 16-byte aligned", what, dst, src);
+#ifdef KDA_EMU_CHECK
+  if ((w->L->check & CK_MEM) && !in_global((uintptr_t)src, bytes)) out_of_bounds((uintptr_t)src, bytes, 0, 0);
+#endif
+  mb_load(bar, what);
+  if (w->L->cp_eager) {
+    memcpy(dst, src, bytes);
+    MbState s = mb_load(bar, what);
+    s.tx -= bytes;
+    mb_update(bar, s, what);
+    return;
+  }
+  if (w->nbulk == w->capbulk) {
+    w->capbulk = w->capbulk ? 2 * w->capbulk : 16;
+    w->bulk = (Bulk*)realloc(w->bulk, sizeof(Bulk) * w->capbulk);
+    if (!w->bulk) fail("%s: out of memory", what);
+  }
+  w->bulk[w->nbulk++] = Bulk{dst, src, bytes, bar};
+  mb_wake(bar);
+}
 }  // namespace kda_emu
 
 inline u32 pack_bf16x2(float lo, float hi) {
@@ -379,3 +701,38 @@ KDA_EMU_RT inline void cp_async_wait() {
   ::kda_emu::cp_async_wait_n((unsigned)N, KDA_EMU_PC);
 }
 KDA_EMU_RT inline unsigned char* dynamic_smem() { return ::kda_emu::g_worker->smem; }
+
+// ---- Hopper (kernels/ptx.cuh: sm_90a / sm_90+ there, always here) -------------------------------
+KDA_EMU_RT inline u32 smem_u32(const void* p) { return ::kda_emu::smem_window(p, "smem_u32"); }
+KDA_EMU_RT inline void wgmma_fence() { ::kda_emu::wgmma_fence_all(); }
+KDA_EMU_RT inline void wgmma_commit() { ::kda_emu::wgmma_commit_all(); }
+template <int N>
+KDA_EMU_RT inline void wgmma_wait() {
+  static_assert(N >= 0, "wgmma.wait_group N needs N >= 0");
+  ::kda_emu::wgmma_wait_n((unsigned)N);
+}
+template <int R>
+KDA_EMU_RT inline void wgmma_fence_operand(float (&)[R]) {}
+template <int N, bool B_N_MAJOR>
+KDA_EMU_RT inline void wgmma_bf16(float (&d)[N / 2], const u32 (&a)[4], u64 b_desc, bool accumulate) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "wgmma_bf16: N of 8..256 (powers of 2)");
+  ::kda_emu::wgmma_issue(d, N, B_N_MAJOR ? 1 : 0, a, b_desc, accumulate);
+}
+KDA_EMU_RT inline void mbarrier_init(u64* bar, u32 count) {
+  if (count < 1 || count > ::kda_emu::MB_COUNT) ::kda_emu::fail("mbarrier_init: count %u outside [1, 2^20 - 1]", count);
+  if ((uintptr_t)bar % 8) ::kda_emu::fail("mbarrier_init: address %p is not 8-byte aligned", (void*)bar);
+  *bar = ::kda_emu::MB_MARK;
+  ::kda_emu::mb_store(bar, ::kda_emu::MbState{count, count, 0, 0}, "mbarrier_init");
+}
+KDA_EMU_RT inline void mbarrier_arrive(u64* bar) { ::kda_emu::mb_arrive(bar, 0, "mbarrier.arrive"); }
+KDA_EMU_RT inline void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
+  ::kda_emu::mb_arrive(bar, bytes, "mbarrier.arrive.expect_tx");
+}
+KDA_EMU_RT inline bool mbarrier_try_wait_parity(u64* bar, u32 parity) { return ::kda_emu::mb_wait(bar, parity); }
+KDA_EMU_RT inline bool mbarrier_test_wait_parity(u64* bar, u32 parity) {
+  return ::kda_emu::mb_test(bar, parity, "mbarrier.test_wait.parity");
+}
+KDA_EMU_RT inline void cp_async_bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
+  ::kda_emu::bulk_copy(dst, src, bytes, bar);
+}
+KDA_EMU_RT inline void fence_proxy_async_smem() {}  // orders nothing here: the emulation has one proxy

@@ -5,7 +5,11 @@ import re
 import subprocess
 import tempfile
 
-SASS_OPS = ("HMMA", "LDSM", "LDL", "STL", "LDG", "STG", "LDGSTS", "MUFU")
+#: mnemonics counted (before the first dot): mma.sync's HMMA and wgmma's HGMMA (WARPGROUP: its
+#: fence / wait), ldmatrix, local memory, global loads / stores, cp.async, bulk copies (UBLKCP,
+#: and TMA tensor loads UTMALDG), mbarrier operations (SYNCS) and the SFU
+SASS_OPS = ("HMMA", "HGMMA", "WARPGROUP", "LDSM", "LDL", "STL", "LDG", "STG", "LDGSTS", "UBLKCP", "UTMALDG",
+            "SYNCS", "MUFU")
 NVDISASM_HINT = 'the SASS mix needs nvdisasm: pip install "kdacupy[test]" (or nvidia-cuda-nvdisasm)'
 
 

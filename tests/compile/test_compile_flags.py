@@ -102,3 +102,25 @@ def test_the_gpu_conformance_kernels_compile_as_the_runtime_builds_them():
         res = nvrtc_compile(kernel_source(TEST_KERNELS), arch)
         assert res.ok, res.log
 
+
+def test_the_hopper_conformance_kernels_compile_for_sm_90a_only():
+    """tests/gpu/test_gpu_ptx.py's sm_90a probes (wgmma, mbarrier, cp.async.bulk) compile for
+    sm_90a, and their SASS holds HGMMA and its WARPGROUP fences / waits, UBLKCP and the SYNCS
+    of the mbarriers (the mix `python -m kdacupy.compile --sass` reports); elsewhere the
+    wrappers do not exist (kernels/ptx.cuh's guards): wgmma on sm_90 and sm_100a, all on sm_80."""
+    from kdacupy.jit.nvrtc import nvrtc_compile
+    from kdacupy.jit.sass import nvdisasm, sass_mix
+
+    from ..emulate.test_ptx_twins import kernel_source
+    from ..emulate.test_ptx_twins_async import ASYNC_KERNELS
+    src = kernel_source(ASYNC_KERNELS)
+    res = nvrtc_compile(src, "sm_90a")
+    assert res.ok, res.log
+    assert res.spill_stores == 0
+    if nvdisasm() is not None:
+        mix = sass_mix(res.cubin)
+        assert mix["HGMMA"] >= 20 and mix["WARPGROUP"] >= mix["HGMMA"] and mix["HMMA"] == 0, mix
+        assert mix["UBLKCP"] >= 2 and mix["SYNCS"] >= 10 and mix["UTMALDG"] == 0, mix
+    for arch, missing in (("sm_90", "wgmma_bf16"), ("sm_100a", "wgmma_bf16"), ("sm_80", "mbarrier_init")):
+        res = nvrtc_compile(src, arch)
+        assert not res.ok and re.search(rf'identifier "{missing}" is undefined', res.log), (arch, res.log[-2000:])

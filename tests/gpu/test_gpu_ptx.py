@@ -8,7 +8,12 @@ what the CPU twins (kdacupy/emulate/ptx_twins.h) assume:
   ftz special values exactly);
 - a probe of the mma fp32 accumulation: which model (block size, guard bits,
   final rounding) reproduces the tensor cores bit for bit; the hardware-numerics
-  twin's model must be one of them.
+  twin's model must be one of them;
+- on compute capability 9.0, Hopper's asynchronous twins (tests/emulate/test_ptx_twins_async.py's
+  kernels, built for sm_90a as the runtime builds them): wgmma's fragment and shared-memory
+  layouts and matrix descriptor bit for bit (integer-valued sums, N = 8..128, both majors, no
+  swizzle and 128B), its accumulation per k16 instruction (the same model table as mma's), the
+  group protocol of wait_group, the mbarrier phases and bulk-copy bytes.
 Skipped without a GPU."""
 import itertools
 
@@ -19,6 +24,7 @@ import pytest
 from kdacupy.jit.nvrtc import NVRTC_OPTIONS
 from kdacupy.emulate.numerics import MMA_BLOCK, MMA_GUARD, REL_BOUND, mma_dot
 
+from ..emulate import test_ptx_twins_async as hopper_twins
 from ..emulate.test_ptx_twins import (TEST_KERNELS, approx_inputs, gather_d, kernel_source,
                              ldmatrix_expected, scatter_a, scatter_b, scatter_c, special_floats)
 
@@ -259,3 +265,117 @@ def test_mma_accumulation_probe(gpu, f16):
     ours = f"block={MMA_BLOCK} guard={MMA_GUARD} rz"
     assert hits[ours] == total, (f"the hardware twin's model ({ours}) reproduces {hits[ours] / total:.4f} of the "
                                  f"outputs; best: {table[0]}")
+
+
+# ---- Hopper (sm_90a): wgmma, mbarrier, cp.async.bulk -------------------------------------------------
+class Hopper(Gpu):
+    """tests/emulate/test_ptx_twins_async.py's kernels, built for sm_90a by the runtime's loader."""
+
+    def __init__(self):
+        from kdacupy.jit.loaders import cuda_module
+
+        self.mod, _ = cuda_module(kernel_source(hopper_twins.ASYNC_KERNELS), "sm_90a", "the sm_90a probes")
+
+
+@pytest.fixture(scope="module")
+def hopper():
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("sm_90a probes: compute capability 9.0 only")
+    return Hopper()
+
+
+def test_the_runtime_builds_sm_90a_here():
+    from kdacupy.jit.nvrtc import arch_of_device
+
+    arch = arch_of_device()
+    print(f"the runtime's target on this device: {arch}")
+    if cp.cuda.Device().compute_capability == "90":
+        assert arch == "sm_90a"
+
+
+def run_wgmma_gpu(hopper, A, B, C, n_major, swizzle, flags=2):
+    args, smem = hopper_twins.wgmma_args(A, B, C, n_major, swizzle, flags)
+    d = hopper("k_wgmma", 1, 128, args, smem)[6]
+    return hopper_twins.gather_d(d, B.shape[1])
+
+
+@pytest.mark.parametrize("n", [8, 16, 64, 128])
+@pytest.mark.parametrize("n_major", [0, 1], ids=["B K-major", "B N-major"])
+@pytest.mark.parametrize("swizzle", ["none", "128B"])
+@pytest.mark.parametrize("bulk", [0, 1], ids=["stores", "bulk copy"])
+def test_wgmma_layouts_bit_exact(hopper, n, n_major, swizzle, bulk):
+    """Integer-valued A, B and C (every sum exact under any model): the fragments, the layouts,
+    the descriptor and the chaining of two k16 steps are the ISA's."""
+    rng = np.random.default_rng(200 + n + 7 * n_major + len(swizzle))
+    A, B, _ = hopper_twins.wgmma_inputs(n, 2, rng)
+    C = rng.integers(-1000, 1000, (64, n)).astype(F32)
+    D = run_wgmma_gpu(hopper, A, B, C, n_major, swizzle, flags=2 | bulk)
+    np.testing.assert_array_equal(D, (A.astype(np.float64) @ B.astype(np.float64) + C).astype(F32))
+
+
+def test_wgmma_accumulation_probe(hopper):
+    """Which model reproduces wgmma's fp32 sums over two chained k16 instructions (C of full
+    precision, rows of different magnitudes): per block of products (4, 8, 16; 32 = both
+    instructions fused), guard bits, final rounding. The hardware twin's model (per k16
+    instruction, as for mma) must reproduce every output; the exact twin's (each instruction's
+    exact sum rounded to nearest) is listed for comparison."""
+    models = {f"block={b} guard={g} {r}{' C-last' if c else ''}": (b, g, r, c)
+              for b, g, r, c in itertools.product((4, 8, 16, 32), (0, 1, 2, 3, 4, 5, 8), ("rz", "rn"), (False, True))}
+    models["exact per k16, rn (the exact twin)"] = (16, None, "rn", False)
+    hits, total, worst = dict.fromkeys(models, 0), 0, 0.0
+    rng = np.random.default_rng(60)
+    for _ in range(8):  # 32768 outputs (the models' sums: ~0.3 s a trial on the CPU)
+        A, B, C = hopper_twins.wgmma_inputs(64, 2, rng, exact=False)
+        C = C * F32(2.0 ** rng.integers(-4, 5))
+        D = run_wgmma_gpu(hopper, A, B, C, 0, "128B")
+        total += D.size
+        big = np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)) + np.abs(C)
+        worst = max(worst, float((np.abs(D - (A.astype(np.float64) @ B.astype(np.float64) + C)) / big).max()))
+        for name, (b, g, r, c) in models.items():
+            hits[name] += int(np.sum(mma_dot(A, B, C, block=b, guard=g, final=r, c_last=c) == D))
+    table = sorted(((h / total, name) for name, h in hits.items()), reverse=True)
+    print("wgmma accumulation: fraction of outputs each model reproduces bit for bit")
+    for frac, name in table[:12]:
+        print(f"  {frac:8.4f}  {name}")
+    print(f"  exact twin's model: {hits['exact per k16, rn (the exact twin)'] / total:.4f}")
+    print(f"  largest |D - exact| / sum|terms| = {worst:.3g}")
+    assert worst <= 2.0 ** -20
+    ours = f"block={MMA_BLOCK} guard={MMA_GUARD} rz"
+    assert hits[ours] == total, (f"the hardware twin's model ({ours}) reproduces {hits[ours] / total:.4f} of the "
+                                 f"outputs; best: {table[0]}")
+
+
+def test_wgmma_wait_group_protocol(hopper):
+    rng = np.random.default_rng(70)
+    A, B, _ = hopper_twins.wgmma_inputs(16, 2, rng)
+    img, lbo, sbo, _ = hopper_twins.image(B[:16].view(np.uint16), 0, "none")
+    a = np.concatenate([hopper_twins.scatter_a(A[:, s:s + 16].view(np.uint16)) for s in (0, 16)])
+    mid, end = hopper("k_wgmma_groups", 1, 128, (a, img, np.int32(img.size), np.array([lbo, sbo, 0], np.int32),
+                                                 np.zeros((128, 16), F32), np.zeros((128, 16), F32)),
+                      1040 + img.size)[4:6]
+    x, y = ((A[:, s:s + 16].astype(np.float64) @ B[:16].astype(np.float64)).astype(F32) for s in (0, 16))
+    # defined by the ISA: after wait_group 1 the older group; after wait_group 0 both
+    np.testing.assert_array_equal(hopper_twins.gather_d(mid[:, :8], 16), x)
+    np.testing.assert_array_equal(hopper_twins.gather_d(end[:, :8], 16), x)
+    np.testing.assert_array_equal(hopper_twins.gather_d(end[:, 8:], 16), y)
+
+
+def test_matrix_descriptor_on_the_device(hopper):
+    out = hopper("k_desc", 1, 32, (np.zeros(3, np.uint32), np.int32(4096), np.int32(1024), np.int32(1)), 512)[0]
+    desc = int(out[1]) | int(out[2]) << 32
+    print(f"dynamic shared memory + 256 at shared address 0x{int(out[0]):x}")
+    assert desc == ((int(out[0]) & 0x3FFFF) >> 4) | (4096 >> 4) << 16 | (1024 >> 4) << 32 | 1 << 62
+
+
+def test_mbarrier_phases_and_bulk_copy_bytes(hopper):
+    g = (np.arange(64, dtype=np.uint64) * 2654435761 % (1 << 32)).astype(np.uint32)
+    out = hopper("k_mbar_phases", 1, 64, (g, np.zeros(64, np.uint32), np.int32(0)), 512)[1]
+    assert list(out[:9]) == hopper_twins.PHASES
+    np.testing.assert_array_equal(out[16:64], g[:48])
+
+
+def test_bulk_copy_ring(hopper):
+    g = np.random.default_rng(14).integers(0, 1 << 32, 5 * 1024 // 4, dtype=np.uint64).astype(np.uint32)
+    out = hopper("k_bulk_ring", 1, 128, (g.view(np.uint8), np.zeros_like(g), np.int32(5), np.int32(1024),
+                                         np.int32(0)), 128 + 2 * 1024)[1]
+    np.testing.assert_array_equal(out, g)
