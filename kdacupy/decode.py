@@ -15,6 +15,35 @@ from .validation.pool import validate_pool
 from .validation.steps import validate_steps
 
 
+#: kda_decode's options in the order of its fast path's key (``options`` there)
+OPTION_NAMES = ("scale", "qk_l2norm", "beta_sigmoid", "allow_neg_eigval", "gate", "lower_bound", "state_layout",
+                "backend", "update_pool")
+
+
+def prepared_decode(arrays, options):
+    """The call ``kda_decode`` cached for ``arrays`` (kda_decode's q, k, v, g, beta, state_pool,
+    state_indices, num_accepted_tokens, out, A_log, dt_bias, parent_indices, step_states,
+    step_state_indices, None where not passed) and its keyword ``options`` (missing ones at
+    kda_decode's defaults): a call whose ``bind(pointers)`` gives a launch from raw data pointers
+    (only out's varying; a framework face keys its step on its own tensors' metadata and skips
+    kda_decode's key and views), or None where none is cached (kda_decode's next call with these
+    arrays runs the full path and caches it)."""
+    defaults = _option_defaults()
+    key = fastpath.call_key(arrays, tuple(options.get(n, defaults[n]) for n in OPTION_NAMES))
+    return None if key is None else fastpath.lookup(key)
+
+
+_DEFAULTS: list = []
+
+
+def _option_defaults() -> dict:
+    if not _DEFAULTS:
+        import inspect
+        _DEFAULTS.append({n: p.default for n, p in inspect.signature(kda_decode).parameters.items()
+                          if n in OPTION_NAMES})
+    return _DEFAULTS[0]
+
+
 def kda_decode(
     q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
     qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,

@@ -167,6 +167,41 @@ def launch(dev, stream, views, state_pool, options):
     torch.autograd.graph.increment_version(state_pool)
 
 
+def bind(dev, views, options):
+    """The core call ``launch`` just made on ``views`` (its order) and ``options``, bound to the
+    views' pointers (``fastpath.DecodeCall.bind``: only out's then varies), or None where kdacupy
+    cached no such call. Keyed as kdacupy.kda_decode keys it, on device ``dev``."""
+    arrays = (*views[:8], views[10], views[8], views[9], None, None, None)  # fastpath.NAMES order
+    runtime = _cupy().cuda.runtime
+    prev = runtime.getDevice()
+    if prev != dev:
+        runtime.setDevice(dev)
+    try:
+        call = kdacupy.prepared_decode(arrays, options)
+    finally:
+        if prev != dev:
+            runtime.setDevice(prev)
+    return None if call is None else call.bind([0 if x is None else x.data.ptr for x in arrays])
+
+
+def launch_bound(dev, stream, bound, out_ptr, state_pool) -> bool:
+    """``launch`` of a bound call (``bind``) with out at ``out_ptr``; False, launching nothing,
+    where out fails a per-call check (the caller then takes kdacupy.kda_decode, which raises)."""
+    runtime = _cupy().cuda.runtime
+    prev = runtime.getDevice()
+    if prev != dev:
+        runtime.setDevice(dev)
+    try:
+        with stream:
+            if not bound.launch(out_ptr):
+                return False
+    finally:
+        if prev != dev:
+            runtime.setDevice(prev)
+    torch.autograd.graph.increment_version(state_pool)
+    return True
+
+
 def float_param(x):
     """(copy, storage): a bf16 / fp16 gate parameter (A_log [HV], dt_bias) as a float32 C-contiguous
     copy, made once per (pointer, shape, strides, dtype, device, type, version) of ``x``: an in-place

@@ -33,13 +33,14 @@ def made():
 
 
 def launch(made):
-    """The last launch: (variant, grid, block, args), CuPy arrays as their pointers."""
+    """The last launch: (variant, grid, block, args), pointers as ints: CuPy arrays' (the full
+    path) and uint64 ones (a null pointer, or a bound call's: kdacupy.prepared_decode)."""
     fns = [fn for fn in made.values() if fn.last is not None]
     assert len(fns) == 1
     grid, block, args, _ = fns[0].last
     fns[0].last = None
-    return fns[0].config, grid, block, [a.data.ptr if isinstance(a, cupy.ndarray) else ("value", a.item())
-                                        for a in args]
+    return fns[0].config, grid, block, [a.data.ptr if isinstance(a, cupy.ndarray) else int(a)
+                                        if type(a) is np.uint64 else ("value", a.item()) for a in args]
 
 
 def floats(ptr, n):
@@ -91,19 +92,24 @@ def test_a_cached_call_launches_what_the_full_path_launches(made, call, monkeypa
     with torch.inference_mode():
         o1 = call(x)  # the full path (kdacupy.torch.kda_decode), which stores the call
         first = launch(made)
-        o2 = call(x)  # the cached one
+        o2 = call(x)  # the cached one: kdacupy.kda_decode on the kept views, then bound to their pointers
         second = launch(made)
+        o3 = call(x)  # the bound one: the prepared launch from raw pointers
+        third = launch(made)
     assert len(full_calls) == 1
-    assert o2.shape == o1.shape and o2.dtype == o1.dtype == torch.bfloat16
-    # the same variant, grid, block and scalars; the pointers those of the same tensors (o's its own)
-    assert second[:3] == first[:3] and len(second[3]) == len(first[3])
-    for a, b in zip(second[3], first[3]):
-        if a == o2.data_ptr() or b == o1.data_ptr():
-            assert (a, b) == (o2.data_ptr(), o1.data_ptr())
-        elif isinstance(a, tuple) or a == b:
-            assert a == b
-        else:  # a tensor each call makes (vLLM's slots, the null block as padding): the same values
-            assert ctypes.string_at(a, 8 * N) == ctypes.string_at(b, 8 * N)
+    # the step's entry bound (the torch face's own entry, under kdacupy.torch.kda_decode's key, is not hit)
+    assert sum(bool(e.bound) for e in decode_cache._entries.values()) == 1
+    for o, got in ((o2, second), (o3, third)):
+        assert o.shape == o1.shape and o.dtype == o1.dtype == torch.bfloat16
+        # the same variant, grid, block and scalars; the pointers those of the same tensors (o's its own)
+        assert got[:3] == first[:3] and len(got[3]) == len(first[3])
+        for a, b in zip(got[3], first[3]):
+            if a == o.data_ptr() or b == o1.data_ptr():
+                assert (a, b) == (o.data_ptr(), o1.data_ptr())
+            elif isinstance(a, tuple) or a == b:
+                assert a == b
+            else:  # a tensor each call makes (vLLM's slots, the null block as padding): the same values
+                assert ctypes.string_at(a, 8 * N) == ctypes.string_at(b, 8 * N)
 
 
 def test_a_parameter_changed_in_place_is_converted_again(made):
@@ -184,11 +190,13 @@ def test_the_torch_face_caches_its_call_and_never_a_copied_one(made):
     with torch.inference_mode():
         o1 = kt.kda_decode(**rows, g=g, beta=b, **opts)
         first = launch(made)
-        o2 = kt.kda_decode(**rows, g=g, beta=b, **opts)
-        second = launch(made)
-        assert len(decode_cache._entries) == 1
-        swap = {o2.data_ptr(): o1.data_ptr()}
-        assert second[:3] == first[:3] and [swap.get(a, a) for a in second[3]] == first[3]
+        for _ in range(2):  # the core call on the kept views, then the bound launch
+            o2 = kt.kda_decode(**rows, g=g, beta=b, **opts)
+            second = launch(made)
+            assert len(decode_cache._entries) == 1
+            swap = {o2.data_ptr(): o1.data_ptr()}
+            assert second[:3] == first[:3] and [swap.get(a, a) for a in second[3]] == first[3]
+        assert next(iter(decode_cache._entries.values())).bound
         decode_cache.clear()
         strided = rows["q"].transpose(-1, -2).contiguous().transpose(-1, -2)  # last dim strided: copied
         for _ in range(2):
@@ -213,3 +221,38 @@ def test_a_call_with_autograd_to_record_is_never_served_from_the_cache(made, mon
     with torch.inference_mode():
         sglang_call(x)
     assert full == [1]  # served from the cache again
+
+
+def test_a_bound_call_refuses_the_out_the_core_call_refuses(made):
+    """The bound launch (kdacupy.ops.decode.fastpath.BoundDecode) makes kdacupy.kda_decode's per-call
+    tests of out: an out over an input or misaligned launches nothing (the step then takes the core
+    call, which raises); the core call refuses the same out."""
+    import kdacupy
+    import kdacupy.torch as kt
+
+    x = inputs()
+    rows = {n: x[n][0][:, None] for n in ("q", "k", "v", "g")}
+    opts = dict(state_pool=x["pool"], state_indices=x["idx"], gate="log")
+    with torch.inference_mode():
+        for _ in range(3):
+            o = kt.kda_decode(**rows, beta=None, **opts)
+            launch(made)
+    entry = next(iter(decode_cache._entries.values()))
+    assert entry.bound
+    q = rows["q"]  # q's shape and dtype are o's here: only its address makes it a wrong out
+    for bad in (q.data_ptr(), q.data_ptr() + 64, o.data_ptr() + 2):
+        assert not entry.bound.launch(bad)
+        assert all(fn.last is None for fn in made.values())
+    assert entry.bound.launch(o.data_ptr())
+    assert launch(made)[3].count(o.data_ptr()) == 1
+    from kdacupy.ops.decode import fastpath
+
+    fastpath.clear()  # as a retune does: the bound call is kdacupy's old one
+    assert not entry.bound.launch(o.data_ptr())
+    with torch.inference_mode():
+        o = kt.kda_decode(**rows, beta=None, **opts)  # through the core call again, then bound anew
+    assert launch(made)[3].count(o.data_ptr()) == 1 and entry.bound and entry.bound.launch(o.data_ptr())
+    launch(made)
+    views = entry.views
+    with pytest.raises(ValueError):
+        kdacupy.kda_decode(*views[:4], None, state_pool=views[5], state_indices=views[6], gate="log", out=views[0])

@@ -31,8 +31,13 @@ _cache: dict = {}
 MAX_ENTRIES = 512
 
 
+_generation = 0  # bumped by clear(): a call bound before it (DecodeCall.bind) launches no more
+
+
 def clear():
+    global _generation
     _cache.clear()
+    _generation += 1
 
 
 _CUPY: list = []  # (cupy.ndarray, cupy.cuda.runtime) once looked up, or (None, None) without CuPy
@@ -191,6 +196,65 @@ class DecodeCall:
                     args[at] = _emulated_pointer(given[i])
             self._launch(fn, grid, block, tuple(args), 0)
         return out
+
+
+    def bind(self, ptrs):
+        """This call launched from raw data pointers (``NAMES`` order, 0 for none) of which only
+        out's (``ptrs[8]``) varies from call to call: for a caller that keys its call on the same
+        arrays' own metadata, read once (kdacupy/torch/decode_cache.py), so that neither CuPy views
+        nor this call's key are made again. ``checked``'s tests of the fixed pointers are made here,
+        once; out's at each ``BoundDecode.launch``. None where a test fails (the caller then takes
+        the full path, which raises) and on the emulation (its launch carries arrays, and its host
+        indices are read every call)."""
+        if not self.device or any(not 0 <= p < 1 << 64 for p in ptrs):
+            return None
+        ptrs = [int(p) for p in ptrs]
+        for i, a in self.align:
+            if i != 8 and ptrs[i] % a:
+                return None
+        windows = []  # out overlaps another array where lo < out's pointer < hi
+        for i, j, a, b in self.pairs:
+            if i == 8:  # a < ptr_j - out < b
+                windows.append((ptrs[j] - b, ptrs[j] - a))
+            elif j == 8:  # a < out - ptr_i < b
+                windows.append((ptrs[i] + a, ptrs[i] + b))
+            elif a < ptrs[j] - ptrs[i] < b:
+                return None
+        args = list(self.args)
+        out_at = None
+        for i, at in self.slots:
+            if i == 8:
+                out_at = at
+            else:
+                args[at] = np.uint64(ptrs[i])  # decode_args' pointer form
+        out_align = dict(self.align).get(8, 1)
+        return BoundDecode(self, tuple(args[:out_at]), tuple(args[out_at + 1:]), out_align, tuple(windows))
+
+
+class BoundDecode:
+    """A ``DecodeCall`` whose pointers but out's are fixed (``DecodeCall.bind``)."""
+
+    __slots__ = ("call", "head", "tail", "out_align", "windows", "plan", "_launch", "run", "generation")
+
+    def __init__(self, call, head, tail, out_align, windows):
+        self.call, self.head, self.tail, self.out_align, self.windows = call, head, tail, out_align, windows
+        self.generation = _generation
+        self.plan, self._launch = call.plan, call._launch
+        self.run = bool(call.p.N and call.p.T)
+
+    def launch(self, out_ptr) -> bool:
+        """Launch with out at ``out_ptr`` (o of the call's out shape, dtype and strides); False,
+        launching nothing, where out is misaligned or overlaps another array (``checked``'s tests),
+        or where the cache was cleared since the call was bound (its variant may be retuned)."""
+        if out_ptr % self.out_align or self.generation != _generation:
+            return False
+        for lo, hi in self.windows:
+            if lo < out_ptr < hi:
+                return False
+        if self.run:
+            fn, grid, block = self.plan
+            self._launch(fn, grid, block, self.head + (np.uint64(out_ptr),) + self.tail, 0)
+        return True
 
 
 class _Slot:
