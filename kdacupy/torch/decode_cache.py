@@ -15,6 +15,8 @@ parameter without a version counter) is never stored. kdacupy.kda_decode's own p
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from . import eager
@@ -28,6 +30,7 @@ _checked: dict = {}  # cu_seqlens already found equal-length: key -> its storage
 _expected: dict = {}  # (n, T, dtype, device) -> [0, T, 2T, ...] on that device
 _padded: dict = {}  # (slots' key, stream) -> the buffer padded_slots writes
 _PARAMS = ("A_log", "dt_bias")
+_getters: dict = {}  # option names -> their values' getter (_option_values)
 
 
 def clear():
@@ -87,11 +90,15 @@ def repeated(q, k, v, g, beta, pool, idx, num_accepted_tokens, opts):
 def cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
     """(o, None) from the kept views where this call signature was stored (o in v's shape), else
     (None, the key to ``remember`` it by after the full path ran, or None where it cannot be kept)."""
-    params = [opts.get(n) for n in _PARAMS]
-    options = tuple((n, x, type(x)) for n, x in opts.items() if n not in _PARAMS)
+    params = (opts.get("A_log"), opts.get("dt_bias"))
     tensors = (q, k, v, g, beta, pool, idx, num_accepted_tokens)
     try:
-        key = (N, T, options, tuple(map(_meta, tensors)), tuple(map(_param_meta, params)))
+        names = tuple(opts)
+        values = _option_values(names)(opts)
+        # every tensor's metadata inline (_meta's, one pass: a step's whole budget is microseconds)
+        key = (N, T, names, values, tuple(map(type, values)),
+               tuple([None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(), type(t))
+                      for t in tensors]), tuple(map(_param_meta, params)))
         entry = _entries.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable option: the full path says what
         return None, None
@@ -112,6 +119,17 @@ def cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
                 entry.bound = eager.bind(entry.dev, views, entry.options) or False  # False: none to bind
             return o, None
     return None, None
+
+
+def _option_values(names):
+    """opts -> the values of the options but the gate parameters (which are keyed by _param_meta),
+    in ``names``' order: one getter per caller's set of option names."""
+    get = _getters.get(names)
+    if get is None:
+        kept = [n for n in names if n not in _PARAMS]
+        get = _getters[names] = (lambda opts, kept=tuple(kept): tuple(opts[n] for n in kept)) if len(kept) < 2 \
+            else operator.itemgetter(*kept)
+    return get
 
 
 def remember(key, q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
@@ -210,8 +228,9 @@ def padded_slots(idx, null_block):
     dev = idx.get_device()
     if dev < 0 or eager._capturing(dev):  # no buffer kept from inside a capture (it belongs to its pool)
         return idx.masked_fill(idx <= null_block, -1)
-    key = (_meta(idx), torch._C._cuda_getCurrentRawStream(dev) if hasattr(torch._C, "_cuda_getCurrentRawStream")
-           else None)
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    key = (idx.data_ptr(), idx.shape, idx.stride(), idx.dtype, dev, type(idx),
+           None if raw_stream is None else raw_stream(dev))
     buf = _padded.get(key)
     if buf is None:
         if len(_padded) >= MAX_CHECKED:
