@@ -54,7 +54,8 @@ def test_compile_says_how_many_and_how_long_before_it_is_done(capsys):
                              "--match", "pool=float32", "--jobs", "1"]) == 0
     err = capsys.readouterr().err.splitlines()
     n = int(err[0].split()[0])
-    assert n > 1 and err[0].startswith(f"{n} variant(s) for sm_90a, 1 parallel compile(s)")
+    assert n > 1 and err[0].startswith(f"{n} variant(s) for sm_90a (the runtime's target on compute capability 9.0), "
+                                       "1 parallel compile(s)")
     assert err[1].startswith("  the first took ") and f"for the other {n - 1}" in err[1]
 
 
