@@ -188,7 +188,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sKN = reinterpret_cast<float*>(sm + CSM_KN);
   float* sG = reinterpret_cast<float*>(sm + CSM_G);
   u16* sQM = reinterpret_cast<u16*>(sm + CSM_QM);  // the factored form's operands q_m, k_m, k_i
-  u16* sKD = reinterpret_cast<u16*>(sm + CSM_KD);  // the recurrence's k_dec and k_res (q_dec: [B7] rounds it again)
+  u16* sKD = reinterpret_cast<u16*>(sm + CSM_KD);  // the recurrence's k_dec and k_res (q_dec: [B7]'s state terms round it again)
   u16* sKM = reinterpret_cast<u16*>(sm + CSM_KM);
   u16* sKI = reinterpret_cast<u16*>(sm + CSM_KI);
   u16* sKR = reinterpret_cast<u16*>(sm + CSM_KR);
@@ -220,7 +220,6 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sDYF = reinterpret_cast<float*>(sm + CSM_DYF);
   float* sDGAM = reinterpret_cast<float*>(sm + CSM_DGAM);
   float* sKT = reinterpret_cast<float*>(sm + CSM_KT);
-  u16* sKL = reinterpret_cast<u16*>(sm + CSM_KL);  // [B6]: k_i's low part, in the region between the V-blocks and [B7]
   float* sDQN = reinterpret_cast<float*>(sm + CSM_DQN);
   float* sDKN = reinterpret_cast<float*>(sm + CSM_DKN);
   float* sDOT = reinterpret_cast<float*>(sm + CSM_DOT);
@@ -509,6 +508,40 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         }
       }
     }
+    // [B7]'s state terms as soon as the chains end, so that their accumulators' registers are free for [B6]:
+    // dqn += dQd es, dkn += dKd e + dKr er, and to the region (the V-blocks' tiles read: the barrier) the
+    // decay's state part and kt; the lane's accumulator pairs, channels d, d + 1 together (8-byte accesses)
+    __syncthreads();
+#pragma unroll
+    for (int jt = 0; jt < NKT; ++jt) {
+      const int d0 = n0w + 8 * jt + 2 * tq;
+      const float2 gt2 = ld2(sG + fx<K>(CHUNK - 1, d0));
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int i = gq + 8 * h2, e = 2 * h2;
+        const u32 bk = *reinterpret_cast<const u32*>(sKD + i * TS + d0), br = *reinterpret_cast<const u32*>(sKR + i * TS + d0);
+        const float2 gc2 = ld2(sG + fx<K>(i, d0)), qn2 = ld2(sQN + fx<K>(i, d0));
+        const float ex0 = ex2_approx_ftz(gc2.x), ex1 = ex2_approx_ftz(gc2.y);
+        const float er0 = ex2_approx_ftz(gt2.x - gc2.x), er1 = ex2_approx_ftz(gt2.y - gc2.y);
+        const u32 bq = pack_bf16x2(qn2.x * (ex0 * scale), qn2.y * (ex1 * scale));  // q_dec as [5] of kda_prepare
+        const float ex[2] = {ex0, ex1}, er[2] = {er0, er1}, qd[2] = {bf16_lo(bq), bf16_hi(bq)};
+        const float kd[2] = {bf16_lo(bk), bf16_hi(bk)}, kr[2] = {bf16_lo(br), bf16_hi(br)};
+        float tq2[2], tk2[2], gs2[2], kt2[2];
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) {
+          const float dqd = aQd[jt][e + e1], dkd = aKd[jt][e + e1], dkr = aKr[jt][e + e1];
+          tq2[e1] = dqd * (ex[e1] * scale);
+          tk2[e1] = dkd * ex[e1] + dkr * er[e1];
+          gs2[e1] = qd[e1] * dqd + kd[e1] * dkd;
+          kt2[e1] = kr[e1] * dkr;
+        }
+        const float2 oq = ld2(sDQN + fx<K>(i, d0)), ok = ld2(sDKN + fx<K>(i, d0));
+        st2(sDQN + fx<K>(i, d0), oq.x + tq2[0], oq.y + tq2[1]);
+        st2(sDKN + fx<K>(i, d0), ok.x + tk2[0], ok.y + tk2[1]);
+        st2(sDGAM + fx<K>(i, d0), gs2[0], gs2[1]);
+        st2(sKT + fx<K>(i, d0), kt2[0], kt2[1]);
+      }
+    }
     // [B5] dLb, dM to shared memory; dbeta; dL
     if (warp < 2) {
 #pragma unroll
@@ -547,28 +580,10 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     }
     __syncthreads();
     // [B6] the in-chunk terms on the tensor cores (factored chunks), apart from the state's (their
-    // factors are measured from gr, the state's from the chunk's start)
+    // factors are measured from gr, the state's from the chunk's start): the bf16 operands k_i, k_m, q_m,
+    // then their low parts in the same tiles
     float aQm[NKT][4] = {}, aKm[NKT][4] = {}, aKi[NKT][4] = {};
     if (!unsafe) {
-      // k_i's low part, bf16(k_if - k_i) with k_if = kn ex2(gr - gc) (k_i rounded from it in [5]): dq and
-      // dk through the in-chunk terms take k_i to 16 bits (kdacupy/numerics/backward_model.py [B6] says why)
-      if (rowt) {
-#pragma unroll
-        for (int v = 0; v < PPS; ++v) {
-          const int c0 = (s8 + 8 * v) * E;
-          u32 wl[E / 2];
-#pragma unroll
-          for (int w = 0; w < E / 2; ++w) {
-            const int c = c0 + 2 * w;
-            const float2 gc = ld2(sG + fx<K>(r, c)), gr = ld2(sRef + fx<K>(0, c)), kn = ld2(sKN + fx<K>(r, c));
-            const float f[2] = {kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y)};
-            u32 hi;
-            split_bf16x2(f, hi, wl[w]);
-          }
-          store_piece<E>(sKL + r * TS + c0, wl);
-        }
-      }
-      __syncthreads();
       u32 am[4], al[4], amt[4], alt[4];
       lda(am, sDM16, SR, 0, lane);
       lda(al, sDL16, SR, 0, lane);
@@ -584,27 +599,99 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
         mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkm);
         mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqm);
-        ldb_kn(bki, sKL, TS, 0, n0w + 16 * jp, lane);
-        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
-        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
       }
-      __syncthreads();  // [B7] writes the region sKL is in
+      __syncthreads();  // k_i, k_m, q_m read: their low parts take their tiles
+      // the low parts bf16(x - bf16(x)) of the fp32 products [5] rounded to k_i, q_m and k_m: the in-chunk
+      // terms take the three operands to 16 bits (kdacupy/numerics/backward_model.py [B6] says why)
+#pragma unroll 1  // two channels at a time, every thread: [B6]'s accumulators are held over this phase
+      for (int p = tid; p < CHUNK * K / 2; p += NT) {
+        const int i = p / (K / 2), c = 2 * (p % (K / 2));
+        const float2 gc = ld2(sG + fx<K>(i, c)), gr = ld2(sRef + fx<K>(0, c));
+        const float2 qn = ld2(sQN + fx<K>(i, c)), kn = ld2(sKN + fx<K>(i, c));
+        const float m0 = ex2_approx_ftz(gc.x - gr.x), m1 = ex2_approx_ftz(gc.y - gr.y);
+        const float fi[2] = {kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y)};
+        const float fq[2] = {qn.x * (m0 * scale), qn.y * (m1 * scale)}, fk[2] = {kn.x * m0, kn.y * m1};
+        u32 hi, lo;
+        split_bf16x2(fi, hi, lo);
+        *reinterpret_cast<u32*>(sKI + i * TS + c) = lo;
+        split_bf16x2(fq, hi, lo);
+        *reinterpret_cast<u32*>(sQM + i * TS + c) = lo;
+        split_bf16x2(fk, hi, lo);
+        *reinterpret_cast<u32*>(sKM + i * TS + c) = lo;
+      }
+      __syncthreads();
+      lda(am, sDM16, SR, 0, lane);  // loaded again: not held over the row phase
+      lda(al, sDL16, SR, 0, lane);
+      lda_t(alt, sDL16, SR, lane);
+      lda_t(amt, sDM16, SR, lane);
+#pragma unroll
+      for (int jp = 0; jp < NKT / 2; ++jp) {
+        u32 bil[4], bkl[4], bql[4];
+        ldb_kn(bil, sKI, TS, 0, n0w + 16 * jp, lane);
+        ldb_kn(bkl, sKM, TS, 0, n0w + 16 * jp, lane);
+        ldb_kn(bql, sQM, TS, 0, n0w + 16 * jp, lane);
+        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bil);
+        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bil);
+        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkl);
+        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bql);
+      }
     }
-    // [B7] per element: the gradients of qn, kn (summed over the group) and the decay's terms; the two
-    // channels d, d + 1 of an accumulator pair together (8-byte shared accesses). The pair form reads
-    // each partner row p once for the lane's rows gq, gq + 8 and JG channel pairs.
+    // [B7] per element, the in-chunk terms: to qn, kn (summed over the group) and to the decay (added to its
+    // state part); the two channels d, d + 1 of an accumulator pair together. in_chunk_terms(jt, h2, dq, dk, dg, g2)
+    // adds the pair's terms at row gq + 8 h2, channels n0w + 8 jt + 2 tq and + 1.
+    const auto in_chunk_terms = [&](int jt, int h2, const float (&dq)[2], const float (&dk)[2], const float (&dg)[2],
+                                    const float (&g2)[2]) {
+      const int x = fx<K>(gq + 8 * h2, n0w + 8 * jt + 2 * tq);
+      const float2 oq = ld2(sDQN + x), ok = ld2(sDKN + x), og = ld2(sDGAM + x);
+      st2(sDQN + x, oq.x + dq[0], oq.y + dq[1]);
+      st2(sDKN + x, ok.x + dk[0], ok.y + dk[1]);
+      st2(sDGAM + x, (og.x + dg[0]) - g2[0], (og.y + dg[1]) - g2[1]);
+    };
+    if (!unsafe) {  // factored: em, ei, and q_m, k_m, k_i to 16 bits (hi + lo, exact in fp32) as [B6] took them
 #pragma unroll
-    for (int j0 = 0; j0 < NKT; j0 += JG) {
-      float gcs[JG][2][2], A[JG][2][2] = {}, B[JG][2][2] = {}, Cm[JG][2][2] = {}, Cl[JG][2][2] = {};
-#pragma unroll
-      for (int jj = 0; jj < JG; ++jj) {
+      for (int jt = 0; jt < NKT; ++jt) {
+        const int d0 = n0w + 8 * jt + 2 * tq;
+        const float2 gr2 = ld2(sRef + fx<K>(0, d0));
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
-          const float2 gc2 = ld2(sG + fx<K>(gq + 8 * h2, n0w + 8 * (j0 + jj) + 2 * tq));
-          gcs[jj][h2][0] = gc2.x, gcs[jj][h2][1] = gc2.y;
+          const int i = gq + 8 * h2;
+          const float2 gc2 = ld2(sG + fx<K>(i, d0)), qn2 = ld2(sQN + fx<K>(i, d0)), kn2 = ld2(sKN + fx<K>(i, d0));
+          const float em[2] = {ex2_approx_ftz(gc2.x - gr2.x), ex2_approx_ftz(gc2.y - gr2.y)};
+          const float ei[2] = {ex2_approx_ftz(gr2.x - gc2.x), ex2_approx_ftz(gr2.y - gc2.y)};
+          // the high parts rounded again, the low parts from [B6]'s tiles
+          const u32 hq = pack_bf16x2(qn2.x * (em[0] * scale), qn2.y * (em[1] * scale));
+          const u32 hk = pack_bf16x2(kn2.x * em[0], kn2.y * em[1]), hi = pack_bf16x2(kn2.x * ei[0], kn2.y * ei[1]);
+          const u32 lq = *reinterpret_cast<const u32*>(sQM + i * TS + d0), lk = *reinterpret_cast<const u32*>(sKM + i * TS + d0);
+          const u32 li = *reinterpret_cast<const u32*>(sKI + i * TS + d0);
+          const float q16[2] = {bf16_lo(hq) + bf16_lo(lq), bf16_hi(hq) + bf16_hi(lq)};
+          const float km16[2] = {bf16_lo(hk) + bf16_lo(lk), bf16_hi(hk) + bf16_hi(lk)};
+          const float ki16[2] = {bf16_lo(hi) + bf16_lo(li), bf16_hi(hi) + bf16_hi(li)};
+          float dq2[2], dk2[2], dg2[2], g2s[2];
+#pragma unroll
+          for (int e1 = 0; e1 < 2; ++e1) {
+            const int e = 2 * h2 + e1;
+            const float dqm = aQm[jt][e], dkm = aKm[jt][e], dki = aKi[jt][e];
+            dq2[e1] = dqm * (em[e1] * scale);
+            dk2[e1] = dkm * em[e1] + dki * ei[e1];
+            dg2[e1] = q16[e1] * dqm + km16[e1] * dkm;
+            g2s[e1] = ki16[e1] * dki;
+          }
+          in_chunk_terms(jt, h2, dq2, dk2, dg2, g2s);
         }
       }
-      if (unsafe) {  // [B6] pair form: fma chains over the partner row, in order
+    } else {  // pair form: fma chains over the partner row p, in order, each row read once for the lane's rows
+      // gq, gq + 8 and JG channel pairs
+#pragma unroll
+      for (int j0 = 0; j0 < NKT; j0 += JG) {
+        float gcs[JG][2][2], A[JG][2][2] = {}, B[JG][2][2] = {}, Cm[JG][2][2] = {}, Cl[JG][2][2] = {};
+#pragma unroll
+        for (int jj = 0; jj < JG; ++jj) {
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const float2 gc2 = ld2(sG + fx<K>(gq + 8 * h2, n0w + 8 * (j0 + jj) + 2 * tq));
+            gcs[jj][h2][0] = gc2.x, gcs[jj][h2][1] = gc2.y;
+          }
+        }
         for (int p = 0; p < CHUNK; ++p) {
           float dmr[2], dlr[2], dmc[2], dlc[2];
 #pragma unroll
@@ -632,62 +719,25 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
             }
           }
         }
-      }
 #pragma unroll
-      for (int jj = 0; jj < JG; ++jj) {
-        const int jt = j0 + jj, d0 = n0w + 8 * jt + 2 * tq;
-        const float2 gt2 = ld2(sG + fx<K>(CHUNK - 1, d0)), gr2 = ld2(sRef + fx<K>(0, d0));
-        const float gts[2] = {gt2.x, gt2.y}, grs[2] = {gr2.x, gr2.y};
+        for (int jj = 0; jj < JG; ++jj) {
+          const int d0 = n0w + 8 * (j0 + jj) + 2 * tq;
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int i = gq + 8 * h2;
-          const u32 bm = *reinterpret_cast<const u32*>(sQM + i * TS + d0), bk = *reinterpret_cast<const u32*>(sKD + i * TS + d0);
-          const u32 bkm = *reinterpret_cast<const u32*>(sKM + i * TS + d0), br = *reinterpret_cast<const u32*>(sKR + i * TS + d0);
-          const float qm[2] = {bf16_lo(bm), bf16_hi(bm)}, kd[2] = {bf16_lo(bk), bf16_hi(bk)}, km[2] = {bf16_lo(bkm), bf16_hi(bkm)};
-          const float kr[2] = {bf16_lo(br), bf16_hi(br)};
-          const float2 qn2 = ld2(sQN + fx<K>(i, d0)), kn2 = ld2(sKN + fx<K>(i, d0));
-          const float qn[2] = {qn2.x, qn2.y}, kn[2] = {kn2.x, kn2.y};
-          const float ex[2] = {ex2_approx_ftz(gcs[jj][h2][0]), ex2_approx_ftz(gcs[jj][h2][1])};
-          const u32 bq = pack_bf16x2(qn[0] * (ex[0] * scale), qn[1] * (ex[1] * scale));  // q_dec as [5] of kda_prepare
-          const float qd[2] = {bf16_lo(bq), bf16_hi(bq)};
-          float dq2[2], dk2[2], dg2[2], kt2[2];
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int i = gq + 8 * h2;
+            const float2 qn2 = ld2(sQN + fx<K>(i, d0)), kn2 = ld2(sKN + fx<K>(i, d0));
+            const float qn[2] = {qn2.x, qn2.y}, kn[2] = {kn2.x, kn2.y};
+            float dq2[2], dk2[2], dg2[2], g2s[2];
 #pragma unroll
-          for (int e1 = 0; e1 < 2; ++e1) {
-            const int e = 2 * h2 + e1;
-            const float gc = gcs[jj][h2][e1];
-            // the in-chunk terms: to q (before its scale, a_q), to k (a_k, Mi), to the decay (gA, gB, g2)
-            float a_q, a_k, gA, gB, Mi, g2;
-            if (!unsafe) {
-              const float em = ex2_approx_ftz(gc - grs[e1]), ei = ex2_approx_ftz(grs[e1] - gc);
-              a_q = aQm[jt][e] * (em * scale);
-              a_k = aKm[jt][e] * em;
-              gA = qm[e1] * aQm[jt][e];
-              gB = km[e1] * aKm[jt][e];
-              Mi = aKi[jt][e] * ei;
-              g2 = (kn[e1] * ei) * aKi[jt][e];  // k_if, as in k_i's low part
-            } else {
-              const float qs = qn[e1] * scale, a_ = A[jj][h2][e1], b_ = B[jj][h2][e1];
-              a_q = a_ * scale;
-              a_k = b_;
-              gA = qs * a_;
-              gB = kn[e1] * b_;
-              Mi = Cm[jj][h2][e1] + Cl[jj][h2][e1];
-              g2 = kn[e1] * Mi;
+            for (int e1 = 0; e1 < 2; ++e1) {
+              const float a_ = A[jj][h2][e1], b_ = B[jj][h2][e1], Mi = Cm[jj][h2][e1] + Cl[jj][h2][e1];
+              dq2[e1] = a_ * scale;
+              dk2[e1] = b_ + Mi;
+              dg2[e1] = (qn[e1] * scale) * a_ + kn[e1] * b_;
+              g2s[e1] = kn[e1] * Mi;
             }
-            const float t_q = aQd[jt][e] * (ex[e1] * scale) + a_q, P = aKd[jt][e] * ex[e1] + a_k;
-            const float g1 = kd[e1] * aKd[jt][e] + (gA + gB);
-            const float g_q = qd[e1] * aQd[jt][e];
-            const float t3 = aKr[jt][e] * ex2_approx_ftz(gts[e1] - gc);
-            dq2[e1] = t_q;
-            dk2[e1] = (P + Mi) + t3;
-            dg2[e1] = (g_q + g1) - g2;
-            kt2[e1] = kr[e1] * aKr[jt][e];
+            in_chunk_terms(j0 + jj, h2, dq2, dk2, dg2, g2s);
           }
-          const float2 oq = ld2(sDQN + fx<K>(i, d0)), ok = ld2(sDKN + fx<K>(i, d0));
-          st2(sDQN + fx<K>(i, d0), oq.x + dq2[0], oq.y + dq2[1]);
-          st2(sDKN + fx<K>(i, d0), ok.x + dk2[0], ok.y + dk2[1]);
-          st2(sDGAM + fx<K>(i, d0), dg2[0], dg2[1]);
-          st2(sKT + fx<K>(i, d0), kt2[0], kt2[1]);
         }
       }
     }

@@ -36,30 +36,36 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
   B5. dLb = -dLb~ strictly below the diagonal, dM on and below it; dbeta_i continues its fma
       chain with dLb_ij L_ij (j < i); dL = r32(beta_i dLb); dbeta through the beta sigmoid:
       r32(dbeta r32(sig(b) sig(-b))) (x2 exact for allow_neg_eigval).
-  B6. factored chunks (q_m, k_m, k_i: precision.py [5], measured from the reference gr;
-      k_if = r32(kn ei), ei = ex2(r32(gr - gc)), is k_i before its rounding, k_lo = bf(k_if - k_i)):
-      dQm = mma(bf(dM) k_i) then + mma(bf(dM) k_lo), dKm = mma(bf(dL) k_i) then + mma(bf(dL) k_lo),
-      dKi = mma(bf(dL)^T k_m) then + mma(bf(dM)^T q_m). k_lo carries k_i to 16 bits: with q
-      nearly parallel to k under the l2norm, dq is what its projection leaves of dqn, and k_i's
-      rounding alone (2^-9 of dqn, in any direction) measured 0.63 of dq under a fast decay.
+  B6. factored chunks (q_m, k_m, k_i: precision.py [5], measured from the reference gr), each
+      carried to 16 bits by its low part x_l = bf(ftz(x_f - x)) of the fp32 product x_f it was
+      rounded from (q_ml, k_il: precision.py's; k_ml alike, k_mf = r32(kn em)):
+      dQm = mma(bf(dM) k_i) then + mma(bf(dM) k_il), dKm = mma(bf(dL) k_i) then + mma(bf(dL) k_il),
+      dKi = mma(bf(dL)^T k_m), + mma(bf(dM)^T q_m), + mma(bf(dL)^T k_ml), + mma(bf(dM)^T q_ml).
+      k_il in dQm, dKm: with q nearly parallel to k under the l2norm, dq is what its projection
+      leaves of dqn, and k_i's rounding alone (2^-9 of dqn, in any direction) measured 0.63 of dq
+      under a fast decay. q_ml, k_ml in dKi: B7's decay terms (below).
       Pair chunks (precision.py [6]'s test; E_xy = ex2(r32(gc_x - gc_y)) per channel, fma chains
       over the partner row in order):
       A_r = sum_{j<=r} r32(dM_rj kn_j) E_rj, B_r = sum_{j<r} r32(dL_rj kn_j) E_rj,
       Cm_r = sum_{i>=r} r32(dM_ir qs_i) E_ir, Cl_r = sum_{i>r} r32(dL_ir kn_i) E_ir, qs = r32(qn scale).
-  B7. per element, e = ex2(gc), es = r32(e scale), er = ex2(r32(gc_last - gc)), and for factored
-      chunks em = ex2(r32(gc - gr)), ei = ex2(r32(gr - gc)): the state's terms (dQd, dKd through
-      q_dec, k_dec) and the in-chunk terms (through q_m, k_m, k_i) scaled apart, then added:
-      tq = r32(r32(dQd es) + r32(dQm r32(em scale)))   [pair: r32(r32(dQd es) + r32(A scale))]
-      P  = r32(r32(dKd e) + r32(dKm em))              [pair: r32(r32(dKd e) + B)]
-      Mi = r32(dKi ei)                                [pair: r32(Cm + Cl)]
-      dqn += tq, dkn += r32(r32(P + Mi) + r32(dKr er)) (fp32, over the group's value heads in order).
-      The decay's terms take each gradient times the very operand it came through, so that an
-      in-chunk pair's term, added at one row and taken from another, cancels to fp32 precision
-      (bf16-rounded factors on one side only would leave 2^-9 of it, measured 1e-2 of dg):
-      gq = r32(q_dec dQd), g1 = r32(r32(k_dec dKd) + r32(r32(q_m dQm) + r32(k_m dKm))), g2 = r32(k_if dKi)
-      (k_if on both sides of a pair's term: in dQm, dKm and in g2)
-      [pair: g1 = r32(r32(k_dec dKd) + r32(r32(qs A) + r32(kn B))), g2 = r32(kn Mi)];
-      dgam = r32(r32(gq + g1) - g2), kt = r32(k_res dKr).
+  B7. per element, e = ex2(gc), es = r32(e scale), er = ex2(r32(gc_last - gc)): the state's terms
+      (through q_dec, k_dec, k_res), as soon as B4's chains end,
+      tq_s = r32(dQd es), dk_s = r32(r32(dKd e) + r32(dKr er)), kt = r32(k_res dKr),
+      g_s = r32(r32(q_dec dQd) + r32(k_dec dKd));
+      then the in-chunk terms, scaled apart (factored chunks: em = ex2(r32(gc - gr)),
+      ei = ex2(r32(gr - gc)); x16 = x + x_l, exact in fp32):
+      tq_m = r32(dQm r32(em scale))                   [pair: r32(A scale)]
+      dk_m = r32(r32(dKm em) + Mi), Mi = r32(dKi ei)  [pair: r32(B + Mi), Mi = r32(Cm + Cl)]
+      g_m = r32(r32(q16 dQm) + r32(km16 dKm)), g2 = r32(ki16 dKi)
+                                                      [pair: r32(r32(qs A) + r32(kn B)), r32(kn Mi)]
+      dgam = r32(r32(g_s + g_m) - g2). dqn, dkn: fp32 sums over the group's value heads in order,
+      each head's state part (tq_s, dk_s) then its in-chunk part (tq_m, dk_m).
+      The decay's terms take each gradient times the very operand it came through, the same on
+      both sides of an in-chunk pair's term (added at one row, taken from another), so that it
+      cancels to fp32 precision (bf16-rounded factors on one side only would leave 2^-9 of it,
+      measured 1e-2 of dg); and to 16 bits: near the gate's lower bound (e^-5 a token) the terms
+      left after the pairs' cancellation are e^-5 of the ones that cancel, and bf16 q_m, k_m, k_i
+      there measured dA_log 1.8e-2 (benchmarks/backward-accuracy.md).
   B8. per channel (natural-log units): dg_i = r32(suf_i + r32(pre_i + r32(gexp dge))), suf_i the
       fp32 sum of dgam_j over j >= i from the last row, pre_i of kt_j over j < i from the first.
       Gates (x = r32(g + dt_bias), a = ex2(r32(A_log log2e))): log: dg; softplus:
@@ -78,7 +84,7 @@ import numpy as np
 
 from .backward_arith import fma32, fma_chain, mma, seq_sum
 from .backward_recompute import chunk_states, l2norm_exact, prepare_exact
-from .dtypes import round_bf16, round_f32, round_to
+from .dtypes import ftz_f32, round_bf16, round_f32, round_to
 from .precision import CHUNK, LOG2E_F32, Chunks, beta_f32, ex2, gate_f32, scale_f32, sigmoid_f32
 from .reference import state_from_kv, state_to_kv
 
@@ -130,7 +136,8 @@ def _pair_sums(dM, dL, qs, kn, gc):
 
 def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
     """B1-B7 for every chunk at once ([N, HV, chunks, ...]). Returns per value head:
-    tq, dkn_c, dgam, kt, dge (with dbeta before the sigmoid, dv)."""
+    tq, dkn (each [2, ...]: the state's part, the in-chunk part), dgam, kt, dge (with dbeta before
+    the sigmoid, dv)."""
     K, V = kn.shape[-1], v.shape[-1]
     BV = vblock(K)
     S_op = bf(S)
@@ -170,32 +177,39 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
     gc, gr = ops["gc"], ops["gr"]
     with np.errstate(invalid="ignore", over="ignore"):
         em, ei = ex2(r32(gc - gr)), ex2(r32(gr - gc))
-        k_if = r32(kn * ei)  # k_i before its bf16 rounding, and its low part (an exact difference, rounded)
-        k_lo = bf(k_if - ops["k_i"])
-        dQm = mma(mma(None, bf(dM), ops["k_i"]), bf(dM), k_lo)                           # B6
-        dKm = mma(mma(None, bf(dL), ops["k_i"]), bf(dL), k_lo)
-        dKi = mma(mma(None, _T(bf(dL)), ops["k_m"]), _T(bf(dM)), ops["q_m"])
+        # the factored operands' low parts (precision.py [5]'s q_ml, k_il; k_m's alike): hi + lo, exact
+        # in fp32, is each operand to 16 bits, and both sides of a pair's term take the same sums
+        q_m, k_m, k_i = ops["q_m"], ops["k_m"], ops["k_i"]
+        q_ml, k_il = ops["q_ml"], ops["k_il"]
+        k_ml = bf(ftz_f32(r32(kn * em) - k_m))
+        dQm = mma(mma(None, bf(dM), k_i), bf(dM), k_il)                                   # B6
+        dKm = mma(mma(None, bf(dL), k_i), bf(dL), k_il)
+        dKi = mma(mma(mma(mma(None, _T(bf(dL)), k_m), _T(bf(dM)), q_m), _T(bf(dL)), k_ml), _T(bf(dM)), q_ml)
+        q2, km2, ki2 = q_m + q_ml, k_m + k_ml, k_i + k_il
         e = ex2(gc)
         es, er = r32(e * scale), ex2(r32(gc[..., -1:, :] - gc))
-        tq = r32(r32(dQd * es) + r32(dQm * r32(em * scale)))                            # B7
-        P = r32(r32(dKd * e) + r32(dKm * em))
+        # B7: the state's terms (at the chains' end), then the in-chunk terms
+        tq_s = r32(dQd * es)
+        dk_s = r32(r32(dKd * e) + r32(dKr * er))
+        g_s = r32(r32(ops["q_dec"] * dQd) + r32(ops["k_dec"] * dKd))
+        kt = r32(ops["k_res"] * dKr)
+        tq_m = r32(dQm * r32(em * scale))
         Mi = r32(dKi * ei)
-        gq = r32(ops["q_dec"] * dQd)
-        g1 = r32(r32(ops["k_dec"] * dKd) + r32(r32(ops["q_m"] * dQm) + r32(ops["k_m"] * dKm)))
-        g2 = r32(k_if * dKi)
+        dk_m = r32(r32(dKm * em) + Mi)
+        g_m = r32(r32(q2 * dQm) + r32(km2 * dKm))
+        g2 = r32(ki2 * dKi)
     if np.any(ops["unsafe"]):
         u = ops["unsafe"]
         qs = r32(qn[u] * scale)
         A, B, Cm, Cl = _pair_sums(dM[u], dL[u], qs, kn[u], gc[u])
-        tq[u] = r32(r32(dQd[u] * es[u]) + r32(A * scale))
-        P[u] = r32(r32(dKd[u] * e[u]) + B)
-        Mi[u] = r32(Cm + Cl)
-        g1[u] = r32(r32(ops["k_dec"][u] * dKd[u]) + r32(r32(qs * A) + r32(kn[u] * B)))
-        g2[u] = r32(kn[u] * Mi[u])
-    t3 = r32(dKr * er)
-    dkn_c = r32(r32(P + Mi) + t3)
-    dgam = r32(r32(gq + g1) - g2)
-    kt = r32(ops["k_res"] * dKr)
+        tq_m[u] = r32(A * scale)
+        Mi_u = r32(Cm + Cl)
+        dk_m[u] = r32(B + Mi_u)
+        g_m[u] = r32(r32(qs * A) + r32(kn[u] * B))
+        g2[u] = r32(kn[u] * Mi_u)
+    dgam = r32(r32(g_s + g_m) - g2)
+    # dqn, dkn take each value head's state part, then its in-chunk part (B7's sums over the group)
+    tq, dkn_c = np.stack([tq_s, tq_m]), np.stack([dk_s, dk_m])
     return dict(tq=tq, dkn=dkn_c, dgam=dgam, kt=kt, dge=dge, dbeta=db, dv=dv)
 
 
@@ -292,8 +306,8 @@ def kda_backward_model(
         ddt = ddt.reshape(np.shape(dt_bias)).astype(np.float32)
 
     # B7's sums over the group, then B9
-    grp = lambda x: ch.join(x).reshape(B, T, H, G, K)  # noqa: E731
-    tq, dkc = grp(out["tq"]), grp(out["dkn"])
+    grp = lambda x: np.stack([ch.join(x[0]), ch.join(x[1])], axis=-2).reshape(B, T, H, 2 * G, K)  # noqa: E731
+    tq, dkc = grp(out["tq"]), grp(out["dkn"])  # per value head in order, its state part then its in-chunk part
     dqn, dkn = seq_sum(tq, axis=3), seq_sum(dkc, axis=3)
     if qk_l2norm:
         dq = r32(rq * fma32(-qn, fma_chain(qn, dqn, axis=-1)[..., None], dqn))

@@ -28,10 +28,11 @@ def chain_smem(K: int, BV: int, stages: int, elem_bytes: int) -> dict[str, int]:
 
 def chunk_smem(K: int) -> dict[str, int]:
     """kda_bwd_chunk: the chunk's rows, operands and the group's dq/dk sums for the whole call, then
-    one region that holds, in turn, a V-block's tiles, [B6]'s low part of k_i and the decay gradient's tiles. Two tiles
+    one region that holds, in turn, a V-block's tiles and the decay gradient's tiles (from the end of the
+    V-blocks). [B6]'s low parts of k_i, q_m, k_m take the tiles of k_i, q_m, k_m once read. Two tiles
     share their bytes with one whose life has ended (K = 256 fits sm_80's 163 KB so): dLb (from [B5])
     takes Lb's (read last in [8]), and the reference gr (from [4], read last in [B7]) takes the per
-    channel dA_log terms' (from [B8]). q_dec is not kept: [B7] rounds it again from qn."""
+    channel dA_log terms' (from [B8]). q_dec is not kept: [B7]'s state terms round it again from qn."""
     BVC = vblock(K)
     tile, small = CHUNK * (K + 8) * 2, CHUNK * 24 * 2
     rowsf, c2 = CHUNK * K * 4, CHUNK * CHUNK * 4
@@ -46,10 +47,9 @@ def chunk_smem(K: int) -> dict[str, int]:
              ("U", vt), ("DU", vt), ("DYB", vt), ("DXB", vt), ("DYF", vf)]
     boff, bsize = _place(block)
     gphase, gsize = _place([("DGAM", rowsf), ("KT", rowsf)])
-    lphase, lsize = _place([("KL", tile)])  # [B6]'s low part of k_i, between the V-blocks and [B7]
     out = {f"CSM_{n}": v for n, v in off.items() if n != "REGION"}
     out.update(CSM_DLB=off["LB"], CSM_REF=off["COLA"])
-    for table in (boff, gphase, lphase):
+    for table in (boff, gphase):
         out.update({f"CSM_{n}": base + v for n, v in table.items()})
-    out.update(CSM_TOTAL=base + max(bsize, gsize, lsize), KDA_BVC=BVC)
+    out.update(CSM_TOTAL=base + max(bsize, gsize), KDA_BVC=BVC)
     return out
