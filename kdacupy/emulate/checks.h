@@ -15,6 +15,12 @@
 //    between. A cp.async is a write that may land any time from its issue to
 //    the cp_async_wait covering it: conflicting accesses at issue or meanwhile
 //    are hazards; at the wait it becomes the issuer's write.
+//    The asynchronous proxy (docs/design.md section 4): a cp.async.bulk destination is
+//    in flight from the issue until a wait finds its mbarrier phase complete (any
+//    access meanwhile is a hazard); the B operand of an issued wgmma is read until
+//    the wgmma.wait_group covering it (a generic write meanwhile is a hazard), and a
+//    generic write the wgmma reads needs the writer's fence.proxy.async in between.
+//    memcheck checks a bulk copy's source and destination extents.
 //  - aligncheck: an access of a naturally aligned type (what the hardware
 //    requires: 8-byte and 16-byte vectors included) must be aligned; ldmatrix
 //    rows and cp.async addresses are always checked (16 bytes).
@@ -34,6 +40,16 @@ struct Shadow {            // one byte of shared memory
   unsigned fe, fpc;        // in-flight cp.async: epoch of issue (0 or < epoch0: none), code offset
   u16 wt, r1, r2, ft;      // writer, first reader, another reader (NOBODY), cp.async issuer
   unsigned char rcross;    // the readers are in more than one warp
+  unsigned wpf;            // the writer's fence.proxy.async count at the write
+  unsigned be, bpc;        // in-flight cp.async.bulk: epoch of issue (0 or < epoch0: none), code offset
+  unsigned ge, gpc;        // wgmma reading it as B: epoch of the latest issue, its code offset
+  u16 bt, gn;              // the bulk copy's issuer; wgmma reading it, issued and not yet waited for
+};
+
+struct BulkMark {          // a bulk copy's destination, in flight until its mbarrier phase completes
+  uintptr_t dst;
+  unsigned bytes, phase;
+  const u64* bar;
 };
 
 struct Checks {
@@ -45,6 +61,9 @@ struct Checks {
   Shadow* dyn;             // racecheck shadow of the dynamic shared memory
   Shadow* stat;            // ... and of the TLS block
   int hint;                // the launch array of the last global hit
+  unsigned pfence[1024];   // per thread of the block: fence.proxy.async executed
+  BulkMark* bm;            // racecheck: bulk copies in flight
+  int nbm, capbm;
 };
 
 }  // namespace kda_emu
@@ -99,6 +118,7 @@ KDA_EMU_RT inline void checks_end(Worker* w) {
   if (!w->ck) return;
   free(w->ck->dyn);
   free(w->ck->stat);
+  free(w->ck->bm);
   free(w->ck);
   w->ck = nullptr;
 }
@@ -189,6 +209,24 @@ KDA_EMU_RT inline uint3 tid_of(int lin) { return g_worker->fibers[lin].tid; }
        b.z, where(x.fpc).s);
 }
 
+[[noreturn]] KDA_EMU_RT inline void bulk_in_flight(const char* region, size_t off, unsigned n, bool write, int t,
+                                                   unsigned pco, const Shadow& x) {
+  uint3 a = tid_of(t), b = tid_of(x.bt);
+  fail("racecheck: cp.async.bulk hazard at byte offset %zu of %s (%u-byte %s): thread (%u,%u,%u) %s it%s while the "
+       "cp.async.bulk of thread (%u,%u,%u)%s into it is in flight (it lands when its mbarrier phase completes: "
+       "wait on the mbarrier first)",
+       off, region, n, write ? "write" : "read", a.x, a.y, a.z, write ? "writes" : "reads", where(pco).s, b.x, b.y,
+       b.z, where(x.bpc).s);
+}
+
+[[noreturn]] KDA_EMU_RT inline void wgmma_reading(const char* region, size_t off, unsigned n, int t, unsigned pco,
+                                                  const Shadow& x) {
+  uint3 a = tid_of(t);
+  fail("racecheck: wgmma hazard at byte offset %zu of %s (%u-byte write): thread (%u,%u,%u) writes it%s while the "
+       "wgmma.mma_async%s still reads it as its B operand (until the wgmma.wait_group covering it)",
+       off, region, n, a.x, a.y, a.z, where(pco).s, where(x.gpc).s);
+}
+
 // An access of n bytes at shadow sh[off...] by thread t (linear index), code offset pco.
 KDA_EMU_RT inline void race(Shadow* sh, const char* region, size_t off, unsigned n, bool write, int t, unsigned pco) {
   Worker* w = g_worker;
@@ -196,6 +234,8 @@ KDA_EMU_RT inline void race(Shadow* sh, const char* region, size_t off, unsigned
   for (unsigned i = 0; i < n; i++) {
     Shadow& x = sh[off + i];
     if (x.fe >= e0 && x.fe) in_flight(region, off, n, write, t, pco, x);
+    if (x.be >= e0 && x.be) bulk_in_flight(region, off, n, write, t, pco, x);
+    if (write && x.gn && x.ge >= e0) wgmma_reading(region, off, n, t, pco, x);
     if (x.we == e && x.wt != t && ((x.wt >> 5) != W || x.ws == s))
       hazard(write ? "write-after-write" : "read-after-write", region, off, n, write, t, pco, x.wt, true, x.wpc,
              (x.wt >> 5) == W);
@@ -205,7 +245,7 @@ KDA_EMU_RT inline void race(Shadow* sh, const char* region, size_t off, unsigned
         hazard("write-after-read", region, off, n, write, t, pco, other, false, x.rpc, ((unsigned)other >> 5) == W);
     }
     if (write) {
-      x.we = e, x.ws = s, x.wt = (u16)t, x.wpc = pco;
+      x.we = e, x.ws = s, x.wt = (u16)t, x.wpc = pco, x.wpf = w->ck->pfence[t];
     } else {
       if (x.re != e || (!x.rcross && ((unsigned)x.r1 >> 5) == W && x.rs != s)) {
         x.re = e, x.r1 = (u16)t, x.r2 = NOBODY, x.rcross = 0;  // earlier reads are ordered before this warp's
@@ -315,7 +355,91 @@ KDA_EMU_RT inline void cp_land(void* dst, uintptr_t pc) {
   for (int i = 0; i < 16; i++) {
     Shadow& x = sh[off + i];
     if (x.ft == f->lin) x.fe = 0;
-    x.we = w->epoch, x.ws = s, x.wt = (u16)f->lin, x.wpc = pco;
+    x.we = w->epoch, x.ws = s, x.wt = (u16)f->lin, x.wpc = pco, x.wpf = w->ck->pfence[f->lin];
+  }
+}
+
+// -- the asynchronous proxy -------------------------------------------------------------------
+KDA_EMU_RT inline void proxy_fence() {
+  if (g_worker->ck) g_worker->ck->pfence[g_cur->lin]++;
+}
+
+// cp.async.bulk: memcheck of both extents (through the error path of every out-of-bounds access),
+// then racecheck: the destination is in flight until a wait finds the phase `phase` of bar complete.
+KDA_EMU_RT inline void bulk_issue(void* dst, const void* src, unsigned bytes, const u64* bar, unsigned phase,
+                                  uintptr_t pc) {
+  Worker* w = g_worker;
+  const unsigned ck = w->L->check;
+  uintptr_t a = (uintptr_t)dst, lo = (uintptr_t)w->smem;
+  if (ck & CK_MEM) {
+    if (a < lo || a + bytes > lo + w->smem_size) out_of_bounds(a, bytes, AC_WRITE, pc);
+    const char* region;
+    size_t off, size;
+    if (shared_shadow((uintptr_t)src, &region, &off, &size) || !in_global((uintptr_t)src, bytes))
+      out_of_bounds((uintptr_t)src, bytes, 0, pc);
+  }
+  if (!(ck & CK_RACE) || a < lo || a + bytes > lo + w->smem_size) return;
+  Checks* c = w->ck;
+  int t = g_cur->lin;
+  unsigned pco = pc_off(pc);
+  race(c->dyn, "the dynamic shared memory", a - lo, bytes, true, t, pco);
+  for (unsigned i = 0; i < bytes; i++) {
+    Shadow& x = c->dyn[a - lo + i];
+    x.be = w->epoch, x.bt = (u16)t, x.bpc = pco;
+  }
+  if (c->nbm == c->capbm) {
+    c->capbm = c->capbm ? 2 * c->capbm : 16;
+    c->bm = (BulkMark*)realloc(c->bm, sizeof(BulkMark) * c->capbm);
+    if (!c->bm) fail("cp.async.bulk: out of memory");
+  }
+  c->bm[c->nbm++] = BulkMark{a, bytes, phase, bar};
+}
+
+// A wait (or test) saw bar's current phase: the copies of the phases before it have landed, as
+// writes of the async proxy (no generic writer: nothing for a fence.proxy.async to order).
+KDA_EMU_RT inline void bulk_settle(const u64* bar, unsigned phase) {
+  Worker* w = g_worker;
+  Checks* c = w->ck;
+  if (!c || !c->nbm) return;
+  int k = 0;
+  for (int i = 0; i < c->nbm; i++) {
+    BulkMark& m = c->bm[i];
+    if (m.bar != bar || m.phase == phase) {
+      c->bm[k++] = m;
+      continue;
+    }
+    for (unsigned j = 0; j < m.bytes; j++) {
+      Shadow& x = c->dyn[m.dst - (uintptr_t)w->smem + j];
+      x.be = 0, x.we = 0, x.wt = NOBODY;
+    }
+  }
+  c->nbm = k;
+}
+
+// wgmma's B operand, 2 bytes at p (by the warpgroup's last thread at the issue): a generic write
+// there needs its writer's fence.proxy.async; the bytes are read until the covering wait (done).
+KDA_EMU_RT inline void wgmma_b_operand(const void* p, bool done, uintptr_t pc) {
+  Worker* w = g_worker;
+  Checks* c = w->ck;
+  if (!c || !(w->L->check & CK_RACE)) return;
+  size_t off = (const unsigned char*)p - w->smem;
+  unsigned pco = pc_off(pc);
+  for (int i = 0; i < 2; i++) {
+    Shadow& x = c->dyn[off + i];
+    if (done) {
+      if (x.gn) x.gn--;
+      continue;
+    }
+    if (x.be >= w->epoch0 && x.be) bulk_in_flight("the dynamic shared memory", off, 2, false, g_cur->lin, pco, x);
+    if (x.we && x.we >= w->epoch0 && x.wt != NOBODY && c->pfence[x.wt] == x.wpf) {
+      uint3 b = tid_of(x.wt);
+      fail("racecheck: proxy hazard at byte offset %zu of the dynamic shared memory: the wgmma.mma_async%s reads it "
+           "(async proxy) after thread (%u,%u,%u) wrote it%s (generic proxy) with no fence.proxy.async by that "
+           "thread in between",
+           off + i, where(pco).s, b.x, b.y, b.z, where(x.wpc).s);
+    }
+    if (x.ge < w->epoch0) x.gn = 0;
+    x.gn++, x.ge = w->epoch, x.gpc = pco;
   }
 }
 

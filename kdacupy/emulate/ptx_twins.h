@@ -370,6 +370,10 @@ KDA_EMU_RT inline void wg_read_b(WgOp* op) {
 // to fp32 (KDA_EMU_NUMERICS=1: the tensor cores' sum, hw::dot), as mma_m16n8k16 per k16 step.
 KDA_EMU_RT inline void wg_perform(WarpGroup& wg, WgOp* op, int idx) {
   if (!op->b_read) wg_read_b(op);
+#ifdef KDA_EMU_CHECK
+  for (int k = 0; k < 16; k++)  // racecheck: B is no longer read
+    for (int n = 0; n < op->n; n++) wgmma_b_operand(wg_b_elem(op->desc, op->trans, k, n), true, 0);
+#endif
   int R = op->n / 2;
   for (int i = 0; i < 128; i++) {
     int warp = i >> 5, lane = i & 31, g = lane >> 2, t = lane & 3;
@@ -411,7 +415,7 @@ KDA_EMU_RT inline void wg_perform(WarpGroup& wg, WgOp* op, int idx) {
 }
 
 // wgmma.mma_async: every thread deposits its fragments; the last one records the operation.
-KDA_EMU_RT inline void wgmma_issue(float* d, int n, int trans, const u32* a, u64 desc, bool acc) {
+KDA_EMU_RT inline void wgmma_issue(float* d, int n, int trans, const u32* a, u64 desc, bool acc, uintptr_t pc) {
   Fiber* f = g_cur;
   Worker* w = g_worker;
   WarpGroup& wg = w->wgs[f->warp >> 2];
@@ -422,7 +426,7 @@ KDA_EMU_RT inline void wgmma_issue(float* d, int n, int trans, const u32* a, u64
     l.d = d, l.desc = desc, l.acc = acc;
   }
   const char* what = trans ? "wgmma.mma_async (B N-major)" : "wgmma.mma_async (B K-major)";
-  wg_barrier(f, what, [&wg, w, n, trans]() KDA_EMU_RT {
+  wg_barrier(f, what, [&wg, w, n, trans, pc]() KDA_EMU_RT {
     if (!wg.fenced)
       fail("wgmma.mma_async without a wgmma.fence since the warpgroup's last wgmma.wait_group (or its start): the "
            "ISA wants one before a wgmma reads registers other instructions wrote");
@@ -456,6 +460,12 @@ KDA_EMU_RT inline void wgmma_issue(float* d, int n, int trans, const u32* a, u64
         op->d[i][j] = __uint_as_float(WG_POISON);  // not final until the covering wait
       }
     }
+#ifdef KDA_EMU_CHECK
+    for (int k = 0; k < 16; k++)  // racecheck: B is read from now until the covering wait
+      for (int c = 0; c < n; c++) wgmma_b_operand(wg_b_elem(op->desc, trans, k, c), false, pc);
+    if (w->pf) w->pf->c[PR_wgmma]++, w->pf->c[PR_wgmma_smem_bytes] += 32 * n;  // B: once per warpgroup
+#endif
+    (void)pc;
     if (w->L->cp_eager) wg_read_b(op);
     if (wg.nops == wg.capops) {
       wg.capops = wg.capops ? 2 * wg.capops : 16;
@@ -552,13 +562,23 @@ KDA_EMU_RT inline void mb_land(u64* bar) {
 }
 KDA_EMU_RT inline bool mb_test(u64* bar, unsigned parity, const char* what) {
   MbState s = mb_load(bar, what);
+#ifdef KDA_EMU_CHECK
+  bulk_settle(bar, s.phase);  // racecheck: the copies of completed phases have landed
+#endif
   if (s.phase != (parity & 1)) return true;  // the phase of that parity completed
   if (s.pending) return false;
   mb_land(bar);
-  return mb_load(bar, what).phase != (parity & 1);
+  s = mb_load(bar, what);
+#ifdef KDA_EMU_CHECK
+  bulk_settle(bar, s.phase);
+#endif
+  return s.phase != (parity & 1);
 }
 KDA_EMU_RT inline bool mb_wait(u64* bar, unsigned parity) {
   Fiber* f = g_cur;
+#ifdef KDA_EMU_CHECK
+  if (g_worker->pf) g_worker->pf->c[PR_mbarrier_waits]++;  // per thread that waits
+#endif
   while (!mb_test(bar, parity, "mbarrier.try_wait.parity")) {  // suspended until an arrival or a copy
     f->st = WAIT_MBAR;
     f->mbar = bar;
@@ -566,18 +586,20 @@ KDA_EMU_RT inline bool mb_wait(u64* bar, unsigned parity) {
   }
   return true;
 }
-KDA_EMU_RT inline void bulk_copy(void* dst, const void* src, unsigned bytes, u64* bar) {
+KDA_EMU_RT inline void bulk_copy(void* dst, const void* src, unsigned bytes, u64* bar, uintptr_t pc) {
   Worker* w = g_worker;
   const char* what = "cp.async.bulk";
   uintptr_t a = (uintptr_t)dst, lo = (uintptr_t)w->smem;
   if (bytes == 0 || bytes % 16) fail("%s: size %u is not a positive multiple of 16", what, bytes);
+#ifdef KDA_EMU_CHECK
+  if (w->L->check) bulk_issue(dst, src, bytes, bar, mb_load(bar, what).phase, pc);
+  if (w->pf) w->pf->c[PR_bulk_copy_bytes] += bytes;
+#endif
+  (void)pc;
   if (a < lo || a + bytes > lo + w->smem_size)
     fail("%s: destination [%p, +%u) is not inside the block's dynamic shared memory [%p, +%zu)", what, dst, bytes,
          (void*)w->smem, w->smem_size);
   if (a % 16 || (uintptr_t)src % 16 || !src) fail("%s: address %p or %p is not 16-byte aligned", what, dst, src);
-#ifdef KDA_EMU_CHECK
-  if ((w->L->check & CK_MEM) && !in_global((uintptr_t)src, bytes)) out_of_bounds((uintptr_t)src, bytes, 0, 0);
-#endif
   mb_load(bar, what);
   if (w->L->cp_eager) {
     memcpy(dst, src, bytes);
@@ -716,7 +738,7 @@ KDA_EMU_RT inline void wgmma_fence_operand(float (&)[R]) {}
 template <int N, bool B_N_MAJOR>
 KDA_EMU_RT inline void wgmma_bf16(float (&d)[N / 2], const u32 (&a)[4], u64 b_desc, bool accumulate) {
   static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "wgmma_bf16: N of 8..256 (powers of 2)");
-  ::kda_emu::wgmma_issue(d, N, B_N_MAJOR ? 1 : 0, a, b_desc, accumulate);
+  ::kda_emu::wgmma_issue(d, N, B_N_MAJOR ? 1 : 0, a, b_desc, accumulate, KDA_EMU_PC);
 }
 KDA_EMU_RT inline void mbarrier_init(u64* bar, u32 count) {
   if (count < 1 || count > ::kda_emu::MB_COUNT) ::kda_emu::fail("mbarrier_init: count %u outside [1, 2^20 - 1]", count);
@@ -733,6 +755,11 @@ KDA_EMU_RT inline bool mbarrier_test_wait_parity(u64* bar, u32 parity) {
   return ::kda_emu::mb_test(bar, parity, "mbarrier.test_wait.parity");
 }
 KDA_EMU_RT inline void cp_async_bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
-  ::kda_emu::bulk_copy(dst, src, bytes, bar);
+  ::kda_emu::bulk_copy(dst, src, bytes, bar, KDA_EMU_PC);
 }
-KDA_EMU_RT inline void fence_proxy_async_smem() {}  // orders nothing here: the emulation has one proxy
+// Orders nothing here (the emulation has one proxy); racecheck counts it per thread.
+KDA_EMU_RT inline void fence_proxy_async_smem() {
+#ifdef KDA_EMU_CHECK
+  ::kda_emu::proxy_fence();
+#endif
+}
