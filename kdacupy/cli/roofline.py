@@ -10,7 +10,10 @@ from dataclasses import dataclass
 
 from ..emulate.profile import PATH_KINDS
 
-MMA_FLOP = 2 * 16 * 8 * 16  # one mma.sync m16n8k16: the only tensor-core shape the kernels use
+MMA_FLOP = 2 * 16 * 8 * 16  # one mma.sync m16n8k16: the only mma.sync shape the kernels use
+#: wgmma m64nNk16 does 2 x 64 x N x 16 FLOP and reads 16 x N bf16 of B from shared memory: the
+#: counter wgmma_smem_bytes (profile.h) gives its FLOP whatever the N
+WGMMA_FLOP_PER_B_BYTE = 2 * 64 * 16 // (16 * 2)
 #: kernels whose chunks one CTA walks in order: their path per chunk is reported
 CHAIN_KERNELS = ("kda_recurrence", "kda_bwd_chain")
 
@@ -33,7 +36,8 @@ class Gpu:
     sms: int
     clock_ghz: float     # the clock the datasheet's tensor rate implies
     hbm_tb_s: float      # datasheet HBM bandwidth, TB/s
-    bf16_tflops: float   # datasheet dense bf16 tensor-core rate, TFLOP/s
+    bf16_tflops: float   # datasheet dense bf16 tensor-core rate, TFLOP/s (wgmma on Hopper)
+    mma_sync_tflops: float  # bf16 mma.sync's rate, TFLOP/s (Hopper: an assumption, section 11.1)
     latency: tuple = tuple(HOPPER_LATENCY.items())  # (kind, cycles) per dependent step
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
@@ -45,7 +49,7 @@ class Gpu:
 
     def label(self) -> str:
         return (f"{self.name}: {self.sms} SMs at {self.clock_ghz:.2f} GHz, HBM {self.hbm_tb_s:g} TB/s, "
-                f"bf16 {self.bf16_tflops:g} TFLOP/s dense, shared memory {self.smem_bytes_per_clk} B/clk/SM, "
+                f"bf16 {self.bf16_tflops:g} TFLOP/s dense (mma.sync {self.mma_sync_tflops:g}), shared memory {self.smem_bytes_per_clk} B/clk/SM, "
                 f"DRAM latency {self.cycles('dram')} cycles")
 
     def cycles(self, kind: str) -> int:
@@ -58,9 +62,10 @@ class Gpu:
 
 
 GPUS = {
-    "h100": Gpu("h100", "NVIDIA H100 SXM", "sm_90a", 132, 1.83, 3.35, 989.4),
-    "h200": Gpu("h200", "NVIDIA H200 SXM", "sm_90a", 132, 1.83, 4.8, 989.4),
-    "b200": Gpu("b200", "NVIDIA B200", "sm_100a", 148, 1.86, 8.0, 2250.0, tuple(BLACKWELL_LATENCY.items())),
+    "h100": Gpu("h100", "NVIDIA H100 SXM", "sm_90a", 132, 1.83, 3.35, 989.4, 494.7),
+    "h200": Gpu("h200", "NVIDIA H200 SXM", "sm_90a", 132, 1.83, 4.8, 989.4, 494.7),
+    # no mma.sync figure read for Blackwell: the datasheet's, as before (section 11.1)
+    "b200": Gpu("b200", "NVIDIA B200", "sm_100a", 148, 1.86, 8.0, 2250.0, 2250.0, tuple(BLACKWELL_LATENCY.items())),
 }
 
 
@@ -138,7 +143,8 @@ def default_ctas_per_sm(rec: dict, gpu: Gpu) -> int:
 
 def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None) -> dict:
     """Seconds each resource needs for one launch record's counts: HBM (bytes read and written
-    once, an ideal L2), shared memory (wavefronts), tensor cores (mma at the datasheet rate),
+    once, an ideal L2), shared memory (wavefronts, and wgmma's B operand at a wavefront per 128
+    bytes), tensor cores (wgmma at the datasheet rate, mma.sync at its own),
     SFU (.approx warp instructions), per-SM resources over the SMs the CTAs occupy (a last partial
     wave counts whole); and the dependent path (latency_cycles) at ``ctas_per_sm`` resident CTAs
     (default: default_ctas_per_sm)."""
@@ -147,8 +153,9 @@ def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None) -> dict:
     per_sm = gpu.sms * gpu.clock_ghz * 1e9 / waves
     out = {
         "hbm": (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / (gpu.hbm_tb_s * 1e12),
-        "smem": rec["smem_wavefronts"] / per_sm,
-        "tensor": rec["mma"] * MMA_FLOP / (gpu.bf16_tflops * 1e12 / waves),
+        "smem": (rec["smem_wavefronts"] + rec.get("wgmma_smem_bytes", 0) / gpu.smem_bytes_per_clk) / per_sm,
+        "tensor": (rec["mma"] * MMA_FLOP / gpu.mma_sync_tflops
+                   + rec.get("wgmma_smem_bytes", 0) * WGMMA_FLOP_PER_B_BYTE / gpu.bf16_tflops) / (1e12 / waves),
         "sfu": rec["sfu"] * 32 / (per_sm * gpu.sfu_per_clk),
     }
     if has_path(rec):

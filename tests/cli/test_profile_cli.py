@@ -126,7 +126,8 @@ def test_occupancy_from_registers_shared_memory_and_threads():
 
 def test_roofline_times():
     rec = dict(kernel="kda_recurrence", ctas=264, dram_read_bytes=4.8e9, dram_write_bytes=0,
-               smem_wavefronts=132 * 1.83e9, mma=989.4e12 / roofline.MMA_FLOP, sfu=132 * 1.83e9 * 16 / 32)
+               smem_wavefronts=132 * 1.83e9, mma=H200.mma_sync_tflops * 1e12 / roofline.MMA_FLOP,
+               sfu=132 * 1.83e9 * 16 / 32)
     t = roofline.times(rec, H200)
     assert t["hbm"] == pytest.approx(1e-3) and t["smem"] == pytest.approx(1.0)
     assert t["tensor"] == pytest.approx(1.0) and t["sfu"] == pytest.approx(1.0)

@@ -5,6 +5,7 @@ threads' mbarrier waits, on the probes of test_async_sanitizers.py, whose counts
 import numpy as np
 import pytest
 
+from kdacupy.cli.roofline import GPUS, MMA_FLOP, times
 from kdacupy.emulate import counting
 
 from .test_async_sanitizers import mod, run_wg  # noqa: F401  (the module fixture)
@@ -36,3 +37,18 @@ def test_generic_path_counts_no_bulk_copy_nor_wait(mod):  # noqa: F811
     (r,) = recs
     assert (r["wgmma"], r["wgmma_smem_bytes"], r["bulk_copy_bytes"], r["mbarrier_waits"]) == (2, 512, 0, 0)
     assert r["smem_store_requests"] > 0  # B stored by the threads
+
+
+def test_roofline_prices_wgmma_at_its_rate_and_mma_sync_at_its_own(mod):  # noqa: F811
+    h200 = GPUS["h200"]
+    with counting() as recs:
+        run_wg(mod, 8, reps=3)
+    (r,) = recs
+    waves = 132  # one CTA on 132 SMs: the other SMs idle
+    assert times(r, h200)["tensor"] == pytest.approx(3 * 2 * 64 * 8 * 16 * waves / (h200.bf16_tflops * 1e12))
+    assert h200.bf16_tflops == 989.4 and h200.mma_sync_tflops < h200.bf16_tflops  # docs/design.md section 11.1
+    mma_sync = dict(r, wgmma=0, wgmma_smem_bytes=0, mma=1000)
+    assert times(mma_sync, h200)["tensor"] == pytest.approx(1000 * MMA_FLOP * waves / (h200.mma_sync_tflops * 1e12))
+    # wgmma's B operand is shared-memory traffic: 256 bytes per instruction, 128 bytes a clock
+    extra = times(r, h200)["smem"] - times(dict(r, wgmma_smem_bytes=0), h200)["smem"]
+    assert extra == pytest.approx(3 * 256 / 128 * waves / (132 * h200.clock_ghz * 1e9))
