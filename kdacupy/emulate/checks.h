@@ -382,9 +382,12 @@ KDA_EMU_RT inline void bulk_issue(void* dst, const void* src, unsigned bytes, co
   Checks* c = w->ck;
   int t = g_cur->lin;
   unsigned pco = pc_off(pc);
-  race(c->dyn, "the dynamic shared memory", a - lo, bytes, true, t, pco);
+  // Against the async proxy only: the generic reads of a stage before its refill are ordered by
+  // an mbarrier (the ring's "empty" barrier), which racecheck does not follow for generic accesses.
   for (unsigned i = 0; i < bytes; i++) {
     Shadow& x = c->dyn[a - lo + i];
+    if (x.be >= w->epoch0 && x.be) bulk_in_flight("the dynamic shared memory", a - lo, bytes, true, t, pco, x);
+    if (x.gn && x.ge >= w->epoch0) wgmma_reading("the dynamic shared memory", a - lo, bytes, t, pco, x);
     x.be = w->epoch, x.bt = (u16)t, x.bpc = pco;
   }
   if (c->nbm == c->capbm) {
@@ -410,7 +413,7 @@ KDA_EMU_RT inline void bulk_settle(const u64* bar, unsigned phase) {
     }
     for (unsigned j = 0; j < m.bytes; j++) {
       Shadow& x = c->dyn[m.dst - (uintptr_t)w->smem + j];
-      x.be = 0, x.we = 0, x.wt = NOBODY;
+      x.be = 0, x.we = 0, x.wt = NOBODY, x.re = 0;  // the reads before the refill: ordered by the mbarrier
     }
   }
   c->nbm = k;

@@ -34,7 +34,8 @@ extern "C" __global__ void bulk_read(const u32* g, u32* out, int early) {
 // 128 threads, one warpgroup: `reps` chained wgmma m64n8k16 on a 256-byte B tile (K-major, no
 // swizzle). flags: 1 no fence.proxy.async after the generic stores of B (planted); 2 thread 0
 // writes B before the covering wait (planted); 8 B arrives by cp.async.bulk (no fence needed);
-// 16 ... and the wgmma does not wait for its mbarrier (planted).
+// 16 ... and the wgmma does not wait for its mbarrier (planted); 32 ... and thread 0 refills B by
+// bulk copy before the covering wait (planted).
 extern "C" __global__ void wg_write(const u32* a, const u8* bimg, float* d, int reps, int flags) {
   unsigned char* s = dynamic_smem();
   u64* bar = reinterpret_cast<u64*>(s);
@@ -59,9 +60,42 @@ extern "C" __global__ void wg_write(const u32* a, const u8* bimg, float* d, int 
   for (int r = 0; r < reps; r++) wgmma_bf16<8, false>(acc, af, wgmma_desc(tile, 128, 256, 0), r > 0);
   wgmma_commit();
   if ((flags & 2) && t == 0) tile[0] = 0;
+  if ((flags & 32) && t == 0) {  // a refill of B by bulk copy before the covering wait (planted)
+    mbarrier_arrive_expect_tx(bar, 256);
+    cp_async_bulk_g2s(tile, bimg, 256, bar);
+  }
   wgmma_wait<0>();
   if (t == 0) tile[1] = 0;  // after the wait: fine
   for (int j = 0; j < 4; j++) d[t * 4 + j] = acc[j];
+}
+
+// A two-stage ring (128 threads): thread 0 refills a stage once every thread released it (empty
+// barrier, no __syncthreads), everyone waits for its full barrier; `nofull` 1 drops that wait (planted).
+extern "C" __global__ void bulk_ring(const u8* g, u32* out, int nchunks, int nofull) {
+  unsigned char* s = dynamic_smem();
+  u64* full = reinterpret_cast<u64*>(s);
+  u64* empty = full + 2;
+  unsigned char* ring = s + 128;
+  int t = threadIdx.x;
+  if (t == 0)
+    for (int i = 0; i < 2; i++) mbarrier_init(&full[i], 1), mbarrier_init(&empty[i], blockDim.x);
+  __syncthreads();
+  auto issue = [&](int i) {
+    mbarrier_arrive_expect_tx(&full[i % 2], 512);
+    cp_async_bulk_g2s(ring + (i % 2) * 512, g + i * 512, 512, &full[i % 2]);
+  };
+  if (t == 0) issue(0), issue(1);
+  for (int i = 0; i < nchunks; i++) {
+    u32 phase = (i / 2) & 1;
+    if (!nofull) mbarrier_wait_parity(&full[i % 2], phase);
+    const u32* src = reinterpret_cast<const u32*>(ring + (i % 2) * 512);
+    out[i * 128 + t] = src[t];
+    mbarrier_arrive(&empty[i % 2]);
+    if (t == 0 && i + 2 < nchunks) {
+      mbarrier_wait_parity(&empty[i % 2], phase);
+      issue(i + 2);
+    }
+  }
 }
 
 // memcheck: thread 0 bulk-copies `bytes` of g to `dst` bytes into the dynamic shared memory.
@@ -144,9 +178,11 @@ def test_correct_wgmma_probes_pass_checked_with_the_unchecked_results(mod, monke
 
 
 def test_unchecked_build_misses_the_planted_bugs(mod):
-    run_wg(mod, 1)  # one proxy here: the missing fence changes nothing
-    run_wg(mod, 2)  # B was read... at the wait: the bug shows in d, as nothing the kernel can name
-    assert np.all(run_wg(mod, 8 | 16) != run_wg(mod, 8))  # the 0xFF fill, unnamed
+    plain = run_wg(mod, 0)
+    np.testing.assert_array_equal(run_wg(mod, 1), plain)  # one proxy here: the missing fence changes nothing
+    assert wg_inputs()[1][0] != 0  # B(0, 0)'s low byte, which the planted write zeroes
+    assert not np.array_equal(run_wg(mod, 2), plain)  # B is read at the wait: wrong results, unnamed
+    assert np.all(run_wg(mod, 8 | 16) != plain)  # the 0xFF fill, unnamed
 
 
 @pytest.mark.parametrize("mode", ["deferred", "eager"])
@@ -192,3 +228,27 @@ def test_bulk_copy_extents_go_through_memcheck(mod, monkeypatch):
     msg = caught(fn, 1, 32, (g, out, np.int32(256), np.int32(256)), shared_mem=384)
     assert "out of bounds: write of 256 bytes at byte offset 256 of the dynamic shared memory (384 bytes)" in msg, msg
     assert "`cp_async_bulk_g2s(s + dst, g, bytes, bar);`" in msg
+
+
+@pytest.mark.parametrize("mode", ["deferred", "eager"])
+def test_bulk_refill_of_a_pending_wgmma_operand(mod, monkeypatch, mode):
+    monkeypatch.setenv("KDACUPY_EMULATE_CHECK", "racecheck")
+    monkeypatch.setenv("KDACUPY_EMULATE_CP_ASYNC", mode)
+    msg = caught(run_wg, mod, 8 | 32)
+    assert "racecheck: wgmma hazard at byte offset 256 of the dynamic shared memory (256-byte write): thread " \
+        "(0,0,0) writes it at" in msg, msg
+    assert "`cp_async_bulk_g2s(tile, bimg, 256, bar);`" in msg
+
+
+@pytest.mark.parametrize("mode", ["deferred", "eager"])
+def test_mbarrier_ring_passes_checked_and_its_missing_wait_is_named(mod, monkeypatch, mode):
+    g = np.random.default_rng(5).integers(0, 256, 5 * 512, dtype=np.uint8)
+    out = np.zeros(5 * 128, np.uint32)
+    fn = mod.get_function("bulk_ring")
+    monkeypatch.setenv("KDACUPY_EMULATE_CHECK", "all")
+    monkeypatch.setenv("KDACUPY_EMULATE_CP_ASYNC", mode)
+    fn(1, 128, (g, out, np.int32(5), np.int32(0)), shared_mem=128 + 1024)  # the empty barrier orders the refill
+    np.testing.assert_array_equal(out, g.view(np.uint32))
+    msg = caught(fn, 1, 128, (g, out, np.int32(5), np.int32(1)), shared_mem=128 + 1024)
+    assert "racecheck: cp.async.bulk hazard at byte offset 128 of the dynamic shared memory (4-byte read)" in msg, msg
+    assert "`out[i * 128 + t] = src[t];`" in msg
