@@ -90,6 +90,8 @@ def repeated(q, k, v, g, beta, pool, idx, num_accepted_tokens, opts):
 def cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
     """(o, None) from the kept views where this call signature was stored (o in v's shape), else
     (None, the key to ``remember`` it by after the full path ran, or None where it cannot be kept)."""
+    if torch.compiler.is_compiling():  # traced: the op's path, which torch.compile sees as one call
+        return None, None
     params = (opts.get("A_log"), opts.get("dt_bias"))
     tensors = (q, k, v, g, beta, pool, idx, num_accepted_tokens)
     try:
