@@ -4,7 +4,7 @@
 // loss with respect to the state, in fp32 registers in the mma accumulator layout. Per chunk,
 // streamed through a cp.async pipeline from the forward's prepare workspace and the do tile:
 //   dS_c = bf16(D) (stored: the gradient at the chunk's end, for kda_bwd_chunk)
-//   dU^T = bf16(do^T Mqk + D k_res^T);  dY^T = dU^T INV;  dX^T = beta dY^T
+//   dU^T = bf16(do^T Mqk + D k_res^T) (D to 16 bits: two bf16 parts);  dY^T = dU^T INV;  dX^T = beta dY^T
 //   D = fma(D, gexp, do^T q_dec - dX^T k_dec)          (the transposed transition)
 // and at the sequence's start D is the initial state's gradient.
 // Rounding points: kdacupy/numerics/backward_model.py steps [C1]-[C6].
@@ -121,14 +121,29 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     u32 da[4];
     to_a_frag(da, dt);
 
-    // [C3] dU^T = do^T Mqk, then + D k_res^T (k-steps over channels)
-    float dUt[2][4] = {};
+    // [C3] dU^T = do^T Mqk, then + D k_res^T (k-steps over channels), D to 16 bits: Dop and its low part
+    // bf16(D - Dop), the low part in an accumulator of its own (off the dependent path), added at the end
+    float dUt[2][4] = {}, dUl[2][4] = {};
     mma_token_block<true>(dUt, da, reinterpret_cast<const u16*>(st + BSM_MQK) + trow * SR + tcol);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
-      u32 bk[4];
+      u32 bk[4], dl[4];
       ldmatrix_x4(bk, kres + brow * TS + 16 * s + bcol);
       mma2(dUt, Dop[s], bk);
+      float r0[4], r1[4];  // D - Dop, exact in fp32 (Dop[s] packs D[2s][0..3], then D[2s + 1][0..3], in pairs)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const u32 w0 = Dop[s][e >> 1], w1 = Dop[s][2 + (e >> 1)];
+        r0[e] = D[2 * s][e] - ((e & 1) ? bf16_hi(w0) : bf16_lo(w0));
+        r1[e] = D[2 * s + 1][e] - ((e & 1) ? bf16_hi(w1) : bf16_lo(w1));
+      }
+      to_a_frag(dl, r0, r1);
+      mma2(dUl, dl, bk);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dUt[nt][e] += dUl[nt][e];
     }
     u32 ua[4];
     to_a_frag(ua, dUt);
