@@ -148,10 +148,15 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
 
 }  // namespace
 
-// A minimum-blocks figure of 1 lets ptxas take the registers it needs: left to itself it settled at 168
-// (K = 64) and at 128 (K = 128's lighter variants) and spilled a few bytes. One CTA fits an SM anyway
-// (its shared memory); K = 256's 16 warps have 128 registers a thread either way.
+// K <= 128: a minimum-blocks figure of 1 lets ptxas take the registers it needs: left to itself it settled
+// at 168 (K = 64) and at 128 (K = 128's lighter variants) and spilled a few bytes; one CTA fits an SM anyway
+// (its shared memory). K = 256's 16 warps have 128 registers a thread either way (the plain bound spilled
+// less on the sampled variants).
+#if KDA_K <= 128
 #define KDA_BWD_CHUNK_BOUNDS __launch_bounds__(NT, 1)
+#else
+#define KDA_BWD_CHUNK_BOUNDS __launch_bounds__(NT)
+#endif
 extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     const void* q, const void* k, const void* v, const void* g, const void* beta, const void* dout,
     i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 v_sb, i64 v_st, i64 v_sh,

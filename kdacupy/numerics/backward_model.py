@@ -16,8 +16,8 @@ recompute (the forward's kernels, ``backward_recompute``):
 kda_bwd_chain (head-parallel, chunks in reverse; D = dS^T [V, K] in fp32 registers):
   C1. D = dfinal_state (fp32; zeros without one).
   C2. per chunk: Dop = bf(D), stored: dS_c, the gradient at the chunk's end.
-  C3. dU^T = bf(r32(mma(dO^T Mqk) then + mma(Dop k_res^T), + mma(Dlo k_res^T))), dO as bf16,
-      Dlo = bf(ftz(D - Dop)) D's low part, its mma chain from zero. Under a slow decay D
+  C3. dU^T = bf(r32(Hi + Lo)), Hi = mma(dO^T Mqk) then + mma(Dop k_res^T), Lo = mma(Dlo k_res^T)
+      from zero, Dlo = bf(ftz(D - Dop)) D's low part, dO as bf16. Under a slow decay D
       gathers the whole sequence's gradient and dU^T is what cancels of it: Dop alone measured
       dA_log 1.3e-2 at x = -12 (T = 2048), with its low part 1.4e-3.
   C4. dY^T = mma(dU^T INV);  dX^T = r32(dY^T * beta).
