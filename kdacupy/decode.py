@@ -11,19 +11,19 @@ from .ops.decode import fastpath
 from .validation import validate
 from .validation.arrays import is_device
 from .validation.keywords import DECODE_KEYWORDS, check_keywords
-from .validation.pool import validate_pool
+from .validation.pool import check_decode_offsets, check_null_slot, validate_pool
 from .validation.steps import validate_steps
 
 
 #: kda_decode's options in the order of its fast path's key (``options`` there)
 OPTION_NAMES = ("scale", "qk_l2norm", "beta_sigmoid", "allow_neg_eigval", "gate", "lower_bound", "state_layout",
-                "backend", "update_pool")
+                "backend", "update_pool", "null_slot")
 
 
 def prepared_decode(arrays, options):
     """The call ``kda_decode`` cached for ``arrays`` (kda_decode's q, k, v, g, beta, state_pool,
     state_indices, num_accepted_tokens, out, A_log, dt_bias, parent_indices, step_states,
-    step_state_indices, None where not passed) and its keyword ``options`` (missing ones at
+    step_state_indices, cu_seqlens, None where not passed) and its keyword ``options`` (missing ones at
     kda_decode's defaults): a call whose ``bind(pointers)`` gives a launch from raw data pointers
     (only out's varying; a framework face keys its step on its own tensors' metadata and skips
     kda_decode's key and views), or None where none is cached (kda_decode's next call with these
@@ -48,7 +48,7 @@ def kda_decode(
     q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
     qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
     lower_bound=None, state_layout="vk", out=None, backend=None, parent_indices=None, step_states=None,
-    step_state_indices=None, update_pool=True, **unknown,
+    step_state_indices=None, update_pool=True, null_slot=-1, cu_seqlens=None, **unknown,
 ):
     """Kimi Delta Attention, token by token from states held in a pool.
 
@@ -60,6 +60,13 @@ def kda_decode(
     starts from idx[n, a_n - 1] (a_n = num_accepted_tokens[n], default 1) and
     the state after token t is written to idx[n, t]. Negative start slots pad
     (output zeros, the pool untouched); a negative idx[n, t] skips that write.
+    null_slot (int >= -1, default -1): slots at or below it are padding, as the
+    negative ones are by default (vLLM reserves slot 0, its null block, as padding:
+    ``null_slot=0`` reads its slot table as it is, with no per-step transform).
+    cu_seqlens ([N + 1] int32/int64, optional): the offsets of the N sequences in an
+    engine's packed [1, N * T] stream, which must be [0, T, ..., N T] (one launch's rows):
+    host values are checked (ValueError); device ones in the kernel, which traps where
+    they differ (a device-side error, as a failed device assert), with no host work.
     Returns o [N, T, HV, V] in v's dtype (written into ``out`` when given).
     The state is kept in fp32 across the tokens of a call and rounded to the
     pool's dtype only when stored. backend: as for ``kda_forward`` ("cuda",
@@ -92,9 +99,10 @@ def kda_decode(
     """
     if unknown:
         check_keywords(unknown, "kda_decode", DECODE_KEYWORDS)
-    options = (scale, qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend, update_pool)
+    options = (scale, qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend, update_pool,
+               null_slot)
     arrays = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias, parent_indices,
-              step_states, step_state_indices)
+              step_states, step_state_indices, cu_seqlens)
     key = fastpath.call_key(arrays, options)
     call = None if key is None else fastpath.lookup(key)
     if call is not None:
@@ -107,17 +115,19 @@ def kda_decode(
         qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
         A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout, state_dtype=None,
         state_precision="fp32", out=out, backend=backend)
+    null_slot = check_null_slot(null_slot)
+    cu = check_decode_offsets(cu_seqlens, N=problem.N, T=problem.T, device=problem.device)
     pool, idx, acc, pool_arr = validate_pool(state_pool, state_indices, num_accepted_tokens, problem, a,
-                                             T=problem.T)
+                                             T=problem.T, null_slot=null_slot)
     host = not is_device(idx) and (acc is None or not is_device(acc))  # start slots the host may read
     steps, parents, step_arr, rows, update_pool = validate_steps(
         parent_indices, step_states, step_state_indices, update_pool, problem=problem, pool=pool, idx=idx,
-        start=decode_plan(idx, acc, problem.N, problem.T, pool.P)[0] if host else None,
+        start=decode_plan(idx, acc, problem.N, problem.T, pool.P, null_slot=null_slot)[0] if host else None,
         arrays=dict(a, state_pool=pool_arr))
     pool = replace(pool, update=update_pool, steps=steps)
     if problem.backend in ("cuda", "emulate"):
         checked = (a["q"], a["k"], a["v"], a["g"], a["beta"], pool_arr, idx, acc, a["out"], a["A_log"],
-                   a["dt_bias"], parents, step_arr, rows)
+                   a["dt_bias"], parents, step_arr, rows, cu)
         call = fastpath.DecodeCall(problem, pool, checked)
         if key is not None and all(x is y for x, y in zip(checked, arrays)):
             fastpath.store(key, call)  # the arrays were used as given: the next call with this key may skip this
@@ -127,7 +137,8 @@ def kda_decode(
         state_pool=pool_arr, state_indices=idx, num_accepted_tokens=acc, scale=problem.scale,
         qk_l2norm=problem.qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
         A_log=a["A_log"], dt_bias=a["dt_bias"], lower_bound=problem.lower_bound, state_layout=problem.state_layout,
-        parent_indices=parents, step_states=step_arr, step_state_indices=rows, update_pool=update_pool)
+        parent_indices=parents, step_states=step_arr, step_state_indices=rows, update_pool=update_pool,
+        null_slot=null_slot)
     if problem.backend == "model":
         from .numerics.decode_model import kda_decode_model
         o = kda_decode_model(a["q"], a["k"], a["v"], a["g"], a["beta"], **options)

@@ -15,6 +15,11 @@
 // only the elements it stored itself, so no barrier orders those reads. ``steps``
 // [rows, S, HV, V, K] ("vk"; "kv": [.., K, V]) receives the state after every token of a
 // sequence with a step row; ``update_pool`` 0 leaves the pool unwritten.
+// ``null_slot``: slots at or below it are padding (-1: the negative ones; vLLM's null block: 0),
+// so an engine's slot table is read as it is, with no per-step transform of it on the device.
+// ``cu_seqlens`` (optional, [N + 1]): the packed offsets an engine passes with its N sequences of
+// T tokens; each CTA checks its sequence's two and traps where they are not n T and (n + 1) T (as
+// a failed device assert does), so no per-step launch has to check them.
 //
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (q, k, v, o), KDA_G_DT, KDA_BETA_DT,
 // KDA_GATE, KDA_BETA_MODE, KDA_L2NORM, KDA_POOL_DT (KDA_BF16 or KDA_F32),
@@ -86,13 +91,17 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     const float* A_log, const float* dt_bias, void* pool, i64 P, const void* idx, int idx_i64, int per_token,
     const void* accepted, int acc_i64, int T, int H, int HV, float scale, float lb2,
     const void* parents, int par_i64, void* steps, i64 step_rows, int step_len, const void* step_idx,
-    int sidx_i64, int update_pool) {
+    int sidx_i64, int update_pool, i64 null_slot, const void* cu_seqlens, int cu_i64) {
   const int n = blockIdx.x / VB, hv = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int v0 = (blockIdx.x % VB) * BV + warp * RV;  // first value row of this warp
   const int h = hv / (HV / H);
+  if (cu_seqlens != nullptr && (index_at(cu_seqlens, cu_i64, n) != static_cast<i64>(n) * T ||
+                                index_at(cu_seqlens, cu_i64, n + 1) != static_cast<i64>(n + 1) * T)) {
+    __trap();  // unequal lengths: not one launch's rows of T tokens
+  }
 
-  // start slot; negative or >= P (only unvalidated device indices) pads the sequence
+  // start slot; <= null_slot or >= P (only unvalidated device indices) pads the sequence
   i64 start;
   if (per_token) {
     i64 a = accepted != nullptr ? index_at(accepted, acc_i64, n) : 1;
@@ -101,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
   } else {
     start = index_at(idx, idx_i64, n);
   }
-  if (start < 0 || start >= P) {  // padding: zero output, the pool neither read nor written
+  if (start <= null_slot || start >= P) {  // padding: zero output, the pool neither read nor written
     for (int t = 0; t < T; ++t) {
       if (lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, 0.f);
     }
@@ -199,6 +208,6 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     if (sb >= 0) store_slice<KDA_STEP_DT>(steps, sb + static_cast<i64>(t) * HV, v0, lane, S);
     const i64 slot = !update_pool ? -1 : per_token ? index_at(idx, idx_i64, static_cast<i64>(n) * T + t)
                                                    : (t == T - 1 ? start : -1);
-    if (slot >= 0 && slot < P) store_slice<KDA_POOL_DT>(pool, slot * HV + hv, v0, lane, S);
+    if (slot > null_slot && slot < P) store_slice<KDA_POOL_DT>(pool, slot * HV + hv, v0, lane, S);
   }
 }

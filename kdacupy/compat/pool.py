@@ -7,34 +7,43 @@ from kdacupy.torch import decode_cache, kda_decode
 
 
 def sequences(q, cu_seqlens):
-    """(N, T): the number of sequences and their common length. Without ``cu_seqlens`` q is
-    [N, T, ...]; with it q is packed [1, N*T, ...] and every sequence must hold T tokens
-    (host ``cu_seqlens`` checked here, device ones by an asynchronous device-side assert)."""
+    """(N, T, device cu_seqlens or None): the number of sequences, their common length, and the
+    offsets for the kernel to check. Without ``cu_seqlens`` q is [N, T, ...]; with it q is packed
+    [1, N*T, ...] and every sequence must hold T tokens: host ``cu_seqlens`` are checked here,
+    device ones by the decode kernel itself (a device-side trap where they differ), so a step
+    launches nothing else."""
     B, TT = q.shape[0], q.shape[1]
     if cu_seqlens is None:
-        return B, TT
+        return B, TT, None
     if B != 1:
         raise ValueError(f"q: expected batch size 1 with cu_seqlens (packed sequences), got {B}")
     N = cu_seqlens.shape[0] - 1
     if N < 1 or TT % N:
         raise ValueError(f"cu_seqlens: expected N >= 1 sequences of equal length (one pool step), got {N} "
                          f"sequences for {TT} tokens")
+    if cu_seqlens.get_device() >= 0:
+        return N, TT // N, cu_seqlens
     decode_cache.check_lengths(cu_seqlens, TT // N)
-    return N, TT // N
+    return N, TT // N, None
 
 
-def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
+def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, front=None, raw=(), cu_seqlens=None):
     """One ``kda_decode`` launch over N sequences of T tokens; o in v's shape. ``idx``: kdacupy's
     [N] slots (start from and write the final state back to idx[n]) or [N, T] slots (start from
-    idx[n, a_n - 1], the state after token t to idx[n, t]); negative slots are padding."""
+    idx[n, a_n - 1], the state after token t to idx[n, t]); padding as ``opts["null_slot"]`` says
+    (default: negative slots); ``cu_seqlens``: device offsets for the kernel to check (sequences).
+    ``front``: the engine call's own key (``decode_cache.front_key`` over its tensors ``raw``),
+    which then finds this step without mapping its arguments again."""
     if T == 0:
         return v.new_zeros(v.shape)
-    o, key = decode_cache.cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
+    o, key = decode_cache.cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, cu_seqlens)
     if o is None:  # not a call signature seen before (kdacupy/torch/decode_cache.py)
         split = lambda x: None if x is None else x.reshape((N, T) + tuple(x.shape[2:]))  # noqa: E731
         o = kda_decode(split(q), split(k), split(v), split(g), split(beta), state_pool=pool, state_indices=idx,
-                       num_accepted_tokens=num_accepted_tokens, **opts).reshape(v.shape)
-        decode_cache.remember(key, q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
+                       num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens, **opts).reshape(v.shape)
+        decode_cache.remember(key, q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, cu_seqlens)
+    if front is not None:
+        decode_cache.alias(front, key, T, raw, (q, k, v, g, beta, pool, idx, num_accepted_tokens))
     return o
 
 

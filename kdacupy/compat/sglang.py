@@ -45,6 +45,7 @@ keywords (SGLang's ``**kwargs`` drops them silently). ``dt_bias`` or ``lower_bou
 from __future__ import annotations
 
 from kdacupy.torch import kda as _kda
+from kdacupy.torch.decode_cache import front, front_key
 
 from .gate import SOFTPLUS_THRESHOLD, activate, kernel_gate
 from .patching import Patcher
@@ -140,8 +141,17 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, sof
     launch; sequence n starts from slot ``initial_state_indices[n]`` and its state after its
     tokens is written back there (-1: padding). Returns o [B, T, HV, V]."""
     fn = "fused_sigmoid_gating_delta_rule_update"
+    fkey = None
+    if not disable_state_update and intermediate_states_buffer is intermediate_state_indices is cache_steps \
+            is retrieve_parent_token is None:  # a decode step (target_verify maps its arguments every call)
+        raw = (a, q, k, v, b, initial_state_source, initial_state_indices)
+        fkey = front_key(fn, raw + (cu_seqlens,), (A_log, dt_bias), (softplus_beta, softplus_threshold, scale,
+                                                                     use_qk_l2norm_in_kernel, is_kda, lower_bound))
+        o = front(fkey, raw + (A_log, dt_bias), v, initial_state_source, cu_seqlens)
+        if o is not None:  # this call, as the engine makes it, seen before: its step's launch
+            return o
     _need_pool(fn, initial_state_source, initial_state_indices, "initial_state_source", "initial_state_indices")
-    N, T = sequences(q, cu_seqlens)
+    N, T, cu = sequences(q, cu_seqlens)
     B, TT, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
     g, gate = _decode_gate(a, A_log, dt_bias, lower_bound, softplus_beta, softplus_threshold, is_kda, (B, TT, HV, K))
     opts = dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=True, state_layout="vk", **gate)
@@ -155,12 +165,13 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, sof
                               disable_state_update=disable_state_update,
                               intermediate_states_buffer=intermediate_states_buffer,
                               intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
-                              retrieve_parent_token=retrieve_parent_token)
-    return step(q, k, v, g, beta, initial_state_source, initial_state_indices, None, N, T, opts)
+                              retrieve_parent_token=retrieve_parent_token, cu_seqlens=cu)
+    return step(q, k, v, g, beta, initial_state_source, initial_state_indices, None, N, T, opts, front=fkey,
+                raw=(a, q, k, v, b, initial_state_source, initial_state_indices), cu_seqlens=cu)
 
 
 def _target_verify(q, k, v, g, beta, pool, idx, N, T, opts, *, disable_state_update, intermediate_states_buffer,
-                   intermediate_state_indices, cache_steps, retrieve_parent_token):
+                   intermediate_state_indices, cache_steps, retrieve_parent_token, cu_seqlens):
     """SGLang's target_verify mode (EAGLE tree speculative verify): token t > 0 starts from the
     state after its parent ``retrieve_parent_token[n, t]``, the state after every step goes to
     ``intermediate_states_buffer[intermediate_state_indices[n], t]`` ([HV, V, K]; ``cache_steps``
@@ -185,7 +196,7 @@ def _target_verify(q, k, v, g, beta, pool, idx, N, T, opts, *, disable_state_upd
                 raise ValueError(f"{name}: expected None without intermediate_states_buffer (SGLang then reads no "
                                  f"tree and no rows: the parents' states live in that buffer)")
     return verify(q, k, v, g, beta, pool, idx, N, T, opts, parents=retrieve_parent_token, steps=steps,
-                  rows=intermediate_state_indices, update_pool=not disable_state_update)
+                  rows=intermediate_state_indices, update_pool=not disable_state_update, cu_seqlens=cu_seqlens)
 
 
 _HOMES = ("sglang.kernels.ops.attention.fla.kda", "sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent",

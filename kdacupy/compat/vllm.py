@@ -41,7 +41,7 @@ without ``compute_gate=True``, and a ``lower_bound`` other than the default with
 from __future__ import annotations
 
 from kdacupy.torch import kda as _kda
-from kdacupy.torch.decode_cache import padded_slots
+from kdacupy.torch.decode_cache import front, front_key
 from kdacupy.torch.tensors import fp32_state_dtype
 
 from .gate import activate, kernel_gate
@@ -118,9 +118,10 @@ def chunk_kda_with_fused_gate(q, k, v, raw_g, beta, A_log, g_bias, scale=None, i
                     use_qk_l2norm_in_kernel, cu_seqlens, gate)
 
 
-def _padding(idx):
-    """vLLM's slots as kdacupy's: the null block and below become -1 (padding)."""
-    return padded_slots(idx, NULL_BLOCK_ID)
+def _front(fn, q, k, v, g, beta, pool, cu_seqlens, idx, acc, a_log, g_bias, scalars):
+    """(the call's own key, o where a call like it was mapped to a step before: decode_cache.front)."""
+    fkey = front_key(fn, (q, k, v, g, beta, pool, cu_seqlens, idx, acc), (a_log, g_bias), scalars + (NULL_BLOCK_ID,))
+    return fkey, front(fkey, (q, k, v, g, beta, pool, idx, acc, a_log, g_bias), v, pool, cu_seqlens)
 
 
 def fused_recurrent_kda_fwd(q, k, v, g, beta, scale, initial_state, inplace_final_state=True, cu_seqlens=None,
@@ -131,6 +132,20 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, scale, initial_state, inplace_fina
     ``initial_state`` [P, HV, V, K], updated in place; returns ``(o, initial_state)``.
     ``ssm_state_indices`` [N] (one token per sequence) or [N, C] (speculative decode: start
     from ``idx[n, num_accepted_tokens[n] - 1]``, the state after token t to ``idx[n, t]``)."""
+    fkey, o = _front("fused_recurrent_kda_fwd", q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices,
+                     num_accepted_tokens, a_log, g_bias, (scale, inplace_final_state, use_qk_l2norm_in_kernel,
+                                                          sigmoid_beta, compute_gate, lower_bound))
+    if o is not None:  # this call, as the engine makes it, seen before: its step's launch
+        return into(out, o), initial_state
+    return _recurrent(q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
+                      num_accepted_tokens, use_qk_l2norm_in_kernel, out, sigmoid_beta, a_log, g_bias, compute_gate,
+                      lower_bound, fkey)
+
+
+def _recurrent(q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
+               num_accepted_tokens, use_qk_l2norm_in_kernel, out, sigmoid_beta, a_log, g_bias, compute_gate,
+               lower_bound, fkey):
+    """``fused_recurrent_kda_fwd``'s arguments mapped to one step (kdacupy/compat/pool.py)."""
     if not inplace_final_state:
         raise NotImplementedError("inplace_final_state: kdacupy.compat.vllm updates the pool in place (vLLM's "
                                   "inplace_final_state=False writes every token's state to a new [T, HV, V, K])")
@@ -143,11 +158,13 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, scale, initial_state, inplace_fina
                          f"g_bias with compute_gate=True (vLLM asserts so), got None")
     gate = _bounded("fused_recurrent_kda_fwd", "compute_gate", compute_gate, dict(a_log=a_log, g_bias=g_bias),
                     lower_bound, softplus=False)
-    N, T = sequences(q, cu_seqlens)
-    idx = token_slots(_padding(ssm_state_indices), T, num_accepted_tokens)
+    N, T, cu = sequences(q, cu_seqlens)
+    idx = token_slots(ssm_state_indices, T, num_accepted_tokens)
+    # the null block as padding in the kernel: vLLM's slot table as it is, no per-step transform of it
     opts = dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=sigmoid_beta, state_layout="vk",
-                **gate)
-    o = step(q, k, v, g, beta, initial_state, idx, num_accepted_tokens, N, T, opts)
+                null_slot=NULL_BLOCK_ID, **gate)
+    o = step(q, k, v, g, beta, initial_state, idx, num_accepted_tokens, N, T, opts, front=fkey,
+             raw=(q, k, v, g, beta, initial_state, ssm_state_indices, num_accepted_tokens), cu_seqlens=cu)
     return into(out, o), initial_state
 
 
@@ -158,14 +175,17 @@ def fused_recurrent_kda(q, k, v, g, beta=None, scale=None, initial_state=None, i
     """vLLM's ``fused_recurrent_kda`` (decode on the pool): ``(o, initial_state)``, as
     ``fused_recurrent_kda_fwd`` with vLLM's defaults (``use_qk_l2norm_in_kernel=True``)."""
     _refuse_unknown("fused_recurrent_kda", kwargs)
+    fkey, o = _front("fused_recurrent_kda", q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices,
+                     num_accepted_tokens, a_log, g_bias, (scale, inplace_final_state, use_qk_l2norm_in_kernel,
+                                                          sigmoid_beta, compute_gate, lower_bound))
+    if o is not None:
+        return into(out, o), initial_state
     if cu_seqlens is not None and q.shape[0] != 1:
         raise ValueError(f"The batch size is expected to be 1 rather than {q.shape[0]} when using `cu_seqlens`."
                          f"Please flatten variable-length inputs before processing.")
-    return fused_recurrent_kda_fwd(q, k, v, g, beta, scale, initial_state, inplace_final_state=inplace_final_state,
-                                   cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices,
-                                   num_accepted_tokens=num_accepted_tokens,
-                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, out=out, sigmoid_beta=sigmoid_beta,
-                                   a_log=a_log, g_bias=g_bias, compute_gate=compute_gate, lower_bound=lower_bound)
+    return _recurrent(q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
+                      num_accepted_tokens, use_qk_l2norm_in_kernel, out, sigmoid_beta, a_log, g_bias, compute_gate,
+                      lower_bound, fkey)
 
 
 def fused_kda_gate(g, A, head_k_dim, g_bias=None, beta=1.0, threshold=20.0, safe_gate=False, lower_bound=-5.0):

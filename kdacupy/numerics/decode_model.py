@@ -22,7 +22,7 @@ value head and token:
   7. o  = out_dtype(warp_dot(qs, S[:, v]))
   8. token t's state to its step row (``step_states[row, t]``, its dtype), then, where the
      pool is written (``update_pool``), to its slot: pool[slot] = pool_dtype(S) (S stays fp32).
-Padded sequences (negative start slot) give o = 0 and touch no slot and no step row.
+Padded sequences (a start slot at or below ``null_slot``, default -1) give o = 0 and touch no slot and no step row.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def kda_decode_model(
     q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
     qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
     lower_bound=None, state_layout="vk", parent_indices=None, step_states=None, step_state_indices=None,
-    update_pool=True,
+    update_pool=True, null_slot=-1,
 ):
     """The decode kernel's result, modelled in NumPy: updates ``state_pool`` (unless
     ``update_pool`` is False) and ``step_states`` in place and returns ``o`` in v's dtype."""
@@ -88,7 +88,8 @@ def kda_decode_model(
     b = beta_f32(beta, (N, T, HV), beta_sigmoid, allow_neg_eigval)
     qs, kd = r32(qn * scale_f32(scale, K)), r32(kn * a)  # [3]
     vf = f64(v)
-    start, write = decode_plan(state_indices, num_accepted_tokens, N, T, state_pool.shape[0], update_pool)
+    start, write = decode_plan(state_indices, num_accepted_tokens, N, T, state_pool.shape[0], update_pool,
+                               null_slot)
     parent, rows = tree_plan(parent_indices, step_state_indices, step_states, N, T)
     o = np.zeros(v.shape)
     live = np.flatnonzero(start >= 0)  # the live sequences, all at once: [L, HV, K, V]

@@ -14,15 +14,16 @@ import numpy as np
 from .reference import activate_inputs, state_from_kv, state_to_kv
 
 
-def decode_plan(state_indices, num_accepted_tokens, N, T, P, update_pool=True):
+def decode_plan(state_indices, num_accepted_tokens, N, T, P, update_pool=True, null_slot=-1):
     """(start [N], write [N, T]) slots, -1 meaning none (every write with ``update_pool`` False).
 
     ``[N]`` indices: sequence n starts from ``idx[n]`` and its state after the
     last token is written back there. ``[N, T]``: it starts from
     ``idx[n, a_n - 1]`` (``a_n = num_accepted_tokens[n]``, default 1) and the
-    state after token t goes to ``idx[n, t]``. A negative start (or one >= P,
-    which only unvalidated device indices can hold) pads the sequence: nothing
-    is read or written for it. A negative ``idx[n, t]`` skips that write."""
+    state after token t goes to ``idx[n, t]``. A start at or below ``null_slot``
+    (default -1: a negative one; or one >= P, which only unvalidated device indices
+    can hold) pads the sequence: nothing is read or written for it. An ``idx[n, t]``
+    at or below ``null_slot`` skips that write."""
     idx = np.asarray(state_indices).astype(np.int64)
     if idx.ndim == 1:
         start = idx.copy()
@@ -34,8 +35,8 @@ def decode_plan(state_indices, num_accepted_tokens, N, T, P, update_pool=True):
             np.clip(np.asarray(num_accepted_tokens).astype(np.int64), 1, T)
         start = idx[np.arange(N), acc - 1]
         write = idx.copy()
-    start = np.where((start >= 0) & (start < P), start, -1)
-    write = np.where((write >= 0) & (write < P) & (start[:, None] >= 0) & bool(update_pool), write, -1)
+    start = np.where((start > null_slot) & (start < P), start, -1)
+    write = np.where((write > null_slot) & (write < P) & (start[:, None] >= 0) & bool(update_pool), write, -1)
     return start, write
 
 
@@ -105,7 +106,7 @@ def kda_decode_reference(
     q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
     qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
     lower_bound=None, state_layout="vk", parent_indices=None, step_states=None, step_state_indices=None,
-    update_pool=True,
+    update_pool=True, null_slot=-1,
 ):
     """Decode / verify step in float64; updates ``state_pool`` (unless ``update_pool`` is False)
     and ``step_states`` in place (in their dtypes) and returns ``o`` [N, T, HV, V] as float64
@@ -116,7 +117,8 @@ def kda_decode_reference(
     qf, kf, gf, bf, scale = activate_inputs(q, k, g, beta, HV, scale, qk_l2norm, beta_sigmoid, allow_neg_eigval,
                                             gate, A_log, dt_bias, lower_bound)
     vf = np.asarray(v, dtype=np.float64)
-    start, write = decode_plan(state_indices, num_accepted_tokens, N, T, state_pool.shape[0], update_pool)
+    start, write = decode_plan(state_indices, num_accepted_tokens, N, T, state_pool.shape[0], update_pool,
+                               null_slot)
     parent, rows = tree_plan(parent_indices, step_state_indices, step_states, N, T)
     o = np.zeros(v.shape)
     for n in np.flatnonzero(start >= 0):

@@ -28,6 +28,12 @@ def _real(name, x):
     return float(x)
 
 
+def _slot(name, x):
+    if not isinstance(x, numbers.Integral) or isinstance(x, bool):
+        raise TypeError(f"{name}: expected an int, got {x!r}")
+    return int(x)
+
+
 def _name(name, x):
     if x is not None and not isinstance(x, str):
         raise TypeError(f"{name}: expected a str, got {x!r}")
@@ -131,15 +137,18 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
 
 def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted_tokens=None, scale=None,
                qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
-               lower_bound=None, state_layout="vk", backend=None, **unknown):
+               lower_bound=None, state_layout="vk", backend=None, null_slot=-1, cu_seqlens=None, **unknown):
     """One decode or speculative-verify step on a state pool, as ``kdacupy.kda_decode``:
-    returns o ``[N, T, HV, V]``; ``state_pool`` is updated in place (no autograd)."""
+    returns o ``[N, T, HV, V]``; ``state_pool`` is updated in place (no autograd). ``null_slot``:
+    slots at or below it are padding (default -1: the negative ones); ``cu_seqlens``: an engine's
+    packed offsets of the N sequences, [0, T, ..., N T] (device ones checked in the kernel)."""
     if unknown:
         _unexpected("kda_decode", unknown)
     opts = dict(scale=scale, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
                 gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
-                backend=backend)
-    o, key = decode_cache.repeated(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, opts)
+                backend=backend, null_slot=null_slot)
+    o, key = decode_cache.repeated(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, opts,
+                                   cu_seqlens)
     if o is not None:  # a call signature seen before (kdacupy/torch/decode_cache.py)
         return o
     for n, x in (("state_pool", state_pool), ("state_indices", state_indices)):
@@ -153,8 +162,10 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
             _index_tensor("num_accepted_tokens", num_accepted_tokens), A_log, dt_bias, out,
             _real("scale", scale), _flag("qk_l2norm", qk_l2norm), _flag("beta_sigmoid", beta_sigmoid),
             _flag("allow_neg_eigval", allow_neg_eigval), _name("gate", gate), _real("lower_bound", lower_bound),
-            _name("state_layout", state_layout), _name("backend", backend))
+            _name("state_layout", state_layout), _name("backend", backend), _slot("null_slot", null_slot),
+            _index_tensor("cu_seqlens", cu_seqlens))
     if not eager.decode(*args):  # the op's body without the op, where that is the same (kdacupy/torch/eager.py)
         ops.decode(*args)
-    decode_cache.remember(key, *given, state_pool, state_indices, num_accepted_tokens, q.shape[0], q.shape[1], opts)
+    decode_cache.remember(key, *given, state_pool, state_indices, num_accepted_tokens, q.shape[0], q.shape[1], opts,
+                          cu_seqlens)
     return out

@@ -26,18 +26,16 @@ MAX_ENTRIES = 256
 MAX_OUT_VIEWS = 64
 MAX_CHECKED = 256
 _entries: dict = {}
+_fronts: dict = {}  # an engine call's key (front_key) -> (the key of its step's entry, T)
 _checked: dict = {}  # cu_seqlens already found equal-length: key -> its storage
-_expected: dict = {}  # (n, T, dtype, device) -> [0, T, 2T, ...] on that device
-_padded: dict = {}  # (slots' key, stream) -> the buffer padded_slots writes
 _PARAMS = ("A_log", "dt_bias")
 _getters: dict = {}  # option names -> their values' getter (_option_values)
 
 
 def clear():
     _entries.clear()
+    _fronts.clear()
     _checked.clear()
-    _expected.clear()
-    _padded.clear()
 
 
 eager.clear_hooks.append(clear)
@@ -58,10 +56,11 @@ def _param_meta(t):
 
 
 class _Entry:
-    __slots__ = ("dev", "views", "keep", "out_shape", "out_views", "copies", "options", "bound")
+    __slots__ = ("dev", "views", "cu", "keep", "out_shape", "out_views", "copies", "options", "bound")
 
-    def __init__(self, dev, views, keep, out_shape, options):
+    def __init__(self, dev, views, cu, keep, out_shape, options):
         self.dev, self.views, self.keep, self.out_shape, self.options = dev, views, keep, out_shape, options
+        self.cu = cu  # the view of cu_seqlens (checked in the kernel), or None
         self.out_views: dict = {}
         self.copies = bool(keep)
         self.bound = None  # the core call bound to the views' pointers (eager.bind), after the first hit
@@ -78,22 +77,22 @@ class _Entry:
         return view
 
 
-def repeated(q, k, v, g, beta, pool, idx, num_accepted_tokens, opts):
+def repeated(q, k, v, g, beta, pool, idx, num_accepted_tokens, opts, cu_seqlens=None):
     """``cached`` for ``kdacupy.torch.kda_decode``'s own call ([N, T, ...] inputs)."""
     try:
         N, T = q.shape[0], q.shape[1]
     except (AttributeError, IndexError):  # the full path says what is wrong with q
         return None, None
-    return cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts)
+    return cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, cu_seqlens)
 
 
-def cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
-    """(o, None) from the kept views where this call signature was stored (o in v's shape), else
+def cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, cu_seqlens=None):
+    """(o, key) from the kept views where this call signature was stored (o in v's shape), else
     (None, the key to ``remember`` it by after the full path ran, or None where it cannot be kept)."""
     if torch.compiler.is_compiling():  # traced: the op's path, which torch.compile sees as one call
         return None, None
     params = (opts.get("A_log"), opts.get("dt_bias"))
-    tensors = (q, k, v, g, beta, pool, idx, num_accepted_tokens)
+    tensors = (q, k, v, g, beta, pool, idx, num_accepted_tokens, cu_seqlens)
     try:
         names = tuple(opts)
         values = _option_values(names)(opts)
@@ -106,21 +105,79 @@ def cached(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
         return None, None
     if entry is None:
         return None, key
-    if eager.eager_ok(tensors + tuple(params)):  # as the full path's eager.decode decides
+    return _hit(entry, tensors + params, v, pool), key
+
+
+def _hit(entry, tensors, v, pool):
+    """o from a stored entry's launch (v's shape), or None where this call must take the full path:
+    a mode on or autograd to record, a capture that would record a conversion, out refused."""
+    if eager.eager_ok(tensors):  # as the full path's eager.decode decides
         stream = eager.current_stream(entry.dev)
         if not (entry.copies and stream.is_capturing()):  # a capture records the conversion (full path)
             o = torch.empty_like(v, memory_format=torch.contiguous_format)  # v's shape (cheaper than empty)
             bound = entry.bound
             if bound:
                 if eager.launch_bound(entry.dev, stream, bound, o.data_ptr(), pool):
-                    return o, None
+                    return o
                 bound = entry.bound = None  # out refused, or kdacupy's cache cleared (retuned): bound again below
-            views = entry.views + [entry.out_view(o)]
+            views = entry.views + [entry.out_view(o), entry.cu]
             eager.launch(entry.dev, stream, views, pool, entry.options)  # checks o, as every first hit
             if bound is None:  # the same launch from raw pointers from now on (kdacupy.prepared_decode)
                 entry.bound = eager.bind(entry.dev, views, entry.options) or False  # False: none to bind
-            return o, None
-    return None, None
+            return o
+    return None
+
+
+def front_key(name, tensors, params, scalars):
+    """The key of an engine's call as the engine makes it, before its arguments are mapped to the
+    step's (``front``): the entry point's name, every tensor's metadata (``_meta``'s), the gate
+    parameters' (``_param_meta``: versions where converted) and the other arguments with their
+    types; None where one is not a tensor (the call then maps its arguments; an unhashable
+    argument is found by ``front``'s lookup, the only hash of the key on a hit)."""
+    try:
+        return (name, scalars, tuple(map(type, scalars)),
+                tuple([None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(), type(t))
+                       for t in tensors]), tuple(map(_param_meta, params)))
+    except (AttributeError, TypeError):
+        return None
+
+
+def front(fkey, tensors, v, pool, cu_seqlens):
+    """o (v's shape) where an engine's call under ``fkey`` (``front_key``) was mapped before to a
+    stored step (``alias``): the step's launch, without mapping the arguments again. What the key
+    cannot settle is redone: the equal-length check of ``cu_seqlens`` (its values), and every
+    check of the step's own hit. None: map the arguments (the call's full path)."""
+    if fkey is None or torch.compiler.is_compiling():
+        return None
+    try:
+        hit = _fronts.get(fkey)
+    except TypeError:  # an unhashable argument: never stored (alias), the call maps its arguments
+        return None
+    if hit is None:
+        return None
+    entry = _entries.get(hit[0])
+    if entry is None:  # the step's entry is gone (the cache was cleared or filled up)
+        return None
+    if cu_seqlens is not None and cu_seqlens.get_device() < 0:  # device ones: the kernel checks them
+        check_lengths(cu_seqlens, hit[1])
+    return _hit(entry, tensors, v, pool)
+
+
+def alias(fkey, key, T, raw, mapped):
+    """Let ``front`` find the step stored under ``key`` from the engine's call under ``fkey``, where
+    the mapping is a function of what ``fkey`` holds: every mapped tensor (the step's q, k, v, g,
+    beta, pool, slots) is a view of one of the engine's tensors ``raw`` (the same data pointer; a
+    tensor the mapping computed, from values, has its own) and the step's entry is stored."""
+    if fkey is None or key is None or key not in _entries:
+        return
+    ptrs = {t.data_ptr() for t in raw if t is not None}
+    if all(t is None or t.data_ptr() in ptrs for t in mapped):
+        if len(_fronts) >= MAX_ENTRIES:
+            _fronts.clear()
+        try:
+            _fronts[fkey] = (key, T)
+        except TypeError:  # an unhashable argument (front finds nothing under such a key)
+            pass
 
 
 def _option_values(names):
@@ -134,12 +191,12 @@ def _option_values(names):
     return get
 
 
-def remember(key, q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts):
+def remember(key, q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, cu_seqlens=None):
     """Keep the views of the call the full path just made under ``key`` (from ``cached``), where
     every one is a view of the tensors under the key (or a kept float32 copy of a parameter)."""
     if key is not None:
         _store(key, (q, k, v, g, beta, pool, idx, num_accepted_tokens), [opts.get(n) for n in _PARAMS], N, T, opts,
-               v)
+               v, cu_seqlens)
 
 
 def _options(opts):
@@ -150,7 +207,7 @@ def _options(opts):
     return out
 
 
-def _store(key, tensors, params, N, T, opts, v):
+def _store(key, tensors, params, N, T, opts, v, cu_seqlens=None):
     dev = tensors[0].get_device()
     if dev < 0 or not eager.eager_ok(tuple(tensors) + tuple(params)):
         return
@@ -180,19 +237,19 @@ def _store(key, tensors, params, N, T, opts, v):
         if x is not None and not x.is_contiguous():
             return  # the torch face copies it every call
         gate.append(x)
-    views = eager._views_of(rows + list(tensors[5:]) + gate, dev)
+    views = eager._views_of(rows + list(tensors[5:]) + gate + [cu_seqlens], dev)
     if views is None:
         return
     if len(_entries) >= MAX_ENTRIES:
         _entries.clear()
-    _entries[key] = _Entry(dev, views, keep, (N, T) + tuple(v.shape[2:]), _options(opts))
+    _entries[key] = _Entry(dev, views[:10], views[10], keep, (N, T) + tuple(v.shape[2:]), _options(opts))
 
 
 def check_lengths(cu_seqlens, T):
-    """check_equal_lengths, in fewer torch calls: once per (pointer, shape, strides, dtype, device,
-    type, version) of cu_seqlens and T where it has a version counter; else every call (an inference
-    tensor has none, so a change in place could not be noticed), host ones read on the host, device
-    ones against a kept [0, T, 2T, ...] (three launches, not four; none kept while capturing)."""
+    """check_equal_lengths of host ``cu_seqlens`` (device ones go to the decode kernel, which checks
+    them), in fewer torch calls: once per (pointer, shape, strides, dtype, device, type, version) and
+    T where it has a version counter; else every call, read on the host (an inference tensor has
+    none, so a change in place could not be noticed)."""
     if not cu_seqlens.is_inference():
         key = (cu_seqlens.data_ptr(), cu_seqlens.shape, cu_seqlens.stride(), cu_seqlens.dtype,
                cu_seqlens.device, type(cu_seqlens), cu_seqlens._version, T)
@@ -202,43 +259,6 @@ def check_lengths(cu_seqlens, T):
                 _checked.clear()
             _checked[key] = cu_seqlens.untyped_storage()  # held: its memory is not reused under this key
         return
-    dev = cu_seqlens.device
     n = cu_seqlens.shape[0]
-    if dev.type == "cpu":
-        if cu_seqlens.dim() != 1 or cu_seqlens.tolist() != list(range(0, n * T, T)):
-            check_equal_lengths(cu_seqlens, T)  # raises, with its message
-        return
-    if torch.cuda.is_current_stream_capturing():
-        check_equal_lengths(cu_seqlens, T)
-        return
-    key = (n, T, cu_seqlens.dtype, dev)
-    expected = _expected.get(key)
-    if expected is None:
-        with torch.inference_mode(False):
-            expected = torch.arange(n, device=dev, dtype=cu_seqlens.dtype) * T
-        if len(_expected) >= MAX_CHECKED:
-            _expected.clear()
-        _expected[key] = expected
-    torch._assert_async((cu_seqlens == expected).all(), f"cu_seqlens: expected {T} tokens in every sequence")
-
-
-def padded_slots(idx, null_block):
-    """idx with the slots at or below ``null_block`` as -1 (kdacupy's padding), recomputed every call
-    (the engine rewrites its slots on the device) into one buffer per (slots' pointer, shape, strides,
-    dtype, device, torch's current stream): the step's views then have one address, so its cached
-    call is found. On the CPU and while capturing a CUDA graph, a new tensor each call."""
-    dev = idx.get_device()
-    if dev < 0 or eager._capturing(dev):  # no buffer kept from inside a capture (it belongs to its pool)
-        return idx.masked_fill(idx <= null_block, -1)
-    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    key = (idx.data_ptr(), idx.shape, idx.stride(), idx.dtype, dev, type(idx),
-           None if raw_stream is None else raw_stream(dev))
-    buf = _padded.get(key)
-    if buf is None:
-        if len(_padded) >= MAX_CHECKED:
-            _padded.clear()
-        buf = _padded[key] = (torch.empty_like(idx, memory_format=torch.contiguous_format),
-                              torch.empty_like(idx, dtype=torch.bool, memory_format=torch.contiguous_format),
-                              idx.new_full((), -1))
-    slots, live, pad = buf
-    return torch.where(torch.gt(idx, null_block, out=live), idx, pad, out=slots)
+    if cu_seqlens.dim() != 1 or cu_seqlens.tolist() != list(range(0, n * T, T)):
+        check_equal_lengths(cu_seqlens, T)  # raises, with its message

@@ -123,10 +123,11 @@ def _views_of(tensors, dev):
 
 
 def decode(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_log, dt_bias, out, scale, qk_l2norm,
-           beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend) -> bool:
+           beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend, null_slot,
+           cu_seqlens=None) -> bool:
     """The decode op's body, run directly (True), or False where only the op is the same thing
     (the caller then calls the op). Arguments as ``ops.decode``'s."""
-    tensors = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_log, dt_bias, out)
+    tensors = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_log, dt_bias, out, cu_seqlens)
     dev = q.get_device()
     if dev < 0 or not eager_ok(tensors):
         return False
@@ -139,7 +140,7 @@ def decode(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_l
             return False
     launch(dev, current_stream(dev), views, state_pool, dict(
         scale=scale, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
-        lower_bound=lower_bound, state_layout=state_layout, backend=backend))
+        lower_bound=lower_bound, state_layout=state_layout, backend=backend, null_slot=null_slot))
     return True
 
 
@@ -151,8 +152,8 @@ def eager_ok(tensors) -> bool:
 
 def launch(dev, stream, views, state_pool, options):
     """``kdacupy.kda_decode`` on the views (q, k, v, g, beta, state_pool, state_indices,
-    num_accepted_tokens, A_log, dt_bias, out) on ``stream`` and device ``dev``; the pool tensor's
-    version bumped as the op's declared mutation does."""
+    num_accepted_tokens, A_log, dt_bias, out, cu_seqlens) on ``stream`` and device ``dev``; the
+    pool tensor's version bumped as the op's declared mutation does."""
     runtime = _cupy().cuda.runtime
     prev = runtime.getDevice()  # torch's current device, as a rule: nothing to switch
     if prev != dev:
@@ -160,7 +161,7 @@ def launch(dev, stream, views, state_pool, options):
     try:
         with stream:
             kdacupy.kda_decode(*views[:5], state_pool=views[5], state_indices=views[6], num_accepted_tokens=views[7],
-                               A_log=views[8], dt_bias=views[9], out=views[10], **options)
+                               A_log=views[8], dt_bias=views[9], out=views[10], cu_seqlens=views[11], **options)
     finally:
         if prev != dev:
             runtime.setDevice(prev)
@@ -171,7 +172,7 @@ def bind(dev, views, options):
     """The core call ``launch`` just made on ``views`` (its order) and ``options``, bound to the
     views' pointers (``fastpath.DecodeCall.bind``: only out's then varies), or None where kdacupy
     cached no such call. Keyed as kdacupy.kda_decode keys it, on device ``dev``."""
-    arrays = (*views[:8], views[10], views[8], views[9], None, None, None)  # fastpath.NAMES order
+    arrays = (*views[:8], views[10], views[8], views[9], None, None, None, views[11])  # fastpath.NAMES order
     runtime = _cupy().cuda.runtime
     prev = runtime.getDevice()
     if prev != dev:

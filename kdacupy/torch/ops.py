@@ -147,7 +147,7 @@ def decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor], s
            state_indices: Tensor, num_accepted_tokens: Optional[Tensor], A_log: Optional[Tensor],
            dt_bias: Optional[Tensor], out: Tensor, scale: Optional[float], qk_l2norm: bool, beta_sigmoid: bool,
            allow_neg_eigval: bool, gate: str, lower_bound: Optional[float], state_layout: str,
-           backend: Optional[str]) -> None:
+           backend: Optional[str], null_slot: int, cu_seqlens: Optional[Tensor]) -> None:
     """``kdacupy.kda_decode``: o written into ``out``, the pool updated in place (both declared mutated)."""
     with on_torch_stream(q.device):
         kdacupy.kda_decode(
@@ -155,10 +155,11 @@ def decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor], s
             state_indices=to_array(state_indices), num_accepted_tokens=to_array(num_accepted_tokens), scale=scale,
             qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
             A_log=to_array(A_log), dt_bias=to_array(dt_bias), lower_bound=lower_bound, state_layout=state_layout,
-            out=to_array(out), backend=backend)
+            out=to_array(out), backend=backend, null_slot=null_slot, cu_seqlens=to_array(cu_seqlens))
 
 
 @decode.register_fake
 def _decode_fake(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, A_log, dt_bias, out, scale,
-                 qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend):
+                 qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend, null_slot,
+                 cu_seqlens):
     return None

@@ -47,9 +47,10 @@ def inference_mode() -> bool:
     return torch.is_inference_mode_enabled()
 
 
-def verify(q, k, v, g, beta, pool, idx, N, T, opts, *, parents, steps, rows, update_pool):
+def verify(q, k, v, g, beta, pool, idx, N, T, opts, *, parents, steps, rows, update_pool, cu_seqlens=None):
     """One ``kda_decode`` launch over N sequences of T tokens (q.. packed [B, TT, ...] rows) with
-    tree parents, step states and update_pool; returns o in v's shape."""
+    tree parents, step states and update_pool (``cu_seqlens``: device offsets the kernel checks);
+    returns o in v's shape."""
     split = lambda x: None if x is None else _rows(x).reshape((N, T) + tuple(x.shape[2:]))  # noqa: E731
     o = torch.empty((N, T) + tuple(v.shape[2:]), dtype=v.dtype, device=v.device)
     if N and T:
@@ -57,7 +58,7 @@ def verify(q, k, v, g, beta, pool, idx, N, T, opts, *, parents, steps, rows, upd
             kdacupy.kda_decode(*(to_array(split(x)) for x in (q, k, v, g, beta)), state_pool=to_array(pool),
                                state_indices=_array(idx), parent_indices=_array(parents), step_states=_array(steps),
                                step_state_indices=_array(rows), update_pool=update_pool, out=to_array(o),
-                               **_params(opts))
+                               cu_seqlens=_array(cu_seqlens), **_params(opts))
         for x in (pool, steps):
             if x is not None:
                 torch.autograd.graph.increment_version(x)

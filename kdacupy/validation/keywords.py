@@ -30,7 +30,6 @@ DECODE_KEYWORDS = {
     "state_v_first": "state_layout='vk' (kda_decode's default)",
     "transpose_state_layout": "state_layout='vk' (kda_decode's default)",
     "use_qk_l2norm": "qk_l2norm=True",
-    "cu_seqlens": "[N, T, ...] inputs, one row per sequence (kda_decode takes no cu_seqlens)",
     "output_final_state": "nothing: each state goes back to its state_pool slot",
     "final_state": "nothing: each state goes back to its state_pool slot",
     "state_dtype": "nothing: states are stored in the pool's dtype",

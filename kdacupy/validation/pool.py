@@ -34,6 +34,7 @@ class Pool:
     accepted: bool  # num_accepted_tokens given
     update: bool = True  # the pool is written (kda_decode's update_pool)
     steps: object = None  # kdacupy.validation.steps.Steps: kda_decode's step states, if any
+    null_slot: int = -1  # slots at or below it are padding (kda_decode's null_slot)
 
 
 def _index_array(name, x, device, dims):
@@ -70,9 +71,9 @@ def check_pool(state_pool, *, HV, K, V, layout, device, name="state_pool"):
 
 
 def check_host_plan(write):
-    """Host indices: no slot written twice. (A sequence's start slot is among
-    the slots it writes, so this also keeps one sequence from reading a slot
-    that another writes.)"""
+    """Host indices: no slot written twice (``write``: -1 for none). (A sequence's
+    start slot is among the slots it writes, so this also keeps one sequence from
+    reading a slot that another writes.)"""
     w = np.sort(write[write >= 0], kind="stable")
     dup = np.flatnonzero(w[1:] == w[:-1])
     if dup.size:
@@ -80,7 +81,36 @@ def check_host_plan(write):
              f"slot {int(w[dup[0]])} written more than once")
 
 
-def check_indices(state_indices, num_accepted_tokens, *, N, T, P, device, allow_per_token=True):
+def check_null_slot(null_slot):
+    """``null_slot``: an int >= -1 (slots at or below it are padding)."""
+    if isinstance(null_slot, (bool, np.bool_)) or not isinstance(null_slot, (int, np.integer)):
+        fail("null_slot", "an int (slots at or below it are padding)", repr(null_slot), TypeError)
+    if not -1 <= null_slot < 1 << 62:
+        fail("null_slot", "an int >= -1 (slots at or below it are padding; -1: the negative ones)", int(null_slot))
+    return int(null_slot)
+
+
+def check_decode_offsets(cu_seqlens, *, N, T, device):
+    """kda_decode's ``cu_seqlens``: the packed offsets [N + 1] of its N sequences of T tokens, on
+    q's kind of memory, int32 / int64 and C-contiguous. Host values must be [0, T, ..., N T]; device
+    ones are not read by the host: the kernel checks them (a device-side trap where they differ)."""
+    if cu_seqlens is None:
+        return None
+    cu = _index_array("cu_seqlens", cu_seqlens, device, ((N + 1,),))
+    check_place("cu_seqlens", cu, device)
+    if not is_device(cu):
+        want = np.arange(N + 1, dtype=np.int64) * T
+        if not np.array_equal(cu, want):
+            bad = int(np.flatnonzero(cu != want)[0])
+            fail("cu_seqlens", f"{T} tokens in every one of the N = {N} sequences (offsets 0, {T}, ..., {N * T})",
+                 f"cu_seqlens[{bad}] = {int(cu[bad])}")
+    elif device and capturing(cupy_module()) and not cu.flags.c_contiguous:
+        fail("cu_seqlens", "a C-contiguous device array while the current stream is capturing a CUDA graph",
+             f"strides {cu.strides}")
+    return cu if cu.flags.c_contiguous else (cupy_module() if is_device(cu) else np).ascontiguousarray(cu)
+
+
+def check_indices(state_indices, num_accepted_tokens, *, N, T, P, device, allow_per_token=True, null_slot=-1):
     """``state_indices`` [N] (or [N, T]) and ``num_accepted_tokens`` [N]; returns
     them ready for the backends (host indices copied to the device for CuPy q)."""
     if state_indices is None:
@@ -102,11 +132,13 @@ def check_indices(state_indices, num_accepted_tokens, *, N, T, P, device, allow_
     if not is_device(idx):
         if idx.size and idx.max() >= P:
             where = np.unravel_index(int(np.argmax(idx >= P)), idx.shape)
-            fail("state_indices", f"slots < P = {P} (negative for padding)",
+            fail("state_indices", f"slots < P = {P} ({'negative' if null_slot < 0 else f'<= {null_slot}'} for "
+                 f"padding)",
                  f"state_indices[{', '.join(map(str, where))}] = {int(idx[where])}")
         if acc is None or not is_device(acc):
             # [N]: every live slot is written (once per call, whatever T is)
-            check_host_plan(idx if idx.ndim == 1 else decode_plan(idx, acc, N, T, P)[1])
+            check_host_plan(np.where(idx > null_slot, idx, -1) if idx.ndim == 1 else
+                            decode_plan(idx, acc, N, T, P, null_slot=null_slot)[1])
         if device:
             idx = cupy_module().asarray(idx)  # host -> device copy: no device-to-host sync
     if acc is not None and device and not is_device(acc):
@@ -147,14 +179,15 @@ def check_pool_overlap(pool, arrays, names):
 
 
 def validate_pool(state_pool, state_indices, num_accepted_tokens, problem, arrays, *, T,
-                  allow_per_token=True) -> tuple[Pool, np.ndarray, Optional[np.ndarray], object]:
+                  allow_per_token=True, null_slot=-1) -> tuple[Pool, np.ndarray, Optional[np.ndarray], object]:
     """Pool checks after ``validate``: returns (Pool, idx, accepted, pool array)."""
     pool = check_pool(state_pool, HV=problem.HV, K=problem.K, V=problem.V, layout=problem.state_layout,
                       device=problem.device)
     idx, acc = check_indices(state_indices, num_accepted_tokens, N=problem.N, T=T, P=pool.shape[0],
-                             device=problem.device, allow_per_token=allow_per_token)
+                             device=problem.device, allow_per_token=allow_per_token, null_slot=null_slot)
     check_pool_overlap(pool, arrays, ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out"))
-    return Pool(int(pool.shape[0]), pool.dtype, problem.state_layout, idx.ndim == 2, acc is not None), idx, acc, pool
+    return Pool(int(pool.shape[0]), pool.dtype, problem.state_layout, idx.ndim == 2, acc is not None,
+                null_slot=null_slot), idx, acc, pool
 
 
 def validate_forward_pool(problem, arrays, state_pool, state_indices, *, initial_state, output_final_state,

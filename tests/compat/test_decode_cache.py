@@ -106,10 +106,8 @@ def test_a_cached_call_launches_what_the_full_path_launches(made, call, monkeypa
         for a, b in zip(got[3], first[3]):
             if a == o.data_ptr() or b == o1.data_ptr():
                 assert (a, b) == (o.data_ptr(), o1.data_ptr())
-            elif isinstance(a, tuple) or a == b:
+            else:  # every other tensor the engine's own (vLLM's slots too: no per-step copy), every scalar
                 assert a == b
-            else:  # a tensor each call makes (vLLM's slots, the null block as padding): the same values
-                assert ctypes.string_at(a, 8 * N) == ctypes.string_at(b, 8 * N)
 
 
 def test_a_parameter_changed_in_place_is_converted_again(made):
@@ -146,34 +144,55 @@ def test_another_pool_and_other_indices_are_launched(made):
         assert idx2.data_ptr() in got and x["idx"].data_ptr() not in got
 
 
-def test_vllm_padding_follows_indices_changed_in_place(made):
+def test_vllm_slots_reach_the_kernel_as_they_are(made):
+    """vLLM's null block is padding in the kernel (its null_slot argument) and its cu_seqlens are
+    checked there: the engine's slot table and offsets themselves are launched, every step, with
+    no per-step device work on them, so what the engine rewrites in place is read as it is then."""
     x = inputs()
     with torch.inference_mode():
         vllm_call(x)
+        first = launch(made)
         o = vllm_call(x)  # noqa: F841
-        padded = [p for p in launch(made)[3] if isinstance(p, int)
-                  and np.array_equal(np.frombuffer(ctypes.string_at(p, 8 * N), np.int64), [5, 2, 7])]
-        assert padded
-        x["idx"][1] = 0  # the null block: padding from now on
-        o = vllm_call(x)  # noqa: F841
-        got = launch(made)[3]
-    assert any(isinstance(p, int) and np.array_equal(np.frombuffer(ctypes.string_at(p, 8 * N), np.int64), [5, -1, 7])
-               for p in got)
+        second = launch(made)
+        o = vllm_call(x)  # noqa: F841  (the bound launch)
+        third = launch(made)
+    for got in (first, second, third):
+        assert x["idx"].data_ptr() in got[3]
+        # ..., null_slot, cu_seqlens (the engine's own: the kernel checks its lengths), its int64 flag
+        assert got[3][-3:] == [("value", vllm.NULL_BLOCK_ID), x["cu"].data_ptr(), ("value", 0)]
 
 
-def test_cu_seqlens_changed_in_place_or_unequal_raise(made):
+def test_device_cu_seqlens_go_to_the_kernel_every_step(made):
+    """Device cu_seqlens (the stand-ins' tensors count as CUDA ones) are not read by the host: every
+    step launches them for the kernel to check (its trap: tests/emulate/test_decode_emulate.py), the
+    same tensor changed in place as it is then, another tensor as itself."""
     x = inputs()
     with torch.inference_mode():
+        for cu in (x["cu"], torch.arange(N + 1, dtype=torch.int32)):
+            for _ in range(3):  # the full path, the step's entry, the bound launch
+                sglang_call(x, cu=cu)
+                assert cu.data_ptr() in launch(made)[3]
+        x["cu"][1] = 2  # lengths 2, 0, 1: the kernel traps (no host read, no launch of a check)
         sglang_call(x)
-        sglang_call(x)
-    x["cu"][1] = 2  # lengths 2, 0, 1: not one token each
-    with torch.inference_mode(), pytest.raises(ValueError, match="cu_seqlens"):
-        sglang_call(x)
-    with torch.inference_mode():  # an inference tensor (no version): checked on every call
+        assert x["cu"].data_ptr() in launch(made)[3]
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["versioned", "inference"])
+def test_host_cu_seqlens_changed_in_place_or_unequal_raise(made, monkeypatch, inference):
+    """Host cu_seqlens with device tensors are checked on the host, by a repeated call as well: a
+    tensor with a version counter once per version, an inference tensor (none) every call."""
+    x = inputs()
+    with torch.inference_mode(inference):
         cu = torch.arange(N + 1, dtype=torch.int32)
-        sglang_call(x, cu=cu)
-        sglang_call(x, cu=cu)
-        cu[2] = 1
+    ptr = cu.data_ptr()
+    device_of = torch.Tensor.get_device
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: -1 if t.data_ptr() == ptr else device_of(t))
+    with torch.inference_mode():
+        for _ in range(3):
+            sglang_call(x, cu=cu)
+            assert ptr not in launch(made)[3]  # not launched: checked here
+    with torch.inference_mode():
+        cu[1] = 2  # lengths 2, 0, 1: not one token each
         with pytest.raises(ValueError, match="cu_seqlens"):
             sglang_call(x, cu=cu)
 

@@ -108,6 +108,37 @@ def test_device_style_out_of_range_indices_are_padding():
     check_decode_step(o, pool, before, x, dict(opts, state_indices=np.array([-1, 1], np.int32)), {1}, [0], EMULATE)
 
 
+@pytest.mark.parametrize("cu, traps", [([0, 2, 4], False), ([0, 3, 4], True), ([0, 2, 5], True)])
+def test_device_style_cu_seqlens_are_checked_by_the_kernel(cu, traps):
+    """Device cu_seqlens are not read by the host: each CTA checks its sequence's two offsets and
+    traps where they are not n T and (n + 1) T (launcher called directly, as the host check would
+    refuse the unequal ones); equal ones compute what the call without them computes."""
+    from kdacupy.emulate.errors import EmulationError
+    from kdacupy.ops.decode.fastpath import DecodeCall
+    from kdacupy.validation import validate
+    from kdacupy.validation.pool import Pool
+    x, opts, pool = make_decode(N=2, T=2, H=1, K=64, V=64, P=5)
+    kw = {n: v for n, v in opts.items() if n not in ("state_indices", "state_layout")}
+    p, a = validate(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None, initial_state=None,
+                    output_final_state=False, cu_seqlens=None, qk_l2norm=kw.pop("qk_l2norm"),
+                    beta_sigmoid=kw.pop("beta_sigmoid"), allow_neg_eigval=False, **kw, state_layout="vk",
+                    state_dtype=None, state_precision="fp32", out=None, backend="emulate")
+    idx = np.asarray(opts["state_indices"])
+    arrays = (a["q"], a["k"], a["v"], a["g"], a["beta"], pool.copy(), idx, None, None, a["A_log"], a["dt_bias"],
+              None, None, None, np.array(cu, np.int64))
+    call = DecodeCall(p, Pool(5, pool.dtype, "vk", False, False), arrays)
+    assert (call.checked(arrays) is None) == traps  # the host check refuses the unequal ones
+    if traps:
+        with pytest.raises(EmulationError, match=r"__trap\(\) called"):
+            call.launch(arrays, [call._ptr(x) for x in arrays])
+        return
+    o = call.launch(arrays, [call._ptr(x) for x in arrays])
+    want_pool = pool.copy()
+    want = kdacupy.kda_decode(**x, state_pool=want_pool, **opts, backend="emulate")
+    np.testing.assert_array_equal(o, want)
+    np.testing.assert_array_equal(arrays[5], want_pool)
+
+
 def test_one_token_sequences_with_exact_sized_inputs():
     """The anchor bug of a one-token tail reading out of bounds: T = 1 inputs
     sliced from the end of larger buffers, so a read past the token would see

@@ -73,8 +73,8 @@ def eager_args(tx, topts, tpool, **change):
     a.update(change)
     order = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "A_log", "dt_bias",
              "out", "scale", "qk_l2norm", "beta_sigmoid", "allow_neg_eigval", "gate", "lower_bound", "state_layout",
-             "backend")
-    return [a.get(n, False if n == "allow_neg_eigval" else None) for n in order]
+             "backend", "null_slot", "cu_seqlens")
+    return [a.get(n, dict(allow_neg_eigval=False, null_slot=-1).get(n)) for n in order]
 
 
 def test_the_op_runs_where_eager_would_not_be_the_same(standins):

@@ -129,7 +129,8 @@ def test_opcheck_decode_declares_its_mutations():
     q, k, v, g, beta = (torch.randn(2, 1, 1, 64), torch.randn(2, 1, 1, 64), torch.randn(2, 1, 2, 64),
                         -torch.rand(2, 1, 2, 64), torch.rand(2, 1, 2))
     args = (q, k, v, g, beta, torch.randn(4, 2, 64, 64), torch.tensor([2, 0]), None, None, None,
-            torch.empty(2, 1, 2, 64), None, True, False, False, "log", None, "vk", None)
+            torch.empty(2, 1, 2, 64), None, True, False, False, "log", None, "vk", None, 0,
+            torch.tensor([0, 1, 2], dtype=torch.int32))  # null_slot 0: slot 0 pads; cu_seqlens of N = 2
     torch.library.opcheck(torch.ops.kdacupy.decode.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 

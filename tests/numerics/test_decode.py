@@ -139,6 +139,8 @@ def test_decode_plan():
     assert start.tolist() == [3, -1] and write.tolist() == [[3, 4, 5], [-1, -1, -1]]
     start, write = decode_plan(np.array([2, -1, 9]), None, 3, 2, 8)  # 9 >= P: padding (device values)
     assert start.tolist() == [2, -1, -1] and write.tolist() == [[-1, 2], [-1, -1], [-1, -1]]
+    start, write = decode_plan(np.array([[3, 1, 5], [0, 6, 7]]), None, 2, 3, 8, null_slot=1)  # 0, 1: padding
+    assert start.tolist() == [3, -1] and write.tolist() == [[3, -1, 5], [-1, -1, -1]]
 
 
 # ---------------------------------------------------------------------------
@@ -209,6 +211,60 @@ def test_padded_rows_may_repeat_slots(backend):
     np.testing.assert_array_equal(p[[1, 2]], alone[[1, 2]])
     assert not np.array_equal(p[1], pool[1]) and not np.array_equal(p[2], p[1])
     np.testing.assert_array_equal(p[[0, 3, 4, 5, 6, 7]], pool[[0, 3, 4, 5, 6, 7]])
+
+
+@pytest.mark.parametrize("backend", ["reference", "model", pytest.param("emulate", marks=pytest.mark.emulate)])
+def test_null_slot_pads_at_and_below_it(backend):
+    """null_slot=2: a start slot at or below 2 pads its sequence and a per-token slot at or below
+    it skips that store, exactly as -1 does by default (bit for bit, the call run twice: the
+    second through the repeated-call path); such slots may repeat (vLLM's null block)."""
+    x, opts, pool = make_decode(N=3, T=2, H=1, P=8)
+    tables = [(np.array([[2, 5], [3, 0], [1, 2]], np.int64), np.array([[-1, 5], [3, -1], [-1, -1]], np.int64)),
+              (np.array([0, 6, 2], np.int32), np.array([-1, 6, -1], np.int32))]
+    for idx, as_negative in tables:
+        want_p = pool.copy()
+        want = kdacupy.kda_decode(**x, state_pool=want_p, **dict(opts, state_indices=as_negative), backend=backend)
+        for _ in range(2):
+            p = pool.copy()
+            o = kdacupy.kda_decode(**x, state_pool=p, **dict(opts, state_indices=idx), null_slot=2, backend=backend)
+            np.testing.assert_array_equal(o, want)
+            np.testing.assert_array_equal(p, want_p)
+        starts = as_negative if as_negative.ndim == 1 else as_negative[:, 0]
+        padded = np.flatnonzero(starts < 0)
+        assert padded.size and not np.any(o[padded].astype(np.float32))
+        np.testing.assert_array_equal(p[:3], pool[:3])  # slots 0-2 are never read nor written
+
+
+def test_null_slot_errors():
+    bad("null_slot: expected an int", TypeError, null_slot=0.0)
+    bad("null_slot: expected an int", TypeError, null_slot=True)
+    bad("null_slot: expected an int >= -1", null_slot=-2)
+    bad(r"state_indices: expected slots < P = 8 \(<= 0 for padding\)", state_indices=np.array([1, 8, 5], np.int32),
+        null_slot=0)
+    bad("state_indices: expected distinct slots", state_indices=np.array([1, 3, 1], np.int32), null_slot=0)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("emulate", marks=pytest.mark.emulate)])
+def test_cu_seqlens_of_equal_lengths_change_nothing(backend):
+    """cu_seqlens [0, T, ..., N T] (an engine's packed offsets) give the call without them, bit for
+    bit (on the emulation twice: the second through the repeated-call path)."""
+    x, opts, pool = make_decode(N=3, T=2, H=1, P=8)
+    want_p = pool.copy()
+    want = kdacupy.kda_decode(**x, state_pool=want_p, **opts, backend=backend)
+    for cu in (np.array([0, 2, 4, 6], np.int32), np.array([0, 2, 4, 6], np.int64)):
+        for _ in range(2):
+            p = pool.copy()
+            o = kdacupy.kda_decode(**x, state_pool=p, **opts, cu_seqlens=cu, backend=backend)
+            np.testing.assert_array_equal(o, want)
+            np.testing.assert_array_equal(p, want_p)
+
+
+def test_cu_seqlens_errors():
+    bad(r"cu_seqlens: expected 2 tokens in every one of the N = 3 sequences .* got cu_seqlens\[1\] = 3",
+        cu_seqlens=np.array([0, 3, 4, 6], np.int32))
+    bad(r"cu_seqlens: expected 2 tokens .* got cu_seqlens\[3\] = 7", cu_seqlens=np.array([0, 2, 4, 7], np.int32))
+    bad(r"cu_seqlens: expected shape \(4,\)", cu_seqlens=np.array([0, 2, 4], np.int32))
+    bad("cu_seqlens: expected dtype int32 or int64", TypeError, cu_seqlens=np.array([0, 2, 4, 6], np.float32))
 
 
 def test_out_and_inputs_may_not_overlap_the_pool():

@@ -22,10 +22,10 @@ from ...numerics.decode_reference import step_problems
 from .kernels import decode_args, launch_plan, scalar_args, stride_args
 
 #: (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias, then tree verify's
-#: parent_indices, step_states, step_state_indices)
+#: parent_indices, step_states, step_state_indices, then cu_seqlens)
 NAMES = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "out", "A_log", "dt_bias",
-         "parent_indices", "step_states", "step_state_indices")
-_INPUTS = (0, 1, 2, 3, 4, 9, 10)  # what neither the pool, out nor the step states may overlap
+         "parent_indices", "step_states", "step_state_indices", "cu_seqlens")
+_INPUTS = (0, 1, 2, 3, 4, 9, 10, 14)  # what neither the pool, out nor the step states may overlap
 _WRITTEN = (5, 8, 12)  # the pool, out, the step states: apart from the inputs and from each other
 _cache: dict = {}
 MAX_ENTRIES = 512
@@ -102,8 +102,10 @@ class DecodeCall:
         # (i, j, a, b): arrays i and j overlap where a < ptr_j - ptr_i < b (bounds, as may_share_memory)
         self.pairs = [(i, j, self.spans[i][0] - self.spans[j][1], self.spans[i][1] - self.spans[j][0])
                       for w, i in enumerate(written) for j in _INPUTS + written[w + 1:]
-                      if self.spans[i] is not None and self.spans[j] is not None]
+                      if j < len(arrays) and self.spans[i] is not None and self.spans[j] is not None]
         self.steps = pool.steps if len(arrays) > 11 and arrays[12] is not None else None
+        self.cu = len(arrays) > 14 and arrays[14] is not None
+        self.cu_want = list(range(0, (problem.N + 1) * problem.T, problem.T)) if problem.T else [0] * (problem.N + 1)
         self.out_shape, self.out_dtype = arrays[2].shape, problem.dtype
         self.strides = stride_args(arrays)
         N, T, HV, V = arrays[2].shape
@@ -132,8 +134,9 @@ class DecodeCall:
             return True
         if idx.max() >= self.pool.P:
             return False
+        null = self.pool.null_slot
         if idx.ndim == 1:
-            w = idx[idx >= 0]
+            w = idx[idx > null]
         else:
             if acc is not None:
                 if acc.min() < 1 or acc.max() > self.p.T:
@@ -141,8 +144,8 @@ class DecodeCall:
                 start = idx[self.rows, acc - 1]
             else:
                 start = idx[:, 0]
-            w = idx[start >= 0]
-            w = w[w >= 0]
+            w = idx[start > null]
+            w = w[w > null]
         return len(set(w.tolist())) == w.size
 
     def _host_steps_ok(self, arrays):
@@ -153,6 +156,7 @@ class DecodeCall:
         if parents is None and rows is None:
             return True
         start = idx if idx.ndim == 1 else idx[self.rows, 0 if acc is None else acc - 1]
+        start = np.where(start > self.pool.null_slot, start, -1)
         return step_problems(parents, rows, start, self.steps.rows, self.p.T, parents is not None) is None
 
     def checked(self, arrays):
@@ -174,6 +178,8 @@ class DecodeCall:
             if not self._host_indices_ok(arrays[6], arrays[7]):
                 return None
             if self.steps is not None and not self._host_steps_ok(arrays):
+                return None
+            if self.cu and arrays[14].tolist() != self.cu_want:
                 return None
         return ptrs
 

@@ -86,24 +86,26 @@ def scalar_args(p, pool, arrays):
     """The arguments after the pointers that depend only on the call's key."""
     idx, acc = arrays[6], arrays[7]
     parents, steps, rows = arrays[11:14] if len(arrays) > 11 else (None, None, None)
+    cu = arrays[14] if len(arrays) > 14 else None
     return (np.int64(pool.P), np.int32(idx.dtype == np.int64), np.int32(pool.per_token),
             np.int32(acc is not None and acc.dtype == np.int64), np.int32(p.T), np.int32(p.H), np.int32(p.HV),
             np.float32(p.scale), lower_bound_log2(p),
             np.int32(parents is not None and parents.dtype == np.int64),
             np.int64(0 if steps is None else steps.shape[0]), np.int32(0 if steps is None else steps.shape[1]),
-            np.int32(rows is not None and rows.dtype == np.int64), np.int32(pool.update))
+            np.int32(rows is not None and rows.dtype == np.int64), np.int32(pool.update), np.int64(pool.null_slot),
+            np.int32(cu is not None and cu.dtype == np.int64))
 
 
 def decode_args(ptrs, strides, scalars):
-    """The kernel's argument tuple from the 14 data pointers (``fastpath.NAMES``; ints, 0 for
+    """The kernel's argument tuple from the 15 data pointers (``fastpath.NAMES``; ints, 0 for
     none; or, for the emulation, ``kdacupy.emulate.pointer`` objects, which carry their arrays'
     extents)."""
     def u(p):
         return np.uint64(p) if isinstance(p, (int, np.integer)) else p
-    ptrs = list(ptrs) + [0] * (14 - len(ptrs))  # callers of the 11-array form pass no tree arrays
+    ptrs = list(ptrs) + [0] * (15 - len(ptrs))  # callers of the 11-array form pass no tree arrays
     sq, sk, sv, sg, sb, so = strides
-    P, idx64, per_token, acc64, T, H, HV, scale, lb2, par64, R, S, rows64, update = scalars
+    P, idx64, per_token, acc64, T, H, HV, scale, lb2, par64, R, S, rows64, update, null_slot, cu64 = scalars
     return (u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), *sq, *sk, *sv, *sg, *sb,
             u(ptrs[8]), *so, u(ptrs[9]), u(ptrs[10]), u(ptrs[5]), P, u(ptrs[6]), idx64, per_token,
             u(ptrs[7]), acc64, T, H, HV, scale, lb2, u(ptrs[11]), par64, u(ptrs[12]), R, S, u(ptrs[13]), rows64,
-            update)
+            update, null_slot, u(ptrs[14]), cu64)
