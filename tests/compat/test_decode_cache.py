@@ -275,3 +275,37 @@ def test_a_bound_call_refuses_the_out_the_core_call_refuses(made):
     views = entry.views
     with pytest.raises(ValueError):
         kdacupy.kda_decode(*views[:4], None, state_pool=views[5], state_indices=views[6], gate="log", out=views[0])
+
+
+def test_an_engine_call_is_found_by_its_own_key_only_where_its_mapping_is_a_view(made):
+    """A call found by its own arguments' key (decode_cache.front) skips mapping them, so only a
+    mapping made of views may be skipped: SGLang's default softplus (the kernel's gate, a view of
+    the raw gate) is; a softplus_beta of 2 (the gate computed by torch ops, from values) is never,
+    so the gate the kernel reads is computed anew from the raw one every call."""
+    x = inputs()
+    decode_cache.clear()
+    with torch.inference_mode():
+        for _ in range(3):
+            sglang_call(x)
+            assert x["g"].data_ptr() in launch(made)[3]
+        assert len(decode_cache._fronts) == 1
+        decode_cache.clear()
+        for _ in range(3):
+            x["g"].add_(1.0)  # the engine rewrites its raw gate in place
+            sglang.fused_sigmoid_gating_delta_rule_update(
+                x["A_log"], x["g"].reshape(1, N, H * D), x["dt_bias"], 2.0, 20.0, x["q"], x["k"], x["v"], x["b"],
+                x["pool"], x["idx"], use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu"], is_kda=True)
+            assert launch(made)[3][3] != x["g"].data_ptr()  # the fourth argument, g: a gate computed anew
+        assert not decode_cache._fronts
+
+
+def test_another_scalar_argument_is_another_call(made):
+    """lower_bound is a scalar of the engine's call, in its key: a new value launches its own."""
+    x = inputs()
+    with torch.inference_mode():
+        for lb in (-5.0, -5.0, -3.0, -3.0, -5.0):
+            sglang.fused_sigmoid_gating_delta_rule_update(
+                x["A_log"], x["g"].reshape(1, N, H * D), x["dt_bias"], 1.0, 20.0, x["q"], x["k"], x["v"], x["b"],
+                x["pool"], x["idx"], use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu"], is_kda=True, lower_bound=lb)
+            scalars = [a[1] for a in launch(made)[3] if isinstance(a, tuple) and isinstance(a[1], float)]
+            assert pytest.approx(lb / np.log(2.0), rel=1e-6) in scalars  # the bound in base 2 (lb2)
