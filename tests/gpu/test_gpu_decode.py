@@ -52,6 +52,21 @@ def test_padding_and_device_indices_out_of_range():
     check_decode_step(cp.asnumpy(out), cp.asnumpy(pd), pool, x, host, {5, 0}, [0, 2], GPU)
 
 
+def test_null_slot_and_device_cu_seqlens():
+    """vLLM's way: slot 0 (the null block) and -1 pad with null_slot=0, device cu_seqlens of equal
+    lengths go to the kernel (checked there, not by the host): the same step as -1 slots and no
+    offsets, bit for bit (a trap on unequal offsets would end the CUDA context: it is tested on
+    the emulation, test_decode_emulate.py's test_device_style_cu_seqlens_are_checked_by_the_kernel)."""
+    x, opts, pool = make_decode(N=4, T=1, H=2, HV=4, K=128, V=128, P=6, pool_dtype=BF16)
+    want_pool = cp.asarray(pool)
+    want = kdacupy.kda_decode(**dev(x), state_pool=want_pool,
+                              **dev(dict(opts, state_indices=np.array([-1, 5, -1, 3], np.int32))))
+    pd = cp.asarray(pool)
+    o = kdacupy.kda_decode(**dev(x), state_pool=pd, **dev(dict(opts, state_indices=np.array([0, 5, -1, 3], np.int32))),
+                           null_slot=0, cu_seqlens=cp.arange(5, dtype=cp.int32))
+    assert cp.array_equal(o, want) and cp.array_equal(pd, want_pool)
+
+
 def test_decode_step_captures_into_a_cuda_graph_and_replays():
     """What engines do: one captured decode step, replayed with new tokens and
     slots copied into the same device buffers, no host synchronisation inside."""
