@@ -7,17 +7,27 @@
 //
 // Rendered configuration: KDA_K, KDA_DT (q, k), KDA_G_DT, KDA_BETA_DT,
 // KDA_GATE (KDA_GATE_LOG | _SOFTPLUS | _SIGMOID), KDA_BETA_MODE (KDA_BETA_NONE |
-// _RAW | _SIGMOID | _SIGMOID2 = 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts.
+// _RAW | _SIGMOID | _SIGMOID2 = 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts; optional
+// KDA_WS_CORE (1: the workspace's 16-bit tiles in the core-matrix layout the wgmma recurrence's
+// matrix descriptors read, layouts.core_offset; else row-major).
 #include "common.cuh"
 #include "fragments.cuh"
 #include "gates.cuh"
 #include "prepare_steps.cuh"
 #include "rows.cuh"
 
+#ifndef KDA_WS_CORE
+#define KDA_WS_CORE 0
+#endif
+
 namespace {
 using namespace kda;
 
 constexpr int K = KDA_K;
+#if KDA_WS_CORE
+// Byte offset of element (r, c) of a [16, C] workspace tile in the core-matrix layout
+__device__ __forceinline__ int ws_core_off(int r, int c) { return (c >> 3) * (CHUNK * 16) + r * 16 + (c & 7) * 2; }
+#endif
 constexpr int NT = 128;
 constexpr int TS = K + 8;        // padded bf16 tile row (elements)
 
@@ -241,7 +251,11 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
           wk[w] = pack_bf16x2(kd[0], kd[1]);
           wr[w] = pack_bf16x2(kr[0], kr[1]);
         }
+#if KDA_WS_CORE
+        const i64 off = ws_core_off(r, c0);  // E <= 8 channels from c0 (a multiple of E): 2E contiguous bytes
+#else
         const i64 off = (static_cast<i64>(r) * K + c0) * 2;
+#endif
         store_piece<E>(blk + WS_QDEC + off, wq);
         store_piece<E>(blk + WS_KDEC + off, wk);
         store_piece<E>(blk + WS_KRES + off, wr);
@@ -319,12 +333,24 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     for (int p = tid; p < CHUNK * CHUNK; p += NT) {
       const int i = p / CHUNK, j = p % CHUNK;
       sL[sw(i, j)] = i > j ? sL[sw(i, j)] * sBeta[i] : 0.f;
+#if KDA_WS_CORE
+      *reinterpret_cast<u16*>(blk + WS_MQK + ws_core_off(i, j)) = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
+#else
       reinterpret_cast<u16*>(blk + WS_MQK)[p] = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
+#endif
     }
     __syncthreads();
 
     // [8] (I + Lb)^-1, one column per thread (a row of the workspace's INV: 16 adjacent lanes)
+#if KDA_WS_CORE
+    // core layout: column tid's rows 8 elements apart from its first, ws_core_off(0, tid) (the helper
+    // writes inv[i * ROW + tid])
+    if (tid < CHUNK)
+      inverse_column<8>(sL, [](int i, int j) { return sw(i, j); },
+                        reinterpret_cast<u16*>(blk + WS_INV + ws_core_off(0, tid)) - tid, tid);
+#else
     if (tid < CHUNK) inverse_column<CHUNK>(sL, [](int i, int j) { return sw(i, j); }, reinterpret_cast<u16*>(blk + WS_INV), tid);
+#endif
   }
   cp_async_wait<0>();
 }

@@ -9,8 +9,15 @@
 //   o^T = S q_dec^T + U^T Mqk^T;  S = fma(S, gexp, U^T k_res)   (one fp32 FMA each)
 // Rounding points: kdacupy/numerics/precision.py steps [10]-[16].
 //
+// KDA_MMA = KDA_MMA_WGMMA (sm_90a; docs/design.md section 5): each warpgroup (4 warps) owns 64
+// value rows and runs the same products, in the same k order, as wgmma m64nNk16 with the state
+// as the register A operand and the chunk tiles as B from shared memory (no-swizzle matrix
+// descriptors over the core-matrix workspace, KDA_WS_CORE in kda_prepare); each chunk's
+// workspace block and value rows arrive by cp.async.bulk in a ring of KDA_STAGES stages, each
+// completed through its mbarrier (expect_tx, try_wait.parity). Every rounding point is the same.
+//
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (v and o), KDA_BV, KDA_STAGES,
-// KDA_STATE_FP32, WS_* and RSM_* layouts; optional KDA_NO_OUTPUT (1: o is
+// KDA_STATE_FP32, WS_* and RSM_* layouts; optional KDA_MMA; optional KDA_NO_OUTPUT (1: o is
 // neither computed nor written, only the final state: the segment maps of the
 // sequence-parallel forward, kdacupy/seqpar.py); optional KDA_STORE_STATES (1: the state at
 // each chunk's start, as held, goes to ``states`` [HV, slots, V, K]: what the backward reads,
@@ -33,6 +40,10 @@
 #ifndef KDA_CHECKPOINTS
 #define KDA_CHECKPOINTS 0
 #endif
+#ifndef KDA_MMA
+#define KDA_MMA KDA_MMA_SYNC
+#endif
+#define KDA_WGMMA_PATH (KDA_MMA == KDA_MMA_WGMMA)
 
 namespace {
 using namespace kda;
@@ -53,7 +64,30 @@ constexpr int VCH = BV * ES / 16;     // 16-byte pieces per value-tile row
 
 static_assert(V % BV == 0 && BV % 16 == 0, "value slices are whole warps");
 static_assert(RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
+#if KDA_WGMMA_PATH
+// A stage holds the workspace block as the prepare wrote it (core-matrix tiles: element (r, c) of a
+// [16, C] 16-bit tile at byte (c / 8) * 256 + 16 r + 2 (c % 8); kda_prepare, KDA_WS_CORE), then the
+// [16, BV] value rows; one mbarrier per stage at RSM_BAR.
+static_assert(NW % 4 == 0, "wgmma: whole warpgroups of 64 value rows (BV = 64 or 128)");
+static_assert(K <= 128, "wgmma: dS in one m64nKk16 (K = 256 keeps mma.sync: its registers)");
+static_assert(OUTPUT && !KDA_STORE_STATES, "wgmma: the forward with its output (the other callers keep mma.sync)");
+static_assert(STAGES >= 2, "wgmma: a ragged tail's zeros are ordered by the barrier that ends a chunk");
+static_assert(RSM_QDEC == WS_QDEC && RSM_KDEC == WS_KDEC && RSM_KRES == WS_KRES && RSM_INV == WS_INV &&
+              RSM_MQK == WS_MQK && RSM_GEXP == WS_GEXP && RSM_VT >= WS_STRIDE && RSM_VT % 16 == 0 &&
+              RSM_STAGE % 16 == 0 && RSM_VROW % 16 == 0 && RSM_BAR % 16 == 0, "the stage is the workspace block");
+constexpr u32 CORE_COLS = CHUNK * 16;  // bytes per 8 columns of a core-matrix tile
+// B = tile^T through a K-major descriptor (k = column: 8 columns CORE_COLS apart; n = row: 8 rows
+// 128 bytes apart), 16 columns from col0
+__device__ __forceinline__ u64 desc_t(const unsigned char* tile, int col0) {
+  return wgmma_desc(tile + (col0 / 8) * CORE_COLS, CORE_COLS, 128, WGMMA_SWIZZLE_NONE);
+}
+// B = tile through an N-major descriptor (k = row: 8 rows 128 bytes apart; n = column)
+__device__ __forceinline__ u64 desc_n(const unsigned char* tile) {
+  return wgmma_desc(tile, 128, CORE_COLS, WGMMA_SWIZZLE_NONE);
+}
+#else
 static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CHUNK * TS * 2, "smem tiles");
+#endif
 
 // Queue the copies of one chunk (workspace block + value tile) into a stage; without the output,
 // q_dec and Mqk are never read: not copied.
@@ -109,6 +143,41 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
                                (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
   const unsigned char* wsbase = ws + (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * WS_STRIDE;
   const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
+#if KDA_WGMMA_PATH
+  // stage s's mbarrier at bars[2 s]: its copies have landed (16 bytes a barrier, as the
+  // emulation's profile tells barriers apart)
+  u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);
+  if (tid == 0) {
+#pragma unroll 1
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(&bars[2 * s], 1);
+    fence_proxy_async_smem();  // the initialised barriers, before the bulk copies complete on them
+  }
+  __syncthreads();
+  // Chunk c's copies into stage c % STAGES: warp 0 issues the workspace block (one copy) and the
+  // value rows (one a lane), lane 0 arms the barrier with their bytes; a ragged tail's value rows
+  // are zeroed by the threads (0 * garbage could be NaN)
+  auto issue = [&](int c) {
+    if (c >= nchunks) return;
+    unsigned char* stg = sm + (c % STAGES) * RSM_STAGE;
+    u64* bar = &bars[2 * (c % STAGES)];
+    const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
+    if (warp == 0) {
+      if (lane == 0) {
+        mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * BV * ES);
+        cp_async_bulk_g2s(stg, wsbase + static_cast<i64>(c) * WS_STRIDE, WS_STRIDE, bar);
+      }
+      __syncwarp();
+      if (lane < rows)
+        cp_async_bulk_g2s(stg + RSM_VT + lane * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + lane) * v_st * ES,
+                          BV * ES, bar);
+    }
+    for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
+      reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
+  };
+#pragma unroll 1
+  for (int c = 0; c < STAGES - 1; ++c) issue(c);
+  __syncthreads();  // chunk 0's zeroed tail, before its reads
+#else
   auto issue = [&](int c) {
     if (c < nchunks) {
       const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
@@ -119,6 +188,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   };
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
+#endif
 
   // [10] the warp's 16 x K slice of the state: n-tile j holds (row g / g+8, column 8j + 2t, +1),
   // read 16 keys at a time in whole sectors, after the first copies are issued (read before them,
@@ -162,6 +232,127 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     }
   };
 
+#if KDA_WGMMA_PATH
+  unsigned char* ot = sm + RSM_OT + warp * CHUNK * RSM_OROW;
+#pragma unroll 1
+  for (int c = 0; c < nchunks; ++c) {
+    issue(c + STAGES - 1);
+    mbarrier_wait_parity(&bars[2 * (c % STAGES)], (c / STAGES) & 1);
+    const unsigned char* st = sm + (c % STAGES) * RSM_STAGE;
+    const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
+    const float* bet = reinterpret_cast<const float*>(st + RSM_BETA);
+
+    // [11]-[12] W^T and the state part of o^T with the state as A: one k16 wgmma per 16 keys, in
+    // key order, B = k_dec^T, q_dec^T (n = token). The fragments stay put until the wait.
+    u32 A[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      if constexpr (FP32_STATE) {
+        to_a_frag(A[s], Sf[2 * s], Sf[2 * s + 1]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) A[s][e] = Sa[s][e];
+      }
+    }
+    float Wt[8], Ot[8];  // n-tile nt's accumulator e at [4 nt + e], as mma.sync's
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < KS; ++s) wgmma_bf16<16, false>(Wt, A[s], desc_t(st + RSM_KDEC, 16 * s), s > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int s = 0; s < KS; ++s) wgmma_bf16<16, false>(Ot, A[s], desc_t(st + RSM_QDEC, 16 * s), s > 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // W^T final; o^T's group still in flight
+    wgmma_fence_operand(Wt);
+
+    // [12] vsub^T = bf16(beta * (v^T - W^T)), the values arriving as (row v, column token)
+    float vt[2][4];
+    load_tile_t<KDA_DT, RSM_VROW>(vt, st + RSM_VT, 16 * warp, lane);
+    float vs[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      const float2 be = *reinterpret_cast<const float2*>(bet + 8 * nt + 2 * t);  // tokens 2t, 2t + 1: one load
+#pragma unroll
+      for (int e = 0; e < 4; ++e) vs[nt][e] = ((e & 1) ? be.y : be.x) * (vt[nt][e] - Wt[4 * nt + e]);
+    }
+    u32 va[4];
+    to_a_frag(va, vs);
+
+    // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j]
+    float Ut[8];
+    wgmma_fence();
+    wgmma_bf16<16, false>(Ut, va, desc_t(st + RSM_INV, 0), false);
+    wgmma_commit();
+    wgmma_wait<0>();  // U^T and the state part of o^T final
+    wgmma_fence_operand(Ut);
+    wgmma_fence_operand(Ot);
+    u32 ua[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ua[e] = pack_bf16x2(Ut[2 * e], Ut[2 * e + 1]);  // to_a_frag's packing
+
+    // [14] o^T += U^T Mqk^T; [15] dS = U^T k_res: B[k = token][n = key], N-major, all K keys at once
+    float dS[K / 2];
+    wgmma_fence();
+    wgmma_bf16<16, false>(Ot, ua, desc_t(st + RSM_MQK, 0), true);
+    wgmma_bf16<K, true>(dS, ua, desc_n(st + RSM_KRES), false);
+    wgmma_commit();
+    wgmma_wait<0>();  // o^T and dS final
+    wgmma_fence_operand(Ot);
+    wgmma_fence_operand(dS);
+
+    // [14] o^T rounded once to the output dtype, staged per warp, stored by rows
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        store_f32<KDA_DT>(ot, (8 * nt + 2 * t + (e & 1)) * (RSM_OROW / ES) + g + 8 * (e >> 1), Ot[4 * nt + e]);
+      }
+    }
+    __syncwarp();
+    {
+      constexpr int PIECES = 16 * ES / 16;  // 16-byte pieces per output row of this warp
+      const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
+      for (int p = lane; p < CHUNK * PIECES; p += 32) {
+        const int r = p / PIECES, pc = p % PIECES;
+        if (r < rows) {
+          const i64 off = (b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK + r) * o_st + hv * o_sh + vw) * ES;
+          reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + off)[pc] =
+              reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
+        }
+      }
+    }
+    __syncwarp();
+
+    // [15] S = fp32(dS + S * gexp), one FMA per element (n-tile j of dS at [4 j + e])
+#pragma unroll
+    for (int j = 0; j < K / 8; ++j) {
+      const float2 ge = *reinterpret_cast<const float2*>(gexp + 8 * j + 2 * t);  // keys 8j + 2t, +1: one load
+      const float ge0 = ge.x, ge1 = ge.y;
+      const float* d = dS + 4 * j;
+      if constexpr (FP32_STATE) {
+        Sf[j][0] = fmaf(Sf[j][0], ge0, d[0]);
+        Sf[j][1] = fmaf(Sf[j][1], ge1, d[1]);
+        Sf[j][2] = fmaf(Sf[j][2], ge0, d[2]);
+        Sf[j][3] = fmaf(Sf[j][3], ge1, d[3]);
+      } else {
+        u32& top = Sa[j / 2][2 * (j % 2)];
+        u32& bot = Sa[j / 2][2 * (j % 2) + 1];
+        top = pack_bf16x2(fmaf(bf16_lo(top), ge0, d[0]), fmaf(bf16_hi(top), ge1, d[1]));
+        bot = pack_bf16x2(fmaf(bf16_lo(bot), ge0, d[2]), fmaf(bf16_hi(bot), ge1, d[3]));
+      }
+    }
+#if KDA_CHECKPOINTS
+    if ((c + 1) % ckpt_every == 0 && (c + 1) * CHUNK <= seq.len && (c + 1) / ckpt_every <= ckpt_per_seq) {
+      const i64 e = static_cast<i64>(n) * ckpt_per_seq + (c + 1) / ckpt_every - 1;
+      const i64 row = ckpt_idx == nullptr ? e
+                      : ckpt_i64 ? static_cast<const i64*>(ckpt_idx)[e] : static_cast<const i32*>(ckpt_idx)[e];
+      if (row >= 0 && row < ckpt_rows) store_held(ckpt, ckpt_dtype, row * HV + hv);
+    }
+#endif
+    __syncthreads();  // every read of the stage (wgmma waited for), before its refill
+  }
+#else
   // ldmatrix lane addresses in a 16x16 window of a row-major 16-bit tile:
   const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);  // B = tile^T
   const int trow = (lane & 7) + 8 * ((lane >> 3) & 1), tcol = 8 * (lane >> 4);  // B = tile, transposed load
@@ -304,6 +495,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     __syncthreads();  // the stage is refilled by the next iteration's issue()
   }
   cp_async_wait<0>();
+#endif
 
   // [16] final state, 16 keys at a time in whole sectors; the slot is looked up again rather than
   // held across the chunk loop (at the register limit, K = 256 in fp32, holding it cost spills)

@@ -35,7 +35,8 @@ from ..ops.forward import variants as _forward  # noqa: F401  (registers the for
 from ..ops.seqpar import variants as _seqpar  # noqa: F401  (registers the split's map and scan kernels)
 from .args import at_least
 
-KERNELS = {"prepare": ("kda_prepare",), "recurrence": ("kda_recurrence",), "decode": ("kda_decode",),
+KERNELS = {"prepare": ("kda_prepare", "kda_prepare_core"), "recurrence": ("kda_recurrence", "kda_recurrence_wgmma"),
+           "decode": ("kda_decode",),
            "seqpar": ("kda_seqpar_maps", "kda_seqpar_scan"),
            "backward": ("kda_recurrence_store", "kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce")}
 
@@ -92,7 +93,8 @@ def main(argv=None):
     if args.sass and nvdisasm() is None:
         print(f"{ap.prog}: {NVDISASM_HINT}", file=sys.stderr)
         return 2
-    variants = select(args.kernel, args.match)
+    # a variant that builds for one target only (the wgmma recurrence: sm_90a) is left out elsewhere
+    variants = [v for v in select(args.kernel, args.match) if getattr(v, "only_arch", None) in (None, _target(v, args))]
     if not variants:
         print(f"{ap.prog}: no variant matches {' and '.join(map(repr, args.match))} (--kernel {args.kernel})",
               file=sys.stderr)

@@ -110,13 +110,15 @@ def slice_shape(shape: Shape, heads: int) -> tuple[Shape, int]:
     return dataclasses.replace(shape, name=f"{shape.name}-slice", H=h, HV=h * group if shape.HV else None), h * group
 
 
-def forward_records(shape: Shape, heads: int | None, sms: int, **options) -> tuple[list[dict], dict]:
+def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None = None,
+                    **options) -> tuple[list[dict], dict]:
     """Profile records of kda_forward at ``shape`` (``heads``: emulate that many value heads and
-    scale; None: all of them), with the tiles the full shape gets on a GPU of ``sms`` SMs."""
+    scale; None: all of them), with the tiles the full shape gets on a GPU of ``sms`` SMs and
+    target ``arch`` (sm_90a: the wgmma recurrence where the heuristic picks it)."""
     from ..ops.forward.kernels import forward
     from ..ops.forward.tuning import heuristic
 
-    tiles = heuristic(shape_problem(shape), sms)
+    tiles = heuristic(shape_problem(shape), sms, arch)
     part, hv = slice_shape(shape, shape.hv if heads is None else heads)
     arrays, opts = make_inputs(part)
     opts.update(options)
@@ -124,7 +126,7 @@ def forward_records(shape: Shape, heads: int | None, sms: int, **options) -> tup
     with counting() as recs:
         forward(p, a, tiles)
     factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
-    info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages))
+    info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
     return [scaled(r, factor) for r in recs], info
 
 
@@ -303,7 +305,9 @@ def print_paths(e: dict, gpu: roofline.Gpu, p) -> None:
 def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
     p = lambda *a: print(*a, file=file or sys.stdout)  # noqa: E731
     sl = f", {e['heads_emulated']} value head(s) emulated, counts x {e['scale']:g}" if "scale" in e else ""
-    p(f"\n== {e['name']}{sl}" + (f", tiles BV={e['tiles']['BV']} stages={e['tiles']['stages']}" if "tiles" in e else ""))
+    p(f"\n== {e['name']}{sl}" + (f", tiles BV={e['tiles']['BV']} stages={e['tiles']['stages']}"
+                             + (f" mma={e['tiles']['mma']}" if e["tiles"].get("mma", "sync") != "sync" else "")
+                             if "tiles" in e else ""))
     p(f"{'kernel':16} {'CTAs':>7} {'smem req':>10} {'wf/req':>6} {'ideal':>5} {'excess':>7} {'gmem req':>9} "
       f"{'sect.eff':>8} {'dram MB':>8} {'mma':>9} {'sfu':>9} {'bar':>7}")
     for r in e["kernels"]:
@@ -434,7 +438,7 @@ def workloads(args, gpu):
     jobs = []
     if not args.shape:
         if fwd:
-            jobs += [("forward", lambda: forward_records(DEFAULT_SHAPE, None, gpu.sms), DEFAULT_SHAPE, "forward"),
+            jobs += [("forward", lambda: forward_records(DEFAULT_SHAPE, None, gpu.sms, gpu.arch), DEFAULT_SHAPE, "forward"),
                      ("decode", decode_records, None, "decode"),
                      ("split forward", lambda: split_records(DEFAULT_SHAPE, DEFAULT_SEGMENTS), None, "split")]
         if bwd:
@@ -444,7 +448,7 @@ def workloads(args, gpu):
         opts = {} if args.lower_bound is None else dict(lower_bound=args.lower_bound)
         for s in resolve_shapes(args.shape):
             if fwd:
-                jobs.append((s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, **opts)), s, "forward"))
+                jobs.append((s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, gpu.arch, **opts)), s, "forward"))
             if bwd:
                 jobs.append((f"{s.name} backward", (lambda s=s: backward_records(s, args.heads, gpu.sms, **opts)), s,
                              "backward"))

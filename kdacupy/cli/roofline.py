@@ -109,12 +109,13 @@ def latency_cycles(rec: dict, gpu: Gpu, ctas_per_sm: int) -> float:
 def in_flight(rec: dict, gpu: Gpu, ctas_per_sm: int) -> dict:
     """Bytes of global loads per SM in flight against Little's law's need (over the SMs the grid
     keeps busy): on average, at the pace of the dependent path, the resident CTAs' load bytes x the
-    DRAM latency / their mean path (at most their bytes); at most (peak) the resident CTAs' largest
+    DRAM latency / their mean path (at most their bytes; cp.async.bulk's bytes count as loads); at
+    most (peak) the resident CTAs' largest
     in flight at once each. Below the need on average: the loads cannot draw the HBM bandwidth
     (latency-bound on loads)."""
     ctas = max(1, rec["ctas"])
     r = resident_ctas(gpu, ctas, ctas_per_sm)
-    load = 32 * rec["gmem_load_sectors"] / ctas
+    load = (32 * rec["gmem_load_sectors"] + rec.get("bulk_copy_bytes", 0)) / ctas  # bulk copies: no requests
     mean_path = path_cycles(rec, gpu, "sum") / ctas
     per_cta = min(load, load * gpu.cycles("dram") / mean_path) if mean_path else load
     need = gpu.little_need_bytes(min(gpu.sms, ctas))
@@ -143,8 +144,8 @@ def default_ctas_per_sm(rec: dict, gpu: Gpu) -> int:
 
 def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None) -> dict:
     """Seconds each resource needs for one launch record's counts: HBM (bytes read and written
-    once, an ideal L2), shared memory (wavefronts, and wgmma's B operand at a wavefront per 128
-    bytes), tensor cores (wgmma at the datasheet rate, mma.sync at its own),
+    once, an ideal L2), shared memory (wavefronts, and wgmma's B operand and the bulk copies'
+    writes at a wavefront per 128 bytes), tensor cores (wgmma at the datasheet rate, mma.sync at its own),
     SFU (.approx warp instructions), per-SM resources over the SMs the CTAs occupy (a last partial
     wave counts whole); and the dependent path (latency_cycles) at ``ctas_per_sm`` resident CTAs
     (default: default_ctas_per_sm)."""
@@ -153,7 +154,8 @@ def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None) -> dict:
     per_sm = gpu.sms * gpu.clock_ghz * 1e9 / waves
     out = {
         "hbm": (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / (gpu.hbm_tb_s * 1e12),
-        "smem": (rec["smem_wavefronts"] + rec.get("wgmma_smem_bytes", 0) / gpu.smem_bytes_per_clk) / per_sm,
+        "smem": (rec["smem_wavefronts"] + (rec.get("wgmma_smem_bytes", 0) + rec.get("bulk_copy_bytes", 0))
+                 / gpu.smem_bytes_per_clk) / per_sm,
         "tensor": (rec["mma"] * MMA_FLOP / gpu.mma_sync_tflops
                    + rec.get("wgmma_smem_bytes", 0) * WGMMA_FLOP_PER_B_BYTE / gpu.bf16_tflops) / (1e12 / waves),
         "sfu": rec["sfu"] * 32 / (per_sm * gpu.sfu_per_clk),

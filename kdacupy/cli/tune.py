@@ -54,6 +54,7 @@ class Bucket:
     match: dict
     shape: Shape  # the shape it is tuned on (the first that maps to it)
     shapes: list = field(default_factory=list)
+    arch: str | None = None  # the target: sm_90a adds the wgmma candidates
 
     @property
     def key(self) -> str:
@@ -65,20 +66,20 @@ class Bucket:
 
     @property
     def candidates(self) -> list[TileConfig]:
-        return tuning.candidates(self.match["V"])
+        return tuning.candidates(self.match["V"], self.arch, self.match["K"])
 
 
-def group_buckets(shapes, sm_count) -> list[Bucket]:
+def group_buckets(shapes, sm_count, arch=None) -> list[Bucket]:
     out = {}
     for s in shapes:
         match = tuning.bucket_of(shape_problem(s), sm_count)
-        b = out.setdefault(tuning.bucket_key(match), Bucket(match, s))
+        b = out.setdefault(tuning.bucket_key(match), Bucket(match, s, arch=arch))
         b.shapes.append(s.name)
     return list(out.values())
 
 
 def cfg_label(c: TileConfig) -> str:
-    return f"BV={c.BV} stages={c.stages}"
+    return f"BV={c.BV} stages={c.stages}" + ("" if c.mma == "sync" else f" mma={c.mma}")
 
 
 # ---------------------------------------------------------------------------
@@ -275,7 +276,7 @@ class BucketResult:
 
 
 def choose(bucket: Bucket, times: dict) -> tuning.Entry | None:
-    ranked = sorted(times.items(), key=lambda kv: (kv[1], kv[0].BV, kv[0].stages))
+    ranked = sorted(times.items(), key=lambda kv: (kv[1], kv[0].BV, kv[0].stages, kv[0].mma))
     if not ranked:
         return None
     (best, t), rest = ranked[0], ranked[1:]
@@ -455,14 +456,16 @@ def main(argv=None):
     shapes = resolve_shapes(args.shapes)
 
     if args.dry_run:
-        return dry_run(group_buckets(shapes, args.sm_count), args.arch, args.jobs)
+        return dry_run(group_buckets(shapes, args.sm_count, args.arch), args.arch, args.jobs)
     if not timing.gpu_available():
         print(timing.no_gpu_message(ap.prog, " Use --dry-run to list the buckets and compile every candidate "
                                             "through NVRTC without one."), file=sys.stderr)
         return 2
 
     dev = timing.device_info()
-    buckets = group_buckets(shapes, dev["sm_count"])
+    from ..jit import targets
+    cc = dev.get("compute_capability")  # the wgmma candidates where the runtime builds sm_90a
+    buckets = group_buckets(shapes, dev["sm_count"], targets.runtime_arch(targets.cc_digits(cc)) if cc else None)
     output = args.output or tuning.user_dir() / f"{tuning.model_name(dev['name'])}.yaml"
     read = tuning.lookup_paths(dev["name"])
     if output.resolve() not in [p.resolve() for p in read]:

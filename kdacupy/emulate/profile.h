@@ -116,6 +116,8 @@ struct PPath {         // one warp's clocks and what it waits for
   PT cp;               // issue of the last cp.async (its global read's interval)
   PASlot a[PATH_A];    // mma A operands (by value) since the last barrier: when they were ready
   int na, anext;
+  PT wgres;            // the results as of the warpgroup's last wgmma.fence (what a new A is made of)
+  PT wgfree;           // when the tensor cores are done streaming the warpgroup's wgmma issued so far
 };
 struct PIv { long long from, to, bytes; };   // a global load in flight: reference cycles, bytes
 struct Prof {
@@ -461,17 +463,10 @@ KDA_EMU_RT inline void path_in_flight(const PT& issue, long long bytes) {
 // A cp.async destination's slot in Prof::land (>= nland: outside the dynamic shared memory).
 KDA_EMU_RT inline size_t land_index(uintptr_t a) { return (a - (uintptr_t)g_worker->smem) / 16; }
 
-// mma (by the last lane, its warp's A fragments in the exchange slots): A is known by its values.
-KDA_EMU_RT inline void path_mma() {
-  Fiber* f = g_cur;
-  Warp& wp = g_worker->warps[f->warp];
-  unsigned long long h = 0x9E3779B97F4A7C15ull;
-  for (int l = 0; l < 32; l++) {
-    unsigned long long w[2];
-    memcpy(w, wp.slot[wp.buf][l], 16);
-    h = mix64(h ^ w[0]) + w[1];
-  }
-  PPath& p = path_of(f->warp);
+// An mma of `warp` whose A fragments hash to h (A is known by its values); its result `extra`
+// cycles after the mma latency.
+KDA_EMU_RT inline void path_mma_of(int warp, unsigned long long h, long long extra) {
+  PPath& p = path_of(warp);
   PT dep = p.results;
   int i = 0;
   while (i < p.na && p.a[i].h != h) i++;
@@ -481,10 +476,86 @@ KDA_EMU_RT inline void path_mma() {
     int j = p.na < PATH_A ? p.na++ : (p.anext++ % PATH_A);
     p.a[j] = PASlot{h, p.results};
   }
-  PT done = path_use(p, PK_mma, dep);
+  PT done = path_use(p, PK_mma, dep, extra);
   pt_max(p.results, done);
   pt_max(p.nosfu, done);
   pt_max(p.noshfl, done);
+}
+KDA_EMU_RT inline unsigned long long path_a_hash(const void* lanes /* 32 x 16 bytes */) {
+  unsigned long long h = 0x9E3779B97F4A7C15ull;
+  for (int l = 0; l < 32; l++) {
+    unsigned long long w[2];
+    memcpy(w, (const unsigned char*)lanes + 16 * l, 16);
+    h = mix64(h ^ w[0]) + w[1];
+  }
+  return h;
+}
+// mma (by the last lane, its warp's A fragments in the exchange slots).
+KDA_EMU_RT inline void path_mma() {
+  Fiber* f = g_cur;
+  Warp& wp = g_worker->warps[f->warp];
+  unsigned char lanes[32][16];
+  for (int l = 0; l < 32; l++) memcpy(lanes[l], wp.slot[wp.buf][l], 16);
+  path_mma_of(f->warp, path_a_hash(lanes), 0);
+}
+// wgmma m64nNk16 (by the warpgroup's last thread, its requests flushed), on each of its 4 warps'
+// paths: it issues in order once its A is ready (A known by the warp's fragments; a new one is
+// made of the results as of the last wgmma.fence, not of the wgmma in flight since); the tensor
+// cores stream the warpgroup's wgmma one after another, N / 2 cycles each (the SM's 2048 dense
+// bf16 FMA a clock over 64 x N x 16), and a result is ready an mma latency after its streaming
+// ends. An estimate: docs/design.md section 11.1.
+KDA_EMU_RT inline void path_wgmma(int warp0, const u32 (*a)[4], int n) {
+  Worker* w = g_worker;
+  if (!w->pf) return;
+  for (int k = 0; k < 4; k++) {
+    PPath& p = path_of(warp0 + k);
+    const unsigned long long h = path_a_hash(a + 32 * k);
+    PT dep = p.wgres;
+    int i = 0;
+    while (i < p.na && p.a[i].h != h) i++;
+    if (i < p.na) {
+      dep = p.a[i].ready;
+    } else {
+      int j = p.na < PATH_A ? p.na++ : (p.anext++ % PATH_A);
+      p.a[j] = PASlot{h, p.wgres};
+    }
+    PT s = use_issue(p, dep);
+    pt_max(s, p.wgfree);
+    p.wgfree = pt_add(s, PK_issue, n / 2);
+    PT done = pt_add(p.wgfree, PK_mma);
+    pt_max(p.results, done);
+    pt_max(p.nosfu, done);
+    pt_max(p.noshfl, done);
+  }
+}
+// wgmma.fence (by the warpgroup's last thread): the A operands made from here on may read every
+// result so far.
+KDA_EMU_RT inline void path_wgmma_fence(int warp0) {
+  if (!g_worker->pf) return;
+  for (int k = 0; k < 4; k++) path_of(warp0 + k).wgres = path_of(warp0 + k).results;
+}
+// cp.async.bulk issued by the current thread: its source's sectors are DRAM reads of the launch
+// (no warp request: the async proxy reads them); it takes a load issue slot of its warp, its bytes
+// are in flight a DRAM latency, and its mbarrier's 16-byte slot of Prof::land lands then, so a
+// wait on it (prof_cp_land) waits for the latest copy it completes.
+KDA_EMU_RT inline int region_of(uintptr_t a);
+KDA_EMU_RT inline void path_bulk(const u64* bar, const void* src, long long bytes) {
+  Worker* w = g_worker;
+  if (!w->pf) return;
+  Prof* P = prof();
+  const uintptr_t a = (uintptr_t)src;
+  const int r = region_of(a);
+  const uintptr_t rel = r < 0 ? a : a - w->L->prof_regions[r].lo;
+  for (unsigned long long sec = rel >> 5; sec <= (rel + bytes - 1) >> 5; sec++) {
+    if (r >= 0) mark(w->L->prof_regions[r].rd, sec);
+    else if (!set_add(P->loose, sec, 1)) fail("profile: out of memory");
+  }
+  PT s = load_issue(path_of(g_cur->warp), true, true);
+  path_in_flight(s, bytes);
+  size_t i = land_index((uintptr_t)bar);
+  if (i >= P->nland) return;
+  P->land[i] = pt_add(s, PK_dram);  // a phase's copies issue in order: the last lands last
+  P->pending[i] = 0;
 }
 KDA_EMU_RT inline void path_shuffle() {
   PPath& p = path_of(g_cur->warp);

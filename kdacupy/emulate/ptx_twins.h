@@ -464,6 +464,7 @@ KDA_EMU_RT inline void wgmma_issue(float* d, int n, int trans, const u32* a, u64
     for (int k = 0; k < 16; k++)  // racecheck: B is read from now until the covering wait
       for (int c = 0; c < n; c++) wgmma_b_operand(wg_b_elem(op->desc, trans, k, c), false, pc);
     if (w->pf) w->pf->c[PR_wgmma]++, w->pf->c[PR_wgmma_smem_bytes] += 32 * n;  // B: once per warpgroup
+    path_wgmma(4 * (g_cur->warp >> 2), op->a, n);
 #endif
     (void)pc;
     if (w->L->cp_eager) wg_read_b(op);
@@ -479,7 +480,14 @@ KDA_EMU_RT inline void wgmma_issue(float* d, int n, int trans, const u32* a, u64
 KDA_EMU_RT inline void wgmma_fence_all() {
   Fiber* f = g_cur;
   WarpGroup& wg = g_worker->wgs[f->warp >> 2];
+#ifdef KDA_EMU_CHECK
+  wg_barrier(f, "wgmma.fence", [&wg, f]() KDA_EMU_RT {
+    wg.fenced = 1;
+    path_wgmma_fence(4 * (f->warp >> 2));
+  });
+#else
   wg_barrier(f, "wgmma.fence", [&wg]() KDA_EMU_RT { wg.fenced = 1; });
+#endif
 }
 KDA_EMU_RT inline void wgmma_commit_all() {
   Fiber* f = g_cur;
@@ -577,7 +585,10 @@ KDA_EMU_RT inline bool mb_test(u64* bar, unsigned parity, const char* what) {
 KDA_EMU_RT inline bool mb_wait(u64* bar, unsigned parity) {
   Fiber* f = g_cur;
 #ifdef KDA_EMU_CHECK
-  if (g_worker->pf) g_worker->pf->c[PR_mbarrier_waits]++;  // per thread that waits
+  if (g_worker->pf) {
+    g_worker->pf->c[PR_mbarrier_waits]++;  // per thread that waits
+    prof_cp_land(bar, KDA_EMU_PC);  // the dependent path: it waits for the copies the barrier completes
+  }
 #endif
   while (!mb_test(bar, parity, "mbarrier.try_wait.parity")) {  // suspended until an arrival or a copy
     f->st = WAIT_MBAR;
@@ -594,6 +605,7 @@ KDA_EMU_RT inline void bulk_copy(void* dst, const void* src, unsigned bytes, u64
 #ifdef KDA_EMU_CHECK
   if (w->L->check) bulk_issue(dst, src, bytes, bar, mb_load(bar, what).phase, pc);
   if (w->pf) w->pf->c[PR_bulk_copy_bytes] += bytes;
+  path_bulk(bar, src, bytes);
 #endif
   (void)pc;
   if (a < lo || a + bytes > lo + w->smem_size)

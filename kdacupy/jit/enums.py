@@ -14,6 +14,7 @@ TABLE = {
     "KDA_GATE": (("log", 0), ("softplus", 1), ("sigmoid", 2)),
     "KDA_BETA": (("none", 0), ("raw", 1), ("sigmoid", 2), ("sigmoid2", 3)),  # sigmoid2: 2 * sigmoid
     "KDA_STATE": (("none", 0), ("bf16", 1), ("f32", 2)),  # state arrays passed at run time
+    "KDA_MMA": (("sync", 0), ("wgmma", 1)),  # the recurrence's MMA family (TileConfig.mma)
 }
 
 
@@ -29,5 +30,6 @@ def _codes(prefix: str) -> dict:
 DTYPE_CODE = {BF16: _codes("KDA")["bf16"], F16: _codes("KDA")["f16"], F32: _codes("KDA")["f32"]}
 GATE_CODE = _codes("KDA_GATE")
 BETA_CODE = _codes("KDA_BETA")
+MMA_CODE = _codes("KDA_MMA")
 STATE_DTYPE_CODE = {None: _codes("KDA_STATE")["none"], BF16: _codes("KDA_STATE")["bf16"],
                     F32: _codes("KDA_STATE")["f32"]}

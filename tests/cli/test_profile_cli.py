@@ -200,7 +200,8 @@ def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
     assert (run["kind"], bwd["kind"]) == ("forward", "backward") and bwd["shape"] == run["shape"]
     assert run["scale"] == 2 and run["hbm_floor_s"] > 0 and run["predicted_s"] > 0
     prep, rec = run["kernels"]
-    assert prep["counts"]["ctas"] == 3 * 2 and rec["counts"]["mma"] > 0
+    assert prep["counts"]["ctas"] == 3 * 2 and rec["counts"]["mma"] == 0  # on sm_90a the wgmma recurrence:
+    assert run["tiles"]["mma"] == "wgmma" and rec["counts"]["wgmma"] > 0 and rec["counts"]["bulk_copy_bytes"] > 0
     assert 0 < prep["sector_efficiency"] <= 1 and rec["bound"] in rec["times"]
     assert [r["kernel"] for r in bwd["kernels"]] == ["kda_prepare", "kda_recurrence", "kda_bwd_chain", "kda_bwd_chunk",
                                                       "kda_bwd_reduce"]

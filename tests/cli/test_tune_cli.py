@@ -28,13 +28,14 @@ def test_dry_run_compiles_every_candidate(capsys):
     assert out.splitlines()[0] == ("# bucket K=64 V=64 bfloat16 state=bf16 fixed par<0.25 len<=1024: "
                                    "tuned on T=64,H=2,K=64,V=64; shapes: T=64,H=2,K=64,V=64")
     expected = [f"BV={bv} stages={st}" for bv in (16, 32, 64) for st in (2, 3)]  # BV <= V = 64
+    expected += [f"BV=64 stages={st} mma=wgmma" for st in (2, 3)]  # sm_90a: the wgmma ones too
     assert len(lines) == len(expected)
     for line, cfg in zip(lines, expected):
         label, c, prep, rec = line.split(" | ")
         assert label == "K=64 V=64 bfloat16 state=bf16 fixed par<0.25 len<=1024" and c == cfg
         assert prep.startswith("prepare regs=") and "spill_stores=" in prep
         assert rec.startswith("recurrence regs=") and " smem=" in rec and "FAILED" not in line
-    assert "1 buckets, 6 candidates for sm_90a, 0 failed" in err
+    assert "1 buckets, 8 candidates for sm_90a, 0 failed" in err
 
 
 def test_dry_run_reports_a_failing_compile(capsys, monkeypatch):
@@ -74,7 +75,7 @@ def test_dry_run_groups_shapes_into_buckets(capsys, monkeypatch):
     out = capsys.readouterr().out
     heads = [x for x in out.splitlines() if x.startswith("# bucket")]
     assert len(heads) == 4  # fixed H96, fixed H64, varlen6 (both H), varlen 8 x 1024 (both H)
-    assert sum(1 for x in out.splitlines() if not x.startswith("#")) == 4 * 8
+    assert sum(1 for x in out.splitlines() if not x.startswith("#")) == 4 * (8 + 4)  # mma.sync and wgmma
 
 
 # ---------------------------------------------------------------------------

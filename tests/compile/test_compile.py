@@ -45,6 +45,25 @@ def test_recurrence_budget(arch, var):
         assert res.sass["LDSM"] > 0 and res.sass["LDGSTS"] > 0  # ldmatrix operands, cp.async pipeline
 
 
+# the wgmma recurrence (sm_90a only) at K = V = 128, bf16 values, one warpgroup: both state precisions
+WGMMA_DEFAULTS = [RecurrenceVariant(128, 128, BF16, fp32, TileConfig(64, 2, "wgmma")) for fp32 in (False, True)]
+# per chunk and warpgroup: W and o (2 x K/16 m64n16k16), U and U Mqk (2), dS (one m64n128k16)
+HGMMA_PER_CHUNK = 2 * 128 // 16 + 2 + 1
+
+
+@pytest.mark.parametrize("var", WGMMA_DEFAULTS, ids=registry.label)
+@pytest.mark.usefixtures("compiled")
+def test_wgmma_recurrence_budget(var):
+    res = report(var, "sm_90a")
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
+    assert var.smem + res.static_smem <= SMEM_LIMIT["sm_90a"]
+    if res.sass:
+        assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
+        assert res.sass["HGMMA"] == HGMMA_PER_CHUNK and res.sass["HMMA"] == 0
+        assert res.sass["UBLKCP"] > 0 and res.sass["LDGSTS"] == 0  # bulk copies, no cp.async
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("var", PREPARE_DEFAULTS, ids=registry.label)
 @pytest.mark.usefixtures("compiled")
@@ -124,6 +143,7 @@ def other_head_dims(K):
 def compiled():
     """Every report this module checks, compiled in one parallel batch before its first test."""
     jobs = matrix(DEFAULTS, ARCHS) + matrix(PREPARE_DEFAULTS, ARCHS) + matrix(DECODE_DEFAULTS, ARCHS)
+    jobs += [(v, "sm_90a", True) for v in WGMMA_DEFAULTS]
     compile_all(jobs + [(v, "sm_90a", False) for K in (64, 256) for v in other_head_dims(K)])
 
 

@@ -73,3 +73,30 @@ def test_emulated_forward_is_bit_for_bit(name, precision):
     for a, b in zip(got, forward_exact(**x, **opts)):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+#: The wgmma recurrence (kda_recurrence's KDA_MMA_WGMMA, docs/design.md section 5) on cases it
+#: serves (K <= 128, BV = 64 or 128): each k16 wgmma adds the exact sum of its 16 products, rounded
+#: once, in key order, as mma.sync's chain does, so the same exact forward holds it to the bit.
+#: (case, state precision, BV): K = V = 128 bf16 in both precisions (one on two warpgroups), the
+#: ragged varlen case with a zero-length sequence and the "vk" layout, fp16 and fp32 values.
+WGMMA_RUNS = [("softplus-raw-beta", "bf16", 64), ("softplus-raw-beta", "fp32", 128),
+              ("varlen-ragged-zero-vk-bf16", "bf16", 64), ("varlen-ragged-zero-vk-bf16", "fp32", 64),
+              ("fp16-inputs", "fp32", 64), ("fp32-inputs", "bf16", 64)]
+
+
+@pytest.mark.parametrize("name, precision, BV", WGMMA_RUNS, ids=[f"{n}-{p}-BV{b}" for n, p, b in WGMMA_RUNS])
+def test_emulated_wgmma_forward_is_bit_for_bit(name, precision, BV, monkeypatch):
+    import kdacupy.ops.forward.kernels as kernels
+    from kdacupy.ops.forward.tuning import TileConfig
+
+    launched, launch = [], kernels.launch_recurrence
+    monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(BV, 2, "wgmma"))
+    monkeypatch.setattr(kernels, "launch_recurrence",
+                        lambda *a, **kw: launched.append(kw.get("ws_core")) or launch(*a, **kw))
+    x, opts = case_inputs(name, precision)
+    got = kdacupy.kda_forward(**x, **opts, backend="emulate")
+    assert launched == [True]  # the wgmma variant on its core-matrix workspace
+    for a, b in zip(got, forward_exact(**x, **opts)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

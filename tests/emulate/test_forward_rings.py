@@ -74,3 +74,18 @@ def split_forward(monkeypatch, mode):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_long_segments_wrap_the_maps_ring(mode, monkeypatch):
     identical(split_forward(monkeypatch, mode), split_forward(monkeypatch, None))
+
+
+#: The wgmma recurrence's bulk-copy ring (one mbarrier a stage; docs/design.md section 5) on the same
+#: problem at BV = 64 (one warpgroup): 3 stages plain, 2 under racecheck (the async proxy's checks:
+#: bulk destinations read before their phase completed, wgmma operands written while read, proxy
+#: fences) and under eager copies; each run bit for bit the plain mma.sync one.
+WGMMA_RUNS = [(None, 3), ("racecheck", 2), ("eager", 2)]
+
+
+@pytest.mark.parametrize("mode, stages", WGMMA_RUNS, ids=[f"{m or 'plain'}-{s}-stages" for m, s in WGMMA_RUNS])
+def test_the_wgmma_ring_wraps_and_equals_mma_sync(plain, mode, stages, monkeypatch):
+    x, opts = make_inputs(cu_seqlens=LENS, H=1, HV=2, K=64, V=128, state=np.float32)
+    monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, stages, "wgmma"))
+    set_mode(monkeypatch, mode)
+    identical(kdacupy.kda_forward(**x, **opts, output_final_state=True, backend="emulate"), plain)

@@ -6,27 +6,29 @@ array module differ. Nothing here reads device memory or synchronises.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
 
 from . import layouts
 from ...numerics.dtypes import dtype_name
-from ...jit.enums import DTYPE_CODE, STATE_DTYPE_CODE
+from ...jit.enums import DTYPE_CODE, MMA_CODE, STATE_DTYPE_CODE
 from ...jit.loaders import loader
 from ..alloc import empty
 from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
 from ..inputs import InputVariant, input_options
-from .tuning import TileConfig, select_tiles
+from . import tuning
+from .tuning import TileConfig
 
 
 @dataclass(frozen=True)
 class PrepareVariant(InputVariant):
     kernel: ClassVar[str] = "kda_prepare"
+    ws_core: bool = False  # the workspace tiles in the core-matrix layout (the wgmma recurrence's)
 
     def layout_config(self) -> dict:
-        return dict(**layouts.workspace(self.K), **self._smem())
+        return dict(**layouts.workspace(self.K), **self._smem(), **(dict(KDA_WS_CORE=1) if self.ws_core else {}))
 
     def _smem(self) -> dict:
         return layouts.prepare_smem(self.K, np.dtype(self.dtype).itemsize, np.dtype(self.g_dtype).itemsize)
@@ -34,6 +36,14 @@ class PrepareVariant(InputVariant):
     @property
     def smem(self) -> int:
         return self._smem()["PSM_TOTAL"]
+
+    def label(self) -> str:
+        return super().label() + (" ws_core" if self.ws_core else "")
+
+    @property
+    def only_arch(self) -> str | None:
+        """The core-matrix workspace is the wgmma recurrence's: built for sm_90a only."""
+        return "sm_90a" if self.ws_core else None
 
 
 @dataclass(frozen=True)
@@ -54,12 +64,15 @@ class RecurrenceVariant:
             extra["KDA_STORE_STATES"] = 1
         if self.checkpoints:
             extra["KDA_CHECKPOINTS"] = 1
+        if self.tiles.mma != "sync":
+            extra["KDA_MMA"] = MMA_CODE[self.tiles.mma]
         return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_BV=self.tiles.BV,
                     KDA_STAGES=self.tiles.stages, KDA_STATE_FP32=int(self.state_fp32),
                     **layouts.workspace(self.K), **self._smem(), **extra)
 
     def _smem(self) -> dict:
-        return layouts.recurrence_smem(self.K, self.tiles.BV, self.tiles.stages, np.dtype(self.dtype).itemsize)
+        return layouts.recurrence_smem(self.K, self.tiles.BV, self.tiles.stages, np.dtype(self.dtype).itemsize,
+                                       self.tiles.mma)
 
     @property
     def smem(self) -> int:
@@ -69,19 +82,46 @@ class RecurrenceVariant:
     def threads(self) -> int:
         return self.tiles.BV // 16 * 32
 
+    @property
+    def only_arch(self) -> str | None:
+        """The one target a variant builds for (wgmma: sm_90a), or None (every target)."""
+        return "sm_90a" if self.tiles.mma == "wgmma" else None
+
     def label(self) -> str:
         return (f"kda_recurrence K={self.K} V={self.V} dt={dtype_name(self.dtype)} "
                 f"state={'fp32' if self.state_fp32 else 'bf16'} BV={self.tiles.BV} stages={self.tiles.stages}"
                 + (" no_output" if self.no_output else "") + (" store_states" if self.store_states else "")
-                + (" checkpoints" if self.checkpoints else ""))
+                + (" checkpoints" if self.checkpoints else "") + (" wgmma" if self.tiles.mma == "wgmma" else ""))
 
 
-def prepare_variant(p) -> PrepareVariant:
-    return PrepareVariant(p.K, *input_options(p))
+def select_tiles(p) -> TileConfig:
+    """The forward's tiles: the only caller that can take the wgmma recurrence (tuning.heuristic)."""
+    return tuning.select_tiles(p, wgmma=True)
+
+
+def prepare_variant(p, ws_core: bool = False) -> PrepareVariant:
+    return PrepareVariant(p.K, *input_options(p), ws_core=ws_core)
+
+
+def wgmma_supported(K: int, V: int, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> bool:
+    """Whether the wgmma recurrence serves this variant: K <= 128 (dS in one m64nKk16 next to the
+    state's registers), whole warpgroups (BV = 64 or 128, TileConfig checks) and the forward with
+    its output; the segment maps (no output) and the backward's forward (store_states: the backward
+    reads the row-major workspace) keep mma.sync, as does every other caller of launch_recurrence."""
+    return tiles.BV <= V and K <= 128 and not no_output and not store_states
+
+
+def recurrence_mma(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> str:
+    """The MMA family a launch gets: the tiles' wgmma where it serves the variant, else mma.sync."""
+    if tiles.mma == "wgmma" and wgmma_supported(p.K, p.V, tiles, no_output, store_states):
+        return "wgmma"
+    return "sync"
 
 
 def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False,
                        checkpoints: bool = False) -> RecurrenceVariant:
+    if tiles.mma != recurrence_mma(p, tiles, no_output, store_states):
+        tiles = replace(tiles, mma="sync")
     return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles, no_output, store_states,
                              checkpoints)
 
@@ -92,8 +132,8 @@ def slots(p) -> tuple[int, int]:
     return (p.N + per_seq if p.varlen else p.B * per_seq), per_seq
 
 
-def launch_prepare(run, p, a, ws, nslots, per_seq):
-    var = prepare_variant(p)
+def launch_prepare(run, p, a, ws, nslots, per_seq, ws_core=False):
+    var = prepare_variant(p, ws_core)
     fn = run.get("kda_prepare", var.config(), "kda_prepare")
     args = [ptr(a["q"]), ptr(a["k"]), ptr(a["g"]), ptr(a["beta"]),
             *strides(a["q"]), *strides(a["k"]), *strides(a["g"]), *strides(a["beta"]),
@@ -114,11 +154,16 @@ def checkpoint_args(ck):
             np.int32(ck.per_seq), np.int32(ck.every // layouts.CHUNK)]
 
 
-def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False, states=None):
+def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False, states=None, ws_core=False):
     """``states``: with it, the variant that stores each chunk's start state there ([HV, slots, V, K]);
-    ``a["checkpoints"]``: with it, the variant that stores the state at each checkpoint boundary."""
+    ``a["checkpoints"]``: with it, the variant that stores the state at each checkpoint boundary.
+    ``ws_core``: the prepare wrote the core-matrix workspace, which the wgmma recurrence reads and
+    needs (without it the launch is mma.sync whatever the tiles say)."""
     ck = a.get("checkpoints")
+    if not ws_core:
+        tiles = replace(tiles, mma="sync")
     var = recurrence_variant(p, tiles, no_output, states is not None, ck is not None)
+    assert (var.tiles.mma == "wgmma") == ws_core, "the workspace layout is the wgmma recurrence's"
     fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
     args = [ptr(ws), ptr(a["v"]), *strides(a["v"]), ptr(o), *strides(o),
             ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
@@ -166,8 +211,9 @@ def forward(p, a, tiles: TileConfig | None = None):
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = empty(xp, shape, p.state_out_dtype)
     ws, a = workspace(p, a, nslots, xp)
+    core = recurrence_mma(p, tiles) == "wgmma"  # its workspace layout, written by the prepare
     if nslots:
-        launch_prepare(run, p, a, ws, nslots, per_seq)
+        launch_prepare(run, p, a, ws, nslots, per_seq, core)
     if p.N:
-        launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles)
+        launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, ws_core=core)
     return o, (None if a.get("state_pool") is not None else s_out)

@@ -35,6 +35,14 @@ def workspace(K: int) -> dict[str, int]:
     return {f"WS_{n}": v for n, v in off.items()} | {"WS_STRIDE": total}
 
 
+def core_offset(r: int, c: int) -> int:
+    """Byte offset of element (r, c) of a [16, C] 16-bit workspace tile in the core-matrix layout
+    (``KDA_WS_CORE``, the wgmma recurrence's): 8 columns of 16 rows, 256 bytes, one after the other,
+    each row's 8 elements 16 contiguous bytes: the 8x16-byte core matrices of a no-swizzle wgmma
+    descriptor, K-major (n = row) and N-major (k = row) alike."""
+    return (c // 8) * CHUNK * 16 + r * 16 + (c % 8) * 2
+
+
 def prepare_row(K: int) -> int:
     """Floats per padded fp32 [16, K] row of kda_prepare: 4 words of pad per 32 channels,
     rounded up to 1 mod 4 (odd), which keeps its row, column and row-segment accesses free
@@ -70,12 +78,24 @@ def prepare_slots_per_cta(nslots: int) -> int:
     return max(1, min(8, nslots // 64))
 
 
-def recurrence_smem(K: int, BV: int, stages: int, elem_bytes: int) -> dict[str, int]:
+def recurrence_smem(K: int, BV: int, stages: int, elem_bytes: int, mma: str = "sync") -> dict[str, int]:
     """Shared memory of kda_recurrence: ``stages`` copies of one chunk's inputs
     (the workspace block with padded rows, and the [16, BV] value tile), then a
-    per-warp staging tile for the output."""
-    tile = CHUNK * (K + 8) * 2
+    per-warp staging tile for the output. ``mma="wgmma"``: a stage is the workspace
+    block as it is in global memory (one bulk copy; core-matrix tiles, ``workspace_core``)
+    and the value rows, then one mbarrier per stage, 16 bytes apart (RSM_BAR)."""
     vrow = BV * elem_bytes + 16
+    if mma == "wgmma":
+        ws = workspace(K)
+        stage = _align(ws["WS_STRIDE"] + CHUNK * vrow)
+        orow = 16 * elem_bytes + 16
+        out = {f"RSM_{n[3:]}": v for n, v in ws.items() if n != "WS_STRIDE"}
+        bar = stages * stage
+        ot = bar + 16 * stages  # an mbarrier every 16 bytes
+        out.update(RSM_VT=ws["WS_STRIDE"], RSM_VROW=vrow, RSM_STAGE=stage, RSM_BAR=bar, RSM_OT=ot,
+                   RSM_OROW=orow, RSM_TOTAL=ot + BV // 16 * CHUNK * orow)
+        return out
+    tile = CHUNK * (K + 8) * 2
     parts = [("QDEC", tile), ("KDEC", tile), ("KRES", tile), ("INV", CHUNK * SMALL_ROW),
              ("MQK", CHUNK * SMALL_ROW), ("GEXP", K * 4), ("BETA", CHUNK * 4), ("VT", CHUNK * vrow)]
     off, stage = _place(parts)

@@ -35,7 +35,7 @@ Schema 1 (see tuning/README.md)::
     buckets:
     - match: {K: 128, V: 128, dtype: bfloat16, state_precision: bf16, varlen: false,
               parallelism: '<1', seqlen: '<=8192'}
-      config: {BV: 32, stages: 2}
+      config: {BV: 32, stages: 2}   # optional mma: wgmma (sm_90a; default sync)
       time_ms: 0.812
       runner_up: {config: {BV: 32, stages: 3}, time_ms: 0.830}    # or null
       margin: 0.022             # runner_up.time_ms / time_ms - 1; null without a runner-up
@@ -54,38 +54,63 @@ from pathlib import Path
 from ... import env
 
 
+MMA_FAMILIES = ("sync", "wgmma")
+
+
 @dataclass(frozen=True)
 class TileConfig:
     BV: int = 64  # value rows per CTA of the recurrence (16 per warp): the value-split factor is V / BV
     stages: int = 2  # cp.async pipeline depth of the recurrence
+    mma: str = "sync"  # the recurrence's MMA family: mma.sync, or wgmma (sm_90a, BV = 64 or 128)
 
     def __post_init__(self):
         if self.BV not in (16, 32, 64, 128) or self.stages not in (1, 2, 3):
             raise ValueError(f"tiles: BV in (16, 32, 64, 128) and stages in (1, 2, 3), got {self}")
+        if self.mma not in MMA_FAMILIES or (self.mma == "wgmma" and (self.BV < 64 or self.stages < 2)):
+            raise ValueError(f"tiles: mma in {MMA_FAMILIES}, wgmma with BV in (64, 128) and 2 or 3 stages, got {self}")
 
 
 DEFAULT_SM_COUNT = 132  # an H100 / H200, when no device is at hand (emulation)
 
-#: every tile configuration a kernel variant can be built with
+#: every tile configuration a kernel variant can be built with (mma.sync)
 TILE_SPACE = tuple(TileConfig(bv, st) for bv in (16, 32, 64, 128) for st in (2, 3))
+#: the wgmma recurrence's (sm_90a; K <= 128): one or two warpgroups a CTA
+WGMMA_SPACE = tuple(TileConfig(bv, st, "wgmma") for bv in (64, 128) for st in (2, 3))
 
 SCHEMA = 1
 HEURISTIC_SOURCE = "heuristic (untuned)"
 
 
-def candidates(V: int) -> list[TileConfig]:
-    """The configurations the tuner tries for value head dim V (BV <= V)."""
-    return [t for t in TILE_SPACE if t.BV <= V]
+def candidates(V: int, arch: str | None = None, K: int | None = None) -> list[TileConfig]:
+    """The configurations the tuner tries for value head dim V (BV <= V); on ``arch`` sm_90a
+    also the wgmma ones for key dim K <= 128 (the tuner times both families there)."""
+    out = [t for t in TILE_SPACE if t.BV <= V]
+    if arch == "sm_90a" and (K is None or K <= 128):
+        out += [t for t in WGMMA_SPACE if t.BV <= V]
+    return out
 
 
-def heuristic(p, sm_count=DEFAULT_SM_COUNT) -> TileConfig:
+def heuristic(p, sm_count=DEFAULT_SM_COUNT, arch: str | None = None) -> TileConfig:
     """Untuned choice: split V until there are at least two recurrence CTAs per
     SM (the recurrence is latency-bound, so idle SMs cost most), but keep two
     warps per CTA at least.
 
     With CTAs = N * HV * (V / BV): the largest BV in (128, 64, 32), BV <= V,
     with CTAs >= 2 * sm_count, else BV = min(32, V); always 2 stages. It never
-    picks BV = 16 or 3 stages (the tuner tries them)."""
+    picks BV = 16 or 3 stages (the tuner tries them).
+
+    On ``arch`` sm_90a, for the forward (``select_tiles(p, wgmma=True)``), the wgmma recurrence
+    where it serves the problem (K <= 128, V >= 64; ``kernels.wgmma_supported``): BV = 128 (two
+    warpgroups sharing one copy of each chunk block) once that gives half a CTA per SM or more,
+    else 64 (one warpgroup; below, more SMs at work beat the shared copy), and 3 stages (a chunk's
+    copies then have two chunks' time to land, which the DRAM latency needs). The profiler's
+    Kimi prediction (benchmarks/forward-step2.md) puts it ahead of mma.sync at every BV there: each
+    warpgroup reads a chunk's B tiles from shared memory once and the bulk copies move the block
+    without the threads, so the shared-memory term, which bound mma.sync, falls below the HBM
+    one. sm_80 and sm_100a (no wgmma) keep mma.sync."""
+    if arch == "sm_90a" and p.K <= 128 and p.V >= 64:
+        BV = 128 if p.V >= 128 and 2 * p.N * p.HV * (p.V // 128) >= sm_count else 64
+        return TileConfig(BV, 3, "wgmma")
     for BV in (128, 64, 32):
         if BV <= p.V and p.N * p.HV * (p.V // BV) >= 2 * sm_count:
             return TileConfig(BV, 2)
@@ -158,6 +183,11 @@ class TuningFileError(ValueError):
     """A tuning file's content does not follow the schema."""
 
 
+def config_dict(c: TileConfig) -> dict:
+    """A config as the file writes it: ``mma`` only when it is not the default mma.sync."""
+    return dict(BV=c.BV, stages=c.stages, **({} if c.mma == "sync" else dict(mma=c.mma)))
+
+
 @dataclass(frozen=True)
 class Entry:
     match: dict
@@ -169,9 +199,8 @@ class Entry:
     def to_dict(self) -> dict:
         ru = None
         if self.runner_up is not None:
-            ru = dict(config=dict(BV=self.runner_up[0].BV, stages=self.runner_up[0].stages),
-                      time_ms=round(float(self.runner_up[1]), 6))
-        return dict(match=dict(self.match), config=dict(BV=self.config.BV, stages=self.config.stages),
+            ru = dict(config=config_dict(self.runner_up[0]), time_ms=round(float(self.runner_up[1]), 6))
+        return dict(match=dict(self.match), config=config_dict(self.config),
                     time_ms=round(float(self.time_ms), 6), runner_up=ru,
                     margin=None if self.margin is None else round(float(self.margin), 6))
 
@@ -206,16 +235,23 @@ def _keys(where, d, required, optional=()):
         raise TuningFileError(f"{where}: unknown key(s) {', '.join(map(repr, extra))}")
 
 
-def _config(where, d, V) -> TileConfig:
-    _keys(where, d, ("BV", "stages"))
+def _config(where, d, V, K=None) -> TileConfig:
+    _keys(where, d, ("BV", "stages"), ("mma",))
     if not (_is_int(d["BV"]) and _is_int(d["stages"])):
         raise TuningFileError(f"{where}: BV and stages must be integers, got {d!r}")
-    if not any(t.BV == d["BV"] and t.stages == d["stages"] for t in TILE_SPACE):
+    mma = d.get("mma", "sync")
+    if mma not in MMA_FAMILIES:
+        raise TuningFileError(f"{where}: mma must be one of {MMA_FAMILIES}, got {mma!r}")
+    space = TILE_SPACE if mma == "sync" else WGMMA_SPACE
+    if not any(t.BV == d["BV"] and t.stages == d["stages"] for t in space):
         raise TuningFileError(f"{where}: {d!r} is not in the tile space "
-                              "(BV in 16, 32, 64, 128; stages in 2, 3)")
+                              + ("(BV in 16, 32, 64, 128; stages in 2, 3)" if mma == "sync"
+                                 else "(wgmma: BV in 64, 128; stages in 2, 3)"))
     if d["BV"] > V:
         raise TuningFileError(f"{where}: BV={d['BV']} exceeds V={V}")
-    return TileConfig(d["BV"], d["stages"])
+    if mma == "wgmma" and K is not None and K > 128:
+        raise TuningFileError(f"{where}: wgmma serves K <= 128, the bucket has K={K}")
+    return TileConfig(d["BV"], d["stages"], mma)
 
 
 def _match(where, d) -> dict:
@@ -258,7 +294,7 @@ def parse_table(data, path="<data>") -> Table:
         where = f"buckets[{i}]"
         _keys(where, b, ("match", "config", "time_ms", "runner_up", "margin"))
         match = _match(f"{where}.match", b["match"])
-        cfg = _config(f"{where}.config", b["config"], match["V"])
+        cfg = _config(f"{where}.config", b["config"], match["V"], match["K"])
         if not _is_num(b["time_ms"]) or b["time_ms"] <= 0:
             raise TuningFileError(f"{where}.time_ms: expected a positive number, got {b['time_ms']!r}")
         ru = b["runner_up"]
@@ -268,7 +304,7 @@ def parse_table(data, path="<data>") -> Table:
             runner_up, margin = None, None
         else:
             _keys(f"{where}.runner_up", ru, ("config", "time_ms"))
-            rcfg = _config(f"{where}.runner_up.config", ru["config"], match["V"])
+            rcfg = _config(f"{where}.runner_up.config", ru["config"], match["V"], match["K"])
             if not _is_num(ru["time_ms"]) or ru["time_ms"] <= 0:
                 raise TuningFileError(f"{where}.runner_up.time_ms: expected a positive number, "
                                       f"got {ru['time_ms']!r}")
@@ -382,16 +418,33 @@ def _lookup(bucket: dict, device_name: str, udir: Path):
     return None
 
 
-def describe_for(p, device_name: str, sm_count: int) -> tuple[TileConfig, str]:
-    """``describe_selection`` for a named GPU model and SM count, without a
+def _family(hit, wgmma: bool):
+    """A file's choice for a caller that cannot take wgmma (every caller of the recurrence but the
+    forward's own): its BV and stages on mma.sync."""
+    if hit is None or wgmma or hit[0].mma == "sync":
+        return hit
+    return TileConfig(hit[0].BV, hit[0].stages), hit[1]
+
+
+def describe_for(p, device_name: str, sm_count: int, arch: str | None = None,
+                 wgmma: bool = False) -> tuple[TileConfig, str]:
+    """``describe_selection`` for a named GPU model, SM count and target, without a
     device (``python -m kdacupy.bench --dry-run``); not cached."""
-    hit = _lookup(bucket_of(p, sm_count), device_name, user_dir())
-    return hit if hit is not None else (heuristic(p, sm_count), HEURISTIC_SOURCE)
+    hit = _family(_lookup(bucket_of(p, sm_count), device_name, user_dir()), wgmma)
+    return hit if hit is not None else (heuristic(p, sm_count, arch if wgmma else None), HEURISTIC_SOURCE)
 
 
-def describe_selection(p) -> tuple[TileConfig, str]:
+def device_arch() -> str:
+    """The runtime's target on the current device (kdacupy/jit/targets.py)."""
+    from ...jit import targets
+
+    return targets.runtime_arch(targets.device_cc())
+
+
+def describe_selection(p, wgmma: bool = False) -> tuple[TileConfig, str]:
     """The tile configuration for a Problem and where it comes from: a tuning
-    file's path, or "heuristic (untuned)"."""
+    file's path, or "heuristic (untuned)". ``wgmma``: the caller (the forward) can run the
+    wgmma recurrence; the others get mma.sync whatever a file or the heuristic would pick."""
     if not p.device:
         return heuristic(p, DEFAULT_SM_COUNT), HEURISTIC_SOURCE
     dev, name, sm = device_facts()
@@ -403,9 +456,19 @@ def describe_selection(p) -> tuple[TileConfig, str]:
         hit = _lookup(bucket, name, udir)  # (config, path) or None
         with _lock:
             _selected[key] = hit
+    hit = _family(hit, wgmma)
     # the heuristic costs a few integer operations: computed per call, not cached
-    return hit if hit is not None else (heuristic(p, sm), HEURISTIC_SOURCE)
+    return hit if hit is not None else (heuristic(p, sm, _arch(dev) if wgmma else None), HEURISTIC_SOURCE)
 
 
-def select_tiles(p) -> TileConfig:
-    return describe_selection(p)[0]
+_arches: dict = {}  # device id -> the runtime's target
+
+
+def _arch(dev) -> str:
+    if dev not in _arches:
+        _arches[dev] = device_arch()
+    return _arches[dev]
+
+
+def select_tiles(p, wgmma: bool = False) -> TileConfig:
+    return describe_selection(p, wgmma)[0]

@@ -9,7 +9,7 @@ from ...numerics.dtypes import BF16
 from ..inputs import DTYPES, input_option_space
 from .limits import DIMS
 from .kernels import PrepareVariant, RecurrenceVariant
-from .tuning import candidates
+from .tuning import TileConfig, candidates
 
 
 def prepare_variants():
@@ -28,5 +28,24 @@ def recurrence_variants():
             yield RecurrenceVariant(K, V, BF16, fp32, tiles, checkpoints=True)
 
 
+def recurrence_wgmma_variants():
+    """The wgmma recurrence's variants (sm_90a only: ``RecurrenceVariant.only_arch``): every shape it
+    serves (K <= 128), dtype, state precision and wgmma tile; the checkpoints' at K = V = 128."""
+    for K, V, dt, fp32 in itertools.product((64, 128), DIMS, DTYPES, (False, True)):
+        for tiles in candidates(V, "sm_90a", K):
+            if tiles.mma == "wgmma":
+                yield RecurrenceVariant(K, V, dt, fp32, tiles)
+    for fp32 in (False, True):
+        yield RecurrenceVariant(128, 128, BF16, fp32, TileConfig(64, 3, "wgmma"), checkpoints=True)
+
+
+def prepare_core_variants():
+    """kda_prepare writing the core-matrix workspace the wgmma recurrence reads (K <= 128)."""
+    for K, options in itertools.product((64, 128), input_option_space()):
+        yield PrepareVariant(K, *options, ws_core=True)
+
+
 registry.register("kda_prepare", prepare_variants)
 registry.register("kda_recurrence", recurrence_variants)
+registry.register("kda_recurrence_wgmma", recurrence_wgmma_variants)
+registry.register("kda_prepare_core", prepare_core_variants)
