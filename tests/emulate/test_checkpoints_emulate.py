@@ -101,3 +101,21 @@ def test_rows_of_the_pool_and_device_style_rows():
                             state_indices=slots[n:n + 1], backend="emulate")
         same(pool[row], after[slots[n]])
     same(pool[[5, 6, 7]], before[[5, 6, 7]])
+
+
+def test_wgmma_checkpoints_are_the_mma_sync_ones(monkeypatch):
+    """The wgmma recurrence (docs/design.md section 5) stores the same checkpoints, output and
+    final state as mma.sync, to the bit (K = V = 64, BV = 64: one warpgroup)."""
+    import kdacupy.ops.forward.kernels as kernels
+    from kdacupy.ops.forward.tuning import TileConfig
+
+    x, opts = varlen_case(LENGTHS, layout="vk")
+    runs = []
+    for tiles in (TileConfig(64, 2), TileConfig(64, 3, "wgmma")):
+        monkeypatch.setattr(kernels, "select_tiles", lambda p, tiles=tiles: tiles)
+        ck = np.full((4, 3, 2, 64, 64), 5.0, F32)
+        o, fin = kdacupy.kda_forward(**x, **opts, output_final_state=True, checkpoint_every=32, checkpoints=ck,
+                                     state_precision="fp32", backend="emulate")
+        runs.append((o, fin, ck))
+    for a, b in zip(*runs):
+        same(a, b)
