@@ -105,16 +105,6 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     const float* gexp = reinterpret_cast<const float*>(st + BSM_GEXP);
     const float* bet = reinterpret_cast<const float*>(st + BSM_BETA);
 
-    // [C2] Dop = bf16(D), to dstates [HV, slots, V, K]
-    u32 Dop[KS][4];
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      to_a_frag(Dop[s], D[2 * s], D[2 * s + 1]);
-      u16* row = dstates + ((slot0 + c) * V + vw + g) * K + 16 * s;  // whole 32-byte sectors per quad
-      store_row16(row, Dop[s][0], Dop[s][2], t);
-      store_row16(row + 8 * K, Dop[s][1], Dop[s][3], t);
-    }
-
     // do^T as an A operand (16 value rows x 16 tokens), from the tile's (token row, value column)
     float dt[2][4];
     load_tile_t<KDA_DT, BSM_DOROW>(dt, st + BSM_DO, 16 * warp, lane);
@@ -122,18 +112,25 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     to_a_frag(da, dt);
 
     // [C3] dU^T = do^T Mqk, then + D k_res^T (k-steps over channels), D to 16 bits: Dop and its low part
-    // bf16(D - Dop), the low part in an accumulator of its own (off the dependent path), added at the end
+    // bf16(D - Dop), the low part in an accumulator of its own (off the dependent path), added at the end.
+    // [C2] Dop = bf16(D) to dstates [HV, slots, V, K], one k-step's 16 columns at a time (a whole Dop held
+    // K / 4 more registers next to D: K = 256, BV = 16 spilled 16 bytes on sm_100a)
     float dUt[2][4] = {}, dUl[2][4] = {};
     mma_token_block<true>(dUt, da, reinterpret_cast<const u16*>(st + BSM_MQK) + trow * SR + tcol);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
+      u32 Dop[4];
+      to_a_frag(Dop, D[2 * s], D[2 * s + 1]);
+      u16* row = dstates + ((slot0 + c) * V + vw + g) * K + 16 * s;  // whole 32-byte sectors per quad
+      store_row16(row, Dop[0], Dop[2], t);
+      store_row16(row + 8 * K, Dop[1], Dop[3], t);
       u32 bk[4], dl[4];
       ldmatrix_x4(bk, kres + brow * TS + 16 * s + bcol);
-      mma2(dUt, Dop[s], bk);
-      float r0[4], r1[4];  // D - Dop, exact in fp32 (Dop[s] packs D[2s][0..3], then D[2s + 1][0..3], in pairs)
+      mma2(dUt, Dop, bk);
+      float r0[4], r1[4];  // D - Dop, exact in fp32 (Dop packs D[2s][0..3], then D[2s + 1][0..3], in pairs)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const u32 w0 = Dop[s][e >> 1], w1 = Dop[s][2 + (e >> 1)];
+        const u32 w0 = Dop[e >> 1], w1 = Dop[2 + (e >> 1)];
         r0[e] = D[2 * s][e] - ((e & 1) ? bf16_hi(w0) : bf16_lo(w0));
         r1[e] = D[2 * s + 1][e] - ((e & 1) ? bf16_hi(w1) : bf16_lo(w1));
       }
