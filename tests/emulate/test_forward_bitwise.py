@@ -79,10 +79,10 @@ def test_emulated_forward_is_bit_for_bit(name, precision):
 #: serves (K <= 128, BV = 64 or 128): each k16 wgmma adds the exact sum of its 16 products, rounded
 #: once, in key order, as mma.sync's chain does, so the same exact forward holds it to the bit.
 #: (case, state precision, BV): K = V = 128 bf16 in both precisions (one on two warpgroups), the
-#: ragged varlen case with a zero-length sequence and the "vk" layout, fp16 and fp32 values.
+#: ragged varlen case with a zero-length sequence and the "vk" layout, fp16 and fp32 values (the fp32
+#: state on ragged sequences: test_forward_rings.py's wgmma ring).
 WGMMA_RUNS = [("softplus-raw-beta", "bf16", 64), ("softplus-raw-beta", "fp32", 128),
-              ("varlen-ragged-zero-vk-bf16", "bf16", 64), ("varlen-ragged-zero-vk-bf16", "fp32", 64),
-              ("fp16-inputs", "fp32", 64), ("fp32-inputs", "bf16", 64)]
+              ("varlen-ragged-zero-vk-bf16", "bf16", 64), ("fp16-inputs", "fp32", 64), ("fp32-inputs", "bf16", 64)]
 
 
 @pytest.mark.parametrize("name, precision, BV", WGMMA_RUNS, ids=[f"{n}-{p}-BV{b}" for n, p, b in WGMMA_RUNS])
