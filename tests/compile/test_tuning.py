@@ -408,3 +408,76 @@ def test_candidates_respect_V():
     assert tuning.candidates(64) == [t for t in TILE_SPACE if t.BV <= 64] and len(tuning.candidates(64)) == 6
     assert len(tuning.candidates(128)) == 8 and len(tuning.candidates(256)) == 8
     assert all(np.isin([t.stages for t in TILE_SPACE], [2, 3]))
+
+
+# ---------------------------------------------------------------------------
+# the MMA family (mma: sync | wgmma)
+
+
+def test_heuristic_on_sm_90a_picks_wgmma_for_the_forward():
+    """sm_90a: wgmma where it serves (K <= 128, V >= 64), BV = 128 from half a CTA per SM on,
+    else 64, 3 stages; other targets and the other callers (arch None) keep mma.sync."""
+    w = lambda bv: TileConfig(bv, 3, "wgmma")  # noqa: E731
+    assert heuristic(kimi(96, "fixed"), 132, "sm_90a") == w(128)  # 96 CTAs >= 66
+    assert heuristic(kimi(64, "fixed"), 132, "sm_90a") == w(64)  # 64 < 66
+    assert heuristic(kimi(96, "varlen6"), 132, "sm_90a") == w(128)
+    assert heuristic(problem(K=128, V=128, T=65536, H=12, HV=12), 132, "sm_90a") == w(64)
+    assert heuristic(problem(V=64, N=1000, B=1000), 132, "sm_90a") == w(64)  # BV never exceeds V
+    k256 = problem(K=256, V=128)
+    assert heuristic(k256, 132, "sm_90a") == heuristic(k256, 132) and heuristic(k256, 132).mma == "sync"
+    for arch in ("sm_80", "sm_100a", None):
+        assert heuristic(kimi(96, "fixed"), 132, arch) == TileConfig(32, 2)
+
+
+@pytest.mark.parametrize("V", [64, 128, 256])
+def test_the_sm_90a_heuristic_depends_only_on_the_bucket(V):
+    seen, base = {}, problem(K=128, V=V)
+    for rows in range(1, 700):
+        p = dataclasses.replace(base, N=rows, B=rows)
+        seen.setdefault(tuning.bucket_key(bucket_of(p, 132)), set()).add(heuristic(p, 132, "sm_90a"))
+    assert all(len(v) == 1 for v in seen.values()), seen
+
+
+def test_candidates_on_sm_90a_add_the_wgmma_ones():
+    assert tuning.candidates(128, "sm_90a", 128) == tuning.candidates(128) + list(tuning.WGMMA_SPACE)
+    assert tuning.candidates(64, "sm_90a") == tuning.candidates(64) + [TileConfig(64, 2, "wgmma"),
+                                                                       TileConfig(64, 3, "wgmma")]
+    assert tuning.candidates(128, "sm_90a", 256) == tuning.candidates(128, "sm_80", 128) == tuning.candidates(128)
+    with pytest.raises(ValueError, match="wgmma"):
+        TileConfig(32, 2, "wgmma")
+    with pytest.raises(ValueError, match="mma"):
+        TileConfig(64, 2, "tcgen05")
+
+
+def test_a_wgmma_entry_round_trips_and_bad_ones_are_refused(tmp_path):
+    p = problem(K=128, V=128)
+    text = tuning.dump_table(H200, 132, 13000, "0.1.0", "2025-01-31",
+                             [entry(p, TileConfig(64, 3, "wgmma"), runner_up=TileConfig(32, 2))])
+    assert "mma: wgmma" in text and text.count("mma:") == 1  # mma.sync configs are written as before
+    table = tuning.parse_table(yaml.safe_load(text))
+    (e,) = table.entries.values()
+    assert e.config == TileConfig(64, 3, "wgmma") and e.runner_up[0] == TileConfig(32, 2)
+    for bad, why in [({"mma": "tcgen05"}, "mma must be"), ({"mma": "wgmma", "BV": 32}, "tile space"),
+                     ({"mma": "wgmma", "stages": 1}, "tile space")]:
+        doc = yaml.safe_load(text)
+        doc["buckets"][0]["config"].update(bad)
+        with pytest.raises(tuning.TuningFileError, match=why):
+            tuning.parse_table(doc)
+    doc = yaml.safe_load(text)
+    doc["buckets"][0]["match"]["K"] = 256
+    with pytest.raises(tuning.TuningFileError, match="K <= 128"):
+        tuning.parse_table(doc)
+
+
+def test_only_the_forward_gets_wgmma_from_a_file_or_the_heuristic(dirs, monkeypatch):
+    import kdacupy.ops.forward.kernels as kernels
+
+    user, _ = dirs
+    monkeypatch.setattr(tuning, "device_arch", lambda: "sm_90a")
+    p, q = kimi(96, "fixed"), kimi(64, "fixed")
+    assert kernels.select_tiles(p) == TileConfig(128, 3, "wgmma")  # the forward: the sm_90a heuristic
+    assert select_tiles(p) == TileConfig(32, 2)  # the other callers: mma.sync's
+    write(user / "NVIDIA-H200.yaml", [entry(q, TileConfig(128, 2, "wgmma"))])
+    tuning.clear_cache()
+    assert kernels.select_tiles(q) == TileConfig(128, 2, "wgmma")
+    assert select_tiles(q) == TileConfig(128, 2)  # the file's BV and stages on mma.sync

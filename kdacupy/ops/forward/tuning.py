@@ -378,6 +378,7 @@ def clear_cache():
         _tables.clear()
         _selected.clear()
         _warned.clear()
+        _arches.clear()
 
 
 def device_facts() -> tuple[int, str, int]:
