@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -56,11 +57,22 @@ def kdacupy_calls(sets):
     return [lambda a=a, o=o: kda_forward(**a, **o, backend="cuda") for a, o in sets]
 
 
+def tuning_config(tiles) -> dict:
+    """BV, stages and, when it is not mma.sync, the MMA family (as the tuning files write them)."""
+    from ..ops.forward.tuning import config_dict
+
+    return config_dict(tiles)
+
+
+def tiles_text(t: dict) -> str:
+    return f"{t['BV']}/{t['stages']}" + ("/wgmma" if t.get("mma", "sync") == "wgmma" else "")
+
+
 def make_row(shape: Shape, k_times, tiles, source, fla_res, copy_gbps, ok_finite=True, rotated=False) -> dict:
     traffic = compulsory_bytes(shape)
     med, mn = k_times
     gbps = traffic["total"] / (med * 1e-3) / 1e9
-    kda = dict(median_ms=med, min_ms=mn, tiles=dict(BV=tiles.BV, stages=tiles.stages), tiles_source=source,
+    kda = dict(median_ms=med, min_ms=mn, tiles=tuning_config(tiles), tiles_source=source,
                finite=ok_finite)
     row = dict(shape=shape.to_dict(), kdacupy=kda,
                bytes=traffic, achieved_gbps=gbps, fraction_of_copy_bw=gbps / copy_gbps if copy_gbps else None,
@@ -80,7 +92,7 @@ def selection(arrays, options):
     """(TileConfig, source) kda_forward will use for these inputs."""
     from ..ops.forward.tuning import describe_selection
 
-    return describe_selection(validated(arrays, options, "cuda")[0])
+    return describe_selection(validated(arrays, options, "cuda")[0], wgmma=True)  # the forward's choice
 
 
 def bench_shape(shape: Shape, args, fla, copy_gbps, l2_bytes) -> dict:
@@ -129,7 +141,7 @@ def format_table(rows, summary) -> str:
         frac = f"{100 * r['fraction_of_copy_bw']:5.1f}%" if r["fraction_of_copy_bw"] else "    -"
         fms, ratio = fla_cells(r)
         rms = f"{f['rms_ratio_o']:8.1e}" if f.get("rms_ratio_o") is not None else "       -"
-        tiles = f"{k['tiles']['BV']}/{k['tiles']['stages']}"
+        tiles = tiles_text(k["tiles"])
         return (f"{r['shape']['name']:<24} {k['median_ms']:10.3f} {k['min_ms']:7.3f} {tiles:>10} {src:>5} "
                 f"{r['achieved_gbps']:7.0f} {frac:>6} {fms} {ratio} {rms}")
 
@@ -158,12 +170,14 @@ def dry_run(shapes, gpu: str, sm_count: int, fla_on: bool) -> int:
           + ", ".join(str(p) + ("" if p.exists() else " (missing)") for p in tuning.lookup_paths(gpu)))
     fla_status = "disabled (--no-fla)" if not fla_on else (peers.fla_importable() or "importable")
     print(f"FLA: {fla_status}")
+    # Hopper by name: the runtime builds sm_90a there, where the forward may take the wgmma recurrence
+    arch = "sm_90a" if re.search(r"\b(G?H100|H200|H800|H20)\b", gpu) else None
     print(f"{'shape':<24} {'tiles':>10} {'source':<40} {'MB':>8} {'split':>6}")
     for shape in shapes:
         p = shape_problem(shape)
-        tiles, source = tuning.describe_for(p, gpu, sm_count)
+        tiles, source = tuning.describe_for(p, gpu, sm_count, arch, wgmma=True)
         n, _ = auto_segments(p, sm_count)
-        print(f"{shape.name:<24} {f'{tiles.BV}/{tiles.stages}':>10} {source:<40} "
+        print(f"{shape.name:<24} {tiles_text(tuning_config(tiles)):>10} {source:<40} "
               f"{compulsory_bytes(shape)['total'] / 1e6:8.1f} {n:>6}")
     print(f"{len(shapes)} shapes; nothing was run (no GPU needed)")
     return 0
