@@ -80,6 +80,31 @@ def test_two_runs_are_bitwise_equal():
     np.testing.assert_array_equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_wgmma_and_mma_sync_agree_bit_for_bit(precision, monkeypatch):
+    """On sm_90a both MMA families of the recurrence (docs/design.md section 5): the twins take each
+    k16 step of both as the exact sum rounded once, so they agree to the bit; a difference here
+    says the hardware's two families sum differently (the conformance probes of test_gpu_ptx.py
+    say how). Ragged varlen with a zero-length sequence, K = V = 128, BV 64 and 128."""
+    import kdacupy.ops.forward.kernels as kernels
+    from kdacupy.jit import targets
+    from kdacupy.ops.forward.tuning import TileConfig
+
+    if targets.runtime_arch(targets.device_cc()) != "sm_90a":
+        pytest.skip("the wgmma recurrence is sm_90a's")
+    x, opts = make_inputs(cu_seqlens=[700, 0, 333, 16, 1], H=2, HV=4, K=128, V=128, state=np.float32)
+    runs = []
+    for tiles in (TileConfig(32, 2), TileConfig(64, 3, "wgmma"), TileConfig(128, 2, "wgmma")):
+        monkeypatch.setattr(kernels, "select_tiles", lambda p, tiles=tiles: tiles)
+        runs.append(gpu_run(x, opts, output_final_state=True, state_precision=precision))
+    for o, s in runs[1:]:
+        np.testing.assert_array_equal(o.view(np.uint16), runs[0][0].view(np.uint16))
+        np.testing.assert_array_equal(s.view(np.uint32), runs[0][1].view(np.uint32))
+    om, sm = kda_model(**x, **opts, output_final_state=True, state_precision=precision)
+    agree(runs[1][0], om)
+    agree(runs[1][1], sm)
+
+
 def test_offsets_beyond_2_to_the_31():
     # T * H * K = 2^31 + ...: the last sequence sits past every 32-bit offset
     H, K = 64, 128
