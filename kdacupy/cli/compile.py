@@ -13,7 +13,8 @@ first and last lines (stderr) name the target and which runtime builds it. With
 instruction mix that matters is added: tensor-core MMAs (HMMA; Hopper's warpgroup
 HGMMA and its WARPGROUP fences / waits), LDSM, local memory (LDL/STL), global
 loads/stores (LDG/STG), cp.async (LDGSTS), bulk copies (UBLKCP, UTMALDG) and
-mbarrier operations (SYNCS).
+mbarrier operations (SYNCS). The recurrence's wgmma variants (label ``wgmma``) and the prepare's
+core-matrix ones (``ws_core``) are sm_90a's alone: listed for that target only.
 Exit status 1 if any variant fails to compile, 2 if ``--match`` selects nothing
 or ``--sass`` finds no disassembler.
 """
