@@ -31,6 +31,16 @@ constexpr int SR = 24;
 constexpr int ES = elem_bytes<KDA_DT>();
 constexpr int DCH = BV * ES / 16;
 
+// [C2]'s Dop: sm_100's ptxas spills less with it made one k-step at a time inside [C3]'s loop (a whole Dop
+// holds K / 4 more registers next to D: K = 256, BV = 16 spilled 16 bytes, 8 so), sm_80's and sm_90a's with
+// it made whole first (per step they spilled up to 136 / 160 bytes at K = 256). The same arithmetic in the
+// same order either way; the emulation runs the per-step form.
+#if defined(KDA_EMULATE) || __CUDA_ARCH__ >= 1000
+constexpr bool DOP_PER_STEP = true;
+#else
+constexpr bool DOP_PER_STEP = false;
+#endif
+
 static_assert(V % BV == 0 && BV % 16 == 0, "value slices are whole warps");
 static_assert(BSM_BETA == BSM_GEXP + K * 4, "gexp and beta travel together");
 static_assert(BSM_KDEC == BSM_QDEC + CHUNK * TS * 2 && BSM_KRES == BSM_KDEC + CHUNK * TS * 2, "smem tiles");
@@ -105,6 +115,19 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     const float* gexp = reinterpret_cast<const float*>(st + BSM_GEXP);
     const float* bet = reinterpret_cast<const float*>(st + BSM_BETA);
 
+    // [C2] Dop = bf16(D), to dstates [HV, slots, V, K]: here, or per k-step in [C3] (DOP_PER_STEP)
+    auto make_dop = [&](u32 (&dop)[4], int s) {
+      to_a_frag(dop, D[2 * s], D[2 * s + 1]);
+      u16* row = dstates + ((slot0 + c) * V + vw + g) * K + 16 * s;  // whole 32-byte sectors per quad
+      store_row16(row, dop[0], dop[2], t);
+      store_row16(row + 8 * K, dop[1], dop[3], t);
+    };
+    u32 Dall[DOP_PER_STEP ? 1 : KS][4];
+    if constexpr (!DOP_PER_STEP) {
+#pragma unroll
+      for (int s = 0; s < KS; ++s) make_dop(Dall[s], s);
+    }
+
     // do^T as an A operand (16 value rows x 16 tokens), from the tile's (token row, value column)
     float dt[2][4];
     load_tile_t<KDA_DT, BSM_DOROW>(dt, st + BSM_DO, 16 * warp, lane);
@@ -112,18 +135,18 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     to_a_frag(da, dt);
 
     // [C3] dU^T = do^T Mqk, then + D k_res^T (k-steps over channels), D to 16 bits: Dop and its low part
-    // bf16(D - Dop), the low part in an accumulator of its own (off the dependent path), added at the end.
-    // [C2] Dop = bf16(D) to dstates [HV, slots, V, K], one k-step's 16 columns at a time (a whole Dop held
-    // K / 4 more registers next to D: K = 256, BV = 16 spilled 16 bytes on sm_100a)
+    // bf16(D - Dop), the low part in an accumulator of its own (off the dependent path), added at the end
     float dUt[2][4] = {}, dUl[2][4] = {};
     mma_token_block<true>(dUt, da, reinterpret_cast<const u16*>(st + BSM_MQK) + trow * SR + tcol);
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
       u32 Dop[4];
-      to_a_frag(Dop, D[2 * s], D[2 * s + 1]);
-      u16* row = dstates + ((slot0 + c) * V + vw + g) * K + 16 * s;  // whole 32-byte sectors per quad
-      store_row16(row, Dop[0], Dop[2], t);
-      store_row16(row + 8 * K, Dop[1], Dop[3], t);
+      if constexpr (DOP_PER_STEP) {
+        make_dop(Dop, s);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) Dop[e] = Dall[s][e];
+      }
       u32 bk[4], dl[4];
       ldmatrix_x4(bk, kres + brow * TS + 16 * s + bcol);
       mma2(dUt, Dop, bk);
