@@ -14,8 +14,8 @@
 # minutes on the machine. Before each step, if the time so far plus the step's box would pass the
 # budget, the step is not started (summary.txt: "not run: only N s of the 420 s budget left, box M
 # s; rerun with --only K") and the run goes on to the later, smaller steps; --only reruns obey it
-# too. So the boxes' sum, 667 s, may pass the budget: the guaranteed prefix (steps 1-13: every
-# box used to its end, 405 s) holds the must-haves, and the estimates are about half the boxes,
+# too. So the boxes' sum, 672 s, may pass the budget: the guaranteed prefix (steps 1-13: every
+# box used to its end, 410 s) holds the must-haves, and the estimates are about half the boxes,
 # so the steps after it usually run too. Step 2 runs in the background from step 1's end until
 # step 7 starts (no timing step runs beside it); its box ends inside steps 3-6's (130 s), so it
 # costs the prefix nothing. In seconds ("?": a guess, which only the GPU machine can measure):
@@ -32,7 +32,7 @@
 #                                                         graphs, streams, 2^31 offsets, DLPack: are the kernels right
 #  6  GPU backward                               40   20  the backward's parity with the model, accuracy against the
 #                                                         float64 gradient, bitwise repeatability, graphs, stream
-#  7  tuning (Kimi shapes)                       25   15  the fastest tiles per bucket, into the file kda_forward reads
+#  7  tuning (Kimi shapes)                       30   19  the fastest tiles per bucket (mma.sync and wgmma), into the file kda_forward reads
 #  8  benchmark, Kimi shapes, tuned tiles        20   10  kdacupy's times, GB/s against the copy bandwidth (the floor)
 #  9  benchmark against FLA (H = 96)             75  48?  FLA / kdacupy on the same inputs, and their agreement
 # 10  backward against FLA (T = 8192, H = 96)    60  32?  fwd+bwd FLA / kdacupy (goal 1.5), gradients' agreement
@@ -55,7 +55,8 @@
 #   recording loader. Steps run in this order and CuPy's kernel cache is on disk, so a variant is
 #   compiled once, by the first step that asks for it: step 5 compiles 59 (14 prepare, 23
 #   recurrence, 16 decode, 6 scan), step 6 25 (5 prepare, 8 recurrence storing chunk states,
-#   6 bwd_chunk, 4 bwd_chain, 2 bwd_reduce), 7 7 (the other tile candidates), 10 none, 13 2,
+#   6 bwd_chunk, 4 bwd_chain, 2 bwd_reduce), 7 7 (the other tile candidates; on sm_90a the wgmma
+#   ones too: 12 candidates per Kimi bucket instead of 8, so its box went 25 -> 30 s), 10 none, 13 2,
 #   17 3, 18 8 (the frameworks' kdacupy calls), 19 2, the rest none (the sanitizer runs reuse step
 #   5's). NVRTC per variant for sm_90 here (python -m kdacupy.compile --arch sm_90 --jobs 1;
 #   device_census.py --time): prepare 0.23 s, recurrence 0.37 s (0.41 storing states), decode
@@ -150,7 +151,7 @@ add "PTX conformance" 25 '$PYTEST -s tests/gpu/test_gpu_ptx.py'
 add "GPU suite: forward, decode, seqpar" 55 \
   '$PYTEST --durations=15 tests/gpu --ignore=tests/gpu/test_gpu_ptx.py --ignore=tests/gpu/test_gpu_long.py --ignore=tests/gpu/test_gpu_distributed.py --ignore=tests/gpu/test_gpu_backward.py'
 add "GPU backward" 40 '$PYTEST --durations=10 tests/gpu/test_gpu_backward.py'
-add "tuning (Kimi shapes)" 25 \
+add "tuning (Kimi shapes)" 30 \
   '$PY -m kdacupy.tune --shapes kimi --iters 20 --warmup 3' \
   '$PY -m kdacupy.tune --shapes kimi --dry-run --arch sm_90 --jobs 2'
 add "benchmark, Kimi shapes, tuned tiles" 20 \
