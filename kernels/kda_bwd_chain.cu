@@ -31,12 +31,13 @@ constexpr int SR = 24;
 constexpr int ES = elem_bytes<KDA_DT>();
 constexpr int DCH = BV * ES / 16;
 
-// [C2]'s Dop: sm_100's ptxas spills less with it made one k-step at a time inside [C3]'s loop (a whole Dop
-// holds K / 4 more registers next to D: K = 256, BV = 16 spilled 16 bytes, 8 so), sm_80's and sm_90a's with
-// it made whole first (per step they spilled up to 136 / 160 bytes at K = 256). The same arithmetic in the
-// same order either way; the emulation runs the per-step form.
+// [C2]'s Dop at K = 256: sm_100's ptxas spills less with it made one k-step at a time inside [C3]'s loop (a
+// whole Dop holds K / 4 more registers next to D: BV = 16 spilled 16 bytes, 8 so), sm_80's and sm_90a's with
+// it made whole first (per step they spilled up to 136 / 160 bytes); at K <= 128 whole first everywhere (per
+// step took sm_100a's K = 128 from 233 to 250 registers). The same arithmetic in the same order either way;
+// the emulation takes sm_100's choice.
 #if defined(KDA_EMULATE) || __CUDA_ARCH__ >= 1000
-constexpr bool DOP_PER_STEP = true;
+constexpr bool DOP_PER_STEP = K >= 256;
 #else
 constexpr bool DOP_PER_STEP = false;
 #endif
