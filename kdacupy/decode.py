@@ -114,7 +114,7 @@ def kda_decode(
         q, k, v, g, beta, scale=scale, initial_state=None, output_final_state=False, cu_seqlens=None,
         qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
         A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout, state_dtype=None,
-        state_precision="fp32", out=out, backend=backend)
+        state_precision="fp32", out=out, backend=backend, path="decode")
     null_slot = check_null_slot(null_slot)
     cu = check_decode_offsets(cu_seqlens, N=problem.N, T=problem.T, device=problem.device)
     pool, idx, acc, pool_arr = validate_pool(state_pool, state_indices, num_accepted_tokens, problem, a,

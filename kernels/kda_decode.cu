@@ -21,6 +21,13 @@
 // T tokens; each CTA checks its sequence's two and traps where they are not n T and (n + 1) T (as
 // a failed device assert does), so no per-step launch has to check them.
 //
+// Head sizes (docs/design.md section 2): KDA_K is the key tile, a multiple of 32 (RK keys per lane);
+// KDA_V the value rows, or 0 for any V. With KDA_V = 0 the true sizes come as the arguments
+// K_true <= KDA_K and V_true: key channels at or above K_true read as zero and are never stored,
+// value rows at or above V_true are neither read nor written, the arrays (the pool too) have their
+// true extents, and ceil(V_true / BV) CTAs cover the value rows. Zero keys add exact zeros to every
+// lane's FMA chain, so the sums are those of decode_model.py over the keys padded with zeros. With
+// KDA_V > 0 (K, V in {64, 128, 256}) the sizes are the constants and the masks compile away.
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (q, k, v, o), KDA_G_DT, KDA_BETA_DT,
 // KDA_GATE, KDA_BETA_MODE, KDA_L2NORM, KDA_POOL_DT (KDA_BF16 or KDA_F32),
 // KDA_LAYOUT_VK, KDA_BV, KDA_WARPS; optional KDA_STEP_DT (the step states' dtype, default
@@ -35,17 +42,16 @@
 namespace {
 using namespace kda;
 
-constexpr int K = KDA_K;
-constexpr int V = KDA_V;
+constexpr int K = KDA_K;  // the key tile
+constexpr bool ANY = KDA_V == 0;  // true sizes at run time, loads and stores masked
 constexpr int BV = KDA_BV;
 constexpr int NW = KDA_WARPS;
 constexpr int NT = NW * 32;
 constexpr int RV = BV / NW;  // value rows per warp
 constexpr int RK = K / 32;   // keys per lane
-constexpr int VB = V / BV;   // CTAs per (sequence, head)
 constexpr bool VK = KDA_LAYOUT_VK;
 
-static_assert(V % BV == 0 && BV % NW == 0 && RV >= 1 && RV <= 16, "value rows split evenly over the warps");
+static_assert((ANY || KDA_V % BV == 0) && BV % NW == 0 && RV >= 1 && RV <= 16, "value rows split evenly over the warps");
 static_assert(K % 32 == 0 && RK * RV <= 64, "the state slice fits in registers");
 
 __device__ __forceinline__ i64 index_at(const void* p, int is_i64, i64 i) {
@@ -58,28 +64,48 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// The true head sizes (ANY: the arguments). The masks test ANY first, so that without it the
+// code is the fixed-size kernel's (the same registers and SASS).
+struct Dims {
+  int k, v;
+  __device__ __forceinline__ bool key(int kk) const { return kk < k; }
+  __device__ __forceinline__ bool row(int vr) const { return vr < v; }
+  __device__ __forceinline__ bool elem(int kk, int vr) const { return ANY ? kk < k && vr < v : true; }
+};
+
 // Offset of state element (value row vr, key kk) of state sh (a [V, K] or [K, V] matrix).
-__device__ __forceinline__ i64 state_offset(i64 sh, int vr, int kk) {
-  return VK ? (sh * V + vr) * K + kk : (sh * K + kk) * V + vr;
+__device__ __forceinline__ i64 state_offset(Dims d, i64 sh, int vr, int kk) {
+  const i64 dk = ANY ? d.k : K, dv = ANY ? d.v : KDA_V;
+  return VK ? (sh * dv + vr) * dk + kk : (sh * dk + kk) * dv + vr;
 }
 
 // The warp's slice of state sh (rows v0 + j, keys lane + 32 i) from and to memory of dtype DT: one
-// base offset, the rest constants the loads and stores take as immediates.
-template <int DT> __device__ __forceinline__ void load_slice(float (&S)[RK][RV], const void* base, i64 sh, int v0,
-                                                             int lane) {
+// base offset, the rest constants the loads and stores take as immediates. Padded keys and rows
+// (ANY) load as zero and are not stored.
+template <int DT> __device__ __forceinline__ void load_slice(float (&S)[RK][RV], const void* base, Dims d, i64 sh,
+                                                             int v0, int lane) {
 #pragma unroll
   for (int i = 0; i < RK; ++i) {
 #pragma unroll
-    for (int j = 0; j < RV; ++j) S[i][j] = load_f32<DT>(base, state_offset(sh, v0 + j, lane + 32 * i));
+    for (int j = 0; j < RV; ++j) {
+      S[i][j] = d.elem(lane + 32 * i, v0 + j) ? load_f32<DT>(base, state_offset(d, sh, v0 + j, lane + 32 * i)) : 0.f;
+    }
   }
 }
-template <int DT> __device__ __forceinline__ void store_slice(void* base, i64 sh, int v0, int lane,
+template <int DT> __device__ __forceinline__ void store_slice(void* base, Dims d, i64 sh, int v0, int lane,
                                                               const float (&S)[RK][RV]) {
 #pragma unroll
   for (int i = 0; i < RK; ++i) {
 #pragma unroll
-    for (int j = 0; j < RV; ++j) store_f32<DT>(base, state_offset(sh, v0 + j, lane + 32 * i), S[i][j]);
+    for (int j = 0; j < RV; ++j) {
+      if (d.elem(lane + 32 * i, v0 + j)) store_f32<DT>(base, state_offset(d, sh, v0 + j, lane + 32 * i), S[i][j]);
+    }
   }
+}
+
+// Key lane + 32 i of a token's K-channel row at offset ro (zero for a padded key).
+template <int DT> __device__ __forceinline__ float load_key(const void* base, Dims d, i64 ro, int lane, int i) {
+  return ANY && !d.key(lane + 32 * i) ? 0.f : load_f32<DT>(base, ro + lane + 32 * i);
 }
 
 }  // namespace
@@ -91,7 +117,9 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     const float* A_log, const float* dt_bias, void* pool, i64 P, const void* idx, int idx_i64, int per_token,
     const void* accepted, int acc_i64, int T, int H, int HV, float scale, float lb2,
     const void* parents, int par_i64, void* steps, i64 step_rows, int step_len, const void* step_idx,
-    int sidx_i64, int update_pool, i64 null_slot, const void* cu_seqlens, int cu_i64) {
+    int sidx_i64, int update_pool, i64 null_slot, const void* cu_seqlens, int cu_i64, int K_true, int V_true) {
+  const Dims d{K_true, V_true};
+  const int VB = ANY ? (V_true + BV - 1) / BV : KDA_V / BV;  // CTAs per (sequence, head)
   const int n = blockIdx.x / VB, hv = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int v0 = (blockIdx.x % VB) * BV + warp * RV;  // first value row of this warp
@@ -112,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
   }
   if (start <= null_slot || start >= P) {  // padding: zero output, the pool neither read nor written
     for (int t = 0; t < T; ++t) {
-      if (lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, 0.f);
+      if (ANY ? lane < RV && d.row(v0 + lane) : lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, 0.f);
     }
     return;
   }
@@ -128,14 +156,15 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
 
   // [1] the state slice, loaded once into fp32
   float S[RK][RV];
-  load_slice<KDA_POOL_DT>(S, pool, start * HV + hv, v0, lane);
+  load_slice<KDA_POOL_DT>(S, pool, d, start * HV + hv, v0, lane);
 
   // per-head gate parameters, hoisted out of the token loop
   float A = 1.f, bias[RK];
   if (KDA_GATE != KDA_GATE_LOG && A_log != nullptr) A = ex2_approx_ftz(A_log[hv] * LOG2E_F);
 #pragma unroll
   for (int i = 0; i < RK; ++i) {
-    bias[i] = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias[static_cast<i64>(hv) * K + lane + 32 * i] : 0.f;
+    bias[i] = (KDA_GATE != KDA_GATE_LOG && dt_bias != nullptr && (ANY ? d.key(lane + 32 * i) : true))
+                  ? dt_bias[static_cast<i64>(hv) * (ANY ? d.k : K) + lane + 32 * i] : 0.f;
   }
 
 #pragma unroll 1
@@ -143,9 +172,9 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     if (tree && t > 0) {  // [1] tree verify: the parent's state
       const i64 par = index_at(parents, par_i64, static_cast<i64>(n) * T + t);
       if (par >= 0 && par < t - 1) {
-        load_slice<KDA_STEP_DT>(S, steps, sb + par * HV, v0, lane);
+        load_slice<KDA_STEP_DT>(S, steps, d, sb + par * HV, v0, lane);
       } else if (par != t - 1) {  // -1, or outside [-1, t) (unchecked device values): the start
-        load_slice<KDA_POOL_DT>(S, pool, start * HV + hv, v0, lane);
+        load_slice<KDA_POOL_DT>(S, pool, d, start * HV + hv, v0, lane);
       }
     }
     const i64 qo = n * q_sb + t * q_st + h * q_sh, ko = n * k_sb + t * k_st + h * k_sh;
@@ -153,8 +182,8 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     float qs[RK], kn[RK], kd[RK], a[RK];
 #pragma unroll
     for (int i = 0; i < RK; ++i) {
-      qs[i] = load_f32<KDA_DT>(q, qo + lane + 32 * i);
-      kn[i] = load_f32<KDA_DT>(k, ko + lane + 32 * i);
+      qs[i] = load_key<KDA_DT>(q, d, qo, lane, i);
+      kn[i] = load_key<KDA_DT>(k, d, ko, lane, i);
     }
     if constexpr (KDA_L2NORM) {  // [2] x * rsqrt(sum x^2 + 1e-6)
       float sq = 0.f, sk = 0.f;
@@ -173,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     // [2]-[3] gate, decay, scaled query, decayed key
 #pragma unroll
     for (int i = 0; i < RK; ++i) {
-      a[i] = ex2_approx_ftz(gate_log2<KDA_GATE>(load_f32<KDA_G_DT>(g, go + lane + 32 * i), A, bias[i], lb2));
+      a[i] = ex2_approx_ftz(gate_log2<KDA_GATE>(load_key<KDA_G_DT>(g, d, go, lane, i), A, bias[i], lb2));
       qs[i] *= scale;
       kd[i] = kn[i] * a[i];
     }
@@ -187,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
 #pragma unroll
       for (int i = 0; i < RK; ++i) w = fmaf(kd[i], S[i][j], w);
       w = warp_sum(w);
-      const float u = bt * (load_f32<KDA_DT>(v, vo + v0 + j) - w);
+      const float u = bt * ((ANY && !d.row(v0 + j) ? 0.f : load_f32<KDA_DT>(v, vo + v0 + j)) - w);
 #pragma unroll
       for (int i = 0; i < RK; ++i) S[i][j] = fmaf(S[i][j], a[i], kn[i] * u);
     }
@@ -202,12 +231,12 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
       x = warp_sum(x);
       if (lane == j) mine = x;
     }
-    if (lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, mine);
+    if (ANY ? lane < RV && d.row(v0 + lane) : lane < RV) store_f32<KDA_DT>(o, n * o_sb + t * o_st + hv * o_sh + v0 + lane, mine);
 
     // [8] store this token's state where asked: its step state, then its pool slot
-    if (sb >= 0) store_slice<KDA_STEP_DT>(steps, sb + static_cast<i64>(t) * HV, v0, lane, S);
+    if (sb >= 0) store_slice<KDA_STEP_DT>(steps, d, sb + static_cast<i64>(t) * HV, v0, lane, S);
     const i64 slot = !update_pool ? -1 : per_token ? index_at(idx, idx_i64, static_cast<i64>(n) * T + t)
                                                    : (t == T - 1 ? start : -1);
-    if (slot > null_slot && slot < P) store_slice<KDA_POOL_DT>(pool, slot * HV + hv, v0, lane, S);
+    if (slot > null_slot && slot < P) store_slice<KDA_POOL_DT>(pool, d, slot * HV + hv, v0, lane, S);
   }
 }

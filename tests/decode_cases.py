@@ -19,6 +19,15 @@ DECODE_CASES = {
     "V256": dict(N=1, T=2, H=1, K=64, V=256, layout="kv"),
     "no-l2norm-neg-eigval": dict(N=2, T=2, H=1, K=64, V=64, qk_l2norm=False, allow_neg_eigval=True),
     "g-and-beta-fp32": dict(N=2, T=2, H=1, K=64, V=64, f32_gate_beta=True),
+    # head dims outside {64, 128, 256} (the key tile's variant, the sizes at run time): padded keys
+    # (16 -> 32, 60 -> 64, 100 -> 128), value rows past V in the last CTA (100, 60 over BV = 8),
+    # K != V both ways, dt_bias over padded keys (softplus), and K, V multiples of 32 (96, 192)
+    "K16-V16": dict(N=2, T=1, H=1, K=16, V=16),
+    "K60-V100-kv-bf16-verify": dict(N=2, T=2, H=1, K=60, V=100, layout="kv", pool_dtype=BF16, indices="NT",
+                                    accepted=[2, 1]),
+    "K100-V60-softplus-gva": dict(N=1, T=2, H=1, HV=2, K=100, V=60, gate="softplus", beta="raw"),
+    "K96-V96-bf16-pool": dict(N=2, T=2, H=1, K=96, V=96, pool_dtype=BF16),
+    "K192-V192-kv": dict(N=1, T=1, H=1, K=192, V=192, layout="kv"),
 }
 
 #: the pool slots each case writes, by hand (not through decode_plan): [N] indices are slots
@@ -37,6 +46,11 @@ WRITTEN = {
     "V256": {1},
     "no-l2norm-neg-eigval": {1, 3},
     "g-and-beta-fp32": {1, 3},
+    "K16-V16": {1, 3},
+    "K60-V100-kv-bf16-verify": {1, 2, 3, 4},
+    "K100-V60-softplus-gva": {1},
+    "K96-V96-bf16-pool": {1, 3},
+    "K192-V192-kv": {1},
 }
 
 

@@ -23,6 +23,12 @@ value head and token:
   8. token t's state to its step row (``step_states[row, t]``, its dtype), then, where the
      pool is written (``update_pool``), to its slot: pool[slot] = pool_dtype(S) (S stays fp32).
 Padded sequences (a start slot at or below ``null_slot``, default -1) give o = 0 and touch no slot and no step row.
+
+Head dims (docs/design.md section 2): the kernel holds K rounded up to its key tile (a multiple
+of 32), the channels past K read as zero; the model runs over the same padded keys (q, k, g,
+dt_bias and the state padded with zeros), so every lane's chain and the butterfly take the
+same values, zeros and their signs included, and the padded state stays zero. The scale's
+default is the true K's. Value rows are independent of each other: they need no padding.
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ def fma(a, b, c):
 
 def warp_dot(a, b):
     """sum_k a_k b_k over the last axis (K keys) as the decode kernel takes it, in fp32."""
+    a, b = pad_keys(a), pad_keys(b)  # zero keys: exact zeros in each lane's chain
     a, b = np.broadcast_arrays(a, b)
     lanes = a.shape[:-1] + (a.shape[-1] // 32, 32)  # key 32 i + l: lane l's i-th
     a, b = a.reshape(lanes), b.reshape(lanes)
@@ -62,6 +69,22 @@ def warp_dot(a, b):
     for m in (16, 8, 4, 2, 1):
         x = r32(x + x[..., lane ^ m])
     return x[..., 0]
+
+
+def key_tile(K: int) -> int:
+    """The kernel's key tile for head dim K: K rounded up to a multiple of 32."""
+    return -(-K // 32) * 32
+
+
+def pad_keys(x, axis=-1):
+    """x with ``axis`` (K keys) padded with zeros to the key tile."""
+    x = np.asarray(x)
+    K = x.shape[axis]
+    if K % 32 == 0:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, key_tile(K) - K)
+    return np.pad(x, pad)
 
 
 def l2norm_warp(x):
@@ -80,11 +103,12 @@ def kda_decode_model(
     N, T, H, K = q.shape
     HV = v.shape[2]
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    qn, kn = f64(q), f64(k)
+    qn, kn = pad_keys(f64(q)), pad_keys(f64(k))  # the kernel's key tile, zeros past K
     if qk_l2norm:
         qn, kn = l2norm_warp(qn), l2norm_warp(kn)
     qn, kn = np.repeat(qn, HV // H, axis=2), np.repeat(kn, HV // H, axis=2)
-    a = ex2(gate_f32(f64(g), gate, A_log, dt_bias, lower_bound))
+    bias = None if dt_bias is None else pad_keys(f64(dt_bias).reshape(HV, K))
+    a = ex2(gate_f32(pad_keys(f64(g)), gate, A_log, bias, lower_bound))
     b = beta_f32(beta, (N, T, HV), beta_sigmoid, allow_neg_eigval)
     qs, kd = r32(qn * scale_f32(scale, K)), r32(kn * a)  # [3]
     vf = f64(v)
@@ -93,7 +117,8 @@ def kda_decode_model(
     parent, rows = tree_plan(parent_indices, step_state_indices, step_states, N, T)
     o = np.zeros(v.shape)
     live = np.flatnonzero(start >= 0)  # the live sequences, all at once: [L, HV, K, V]
-    kv = lambda x: f64(state_to_kv(x, state_layout))  # noqa: E731
+    kv = lambda x: pad_keys(f64(state_to_kv(x, state_layout)), axis=-2)  # noqa: E731
+    true = lambda S: state_from_kv(S[..., :K, :], state_layout)  # noqa: E731  (the stored keys)
     S0 = kv(state_pool[start[live]])  # exact in fp32
     S = S0.copy()
     for t in range(T):
@@ -106,7 +131,7 @@ def kda_decode_model(
         o[live, t] = warp_dot(qs[live, t][:, :, None, :], np.swapaxes(S, -1, -2))          # [7]
         for i, n in enumerate(live):                                                       # [8]
             if rows[n] >= 0:
-                step_states[rows[n], t] = round_to(state_from_kv(S[i], state_layout), step_states.dtype)
+                step_states[rows[n], t] = round_to(true(S[i]), step_states.dtype)
             if write[n, t] >= 0:
-                state_pool[write[n, t]] = round_to(state_from_kv(S[i], state_layout), state_pool.dtype)
+                state_pool[write[n, t]] = round_to(true(S[i]), state_pool.dtype)
     return round_to(o, v.dtype).astype(v.dtype)

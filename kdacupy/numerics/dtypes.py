@@ -5,6 +5,8 @@ values of the narrower type, so a chain of model steps reads like the kernel.
 """
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 
@@ -26,6 +28,14 @@ def as_dtype(dt) -> np.dtype:
     if isinstance(dt, str) and dt in ("bf16", "bfloat16"):
         return BF16
     return np.dtype(dt)
+
+
+def row_alignment(x) -> int:
+    """The alignment (bytes) the kernels need of array ``x``'s rows (its last dim): 16, or the widest
+    power of two that divides a row's bytes where 16 does not (a 60-channel bf16 row is 120 bytes:
+    8), so a contiguous array always meets it and a strided view needs its pointer and outer strides
+    on that many bytes. Head dims in {64, 128, 256} give 16 in every dtype."""
+    return math.gcd(16, x.shape[-1] * x.dtype.itemsize) if x.ndim and x.shape[-1] else 16
 
 
 def dtype_name(dt) -> str:

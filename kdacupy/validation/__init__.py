@@ -2,7 +2,8 @@
 module per concern: ``arrays`` (the error and array conversion), ``memory``
 (devices, backend, ``out``, the kernels' row layouts), ``shapes``, ``options``
 (beta, gate, scale), ``seqlens``, ``state``, ``keywords`` (foreign spellings),
-``pool`` (the state pool of ``kda_decode`` and of ``kda_forward``), and
+``pool`` (the state pool of ``kda_decode`` and of ``kda_forward``), ``head_dims``
+(which head dims each path takes), and
 ``problem`` (``validate``: all of them in order, the validated ``Problem``).
 
 Errors name the argument, what was expected and what was received. Values of

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..numerics.dtypes import row_alignment
 from .arrays import check_dtype, check_shape, cupy_module, fail, is_device
 
 
@@ -82,7 +83,7 @@ def check_kernel_layouts(arrays):
     would keep.)"""
     for n in ("q", "k", "v", "g", "beta", "out"):
         if arrays[n] is not None:
-            check_kernel_layout(n, arrays[n], 16 if n != "beta" else arrays[n].dtype.itemsize)
+            check_kernel_layout(n, arrays[n], row_alignment(arrays[n]) if n != "beta" else arrays[n].dtype.itemsize)
     for n in ("initial_state", "A_log", "dt_bias"):
         x = arrays[n]
         if x is not None and not x.flags.c_contiguous:

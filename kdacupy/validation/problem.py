@@ -1,8 +1,8 @@
 """``validate``: every check of docs/design.md section 1 for the per-token arrays
 and options, in order, before any work starts, so a failing call writes
 nothing; the validated call comes back as a ``Problem``. Each concern has its
-module in this package; the kernels' own limits (head dims) come from the
-kernel family's ``supports`` (kdacupy/ops/forward/limits.py).
+module in this package; the head dims each path takes are said in one place,
+``head_dims`` (the decode any K, V in [16, 256]; the chunked paths {64, 128, 256}).
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..ops.forward.limits import supports
 from .arrays import as_array, capturing, check_bool, cupy_module, fail
+from .head_dims import head_dims_problem
 from .memory import check_backend, check_devices, check_kernel_layouts, check_out
 from .options import check_beta, check_gate, check_scale, gate_params_as_read
 from .seqlens import check_seqlens
@@ -45,8 +45,9 @@ class Problem(Sizes):
 
 def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens, qk_l2norm,
              beta_sigmoid, allow_neg_eigval, gate, A_log, dt_bias, lower_bound, state_layout,
-             state_dtype, state_precision, out, backend) -> tuple[Problem, dict[str, Any]]:
-    """Check every argument; return the Problem and the arrays to use."""
+             state_dtype, state_precision, out, backend, path="forward") -> tuple[Problem, dict[str, Any]]:
+    """Check every argument; return the Problem and the arrays to use. ``path``: the call's
+    kernels, for the head dims they take (``head_dims.HEAD_DIMS``)."""
     if backend not in BACKENDS:
         fail("backend", "one of " + ", ".join(map(repr, BACKENDS)), repr(backend))
     arrays = _arrays(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias,
@@ -54,7 +55,7 @@ def validate(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_s
     device = check_devices(arrays)
     backend = check_backend(backend, device)
     sizes = check_shapes(arrays)
-    reason = supports(sizes)  # the kernels' limits, before anything that depends on the sizes
+    reason = head_dims_problem(sizes, path)  # the kernels' limits, before anything that depends on the sizes
     if reason:
         raise ValueError(reason)
     B, T, HV, K, V = sizes.B, sizes.T, sizes.HV, sizes.K, sizes.V

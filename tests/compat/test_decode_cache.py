@@ -158,8 +158,9 @@ def test_vllm_slots_reach_the_kernel_as_they_are(made):
         third = launch(made)
     for got in (first, second, third):
         assert x["idx"].data_ptr() in got[3]
-        # ..., null_slot, cu_seqlens (the engine's own: the kernel checks its lengths), its int64 flag
-        assert got[3][-3:] == [("value", vllm.NULL_BLOCK_ID), x["cu"].data_ptr(), ("value", 0)]
+        # ..., null_slot, cu_seqlens (the engine's own: the kernel checks its lengths), its int64 flag,
+        # then the true head dims K, V
+        assert got[3][-5:-2] == [("value", vllm.NULL_BLOCK_ID), x["cu"].data_ptr(), ("value", 0)]
 
 
 def test_device_cu_seqlens_go_to_the_kernel_every_step(made):

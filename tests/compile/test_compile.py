@@ -159,7 +159,9 @@ def test_decode_variant_enumeration_covers_the_options():
     dec = list(decode_variants())
     assert {v.gate for v in dec} == {"log", "softplus", "sigmoid"}
     assert {v.beta_mode for v in dec} == {"none", "raw", "sigmoid", "sigmoid2"}
-    assert {(v.K, v.V) for v in dec} == {(k, v) for k in (64, 128, 256) for v in (64, 128, 256)}
+    # the fixed sizes, and the any-size variant (V = 0: K up to the tile, any V) of every key tile
+    assert {(v.K, v.V) for v in dec} == {(k, v) for k in (64, 128, 256) for v in (64, 128, 256)} | \
+        {(k, 0) for k in range(32, 257, 32)}
     assert {(v.pool_dtype, v.layout) for v in dec} == {(p, lay) for p in (BF16, F32) for lay in ("vk", "kv")}
-    assert all(v.tiles.valid_for(v.K, v.V) for v in dec)
+    assert all(v.tiles.valid_for(v.K, v.V or 256) for v in dec)  # V = 0: any V >= BV
     assert len(set(map(registry.label, dec))) == len(dec)

@@ -278,13 +278,15 @@ def test_out_and_inputs_may_not_overlap_the_pool():
     np.testing.assert_array_equal(pool, before)
 
 
-def test_decode_accuracy_against_the_reference_over_many_steps():
+@pytest.mark.parametrize("K,V", [(128, 128), (16, 16), (60, 100), (100, 60), (96, 96), (192, 192)])
+def test_decode_accuracy_against_the_reference_over_many_steps(K, V):
     """64 single-token steps through the pool (model backend) against one float64
     forward: an fp32 pool reaches the bf16 output's rounding floor; a bf16 pool,
-    rounded after every step, stays within a few times that."""
+    rounded after every step, stays within a few times that; the same factors for every
+    head size (the model's padded keys add nothing)."""
     N, T = 2, 64
-    x, opts = make_inputs(B=N, T=T, H=2, HV=2, K=128, V=128, seed=1)
-    s0 = 0.5 * np.random.default_rng(2).standard_normal((N, 2, 128, 128))
+    x, opts = make_inputs(B=N, T=T, H=2, HV=2, K=K, V=V, seed=1)
+    s0 = 0.5 * np.random.default_rng(2).standard_normal((N, 2, K, V))
     ref_o, ref_s = kda_reference(**x, **opts, qk_l2norm=True, initial_state=s0, output_final_state=True)
     floor = rmse_ratio(ref_o.astype(np.float32).astype(BF16), ref_o)
     for pool_dtype, bound in ((np.float32, 1.02 * floor), (BF16, 3 * floor)):
@@ -296,3 +298,43 @@ def test_decode_accuracy_against_the_reference_over_many_steps():
         assert err < bound, (pool_dtype, err, floor)
         assert rmse_ratio(np.swapaxes(pool.astype(np.float64), -1, -2), ref_s) < (1e-6 if pool_dtype == np.float32
                                                                                    else 2.0 ** -7)
+
+
+# ---------------------------------------------------------------------------
+# head dims: the decode takes any K, V in [16, 256]; the chunked paths {64, 128, 256}
+
+
+def test_decode_head_dims_and_the_other_paths_refusal():
+    for K, V in ((60, 100), (16, 256), (256, 16)):
+        x, opts, pool = make_decode(N=2, T=1, H=1, K=K, V=V)
+        assert kdacupy.kda_decode(**x, state_pool=pool, **opts, backend="model").shape == (2, 1, 1, V)
+    for K, V, match in ((8, 64, r"q: expected head dim K in \[16, 256\] \(kda_decode\), got K = 8"),
+                        (64, 264, r"v: expected head dim V in \[16, 256\] \(kda_decode\), got V = 264"),
+                        (288, 64, r"q: expected head dim K in \[16, 256\] \(kda_decode\), got K = 288")):
+        x, opts, pool = make_decode(N=2, T=1, H=1, K=K, V=V)
+        with pytest.raises(ValueError, match=match):
+            kdacupy.kda_decode(**x, state_pool=pool, **opts, backend="model")
+    for K, V, match in ((60, 64, r"^q: expected head dim K in \(64, 128, 256\), got K = 60$"),
+                        (64, 60, r"^v: expected head dim V in \(64, 128, 256\), got V = 60$")):
+        x, opts = make_inputs(B=1, T=8, H=1, K=K, V=V)
+        for backend in ("reference", "model"):
+            with pytest.raises(ValueError, match=match):
+                kdacupy.kda_forward(**x, **opts, backend=backend)
+            with pytest.raises(ValueError, match=match):
+                kdacupy.kda_backward(np.ones(x["v"].shape, x["v"].dtype), **x, **opts, backend=backend)
+
+
+def test_rows_of_other_head_dims_need_the_alignment_that_divides_them():
+    """A 60-channel bf16 row is 120 bytes: contiguous arrays always pass; a strided view needs
+    its pointer and outer strides on 8 bytes (gcd(16, 120)), which two elements' offset breaks."""
+    x, opts, pool = make_decode(N=2, T=1, H=1, K=60, V=100)
+    want = kdacupy.kda_decode(**x, state_pool=pool.copy(), **opts, backend="model")
+    for shift, ok in ((4, True), (1, False)):  # elements of 2 bytes
+        buf = np.zeros(x["q"].size + 16, BF16)[shift:shift + x["q"].size].reshape(x["q"].shape)
+        buf[...] = x["q"]
+        if ok:
+            got = kdacupy.kda_decode(**dict(x, q=buf), state_pool=pool.copy(), **opts, backend="model")
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        else:
+            with pytest.raises(ValueError, match="q: expected rows starting on 8-byte boundaries"):
+                kdacupy.kda_decode(**dict(x, q=buf), state_pool=pool.copy(), **opts, backend="model")

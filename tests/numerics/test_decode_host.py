@@ -196,25 +196,77 @@ def test_decode_tuning_file_lookup(tmp_path, monkeypatch):
 def test_decode_heuristic_and_tile_space():
     """The untuned rule over a grid of shapes, in terms of the grid it launches: 4 warps of
     4 value rows (BV = 16) when that grid has at least 4 CTAs per SM, else 4 warps of 2 rows
-    (BV = 8, twice the CTAs); always a valid tile, and once wide, wide for every larger batch."""
+    (BV = 8, twice the CTAs); always a valid tile, and once wide, wide for every larger batch;
+    head dims outside {64, 128, 256} too (ceil(V / BV) CTAs per head)."""
     from kdacupy.ops.decode.kernels import DECODE_TILE_SPACE, DecodeTiles, decode_candidates, decode_heuristic
     wide, narrow = DecodeTiles(16, 4), DecodeTiles(8, 4)
     seen = set()
-    for K in (64, 128, 256):
-        for V in (64, 128, 256):
+    dims = (16, 60, 64, 96, 100, 128, 192, 256)
+    for K in dims:
+        for V in dims:
             assert decode_candidates(K, V) and all(t.valid_for(K, V) for t in decode_candidates(K, V))
             for sm in (1, 108, 132):
                 was_wide = False
                 for rows in sorted({1, 2, 16, 33, 64, 100, 132, 264, 528, 1000, 2048, 4096, 65536}):
                     t = decode_heuristic(K, V, rows, sm)
                     assert t.valid_for(K, V) and t.warps == 4 and t in (wide, narrow), (K, V, rows, sm, t)
-                    ctas_per_sm = rows * (V // wide.BV) / sm  # the grid BV = 16 would launch
+                    ctas_per_sm = rows * -(-V // wide.BV) / sm  # the grid BV = 16 would launch
                     assert (t == wide) == (ctas_per_sm >= 4), (K, V, rows, sm, t)
                     assert t == wide or not was_wide, (K, V, rows, sm)
                     was_wide = t == wide
                     seen.add(t)
     assert seen == {wide, narrow}
     assert len(set(DECODE_TILE_SPACE)) == len(DECODE_TILE_SPACE)
+
+
+def test_other_head_dims_select_their_key_tile_variant_and_tuning_buckets(tmp_path, monkeypatch):
+    """K, V outside {64, 128, 256} run on the any-size variant of the key tile ceil(K / 32) * 32,
+    which the compile registry builds at the Kimi options for the heuristic's tiles; a tuning
+    file's bucket names the true K, V and its config must run them."""
+    import yaml
+
+    from kdacupy.ops.decode import tuning as dt
+    from kdacupy.ops.decode.kernels import DecodeTiles, decode_candidates, decode_heuristic, decode_variant
+    from kdacupy.ops.decode.variants import decode_variants
+    from kdacupy.validation import Problem
+    from kdacupy.validation.pool import Pool
+
+    registry = set(decode_variants())
+    for K, V, tile in ((16, 16, 32), (60, 100, 64), (100, 60, 128), (96, 96, 96), (192, 192, 192), (64, 60, 64),
+                       (128, 128, 128), (256, 64, 256)):
+        p = Problem(B=4, T=1, H=4, HV=4, K=K, V=V, N=4, dtype=BF16, g_dtype=BF16, beta_dtype=BF16,
+                    gate="sigmoid", beta_mode="sigmoid", qk_l2norm=True, scale=K ** -0.5, lower_bound=-5.0,
+                    state_layout="vk", state_in_dtype=None, state_out_dtype=None, state_precision="fp32",
+                    varlen=False, device=True, backend="cuda")
+        assert decode_candidates(K, V) and all(t.BV <= V for t in decode_candidates(K, V))
+        for rows in (16, 4096):
+            tiles = decode_heuristic(K, V, rows, 132)
+            pool = Pool(8, np.dtype(BF16), "vk", False, False)
+            var = decode_variant(p, pool, tiles)
+            exact = K in (64, 128, 256) and V in (64, 128, 256)
+            assert (var.K, var.V) == ((K, V) if exact else (tile, 0)), (K, V, var)
+            assert var in registry, var.label()
+    p = Problem(B=64, T=1, H=32, HV=32, K=60, V=100, N=64, dtype=BF16, g_dtype=BF16, beta_dtype=BF16,
+                gate="sigmoid", beta_mode="sigmoid", qk_l2norm=True, scale=60 ** -0.5, lower_bound=-5.0,
+                state_layout="vk", state_in_dtype=None, state_out_dtype=None, state_precision="fp32",
+                varlen=False, device=True, backend="cuda")
+    monkeypatch.setattr(dt, "_device", lambda: ("NVIDIA H200", 132))
+    monkeypatch.setenv("KDACUPY_TUNING_DIR", str(tmp_path))
+    dt.clear_cache()
+    assert dt.describe(p, np.dtype(BF16)) == (decode_heuristic(60, 100, 64 * 32, 132), "heuristic (untuned)")
+    b = dt.bucket_of(p, np.dtype(BF16), 132)
+    assert (b["K"], b["V"]) == (60, 100)
+    doc = dict(schema=1, kind="decode", gpu="NVIDIA H200", sm_count=132,
+               buckets=[dict(match=b, config=dict(BV=64, warps=4), time_us=7.0)])  # 2 CTAs, the last 28 rows masked
+    (tmp_path / "NVIDIA-H200.decode.yaml").write_text(yaml.safe_dump(doc))
+    dt.clear_cache()
+    assert dt.describe(p, np.dtype(BF16))[0] == DecodeTiles(64, 4)
+    doc["buckets"][0]["match"] = dict(b, V=48)  # BV = 64 > V: not a tile configuration for those sizes
+    (tmp_path / "NVIDIA-H200.decode.yaml").write_text(yaml.safe_dump(doc))
+    dt.clear_cache()
+    with pytest.warns(UserWarning, match="ignoring decode tuning file"):
+        assert dt.describe(p, np.dtype(BF16))[1] == "heuristic (untuned)"
+    dt.clear_cache()
 
 
 def test_tune_decode_cli_without_a_gpu():

@@ -19,6 +19,7 @@ import numpy as np
 from ...jit.loaders import loader
 from ..alloc import empty
 from ...numerics.decode_reference import step_problems
+from ...numerics.dtypes import row_alignment
 from .kernels import decode_args, launch_plan, scalar_args, stride_args
 
 #: (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, out, A_log, dt_bias, then tree verify's
@@ -92,8 +93,9 @@ class DecodeCall:
         self.device = problem.device
         self.plan = launch_plan(problem, pool, problem.device, tiles)
         self.spans = [_span(x) for x in arrays]
-        # alignment the kernels need: 16-byte rows (beta: its element), as kdacupy.validation's check_kernel_layout
-        self.align = [(i, 16 if i != 4 else arrays[4].dtype.itemsize) for i in (0, 1, 2, 3, 4, 8)
+        # alignment the kernels need: 16-byte rows, or what divides a row (beta: its element), as
+        # kdacupy.validation's check_kernel_layouts
+        self.align = [(i, row_alignment(arrays[i]) if i != 4 else arrays[4].dtype.itemsize) for i in (0, 1, 2, 3, 4, 8)
                       if arrays[i] is not None and arrays[i].size]
         self.host_idx = not self.device
         self.rows = np.arange(problem.N)
