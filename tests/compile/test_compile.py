@@ -121,6 +121,10 @@ DECODE_DEFAULTS = [DecodeVariant(128, 128, BF16, BF16, BF16, "sigmoid", "sigmoid
                    for pool, layout, tiles in [(BF16, "vk", DecodeTiles()), (F32, "vk", DecodeTiles()),
                                                (BF16, "kv", DecodeTiles()), (F32, "kv", DecodeTiles()),
                                                (F32, "vk", DecodeTiles(64, 4)), (BF16, "vk", DecodeTiles(8, 8))]]
+# and the any-size variants (head dims outside {64, 128, 256}, the sizes at launch) of the largest and a
+# small key tile
+DECODE_DEFAULTS += [DecodeVariant(256, 0, BF16, BF16, BF16, "sigmoid", "sigmoid", True, F32, "vk", DecodeTiles()),
+                    DecodeVariant(64, 0, BF16, BF16, BF16, "sigmoid", "sigmoid", True, BF16, "kv", DecodeTiles(8, 4))]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
