@@ -31,8 +31,8 @@ def standins():
         yield made
 
 
-def case():
-    x, opts, pool = make_decode(N=3, T=1, H=2, HV=4)
+def case(K=64, V=64):
+    x, opts, pool = make_decode(N=3, T=1, H=2, HV=4, K=K, V=V)
     return x, opts, pool
 
 
@@ -50,8 +50,9 @@ def last_launch(made):
     return fns[0].config, grid, block, args, smem
 
 
-def test_the_eager_path_launches_what_kda_decode_launches_on_cupy(standins):
-    x, opts, pool = case()
+@pytest.mark.parametrize("K,V", [(64, 64), (60, 100)])  # a fixed-size variant, an any-size one
+def test_the_eager_path_launches_what_kda_decode_launches_on_cupy(standins, K, V):
+    x, opts, pool = case(K, V)
     tx, topts, tpool = torch_args(x, opts, pool)
     with torch.inference_mode():
         o = kt.kda_decode(**tx, **topts, state_pool=tpool)
