@@ -144,12 +144,20 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
     packed offsets of the N sequences, [0, T, ..., N T] (device ones checked in the kernel)."""
     if unknown:
         _unexpected("kda_decode", unknown)
+    # this call as made, found by its own key (no options dict, no step key): decode_cache.front
+    tensors = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, cu_seqlens)
+    fkey = decode_cache.front_key("kdacupy.torch.kda_decode", tensors, (A_log, dt_bias), (
+        scale, qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, backend, null_slot))
+    o = decode_cache.front(fkey, tensors + (A_log, dt_bias), v, state_pool, None)  # cu_seqlens: the step's own
+    if o is not None:
+        return o
     opts = dict(scale=scale, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
                 gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
                 backend=backend, null_slot=null_slot)
     o, key = decode_cache.repeated(q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, opts,
                                    cu_seqlens)
     if o is not None:  # a call signature seen before (kdacupy/torch/decode_cache.py)
+        decode_cache.alias(fkey, key, None, tensors, tensors)  # the step's key is this call's own tensors'
         return o
     for n, x in (("state_pool", state_pool), ("state_indices", state_indices)):
         if x is None:
@@ -168,4 +176,5 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
         ops.decode(*args)
     decode_cache.remember(key, *given, state_pool, state_indices, num_accepted_tokens, q.shape[0], q.shape[1], opts,
                           cu_seqlens)
+    decode_cache.alias(fkey, key, None, tensors, tensors)
     return out
