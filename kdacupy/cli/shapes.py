@@ -208,7 +208,8 @@ def validated(arrays, options, backend):
 
     defaults = {n: p.default for n, p in inspect.signature(kda_forward).parameters.items()}
     names = [n for n, p in inspect.signature(validate).parameters.items() if p.kind == p.KEYWORD_ONLY]
-    kw = {n: options.get(n, defaults.get(n)) for n in names}
+    # validate's keywords that kda_forward has (its path keyword keeps validate's own default)
+    kw = {n: options.get(n, defaults[n]) for n in names if n in options or n in defaults}
     kw["backend"] = backend
     if kw.get("state_layout") is None:  # kda_forward's None: "kv" without a pool
         kw["state_layout"] = "kv"
