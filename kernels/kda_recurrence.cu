@@ -105,6 +105,20 @@ __device__ __forceinline__ i64 state_slot(int n, int hv, int HV, const void* poo
   return slot < 0 || slot >= pool_slots ? -1 : slot * HV + hv;
 }
 
+// A warp's o^T tile, staged in ot (CHUNK rows of its 16 value columns, RSM_OROW bytes apart), to o
+// in 16-byte pieces: o_row0 is the tile's first element in o, rows the chunk's valid rows.
+__device__ __forceinline__ void store_out_rows(void* o, i64 o_row0, i64 o_st, const unsigned char* ot, int rows,
+                                               int lane) {
+  constexpr int PIECES = 16 * ES / 16;  // 16-byte pieces per output row of this warp
+  for (int p = lane; p < CHUNK * PIECES; p += 32) {
+    const int r = p / PIECES, pc = p % PIECES;
+    if (r < rows) {
+      reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + (o_row0 + r * o_st) * ES)[pc] =
+          reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
+    }
+  }
+}
+
 }  // namespace
 
 // A minimum-blocks figure that allows 256 registers per thread makes ptxas use what it needs; left
@@ -310,18 +324,8 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
       }
     }
     __syncwarp();
-    {
-      constexpr int PIECES = 16 * ES / 16;  // 16-byte pieces per output row of this warp
-      const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-      for (int p = lane; p < CHUNK * PIECES; p += 32) {
-        const int r = p / PIECES, pc = p % PIECES;
-        if (r < rows) {
-          const i64 off = (b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK + r) * o_st + hv * o_sh + vw) * ES;
-          reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + off)[pc] =
-              reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
-        }
-      }
-    }
+    store_out_rows(o, b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vw, o_st, ot,
+                   seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK, lane);
     __syncwarp();
 
     // [15] S = fp32(dS + S * gexp), one FMA per element (n-tile j of dS at [4 j + e])
@@ -445,16 +449,8 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
         }
       }
       __syncwarp();
-      constexpr int PIECES = 16 * ES / 16;  // 16-byte pieces per output row of this warp
-      const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-      for (int p = lane; p < CHUNK * PIECES; p += 32) {
-        const int r = p / PIECES, pc = p % PIECES;
-        if (r < rows) {
-          const i64 off = (b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK + r) * o_st + hv * o_sh + vw) * ES;
-          reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + off)[pc] =
-              reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
-        }
-      }
+      store_out_rows(o, b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vw, o_st, ot,
+                     seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK, lane);
       __syncwarp();
     }
 
