@@ -13,6 +13,9 @@ rounding over <= 80 recurrence steps (measured ~2e-7); for float16 / bfloat16 ou
 output's own rounding, half an ulp relative (2^-11 / 2^-8), as both round a float32-accurate
 value once.
 """
+import importlib
+import importlib.metadata
+import importlib.util
 import inspect
 
 import pytest
@@ -22,14 +25,47 @@ from tests.frameworks.common import import_torch, one_thread
 
 pytestmark = [pytest.mark.torch, pytest.mark.fla]
 torch = import_torch()
-fla_kda = pytest.importorskip("fla.ops.kda", reason=MARKERS["fla"])
-if __import__("importlib.metadata").metadata.version("fla-core") != "0.6.0":
+
+
+def fla_core_version():
+    try:
+        return importlib.metadata.version("fla-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+if importlib.util.find_spec("fla") is None or fla_core_version() != "0.6.0":
     pytest.skip(MARKERS["fla"], allow_module_level=True)
 
 import torch.nn.functional as F  # noqa: E402
-from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd as fla_fused_recurrent_kda_fwd  # noqa: E402
-from fla.ops.kda.gate import naive_kda_gate, naive_kda_lowerbound_gate  # noqa: E402
-from fla.ops.kda.naive import naive_recurrent_kda  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fla_imports():
+    """fla-core's modules, imported when the module's first test runs, not at collection: importing
+    fla.ops costs seconds (Triton's decorators), and every pytest-xdist worker collects every module."""
+    pytest.importorskip("fla.ops.kda", reason=MARKERS["fla"])
+
+
+def fla_kda():
+    return importlib.import_module("fla.ops.kda")
+
+
+def fla_fused_recurrent_kda_fwd(*args, **kw):
+    return importlib.import_module("fla.ops.kda.fused_recurrent").fused_recurrent_kda_fwd(*args, **kw)
+
+
+def naive_kda_gate(*args, **kw):
+    return importlib.import_module("fla.ops.kda.gate").naive_kda_gate(*args, **kw)
+
+
+def naive_kda_lowerbound_gate(*args, **kw):
+    return importlib.import_module("fla.ops.kda.gate").naive_kda_lowerbound_gate(*args, **kw)
+
+
+def naive_recurrent_kda(*args, **kw):
+    return importlib.import_module("fla.ops.kda.naive").naive_recurrent_kda(*args, **kw)
+
 
 import kdacupy.compat.fla as compat  # noqa: E402
 
@@ -102,8 +138,9 @@ def check_gradients(ours, ref):
 
 
 def test_signatures_are_fla_cores():
-    for ours, theirs in ((compat.chunk_kda, fla_kda.chunk_kda), (compat.fused_recurrent_kda, fla_kda.fused_recurrent_kda),
-                         (compat.fused_recurrent_kda_fwd, fla_fused_recurrent_kda_fwd)):
+    fused_recurrent = importlib.import_module("fla.ops.kda.fused_recurrent")
+    for ours, theirs in ((compat.chunk_kda, fla_kda().chunk_kda), (compat.fused_recurrent_kda, fla_kda().fused_recurrent_kda),
+                         (compat.fused_recurrent_kda_fwd, fused_recurrent.fused_recurrent_kda_fwd)):
         a, b = inspect.signature(ours).parameters, inspect.signature(theirs).parameters
         assert [(p.name, p.kind, p.default) for p in a.values()] == [(p.name, p.kind, p.default) for p in b.values()]
 
@@ -112,7 +149,7 @@ def test_patch_swaps_the_imported_functions_and_unpatch_restores_them():
     import fla.ops
     import fla.ops.kda.chunk
     import fla.ops.kda.fused_recurrent
-    where = [(fla_kda, "chunk_kda"), (fla_kda, "fused_recurrent_kda"), (fla.ops, "chunk_kda"),
+    where = [(fla_kda(), "chunk_kda"), (fla_kda(), "fused_recurrent_kda"), (fla.ops, "chunk_kda"),
              (fla.ops, "fused_recurrent_kda"), (fla.ops.kda.chunk, "chunk_kda"),
              (fla.ops.kda.fused_recurrent, "fused_recurrent_kda"), (fla.ops.kda.fused_recurrent, "fused_recurrent_kda_fwd")]
     originals = [getattr(m, n) for m, n in where]
