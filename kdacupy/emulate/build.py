@@ -3,7 +3,8 @@
 Cache key: sha256 of the source with its exports, the emulation headers, the
 compiler (path and --version) and the flags. Files go to
 $KDACUPY_CACHE_DIR/emulate or ~/.cache/kdacupy/emulate, written to a temporary
-name and renamed with os.replace, so concurrent processes never see half a file.
+name and renamed with os.replace, so concurrent processes never see half a file; a lock file per key
+makes a second process that needs the same build wait for the first and take its library.
 $KDACUPY_EMULATE_CXXFLAGS adds flags (e.g. "-O0 -g" to debug a kernel in gdb);
 $KDACUPY_EMULATE_NUMERICS (exact|hardware, see numerics.py) adds -DKDA_EMU_NUMERICS.
 
@@ -18,6 +19,7 @@ compiler, flags and emulation headers), which takes a fifth off each build.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -26,6 +28,11 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Sequence
+
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None
 
 from .. import env
 from . import numerics
@@ -104,49 +111,75 @@ def build(source: str, names: Sequence[str], checked: bool = False, numerics_mod
     key = h.hexdigest()[:32]
     out_dir = cache_dir()
     lib = out_dir / f"{key}.so"
-    with _lock:  # one compile per key in this process; other processes race harmlessly
+    with _lock:  # one compile per key in this process
         if lib.exists():
             stats["disk_hits"] += 1
             return lib
         out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="kda_emu_") as tmp:
-            src = Path(tmp) / "kernel.cpp"
-            if checked:  # kept: the line tables name it
-                src = out_dir / f"{key}.cpp"
-                _write_atomic(src, text, out_dir)
-            else:
-                src.write_text(text)
-            fd, tmp_lib = tempfile.mkstemp(suffix=".so.tmp", dir=out_dir)
-            os.close(fd)
-            inc = ["-I", str(HERE), "-include", _prelude(cxx, [f for f in flags if f != "-shared"], files, out_dir)]
-            if checked:
-                compile_flags = [f for f in flags if f != "-shared"]
-                obj, hooks = str(Path(tmp) / "kernel.o"), str(Path(tmp) / "hooks.o")
-                cmds = [[cxx, *compile_flags, *inc, "-c", str(src), "-o", obj],
-                        [cxx, "-O2", "-fPIC", "-c", str(HERE / "tsan_hooks.cpp"), "-o", hooks],
-                        [cxx, "-shared", "-pthread", obj, hooks, "-o", tmp_lib, "-Wl,-z,defs", "-ldl"]]
-            else:
-                cmds = [[cxx, *flags, *inc, str(src), "-o", tmp_lib]]
-            for cmd in cmds:
-                try:
-                    res = subprocess.run(cmd, capture_output=True, text=True)
-                    if res.returncode != 0 and "precompiled header" in res.stderr and inc[-1] != str(HERE / "cuda_emu.h"):
-                        Path(inc[-1] + ".gch").unlink(missing_ok=True)  # damaged: the header itself, and anew next time
-                        cmd[cmd.index(inc[-1])] = inc[-1] = str(HERE / "cuda_emu.h")
-                        res = subprocess.run(cmd, capture_output=True, text=True)
-                except OSError as e:
-                    os.unlink(tmp_lib)
-                    if checked:
-                        src.unlink(missing_ok=True)
-                    raise EmulationError(f"{NO_COMPILER} ({cxx}: {e})") from None
-                if res.returncode != 0:
-                    os.unlink(tmp_lib)
-                    if checked:
-                        src.unlink(missing_ok=True)
-                    raise EmulationError(f"emulation build failed ({' '.join(cmd)}):\n{res.stderr}{res.stdout}")
-            os.replace(tmp_lib, lib)
+        (out_dir / "locks").mkdir(exist_ok=True)
+        with _key_lock(out_dir / "locks" / key):  # and across processes: a second waits, then finds it
+            if lib.exists():
+                stats["disk_hits"] += 1
+                return lib
+            _compile(cxx, text, flags, files, checked, key, out_dir, lib)
             stats["compiled"] += 1
     return lib
+
+
+@contextlib.contextmanager
+def _key_lock(path: Path):
+    """An exclusive lock on ``path`` across processes (pytest-xdist workers that need the same variant
+    at once compile it once); where flock is missing, none (each process compiles, and the renames
+    keep the cache whole)."""
+    if fcntl is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _compile(cxx: str, text: str, flags, files, checked: bool, key: str, out_dir: Path, lib: Path) -> None:
+    """Build ``text`` into ``lib``, through a temporary name."""
+    with tempfile.TemporaryDirectory(prefix="kda_emu_") as tmp:
+        src = Path(tmp) / "kernel.cpp"
+        if checked:  # kept: the line tables name it
+            src = out_dir / f"{key}.cpp"
+            _write_atomic(src, text, out_dir)
+        else:
+            src.write_text(text)
+        fd, tmp_lib = tempfile.mkstemp(suffix=".so.tmp", dir=out_dir)
+        os.close(fd)
+        inc = ["-I", str(HERE), "-include", _prelude(cxx, [f for f in flags if f != "-shared"], files, out_dir)]
+        if checked:
+            compile_flags = [f for f in flags if f != "-shared"]
+            obj, hooks = str(Path(tmp) / "kernel.o"), str(Path(tmp) / "hooks.o")
+            cmds = [[cxx, *compile_flags, *inc, "-c", str(src), "-o", obj],
+                    [cxx, "-O2", "-fPIC", "-c", str(HERE / "tsan_hooks.cpp"), "-o", hooks],
+                    [cxx, "-shared", "-pthread", obj, hooks, "-o", tmp_lib, "-Wl,-z,defs", "-ldl"]]
+        else:
+            cmds = [[cxx, *flags, *inc, str(src), "-o", tmp_lib]]
+        for cmd in cmds:
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True)
+                if res.returncode != 0 and "precompiled header" in res.stderr and inc[-1] != str(HERE / "cuda_emu.h"):
+                    Path(inc[-1] + ".gch").unlink(missing_ok=True)  # damaged: the header itself, and anew next time
+                    cmd[cmd.index(inc[-1])] = inc[-1] = str(HERE / "cuda_emu.h")
+                    res = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:
+                os.unlink(tmp_lib)
+                if checked:
+                    src.unlink(missing_ok=True)
+                raise EmulationError(f"{NO_COMPILER} ({cxx}: {e})") from None
+            if res.returncode != 0:
+                os.unlink(tmp_lib)
+                if checked:
+                    src.unlink(missing_ok=True)
+                raise EmulationError(f"emulation build failed ({' '.join(cmd)}):\n{res.stderr}{res.stdout}")
+        os.replace(tmp_lib, lib)
 
 
 def _prelude(cxx: str, compile_flags: Sequence[str], files: Sequence[str], out_dir: Path) -> str:

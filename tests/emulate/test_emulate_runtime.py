@@ -384,6 +384,37 @@ extern "C" __global__ void cached(int* o) {{ o[threadIdx.x] = {uuid.uuid4().int 
     print(f"\nbuild of a small kernel: {build_s:.2f} s")
 
 
+def test_processes_that_need_one_build_at_once_compile_it_once(tmp_path):
+    """Two processes (as two pytest-xdist workers) ask for the same new variant at the same moment:
+    one compiles it, the other waits on the key's lock and finds the library."""
+    import subprocess
+    import sys
+    src = kernel_source(f'extern "C" __global__ void once(int* o) {{ o[threadIdx.x] = {uuid.uuid4().int % 1000}; }}')
+    (tmp_path / "kernel.cu").write_text(src)
+    go = tmp_path / "go"
+    code = f"""
+import pathlib, sys, time
+from kdacupy.emulate import build as b
+src = pathlib.Path({str(tmp_path / "kernel.cu")!r}).read_text()
+b.find_compiler(); b._version(b.find_compiler())
+print("ready", flush=True)
+while not pathlib.Path({str(go)!r}).exists():
+    time.sleep(0.001)
+b.build(src, ["once"])
+print(b.stats["compiled"], flush=True)
+"""
+    env = dict(os.environ, KDACUPY_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    go.touch()
+    compiled = [int(p.communicate(timeout=120)[0].strip()) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(compiled) == [0, 1]
+    assert len(list((tmp_path / "cache" / "emulate").glob("*.so"))) == 1
+
+
 def test_builds_share_one_precompiled_prelude(tmp_path, monkeypatch):
     """g++ builds force-include cuda_emu.h through one precompiled header per compiler and flags;
     a damaged one is passed over (g++ then parses the header itself), never a wrong build."""
@@ -417,7 +448,7 @@ def test_compile_error_shows_compiler_output(monkeypatch, tmp_path):
     monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
     with pytest.raises(EmulationError, match="emulation build failed(.|\n)*undeclared_thing"):
         EmulatedModule('extern "C" __global__ void bad(int* o) { o[0] = undeclared_thing; }', ["bad"])
-    assert not [p for p in (tmp_path / "emulate").iterdir() if p.name != "prelude"]  # no partial file left behind
+    assert not [p for p in (tmp_path / "emulate").iterdir() if p.name not in ("prelude", "locks")]  # no partial file left behind
     assert not list((tmp_path / "emulate").glob("prelude/*/*.tmp"))
 
 
