@@ -23,37 +23,6 @@ MARKERS = {
 }
 AREAS = {"gpu": "gpu", "emulate": "emulate"}  # directory -> the marker all its tests carry
 
-# The slowest modules of a cold run, slowest first (seconds of one worker, benchmarks/NOTES.md, "The CPU
-# suite's cold run"). pytest-xdist's by-file schedule hands files out in collection order as workers
-# free up, so these go first and the short ones fill in at the end (no worker left alone with a long
-# module). Only the order changes: a module missing here runs after them, in collection order.
-SLOWEST_FIRST = (
-    "emulate/test_kernels_checked.py",  # 86
-    "compile/test_compile.py",  # 39
-    "emulate/test_backward_emulate.py",  # 32
-    "numerics/test_seqpar.py",  # 30
-    "cli/test_profile_cli.py",  # 30
-    "emulate/test_long_emulate.py",  # 24
-    "numerics/test_adversarial.py",  # 20
-    "frameworks/test_compat_fla.py",  # 20
-    "frameworks/test_jax.py",  # 19
-    "compile/test_backward_compile.py",  # 17
-    "emulate/test_backward_rings.py",  # 13
-    "emulate/test_kernels_emulate.py",  # 12
-    "emulate/test_decode_emulate.py",  # 10
-    "emulate/test_forward_rings.py",  # 10
-    "cli/test_tune_cli.py",  # 9
-    "test_device_check.py",  # 9
-    "compile/test_tree_checkpoint_compile.py",  # 9
-    "compile/test_seqpar_compile.py",  # 8
-    "test_layout.py",  # 8
-    "emulate/test_backward_checked.py",  # 8
-    "emulate/test_forward_bitwise.py",  # 8
-    "numerics/test_activations.py",  # 8
-)
-_RANK = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-_TESTS = Path(__file__).parent
-
 
 @lru_cache(maxsize=None)
 def missing(marker: str):
@@ -89,19 +58,9 @@ def missing(marker: str):
 def pytest_configure(config):
     for name, what in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False  # xdist's own order (by test count) would undo SLOWEST_FIRST
-
-
-def _module_rank(item) -> int:
-    try:
-        return _RANK.get(Path(str(item.fspath)).relative_to(_TESTS).as_posix(), len(_RANK))
-    except ValueError:  # a test outside tests/
-        return len(_RANK)
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_module_rank)  # stable: each module's tests keep their order
     for item in items:
         area = Path(str(item.fspath)).parent.name
         if area in AREAS:

@@ -393,7 +393,7 @@ def test_processes_that_need_one_build_at_once_compile_it_once(tmp_path):
     (tmp_path / "kernel.cu").write_text(src)
     go = tmp_path / "go"
     code = f"""
-import pathlib, sys, time
+import pathlib, time
 from kdacupy.emulate import build as b
 src = pathlib.Path({str(tmp_path / "kernel.cu")!r}).read_text()
 b.find_compiler(); b._version(b.find_compiler())

@@ -64,13 +64,12 @@ STRESS = {"eager": {"KDACUPY_EMULATE_CP_ASYNC": "eager"}, "reverse": {"KDACUPY_E
 STRESS_CASES = ["fixed-gva-sigmoid", "varlen-ragged-zero-vk-bf16", "fp32-inputs", "V256"]
 
 
-# The checks look at memory, so the checked matrix takes each memory pattern once: every case with the
-# bf16 state but two whose accesses other cases already make (fp16-inputs: bf16's 2-byte elements, K = 128
-# in softplus-raw-beta, no initial state in log-gate-no-beta; no-l2norm-neg-eigval: options that change
-# arithmetic only, at the K = V = 64 of fixed-gva-sigmoid); the fp32
-# state (the state's own loads and stores) on the stress cases, which span both layouts, varlen, fp32
-# inputs and V = 256. Each checked build costs ~1.7 s of the cold run; the unchecked parity suite runs
-# every case in both precisions.
+# The checks look at memory, so the checked matrix takes each memory pattern once. The bf16 state on
+# every case but two whose accesses other cases already make: fp16-inputs (bf16's 2-byte elements, K = 128
+# in softplus-raw-beta, no initial state in log-gate-no-beta) and no-l2norm-neg-eigval (options that change
+# arithmetic only, at fixed-gva-sigmoid's K = V = 64). The fp32 state (its own loads and stores) on the
+# stress cases, which span both layouts, varlen, fp32 inputs and V = 256. Each checked build costs ~1.7 s
+# of the cold run; the unchecked parity suite runs every case in both precisions.
 SAME_ACCESSES = {"fp16-inputs", "no-l2norm-neg-eigval"}
 CHECKED_CASES = [(name, "bf16") for name in CASES if name not in SAME_ACCESSES] + [(name, "fp32") for name in STRESS_CASES]
 assert SAME_ACCESSES <= set(CASES)
