@@ -86,7 +86,7 @@ def validated(do, q, k, v, g, beta=None, *, dfinal_state=None, scale=None, initi
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=dfinal_state is not None,
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
-        state_dtype=None, state_precision=state_precision, out=None, backend=backend)
+        state_dtype=None, state_precision=state_precision, out=None, backend=backend, path="backward")
     a["do"] = _check_do(do, a, problem)
     a["dfinal_state"] = _check_dfinal(dfinal_state, a, problem)
     return problem, a

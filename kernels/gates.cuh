@@ -45,9 +45,11 @@ __device__ __forceinline__ float beta_activate(float b) {
 template <int GATE> __device__ __forceinline__ float gate_a(const float* A_log, int hv) {
   return (GATE != KDA_GATE_LOG && A_log != nullptr) ? ex2_approx_ftz(A_log[hv] * LOG2E_F) : 1.f;
 }
-// Head hv's row of dt_bias [HV, K], or nullptr (none, or the log gate, which has no bias).
-template <int GATE, int K> __device__ __forceinline__ const float* gate_bias_row(const float* dt_bias, int hv) {
-  return (GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias + static_cast<i64>(hv) * K : nullptr;
+// Head hv's row of dt_bias [HV, kdim] (kdim: the true head dim where it is not the tile K), or
+// nullptr (none, or the log gate, which has no bias).
+template <int GATE, int K>
+__device__ __forceinline__ const float* gate_bias_row(const float* dt_bias, int hv, int kdim = K) {
+  return (GATE != KDA_GATE_LOG && dt_bias != nullptr) ? dt_bias + static_cast<i64>(hv) * kdim : nullptr;
 }
 
 // beta of the element beta[idx], stored as DT (not read when MODE is KDA_BETA_NONE).

@@ -9,7 +9,10 @@
 // KDA_GATE (KDA_GATE_LOG | _SOFTPLUS | _SIGMOID), KDA_BETA_MODE (KDA_BETA_NONE |
 // _RAW | _SIGMOID | _SIGMOID2 = 2*sigmoid), KDA_L2NORM, WS_* and PSM_* layouts; optional
 // KDA_WS_CORE (1: the workspace's 16-bit tiles in the core-matrix layout the wgmma recurrence's
-// matrix descriptors read, layouts.core_offset; else row-major).
+// matrix descriptors read, layouts.core_offset; else row-major); optional KDA_ANY_DIMS (1: KDA_K is
+// the key tile and the true head dim K <= KDA_K comes as the argument k_true: q, k, g and dt_bias
+// rows have k_true channels, the ones past it read as zero and their gate is 0, so the workspace is
+// exactly the key tile's over inputs padded with zeros; docs/design.md section 2).
 #include "common.cuh"
 #include "fragments.cuh"
 #include "gates.cuh"
@@ -19,11 +22,15 @@
 #ifndef KDA_WS_CORE
 #define KDA_WS_CORE 0
 #endif
+#ifndef KDA_ANY_DIMS
+#define KDA_ANY_DIMS 0
+#endif
 
 namespace {
 using namespace kda;
 
-constexpr int K = KDA_K;
+constexpr int K = KDA_K;  // the key tile (the head dim itself unless KDA_ANY_DIMS)
+constexpr bool ANY = KDA_ANY_DIMS;
 #if KDA_WS_CORE
 // Byte offset of element (r, c) of a [16, C] workspace tile in the core-matrix layout
 __device__ __forceinline__ int ws_core_off(int r, int c) { return (c >> 3) * (CHUNK * 16) + r * 16 + (c & 7) * 2; }
@@ -97,7 +104,8 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     i64 b_sb, i64 b_st, i64 b_sh,
     const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
     int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, int slots_per_cta, float scale, float lb2,
-    unsigned char* ws) {
+    unsigned char* ws, int k_true) {
+  const int kdim = ANY ? k_true : K;  // the true head dim (a constant without KDA_ANY_DIMS)
   const int hv = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r = tid >> 3, s = tid & 7;  // this thread's row and its place among the row's 8 threads
   const int h = hv / (HV / H);
@@ -153,13 +161,22 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
 #pragma unroll
       for (int v = 0; v < PPS; ++v) {
         const int off = (s + 8 * v) * 16;
-        cp_async_16_zfill(sInQ + r * K * elem_bytes<KDA_DT>() + off, qrow + off, live);
-        cp_async_16_zfill(sInK + r * K * elem_bytes<KDA_DT>() + off, krow + off, live);
+        if constexpr (ANY) {  // rows of kdim channels: the piece's channels from (s + 8 v) E on
+          fill_piece16<elem_bytes<KDA_DT>()>(sInQ + r * K * elem_bytes<KDA_DT>() + off, qrow + off, kdim - (s + 8 * v) * E, live);
+          fill_piece16<elem_bytes<KDA_DT>()>(sInK + r * K * elem_bytes<KDA_DT>() + off, krow + off, kdim - (s + 8 * v) * E, live);
+        } else {
+          cp_async_16_zfill(sInQ + r * K * elem_bytes<KDA_DT>() + off, qrow + off, live);
+          cp_async_16_zfill(sInK + r * K * elem_bytes<KDA_DT>() + off, krow + off, live);
+        }
       }
 #pragma unroll
       for (int u = 0; u < GPIECES / 8; ++u) {
         const int off = (s + 8 * u) * 16;
-        cp_async_16_zfill(sInG + r * PSM_GROW + off, grow + off, live);
+        if constexpr (ANY) {
+          fill_piece16<GES>(sInG + r * PSM_GROW + off, grow + off, kdim - (s + 8 * u) * (16 / GES), live);
+        } else {
+          cp_async_16_zfill(sInG + r * PSM_GROW + off, grow + off, live);
+        }
       }
     }
     cp_async_commit();
@@ -193,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
     // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time
     {
       const float a = gate_a<KDA_GATE>(A_log, hv);
-      const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv);
+      const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv, kdim);
       const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
       const unsigned char* grow = sInG + r * PSM_GROW;
 #pragma unroll
@@ -202,14 +219,15 @@ extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
         // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
         float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
         if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
-        if (bias_vec) {
+        if (bias_vec && (!ANY || c + 4 <= kdim)) {
           load_quad<KDA_F32>(bias_row + c, bq);
         } else if (bias_row != nullptr) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) bq[e] = bias_row[c + e];
+          for (int e = 0; e < 4; ++e) bq[e] = !ANY || c + e < kdim ? bias_row[c + e] : 0.f;
         }
+        // [2]; a padded channel's gate is 0 (no decay), as a padded row's
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;  // [2]
+        for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live && (!ANY || c + e < kdim) ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;
       }
     }
     // [3] beta

@@ -25,7 +25,11 @@
 // a sequence, as held, goes to ``ckpt`` [rows, HV, ., .] in the state layout and the ckpt_dtype
 // precision: boundary j of sequence n, the state after its first j * ckpt_every * 16 tokens, to row
 // ckpt_idx[n, j - 1] (without ckpt_idx: n * ckpt_per_seq + j - 1), for j <= ckpt_per_seq; a row
-// outside [0, ckpt_rows) is skipped: prefix caching, docs/design.md section 7.1).
+// outside [0, ckpt_rows) is skipped: prefix caching, docs/design.md section 7.1); optional
+// KDA_ANY_DIMS (1: KDA_K, KDA_V are the key and value tiles and the true head dims come as the
+// arguments k_true <= KDA_K, v_true <= KDA_V: v, o and the states have their true extents, value
+// columns past v_true read as zero and are never written, ceil(v_true / BV) CTAs per sequence and
+// head; the workspace is the key tile's, zero past k_true. mma.sync only).
 #include "common.cuh"
 #include "chunk_stream.cuh"
 #include "fragments.cuh"
@@ -43,6 +47,9 @@
 #ifndef KDA_MMA
 #define KDA_MMA KDA_MMA_SYNC
 #endif
+#ifndef KDA_ANY_DIMS
+#define KDA_ANY_DIMS 0
+#endif
 #define KDA_WGMMA_PATH (KDA_MMA == KDA_MMA_WGMMA)
 
 namespace {
@@ -56,6 +63,7 @@ constexpr int NT = NW * 32;
 constexpr int STAGES = KDA_STAGES;
 constexpr bool FP32_STATE = KDA_STATE_FP32;
 constexpr bool OUTPUT = !KDA_NO_OUTPUT;
+constexpr bool ANY = KDA_ANY_DIMS;
 constexpr int KS = K / 16;            // k-steps of the state matmuls
 constexpr int TS = K + 8;             // padded bf16 row of a [16, K] tile (elements)
 constexpr int SR = 24;                // padded row of a 16x16 tile (elements)
@@ -70,6 +78,7 @@ static_assert(RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
 // [16, BV] value rows; one mbarrier per stage at RSM_BAR.
 static_assert(NW % 4 == 0, "wgmma: whole warpgroups of 64 value rows (BV = 64 or 128)");
 static_assert(K <= 128, "wgmma: dS in one m64nKk16 (K = 256 keeps mma.sync: its registers)");
+static_assert(!ANY, "wgmma: the head dims of the tiles (any other size keeps mma.sync)");
 static_assert(OUTPUT && !KDA_STORE_STATES, "wgmma: the forward with its output (the other callers keep mma.sync)");
 static_assert(STAGES >= 2, "wgmma: a ragged tail's zeros are ordered by the barrier that ends a chunk");
 static_assert(RSM_QDEC == WS_QDEC && RSM_KDEC == WS_KDEC && RSM_KRES == WS_KRES && RSM_INV == WS_INV &&
@@ -91,10 +100,19 @@ static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CH
 
 // Queue the copies of one chunk (workspace block + value tile) into a stage; without the output,
 // q_dec and Mqk are never read: not copied.
+// ``vcols``: the value columns from the slice's first that exist (ANY; at least BV otherwise).
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
-                                           const unsigned char* vrow0, i64 v_row_bytes, int rows, int tid) {
+                                           const unsigned char* vrow0, i64 v_row_bytes, int rows, int vcols, int tid) {
   copy_ws_block<K, NT, RSM_QDEC, RSM_INV, RSM_MQK, RSM_GEXP, OUTPUT>(stage, blk, tid);
-  copy_rows_zfill<NT, VCH, RSM_VROW>(stage + RSM_VT, vrow0, v_row_bytes, rows, tid);
+  if constexpr (ANY) {
+    for (int p = tid; p < CHUNK * VCH; p += NT) {
+      const int r = p / VCH, c = p % VCH;
+      fill_piece16<ES>(stage + RSM_VT + r * RSM_VROW + c * 16, vrow0 + r * v_row_bytes + c * 16, vcols - c * (16 / ES),
+                       r < rows);
+    }
+  } else {
+    copy_rows_zfill<NT, VCH, RSM_VROW>(stage + RSM_VT, vrow0, v_row_bytes, rows, tid);
+  }
 }
 
 // The state this CTA reads and writes: sequence n's, or with a pool its slot idx[n]'s; -1 for a
@@ -106,15 +124,20 @@ __device__ __forceinline__ i64 state_slot(int n, int hv, int HV, const void* poo
 }
 
 // A warp's o^T tile, staged in ot (CHUNK rows of its 16 value columns, RSM_OROW bytes apart), to o
-// in 16-byte pieces: o_row0 is the tile's first element in o, rows the chunk's valid rows.
+// in 16-byte pieces: o_row0 is the tile's first element in o, rows the chunk's valid rows, ``cols``
+// the warp's value columns that exist (ANY; 16 otherwise).
 __device__ __forceinline__ void store_out_rows(void* o, i64 o_row0, i64 o_st, const unsigned char* ot, int rows,
-                                               int lane) {
+                                               int cols, int lane) {
   constexpr int PIECES = 16 * ES / 16;  // 16-byte pieces per output row of this warp
   for (int p = lane; p < CHUNK * PIECES; p += 32) {
     const int r = p / PIECES, pc = p % PIECES;
     if (r < rows) {
-      reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + (o_row0 + r * o_st) * ES)[pc] =
-          reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
+      unsigned char* dst = static_cast<unsigned char*>(o) + (o_row0 + r * o_st) * ES + pc * 16;
+      if constexpr (ANY) {
+        store_piece16<ES>(dst, ot + r * RSM_OROW + pc * 16, cols - pc * (16 / ES));
+      } else {
+        *reinterpret_cast<Vec16*>(dst) = reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
+      }
     }
   }
 }
@@ -135,8 +158,10 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
     const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq,
     const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* states,
-    void* ckpt, int ckpt_dtype, const void* ckpt_idx, int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every) {
-  constexpr int VB = V / BV;
+    void* ckpt, int ckpt_dtype, const void* ckpt_idx, int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every,
+    int k_true, int v_true) {
+  const int kdim = ANY ? k_true : K, vdim = ANY ? v_true : V;  // the true head dims (constants without ANY)
+  const int VB = ANY ? (vdim + BV - 1) / BV : V / BV;
   const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int vw = v0 + 16 * warp;  // first value row of this warp
@@ -146,7 +171,13 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
 
   if (seq.len == 0) {  // [16] the final state is the initial state, converted only
-    if (s_out != nullptr && nh >= 0) copy_state_rows<V, K>(s_out, s_out_dtype, s_in, s_in_dtype, layout_vk, nh, vw, lane);
+    if (s_out != nullptr && nh >= 0) {
+      if constexpr (ANY) {
+        copy_state_rows_dims(s_out, s_out_dtype, s_in, s_in_dtype, layout_vk, nh, vw, lane, kdim, vdim);
+      } else {
+        copy_state_rows<V, K>(s_out, s_out_dtype, s_in, s_in_dtype, layout_vk, nh, vw, lane);
+      }
+    }
     return;
   }
 
@@ -196,7 +227,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     if (c < nchunks) {
       const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
       load_chunk(sm + (c % STAGES) * RSM_STAGE, wsbase + static_cast<i64>(c) * WS_STRIDE,
-                 vbase + static_cast<i64>(c) * CHUNK * v_st * ES, v_st * ES, rows, tid);
+                 vbase + static_cast<i64>(c) * CHUNK * v_st * ES, v_st * ES, rows, vdim - v0, tid);
     }
     cp_async_commit();  // always, so the group count stays uniform
   };
@@ -212,7 +243,11 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 #pragma unroll
   for (int s = 0; s < KS; ++s) {
     float x[2][4];
-    load_state_cols16<V, K>(x, s_in, s_in_dtype, layout_vk, nh, vw, s, g, t);
+    if constexpr (ANY) {
+      load_state_cols16_dims(x, s_in, s_in_dtype, layout_vk, nh, vw, s, g, t, kdim, vdim);
+    } else {
+      load_state_cols16<V, K>(x, s_in, s_in_dtype, layout_vk, nh, vw, s, g, t);
+    }
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       if constexpr (FP32_STATE) {
@@ -242,7 +277,11 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
           }
         }
       }
-      store_state_cols16<V, K>(dst, dtype, layout_vk, nh_dst, vw, s, g, t, x);
+      if constexpr (ANY) {
+        store_state_cols16_dims(dst, dtype, layout_vk, nh_dst, vw, s, g, t, x, kdim, vdim);
+      } else {
+        store_state_cols16<V, K>(dst, dtype, layout_vk, nh_dst, vw, s, g, t, x);
+      }
     }
   };
 
@@ -325,7 +364,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     }
     __syncwarp();
     store_out_rows(o, b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vw, o_st, ot,
-                   seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK, lane);
+                   seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK, vdim - vw, lane);
     __syncwarp();
 
     // [15] S = fp32(dS + S * gexp), one FMA per element (n-tile j of dS at [4 j + e])
@@ -450,7 +489,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
       }
       __syncwarp();
       store_out_rows(o, b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vw, o_st, ot,
-                     seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK, lane);
+                     seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK, vdim - vw, lane);
       __syncwarp();
     }
 

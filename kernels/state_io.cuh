@@ -158,4 +158,44 @@ __device__ __forceinline__ void store_state_cols16(void* dst, int dtype, int lay
   }
 }
 
+// Any head size (kda_recurrence's KDA_ANY_DIMS): the state has its true extents dk <= K keys and
+// dv value rows, the warp's slice is the padded tile's. Element by element; a padded key or value
+// row reads zero and is never stored (zero keys leave the padded rows and columns zero, so nothing
+// there is ever lost; docs/design.md section 2).
+__device__ __forceinline__ i64 state_index_dims(int layout_vk, i64 nh, int v, int kd, int dk, int dv) {
+  return layout_vk ? (nh * dv + v) * dk + kd : (nh * dk + kd) * dv + v;
+}
+__device__ __forceinline__ void load_state_cols16_dims(float (&x)[2][4], const void* src, int dtype, int layout_vk,
+                                                       i64 nh, int vw, int s, int g, int t, int dk, int dv) {
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int v = vw + g + 8 * (e >> 1), kd = 16 * s + 8 * jj + 2 * t + (e & 1);
+      x[jj][e] = v < dv && kd < dk ? load_state(src, dtype, state_index_dims(layout_vk, nh, v, kd, dk, dv)) : 0.f;
+    }
+  }
+}
+__device__ __forceinline__ void store_state_cols16_dims(void* dst, int dtype, int layout_vk, i64 nh, int vw, int s,
+                                                        int g, int t, const float (&x)[2][4], int dk, int dv) {
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int v = vw + g + 8 * (e >> 1), kd = 16 * s + 8 * jj + 2 * t + (e & 1);
+      if (v < dv && kd < dk) store_state(dst, dtype, state_index_dims(layout_vk, nh, v, kd, dk, dv), x[jj][e]);
+    }
+  }
+}
+// copy_state_rows at the true extents: the warp's value rows from vw that exist, every key.
+__device__ __forceinline__ void copy_state_rows_dims(void* dst, int dst_dtype, const void* src, int src_dtype,
+                                                     int layout_vk, i64 nh, int vw, int lane, int dk, int dv) {
+  const int rows = dv - vw < 16 ? dv - vw : 16;
+  for (int e = lane; e < rows * dk; e += 32) {
+    const int v = layout_vk ? e / dk : e % rows, kd = layout_vk ? e % dk : e / rows;
+    const i64 idx = state_index_dims(layout_vk, nh, vw + v, kd, dk, dv);
+    store_state(dst, dst_dtype, idx, load_state(src, src_dtype, idx));
+  }
+}
+
 }  // namespace kda

@@ -67,7 +67,7 @@ class LocalCall:
         else:
             self.p, self.a = validate(q, k, v, g, beta, initial_state=None, output_final_state=False,
                                       cu_seqlens=None, state_layout=state_layout, state_dtype=state_dtype, out=out,
-                                      **kw)
+                                      path="seqpar", **kw)
         p = self.p
         self.options = options
         self.shared_grads = shared_grads

@@ -1,22 +1,22 @@
 """Which head dims K and V each path takes: the one place that says it.
 
-``kda_decode`` takes any K and V in [16, 256] (its kernel masks its key tile and its value
-rows at the true sizes, docs/design.md section 2); the chunked paths (``kda_forward``,
-``kda_backward``, sequence parallelism, the state pool of the forward) take K, V in
-{64, 128, 256}, the sizes their kernels are built for (kdacupy/ops/forward/limits.py).
-Every backend applies the rule of its path, so a call that runs on the CPU also runs on
-the GPU.
+``kda_decode`` and ``kda_forward`` (its state pool and checkpoints too) take any K and V in
+[16, 256], K != V included: their kernels run the tile above the true size with loads and stores
+masked at it (docs/design.md section 2). ``kda_backward`` and sequence parallelism (the split
+forward, ``state_maps``, context parallelism) take K, V in {64, 128, 256}, the sizes their
+kernels are built for (kdacupy/ops/forward/limits.py). Every backend applies the rule of its
+path, so a call that runs on the CPU also runs on the GPU.
 """
 from __future__ import annotations
 
-from ..ops.forward.limits import DIMS, MAX_GRID_Y, supports
+from ..ops.forward.limits import ANY_MAX, ANY_MIN, DIMS, MAX_GRID_Y, supports
 
-#: the decode's head dims: any from DECODE_MIN to DECODE_MAX
-DECODE_MIN, DECODE_MAX = 16, 256
 #: path -> the head dims it takes (a range or a tuple of sizes)
-HEAD_DIMS = {"forward": DIMS, "backward": DIMS, "seqpar": DIMS,
-             "decode": range(DECODE_MIN, DECODE_MAX + 1)}
+HEAD_DIMS = {"forward": range(ANY_MIN, ANY_MAX + 1), "backward": DIMS, "seqpar": DIMS,
+             "decode": range(ANY_MIN, ANY_MAX + 1)}
 PATHS = tuple(HEAD_DIMS)
+#: the function whose kernels a path is, for the messages of the any-size paths
+_CALLS = {"forward": "kda_forward", "decode": "kda_decode"}
 
 
 def describe(path: str) -> str:
@@ -24,16 +24,21 @@ def describe(path: str) -> str:
     return f"[{dims.start}, {dims.stop - 1}]" if isinstance(dims, range) else str(dims)
 
 
+def takes(path: str, K: int, V: int) -> bool:
+    """Whether ``path``'s kernels run head dims K, V."""
+    return K in HEAD_DIMS[path] and V in HEAD_DIMS[path]
+
+
 def head_dims_problem(sizes, path: str = "forward") -> str | None:
     """None if ``path``'s kernels run head dims ``sizes.K``, ``sizes.V`` (and its grid the heads),
     else the error message, naming the argument."""
     if path not in HEAD_DIMS:
         raise ValueError(f"path: expected one of {PATHS}, got {path!r}")
-    if path != "decode":
+    if not isinstance(HEAD_DIMS[path], range):
         return supports(sizes)
-    if sizes.HV > MAX_GRID_Y:  # the decode puts the value head on gridDim.y too
+    if sizes.HV > MAX_GRID_Y:  # the value head is on gridDim.y
         return f"v: expected at most {MAX_GRID_Y} value heads (the kernels' gridDim.y), got HV = {sizes.HV}"
     for name, dim, what in (("q", sizes.K, "K"), ("v", sizes.V, "V")):
         if dim not in HEAD_DIMS[path]:
-            return f"{name}: expected head dim {what} in {describe(path)} (kda_decode), got {what} = {dim}"
+            return f"{name}: expected head dim {what} in {describe(path)} ({_CALLS[path]}), got {what} = {dim}"
     return None

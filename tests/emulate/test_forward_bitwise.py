@@ -9,7 +9,10 @@ the state entering each chunk; the output and the final state follow from those 
   o^T = out_dtype(mma(mma(Hop, q_dec^T), U^T, Mqk^T))   (one fp32 accumulator, [14])
 with Hop = bf(S_c) and U^T as [11]-[13] compute them from S_c, and the final state is the state
 entering one more chunk of padding (zero keys, gexp = 1: it passes the state through unchanged),
-stored in the state dtype ([16]; a zero-length sequence: its initial state, converted only)."""
+stored in the state dtype ([16]; a zero-length sequence: its initial state, converted only).
+A head dim without variants of its own (K, V in [16, 256] outside {64, 128, 256}) runs on its tiles
+over inputs padded with zeros, the padded channels' gate 0 (docs/design.md section 2): so does the
+exact forward here, and the result is cut back to the true sizes."""
 import numpy as np
 import pytest
 
@@ -19,6 +22,7 @@ from kdacupy.numerics.backward_recompute import chunk_states, l2norm_exact, prep
 from kdacupy.numerics.dtypes import F32, round_bf16, round_f32, round_to
 from kdacupy.numerics.precision import Chunks, beta_f32, gate_f32, scale_f32
 from kdacupy.numerics.reference import state_from_kv, state_to_kv
+from kdacupy.ops.forward.limits import exact_dims, tile_of
 
 from ..cases import CASES, case_inputs
 
@@ -35,11 +39,18 @@ def forward_exact(q, k, v, g, beta=None, *, scale=None, initial_state=None, outp
                   state_precision="bf16"):
     """kda_forward's (o, final state) on the emulation's default numerics, to the bit."""
     B, T, H, K = q.shape
-    HV = v.shape[2]
-    qn, kn = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    HV, V = v.shape[2:]
+    KT, VT = (K, V) if exact_dims(K, V) else (tile_of(K), tile_of(V))
+
+    def pad(x, axis, n):  # zeros after the true size along axis, to n
+        width = [(0, 0)] * x.ndim
+        width[axis] = (0, n - x.shape[axis])
+        return np.pad(x, width)
+    qn, kn = (pad(np.asarray(x, np.float64), -1, KT) for x in (q, k))
     if qk_l2norm:
         (qn, _), (kn, _) = l2norm_exact(qn), l2norm_exact(kn)
-    g2 = gate_f32(np.asarray(g, np.float64), gate, A_log, dt_bias, lower_bound)
+    g2 = pad(gate_f32(np.asarray(g, np.float64), gate, A_log, dt_bias, lower_bound), -1, KT)
+    v = pad(np.asarray(v), -1, VT)
     b = beta_f32(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
     ch = Chunks.of(B, T, cu_seqlens)
 
@@ -49,20 +60,21 @@ def forward_exact(q, k, v, g, beta=None, *, scale=None, initial_state=None, outp
     qc, kc = (chunks(np.repeat(x, HV // H, axis=2)) for x in (qn, kn))
     vc, gc, bc = (chunks(x) for x in (np.asarray(v, np.float64), g2, b))
     ops = prepare_exact(qc, kc, gc, bc, scale_f32(scale, K))
-    S0 = np.zeros((ch.N, HV, K, v.shape[3])) if initial_state is None else state_to_kv(initial_state, state_layout)
+    S0 = np.zeros((ch.N, HV, KT, VT)) if initial_state is None else pad(pad(state_to_kv(initial_state, state_layout),
+                                                                               -2, KT), -1, VT)
     S = chunk_states(round_bf16(S0) if state_precision == "bf16" else round_f32(S0), ops, vc, bc, state_precision)
     Hop = round_bf16(S)                                                                 # [11]
     Wt = mma(None, Hop, _T(ops["k_dec"]))                                               # [12]
     vsub = round_bf16(round_f32(bc[..., None, :] * round_f32(_T(vc) - Wt)))
     Ut = round_bf16(mma(None, vsub, _T(ops["INV"])))                                    # [13]
     Ot = mma(mma(None, Hop, _T(ops["q_dec"])), Ut, _T(ops["Mqk"]))                       # [14]
-    o = round_to(ch.join(_T(Ot)[:, :, :-1]), v.dtype).astype(v.dtype)
+    o = np.ascontiguousarray(round_to(ch.join(_T(Ot)[:, :, :-1])[..., :V], v.dtype).astype(v.dtype))
     if not output_final_state:
         return o, None
     if state_dtype is None:
         state_dtype = initial_state.dtype if initial_state is not None else F32
-    final = np.where((ch.lengths == 0)[:, None, None, None], S0, _T(S[:, :, -1]))           # [16]
-    return o, round_to(state_from_kv(final, state_layout), state_dtype).astype(state_dtype)
+    final = np.where((ch.lengths == 0)[:, None, None, None], S0, _T(S[:, :, -1]))[..., :K, :V]  # [16]
+    return o, np.ascontiguousarray(round_to(state_from_kv(final, state_layout), state_dtype).astype(state_dtype))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])

@@ -428,8 +428,8 @@ def test_what_kdacupy_cannot_honour_raises_naming_it():
         compat.fused_recurrent_kda(q, k, v, g, v)
     with pytest.raises(ValueError, match="^A_log: fused_recurrent_kda"):
         compat.fused_recurrent_kda(q, k, v, g, beta, use_gate_in_kernel=True)
-    with pytest.raises(ValueError, match="^q: expected head dim K in"):
-        compat.chunk_kda(q[..., :60], k[..., :60], v, g[..., :60], beta)
+    with pytest.raises(ValueError, match=r"^q: expected head dim K in \[16, 256\] \(kda_forward\), got K = 8"):
+        compat.chunk_kda(q[..., :8], k[..., :8], v, g[..., :8], beta)
     with pytest.raises(NotImplementedError, match=r"^ssm_state_indices: \[N\] slots serve one token"):
         compat.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=h0, ssm_state_indices=torch.tensor([0]))
     with pytest.raises(ValueError, match="^cu_seqlens: expected 8 tokens in every sequence"):

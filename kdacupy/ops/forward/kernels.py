@@ -12,6 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from . import layouts
+from .limits import exact_dims, tile_of
 from ...numerics.dtypes import dtype_name
 from ...jit.enums import DTYPE_CODE, MMA_CODE, STATE_DTYPE_CODE
 from ...jit.loaders import loader
@@ -26,9 +27,11 @@ from .tuning import TileConfig
 class PrepareVariant(InputVariant):
     kernel: ClassVar[str] = "kda_prepare"
     ws_core: bool = False  # the workspace tiles in the core-matrix layout (the wgmma recurrence's)
+    any_dims: bool = False  # K is the key tile, the true head dim a launch argument (KDA_ANY_DIMS)
 
     def layout_config(self) -> dict:
-        return dict(**layouts.workspace(self.K), **self._smem(), **(dict(KDA_WS_CORE=1) if self.ws_core else {}))
+        return dict(**layouts.workspace(self.K), **self._smem(), **(dict(KDA_WS_CORE=1) if self.ws_core else {}),
+                    **(dict(KDA_ANY_DIMS=1) if self.any_dims else {}))
 
     def _smem(self) -> dict:
         return layouts.prepare_smem(self.K, np.dtype(self.dtype).itemsize, np.dtype(self.g_dtype).itemsize)
@@ -38,7 +41,8 @@ class PrepareVariant(InputVariant):
         return self._smem()["PSM_TOTAL"]
 
     def label(self) -> str:
-        return super().label() + (" ws_core" if self.ws_core else "")
+        return (super().label().replace(f" K={self.K} ", f" K<={self.K} ") if self.any_dims else super().label()) + (
+            " ws_core" if self.ws_core else "")
 
     @property
     def only_arch(self) -> str | None:
@@ -57,9 +61,12 @@ class RecurrenceVariant:
     no_output: bool = False  # final state only (segment maps, kdacupy/seqpar.py)
     store_states: bool = False  # the state at each chunk's start to ``states`` (the backward)
     checkpoints: bool = False  # the state at every checkpoint boundary to ``ckpt`` (kda_forward's checkpoints)
+    any_dims: bool = False  # K, V are the tiles, the true head dims launch arguments (KDA_ANY_DIMS)
 
     def config(self) -> dict:
         extra = dict(KDA_NO_OUTPUT=1) if self.no_output else {}
+        if self.any_dims:
+            extra["KDA_ANY_DIMS"] = 1
         if self.store_states:
             extra["KDA_STORE_STATES"] = 1
         if self.checkpoints:
@@ -88,7 +95,8 @@ class RecurrenceVariant:
         return "sm_90a" if self.tiles.mma == "wgmma" else None
 
     def label(self) -> str:
-        return (f"kda_recurrence K={self.K} V={self.V} dt={dtype_name(self.dtype)} "
+        sizes = f"K<={self.K} V<={self.V}" if self.any_dims else f"K={self.K} V={self.V}"
+        return (f"kda_recurrence {sizes} dt={dtype_name(self.dtype)} "
                 f"state={'fp32' if self.state_fp32 else 'bf16'} BV={self.tiles.BV} stages={self.tiles.stages}"
                 + (" no_output" if self.no_output else "") + (" store_states" if self.store_states else "")
                 + (" checkpoints" if self.checkpoints else "") + (" wgmma" if self.tiles.mma == "wgmma" else ""))
@@ -99,8 +107,16 @@ def select_tiles(p) -> TileConfig:
     return tuning.select_tiles(p, wgmma=True)
 
 
+def tiles_of(p) -> tuple[int, int, bool]:
+    """(key tile, value tile, whether the true sizes differ from them: the any-size variants)."""
+    if exact_dims(p.K, p.V):
+        return p.K, p.V, False
+    return tile_of(p.K), tile_of(p.V), True
+
+
 def prepare_variant(p, ws_core: bool = False) -> PrepareVariant:
-    return PrepareVariant(p.K, *input_options(p), ws_core=ws_core)
+    KT, _, any_dims = tiles_of(p)
+    return PrepareVariant(KT, *input_options(p), ws_core=ws_core, any_dims=any_dims)
 
 
 def wgmma_supported(K: int, V: int, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> bool:
@@ -112,8 +128,9 @@ def wgmma_supported(K: int, V: int, tiles: TileConfig, no_output: bool = False, 
 
 
 def recurrence_mma(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> str:
-    """The MMA family a launch gets: the tiles' wgmma where it serves the variant, else mma.sync."""
-    if tiles.mma == "wgmma" and wgmma_supported(p.K, p.V, tiles, no_output, store_states):
+    """The MMA family a launch gets: the tiles' wgmma where it serves the variant, else mma.sync
+    (which the any-size variants keep)."""
+    if tiles.mma == "wgmma" and exact_dims(p.K, p.V) and wgmma_supported(p.K, p.V, tiles, no_output, store_states):
         return "wgmma"
     return "sync"
 
@@ -122,8 +139,9 @@ def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_stat
                        checkpoints: bool = False) -> RecurrenceVariant:
     if tiles.mma != recurrence_mma(p, tiles, no_output, store_states):
         tiles = replace(tiles, mma="sync")
-    return RecurrenceVariant(p.K, p.V, p.dtype, p.state_precision == "fp32", tiles, no_output, store_states,
-                             checkpoints)
+    KT, VT, any_dims = tiles_of(p)
+    return RecurrenceVariant(KT, VT, p.dtype, p.state_precision == "fp32", tiles, no_output, store_states,
+                             checkpoints, any_dims)
 
 
 def slots(p) -> tuple[int, int]:
@@ -139,7 +157,8 @@ def launch_prepare(run, p, a, ws, nslots, per_seq, ws_core=False):
             *strides(a["q"]), *strides(a["k"]), *strides(a["g"]), *strides(a["beta"]),
             ptr(a["A_log"]), ptr(a["dt_bias"]), *cu_args(a["cu_seqlens"]),
             np.int32(p.T), np.int32(p.H), np.int32(p.HV), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
-            np.int32(spc := layouts.prepare_slots_per_cta(nslots)), np.float32(p.scale), lower_bound_log2(p), ptr(ws)]
+            np.int32(spc := layouts.prepare_slots_per_cta(nslots)), np.float32(p.scale), lower_bound_log2(p), ptr(ws),
+            np.int32(p.K)]
     run.launch(fn, (-(-nslots // spc), p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
 
 
@@ -169,8 +188,8 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
             ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
             *cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
-            *pool_args(a), ptr(states), *checkpoint_args(ck)]
-    run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
+            *pool_args(a), ptr(states), *checkpoint_args(ck), np.int32(p.K), np.int32(p.V)]
+    run.launch(fn, (p.N * -(-p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 
 def workspace(p, a, nslots, xp):
@@ -179,7 +198,7 @@ def workspace(p, a, nslots, xp):
     and a graph's replay re-reads the caller's array). On the GPU the workspace
     persists per (device, stream) (ops/forward/workspace.py: a captured graph keeps its
     pointer); the CPU emulation takes a fresh one."""
-    nbytes = p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"]
+    nbytes = p.HV * nslots * layouts.workspace(tiles_of(p)[0])["WS_STRIDE"]
     cu = a["cu_seqlens"]
     copy_cu = cu is not None and not cu.flags.c_contiguous
     cu_at = -(-nbytes // 8) * 8
