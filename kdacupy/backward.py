@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .numerics.dtypes import F32, F64, STATE_DTYPES, dtype_name
+from .numerics.dtypes import F32, F64, STATE_DTYPES, dtype_name, row_alignment
 from .validation import as_array, check_kernel_layout, fail, is_device, validate
 
 
@@ -109,7 +109,7 @@ def _check_do(do, a, p):
         fail("do", f"shape {tuple(a['v'].shape)} (the shape of o, i.e. of v)", tuple(do.shape))
     if do.dtype != a["v"].dtype:
         fail("do", f"dtype {dtype_name(a['v'].dtype)} (o's dtype, i.e. v's)", dtype_name(do.dtype), TypeError)
-    check_kernel_layout("do", do)  # on every backend, as the forward's inputs: what runs on "model" runs on "cuda"
+    check_kernel_layout("do", do, row_alignment(do))  # on every backend, as the forward's inputs: what runs on "model" runs on "cuda"
     return do
 
 

@@ -115,8 +115,9 @@ __device__ __forceinline__ void load_row16(const u16* row, u32& lo, u32& hi, int
 // the arrays have their true extents, so a 16-byte piece of a row may hang over the row's end or
 // sit off 16 bytes (a 60-channel bf16 row is 120 bytes). fill_piece16 puts the piece whose first
 // ``valid`` elements (of EB bytes) exist at src into shared memory at dst: a whole, aligned piece
-// by cp.async (in the caller's open group), else element by element with plain loads and one
-// store, the rest zero; a dead row (``live`` false) or an empty piece is zero and reads nothing.
+// by cp.async (in the caller's open group), else zeros then the existing elements one by one (a
+// rolled loop: it runs where the copies are issued, next to the chunk's live rows, and an unrolled
+// one cost spills); a dead row (``live`` false) or an empty piece is zero and reads nothing.
 template <int EB>
 __device__ __forceinline__ void fill_piece16(unsigned char* dst, const unsigned char* src, int valid, bool live) {
   constexpr int PE = 16 / EB;
@@ -124,23 +125,16 @@ __device__ __forceinline__ void fill_piece16(unsigned char* dst, const unsigned 
     cp_async_16(dst, src);
     return;
   }
-  u32 w[4] = {0u, 0u, 0u, 0u};
-  if (live) {
-#pragma unroll
-    for (int e = 0; e < PE; ++e) {
-      if (e < valid) {
-        if constexpr (EB == 4) {
-          w[e] = reinterpret_cast<const u32*>(src)[e];
-        } else {
-          w[e / 2] |= static_cast<u32>(reinterpret_cast<const u16*>(src)[e]) << (16 * (e % 2));
-        }
-      }
+  *reinterpret_cast<Vec16*>(dst) = Vec16{};
+  const int n = live ? (valid < PE ? valid : PE) : 0;
+#pragma unroll 1
+  for (int e = 0; e < n; ++e) {
+    if constexpr (EB == 4) {
+      reinterpret_cast<u32*>(dst)[e] = reinterpret_cast<const u32*>(src)[e];
+    } else {
+      reinterpret_cast<u16*>(dst)[e] = reinterpret_cast<const u16*>(src)[e];
     }
   }
-  Vec16 x;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) x.w[i] = w[i];
-  *reinterpret_cast<Vec16*>(dst) = x;
 }
 // fill_piece16's inverse for a store: the first ``valid`` elements of the piece at src (shared
 // memory, 16-byte aligned) to dst, one 16-byte store where the whole piece exists and dst is aligned.
@@ -150,13 +144,31 @@ template <int EB> __device__ __forceinline__ void store_piece16(unsigned char* d
     *reinterpret_cast<Vec16*>(dst) = *reinterpret_cast<const Vec16*>(src);
     return;
   }
+  const int n = valid < PE ? valid : PE;
+#pragma unroll 1
+  for (int e = 0; e < n; ++e) {
+    if constexpr (EB == 4) {
+      reinterpret_cast<u32*>(dst)[e] = reinterpret_cast<const u32*>(src)[e];
+    } else {
+      reinterpret_cast<u16*>(dst)[e] = reinterpret_cast<const u16*>(src)[e];
+    }
+  }
+}
+
+// store_piece16 of a piece held in registers (x: PE = 16 / EB elements, packed as in memory).
+template <int EB> __device__ __forceinline__ void store_vec16_dims(unsigned char* dst, const Vec16& x, int valid) {
+  constexpr int PE = 16 / EB;
+  if (valid >= PE && (reinterpret_cast<u64>(dst) & 15) == 0) {
+    *reinterpret_cast<Vec16*>(dst) = x;
+    return;
+  }
 #pragma unroll
   for (int e = 0; e < PE; ++e) {
     if (e < valid) {
       if constexpr (EB == 4) {
-        reinterpret_cast<u32*>(dst)[e] = reinterpret_cast<const u32*>(src)[e];
+        reinterpret_cast<u32*>(dst)[e] = x.w[e];
       } else {
-        reinterpret_cast<u16*>(dst)[e] = reinterpret_cast<const u16*>(src)[e];
+        reinterpret_cast<u16*>(dst)[e] = static_cast<u16>(x.w[e / 2] >> (16 * (e % 2)));
       }
     }
   }

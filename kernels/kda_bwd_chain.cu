@@ -10,16 +10,24 @@
 // Rounding points: kdacupy/numerics/backward_model.py steps [C1]-[C6].
 //
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (do), KDA_BV, KDA_STAGES, WS_* (the forward's
-// workspace, kdacupy/ops/forward/layouts.py) and BSM_* (kdacupy/ops/backward/layouts.py).
+// workspace, kdacupy/ops/forward/layouts.py) and BSM_* (kdacupy/ops/backward/layouts.py); optional
+// KDA_ANY_DIMS (1: KDA_K, KDA_V are the tiles and the true head dims come as k_true, v_true, as in
+// kda_recurrence: do and the states have their true extents, columns past v_true read as zero and are
+// never written, ceil(v_true / BV) CTAs per sequence and head; dstates keeps the tiles).
 #include "common.cuh"
 #include "chunk_stream.cuh"
 #include "fragments.cuh"
 #include "state_io.cuh"
 
+#ifndef KDA_ANY_DIMS
+#define KDA_ANY_DIMS 0
+#endif
+
 namespace {
 using namespace kda;
 
 constexpr int K = KDA_K;
+constexpr bool ANY = KDA_ANY_DIMS;
 constexpr int V = KDA_V;
 constexpr int BV = KDA_BV;
 constexpr int NW = BV / 16;
@@ -46,11 +54,20 @@ static_assert(V % BV == 0 && BV % 16 == 0, "value slices are whole warps");
 static_assert(BSM_BETA == BSM_GEXP + K * 4, "gexp and beta travel together");
 static_assert(BSM_KDEC == BSM_QDEC + CHUNK * TS * 2 && BSM_KRES == BSM_KDEC + CHUNK * TS * 2, "smem tiles");
 
-// Queue the copies of one chunk (workspace block + do tile) into a stage.
+// Queue the copies of one chunk (workspace block + do tile) into a stage; ``vcols``: the value columns
+// from the slice's first that exist (ANY).
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
-                                           const unsigned char* dorow0, i64 do_row_bytes, int rows, int tid) {
+                                           const unsigned char* dorow0, i64 do_row_bytes, int rows, int vcols, int tid) {
   copy_ws_block<K, NT, BSM_QDEC, BSM_INV, BSM_MQK, BSM_GEXP, true>(stage, blk, tid);
-  copy_rows_zfill<NT, DCH, BSM_DOROW>(stage + BSM_DO, dorow0, do_row_bytes, rows, tid);
+  if constexpr (ANY) {
+    for (int p = tid; p < CHUNK * DCH; p += NT) {
+      const int r = p / DCH, c = p % DCH;
+      fill_piece16<ES>(stage + BSM_DO + r * BSM_DOROW + c * 16, dorow0 + r * do_row_bytes + c * 16,
+                       vcols - c * (16 / ES), r < rows);
+    }
+  } else {
+    copy_rows_zfill<NT, DCH, BSM_DOROW>(stage + BSM_DO, dorow0, do_row_bytes, rows, tid);
+  }
 }
 
 }  // namespace
@@ -58,8 +75,9 @@ __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned 
 extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     const unsigned char* ws, const void* dout, i64 d_sb, i64 d_st, i64 d_sh,
     const void* dfinal, int dfinal_dtype, void* dinit, int dinit_dtype, int layout_vk, u16* dstates,
-    const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq) {
-  constexpr int VB = V / BV;
+    const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq, int k_true, int v_true) {
+  const int kdim = ANY ? k_true : K, vdim = ANY ? v_true : V;  // the true head dims (constants without ANY)
+  const int VB = ANY ? (vdim + BV - 1) / BV : V / BV;
   const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int vw = v0 + 16 * warp;
@@ -67,7 +85,13 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
 
   if (seq.len == 0) {  // [C6] the initial state's gradient is the final state's
-    if (dinit != nullptr) copy_state_rows<V, K>(dinit, dinit_dtype, dfinal, dfinal_dtype, layout_vk, nh, vw, lane);
+    if (dinit != nullptr) {
+      if constexpr (ANY) {
+        copy_state_rows_dims(dinit, dinit_dtype, dfinal, dfinal_dtype, layout_vk, nh, vw, lane, kdim, vdim);
+      } else {
+        copy_state_rows<V, K>(dinit, dinit_dtype, dfinal, dfinal_dtype, layout_vk, nh, vw, lane);
+      }
+    }
     return;
   }
 
@@ -77,7 +101,13 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
   for (int j = 0; j < K / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      D[j][e] = load_state(dfinal, dfinal_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t));
+      if constexpr (ANY) {
+        const int v = vw + g + 8 * (e >> 1), kd = 8 * j + 2 * t + (e & 1);
+        D[j][e] = v < vdim && kd < kdim ? load_state(dfinal, dfinal_dtype, state_index_dims(layout_vk, nh, v, kd, kdim, vdim))
+                                        : 0.f;
+      } else {
+        D[j][e] = load_state(dfinal, dfinal_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t));
+      }
     }
   }
 
@@ -93,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
       const int c = nchunks - 1 - p;
       const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
       load_chunk(sm + (p % STAGES) * BSM_STAGE, wsbase + static_cast<i64>(c) * WS_STRIDE,
-                 dbase + static_cast<i64>(c) * CHUNK * d_st * ES, d_st * ES, rows, tid);
+                 dbase + static_cast<i64>(c) * CHUNK * d_st * ES, d_st * ES, rows, vdim - v0, tid);
     }
     cp_async_commit();
   };
@@ -212,7 +242,12 @@ extern "C" __global__ void __launch_bounds__(NT, 256 / NT) kda_bwd_chain(
     for (int j = 0; j < K / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        store_state(dinit, dinit_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t), D[j][e]);
+        if constexpr (ANY) {
+          const int v = vw + g + 8 * (e >> 1), kd = 8 * j + 2 * t + (e & 1);
+          if (v < vdim && kd < kdim) store_state(dinit, dinit_dtype, state_index_dims(layout_vk, nh, v, kd, kdim, vdim), D[j][e]);
+        } else {
+          store_state(dinit, dinit_dtype, state_frag_index<V, K>(layout_vk, nh, vw, j, e, g, t), D[j][e]);
+        }
       }
     }
   }

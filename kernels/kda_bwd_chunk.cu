@@ -14,6 +14,10 @@
 // KDA_BETA_DT, KDA_GATE, KDA_BETA_MODE, KDA_L2NORM, CSM_* (kdacupy/ops/backward/layouts.py). The inputs may be strided (their strides are
 // arguments); the gradients are the launcher's contiguous arrays. V and the states' precision
 // (bf16, or fp32 with state_precision="fp32") are arguments: they change loop bounds and one load.
+// Optional KDA_ANY_DIMS (1: KDA_K is the key tile and V the value tile, of the internal states and
+// partial sums; the true head dims come as k_true, v_true: q, k, g, dt_bias, v, do and the gradients
+// dq, dk, dg, dv have them, channels and columns past them read as zero and are never written, a
+// padded channel's gate is 0 and it adds nothing to dA_log: docs/design.md section 2).
 #include "common.cuh"
 #include "fragments.cuh"
 #include "gates.cuh"
@@ -23,7 +27,12 @@
 namespace {
 using namespace kda;
 
+#ifndef KDA_ANY_DIMS
+#define KDA_ANY_DIMS 0
+#endif
+
 constexpr int K = KDA_K;
+constexpr bool ANY = KDA_ANY_DIMS;
 constexpr int BVC = KDA_BVC;
 constexpr int NW = K / 16;       // warps: one per 16 channels of the [16, K] chains
 constexpr int NT = NW * 32;
@@ -164,7 +173,8 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
     int T, int H, int HV, int V, int nseq, int nslots, int chunks_per_seq, float scale, float lb2, float lb,
     const unsigned char* states, int states_fp32, const u16* dstates, const unsigned char* ws,
-    void* dq, void* dk, void* dv, void* dg, void* dbeta, float* part_ddt, float* part_dA) {
+    void* dq, void* dk, void* dv, void* dg, void* dbeta, float* part_ddt, float* part_dA, int k_true, int v_true) {
+  const int kdim = ANY ? k_true : K, vdim = ANY ? v_true : V;  // the true head dims
   const int slot = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gq = lane >> 2, tq = lane & 3;
   const int G = HV / H;
@@ -234,8 +244,13 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   // [P1] q and k rows, l2-normalised as kda_prepare's [1]; padded rows are zero
   if (rowt) {
     float qv[SEG], kv[SEG];
-    load_qk_rows<KDA_DT, E, PPS>(qv, kv, q, b * q_sb + (t0 + r) * q_st + h * q_sh, k, b * k_sb + (t0 + r) * k_st + h * k_sh,
-                                 s8, live);
+    if constexpr (ANY) {
+      load_qk_rows_dims<KDA_DT, E, PPS>(qv, kv, q, b * q_sb + (t0 + r) * q_st + h * q_sh, k,
+                                        b * k_sb + (t0 + r) * k_st + h * k_sh, s8, live, kdim);
+    } else {
+      load_qk_rows<KDA_DT, E, PPS>(qv, kv, q, b * q_sb + (t0 + r) * q_st + h * q_sh, k, b * k_sb + (t0 + r) * k_st + h * k_sh,
+                                   s8, live);
+    }
     if constexpr (KDA_L2NORM) {
       float iq, ik;
       l2norm_qk_rows<E, PPS>(qv, kv, s8, iq, ik);
@@ -264,7 +279,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     const int hv = h * G + gi;
     const i64 hs = static_cast<i64>(hv) * nslots + slot;
     const float a = gate_a<KDA_GATE>(A_log, hv);
-    const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv);
+    const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv, kdim);
     __syncthreads();  // the previous value head's last reads of the shared tiles are done
     // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time, as kda_prepare's
     if (rowt) {
@@ -274,16 +289,26 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       for (int v = 0; v < K / 32; ++v) {
         const int c = 4 * (s8 + 8 * v);
         float gq4[4] = {0.f, 0.f, 0.f, 0.f}, bq4[4] = {0.f, 0.f, 0.f, 0.f};  // as kda_prepare's (which says why a copy)
-        if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq4);
-        if (bias_vec) {
+        const unsigned char* gp = grow + c * elem_bytes<KDA_G_DT>();
+        if constexpr (ANY) {  // a quad inside the row and aligned as one load, else element by element
+          if (live && c + 4 <= kdim && (reinterpret_cast<u64>(gp) & (4 * elem_bytes<KDA_G_DT>() - 1)) == 0) {
+            load_quad<KDA_G_DT>(gp, gq4);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) gq4[e] = live && c + e < kdim ? load_f32<KDA_G_DT>(gp, e) : 0.f;
+          }
+        } else if (live) {
+          load_quad<KDA_G_DT>(gp, gq4);
+        }
+        if (bias_vec && (!ANY || c + 4 <= kdim)) {
           load_quad<KDA_F32>(bias_row + c, bq4);
         } else if (bias_row != nullptr) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) bq4[e] = bias_row[c + e];
+          for (int e = 0; e < 4; ++e) bq4[e] = !ANY || c + e < kdim ? bias_row[c + e] : 0.f;
         }
-        float x[4];
+        float x[4];  // a padded channel's gate is 0, as kda_prepare's
 #pragma unroll
-        for (int e = 0; e < 4; ++e) x[e] = live ? gate_log2<KDA_GATE>(gq4[e], a, bq4[e], lb2) : 0.f;
+        for (int e = 0; e < 4; ++e) x[e] = live && (!ANY || c + e < kdim) ? gate_log2<KDA_GATE>(gq4[e], a, bq4[e], lb2) : 0.f;
         st2(sG + fx<K>(r, c), x[0], x[1]);
         st2(sG + fx<K>(r, c + 2), x[2], x[3]);
       }
@@ -356,8 +381,11 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     float aQd[NKT][4] = {}, aKd[NKT][4] = {}, aKr[NKT][4] = {};
     float aSm[2][4] = {};  // warp 0: dLb~ = dY U^T; warp 1: dM = do U^T
     float dbv = 0.f, dge[NCOL] = {};
+    // the value blocks that hold a true column (ANY: the rows of S_c, dS_c past v_true are never written by
+    // kda_recurrence and kda_bwd_chain, whose CTAs cover ceil(v_true / BV) slices: read below as zeros)
+    const int vend = ANY ? (vdim + BVC - 1) / BVC * BVC : V;
 #pragma unroll 1
-    for (int v0 = 0; v0 < V; v0 += BVC) {
+    for (int v0 = 0; v0 < vend; v0 += BVC) {
       __syncthreads();  // [8] done / the previous block's tiles are read
       // the block's S_c, dS_c rows (bf16, padded), v and do
       {
@@ -365,7 +393,9 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         if (states_fp32) {  // 4 fp32 per thread: whole sectors, 8-byte shared stores
           for (int p = tid; p < BVC * K / 4; p += NT) {
             const int vr = p / (K / 4), c = (p % (K / 4)) * 4;
-            const Vec16 x = *reinterpret_cast<const Vec16*>(reinterpret_cast<const float*>(states) + sbase + static_cast<i64>(vr) * K + c);
+            const Vec16 x = !ANY || v0 + vr < vdim
+                                ? *reinterpret_cast<const Vec16*>(reinterpret_cast<const float*>(states) + sbase + static_cast<i64>(vr) * K + c)
+                                : Vec16{};
             Vec8 w;
             w.w[0] = pack_bf16x2(__uint_as_float(x.w[0]), __uint_as_float(x.w[1]));
             w.w[1] = pack_bf16x2(__uint_as_float(x.w[2]), __uint_as_float(x.w[3]));
@@ -374,16 +404,24 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         }
         for (int p = tid; p < BVC * K / 8; p += NT) {
           const int vr = p / (K / 8), c = (p % (K / 8)) * 8;
-          if (!states_fp32) {
-            cp_async_16(sS + vr * TS + c, reinterpret_cast<const u16*>(states) + sbase + static_cast<i64>(vr) * K + c);
+          if constexpr (ANY) {
+            const bool row = v0 + vr < vdim;
+            if (!states_fp32) {
+              cp_async_16_zfill(sS + vr * TS + c, reinterpret_cast<const u16*>(states) + sbase + static_cast<i64>(vr) * K + c, row);
+            }
+            cp_async_16_zfill(sD + vr * TS + c, dstates + sbase + static_cast<i64>(vr) * K + c, row);
+          } else {
+            if (!states_fp32) {
+              cp_async_16(sS + vr * TS + c, reinterpret_cast<const u16*>(states) + sbase + static_cast<i64>(vr) * K + c);
+            }
+            cp_async_16(sD + vr * TS + c, dstates + sbase + static_cast<i64>(vr) * K + c);
           }
-          cp_async_16(sD + vr * TS + c, dstates + sbase + static_cast<i64>(vr) * K + c);
         }
         cp_async_commit();
         for (int p = tid; p < CHUNK * BVC; p += NT) {
           const int i = p / BVC, c = p % BVC;
           float vx = 0.f, dx = 0.f;
-          if (i < rows) {
+          if (i < rows && (!ANY || v0 + c < vdim)) {
             vx = load_f32<KDA_DT>(v, b * v_sb + (t0 + i) * v_st + hv * v_sh + v0 + c);
             dx = load_f32<KDA_DT>(dout, b * d_sb + (t0 + i) * d_st + hv * d_sh + v0 + c);
           }
@@ -438,7 +476,11 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           st2(sDYF + fx<BVC>(i, c), y0, y1);
           *reinterpret_cast<u32*>(sDYB + i * YS + c) = pack_bf16x2(y0, y1);
           *reinterpret_cast<u32*>(sDXB + i * YS + c) = pack_bf16x2(x0, x1);
-          if constexpr (KDA_DT == KDA_F32) {
+          if constexpr (KDA_DT == KDA_F32 && ANY) {
+            float* d = static_cast<float*>(dv) + ((tok0 + i) * HV + hv) * vdim + v0 + c;
+            if (i < rows && v0 + c < vdim) d[0] = x0;
+            if (i < rows && v0 + c + 1 < vdim) d[1] = x1;
+          } else if constexpr (KDA_DT == KDA_F32) {
             if (i < rows) st2(static_cast<float*>(dv) + ((tok0 + i) * HV + hv) * V + v0 + c, x0, x1);
           } else {
             *reinterpret_cast<u32*>(sY + i * YS + c) = pack2(x0, x1);
@@ -453,8 +495,13 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         for (int p = tid; p < CHUNK * PR; p += NT) {
           const int i = p / PR, pc = p % PR;
           if (i < rows) {
-            reinterpret_cast<Vec16*>(static_cast<u16*>(dv) + ((tok0 + i) * HV + hv) * V + v0)[pc] =
-                reinterpret_cast<const Vec16*>(sY + i * YS)[pc];
+            if constexpr (ANY) {
+              store_piece16<2>(reinterpret_cast<unsigned char*>(static_cast<u16*>(dv) + ((tok0 + i) * HV + hv) * vdim + v0 + 8 * pc),
+                               reinterpret_cast<const unsigned char*>(sY + i * YS + 8 * pc), vdim - v0 - 8 * pc);
+            } else {
+              reinterpret_cast<Vec16*>(static_cast<u16*>(dv) + ((tok0 + i) * HV + hv) * V + v0)[pc] =
+                  reinterpret_cast<const Vec16*>(sY + i * YS)[pc];
+            }
           }
         }
       }
@@ -501,7 +548,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           for (int vr = 0; vr < BVC; ++vr) {
             float sv;
             if (states_fp32) {
-              sv = reinterpret_cast<const float*>(states)[(hs * V + v0 + vr) * K + c];
+              sv = !ANY || v0 + vr < vdim ? reinterpret_cast<const float*>(states)[(hs * V + v0 + vr) * K + c] : 0.f;
             } else {
               sv = bf16_at(sS, vr * TS + c);
             }
@@ -748,7 +795,10 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
     for (int m = 0; m < NCOL; ++m) {
       const int c = tid + NT * m;
-      if (c < K) {
+      if (ANY && c < K && c >= kdim) {  // a padded channel: no gradient, nothing to the sums
+        if (part_ddt != nullptr) part_ddt[hs * K + c] = 0.f;
+        sColA[c] = 0.f;
+      } else if (c < K) {
         const float G8 = sGexp[c] * dge[m];
         float suf = 0.f;
         for (int i = CHUNK - 1; i >= 0; --i) {
@@ -777,7 +827,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
               dA += dy * y;
             }
             ddt += dx;
-            store_f32<KDA_G_DT>(dg, ((tok0 + i) * HV + hv) * K + c, dx);
+            store_f32<KDA_G_DT>(dg, ((tok0 + i) * HV + hv) * kdim + c, dx);
           }
         }
         if (part_ddt != nullptr) part_ddt[hs * K + c] = ddt;
@@ -827,7 +877,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           xk[e + 1] = sRK[r] * fmaf(-kn2.y, sDOT[CHUNK + r], xk[e + 1]);
         }
       }
-      const i64 o = ((tok0 + r) * H + h) * K + c0;
+      const i64 o = ((tok0 + r) * H + h) * kdim + c0;
       Vec16 wq, wk;
       if constexpr (KDA_DT == KDA_F32) {
 #pragma unroll
@@ -836,8 +886,13 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
         for (int e = 0; e < 4; ++e) wq.w[e] = pack2(xq[2 * e], xq[2 * e + 1]), wk.w[e] = pack2(xk[2 * e], xk[2 * e + 1]);
       }
-      *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(dq) + o * ES) = wq;
-      *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(dk) + o * ES) = wk;
+      if constexpr (ANY) {
+        store_vec16_dims<ES>(static_cast<unsigned char*>(dq) + o * ES, wq, kdim - c0);
+        store_vec16_dims<ES>(static_cast<unsigned char*>(dk) + o * ES, wk, kdim - c0);
+      } else {
+        *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(dq) + o * ES) = wq;
+        *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(dk) + o * ES) = wk;
+      }
     }
   }
 }

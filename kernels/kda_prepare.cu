@@ -94,11 +94,17 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
 }  // namespace
 
 // Four CTAs per SM and let ptxas use 128 registers: no spills on any arch (a bare
-// __launch_bounds__(128) made it settle for 64 and spill on sm_80/sm_100a). Each CTA takes
+// __launch_bounds__(128) made it settle for 64 and spill on sm_80/sm_100a); the any-size variants
+// three (their masked row fills spilled a few bytes at 128 registers on sm_90a). Each CTA takes
 // slots_per_cta consecutive chunk slots of one value head, in a software pipeline: the next
 // chunk's q, k and g rows are copied (cp.async) into the input stage as soon as this chunk's are
 // in registers and sG, so they stay in flight through its [4]-[8] (docs/design.md section 5).
-extern "C" __global__ void __launch_bounds__(128, K <= 128 ? 4 : 2) kda_prepare(
+#if KDA_ANY_DIMS
+#define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 128 ? 3 : 2)
+#else
+#define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 128 ? 4 : 2)
+#endif
+extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_prepare(
     const void* q, const void* k, const void* g, const void* beta,
     i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
     i64 b_sb, i64 b_st, i64 b_sh,

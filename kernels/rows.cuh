@@ -67,6 +67,37 @@ __device__ __forceinline__ void load_qk_rows(float (&qv)[PPS * E], float (&kv)[P
   }
 }
 
+// load_qk_rows for rows of ``kdim`` channels of a padded key tile (the any-size variants, KDA_ANY_DIMS):
+// a piece wholly inside the row and on 16 bytes as one vector, else element by element, channels at or
+// past kdim zero.
+template <int DT, int E, int PPS>
+__device__ __forceinline__ void load_qk_rows_dims(float (&qv)[PPS * E], float (&kv)[PPS * E], const void* q,
+                                                  i64 q_row, const void* k, i64 k_row, int s, bool live, int kdim) {
+#pragma unroll
+  for (int v = 0; v < PPS; ++v) {
+    const int c = (s + 8 * v) * E;
+    const unsigned char* pq = static_cast<const unsigned char*>(q) + (q_row + c) * elem_bytes<DT>();
+    const unsigned char* pk = static_cast<const unsigned char*>(k) + (k_row + c) * elem_bytes<DT>();
+    float xq[E], xk[E];
+    if (live && c + E <= kdim && ((reinterpret_cast<u64>(pq) | reinterpret_cast<u64>(pk)) & 15) == 0) {
+      load_row<DT>(pq, xq);
+      load_row<DT>(pk, xk);
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const bool in = live && c + e < kdim;
+        xq[e] = in ? load_f32<DT>(pq, e) : 0.f;
+        xk[e] = in ? load_f32<DT>(pk, e) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      qv[v * E + e] = xq[e];
+      kv[v * E + e] = xk[e];
+    }
+  }
+}
+
 // [1] l2norm of the q and k rows in place; iq, ik: the inverse norms.
 template <int E, int PPS>
 __device__ __forceinline__ void l2norm_qk_rows(float (&qv)[PPS * E], float (&kv)[PPS * E], int s, float& iq, float& ik) {

@@ -36,10 +36,12 @@ from ..ops.forward import variants as _forward  # noqa: F401  (registers the for
 from ..ops.seqpar import variants as _seqpar  # noqa: F401  (registers the split's map and scan kernels)
 from .args import at_least
 
-KERNELS = {"prepare": ("kda_prepare", "kda_prepare_core"), "recurrence": ("kda_recurrence", "kda_recurrence_wgmma"),
+KERNELS = {"prepare": ("kda_prepare", "kda_prepare_core", "kda_prepare_any"),
+           "recurrence": ("kda_recurrence", "kda_recurrence_wgmma", "kda_recurrence_any"),
            "decode": ("kda_decode",),
            "seqpar": ("kda_seqpar_maps", "kda_seqpar_scan"),
-           "backward": ("kda_recurrence_store", "kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce")}
+           "backward": ("kda_recurrence_store", "kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce",
+                        "kda_recurrence_store_any", "kda_bwd_chain_any", "kda_bwd_chunk_any")}
 
 
 def select(kernel: str, match: list) -> list:

@@ -115,10 +115,12 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
     """Profile records of kda_forward at ``shape`` (``heads``: emulate that many value heads and
     scale; None: all of them), with the tiles the full shape gets on a GPU of ``sms`` SMs and
     target ``arch`` (sm_90a: the wgmma recurrence where the heuristic picks it)."""
-    from ..ops.forward.kernels import forward
+    from ..ops.forward.kernels import forward, recurrence_mma
     from ..ops.forward.tuning import heuristic
 
-    tiles = heuristic(shape_problem(shape), sms, arch)
+    full = shape_problem(shape)
+    tiles = heuristic(full, sms, arch)
+    tiles = dataclasses.replace(tiles, mma=recurrence_mma(full, tiles))  # what the launch runs (sizes without wgmma: sync)
     part, hv = slice_shape(shape, shape.hv if heads is None else heads)
     arrays, opts = make_inputs(part)
     opts.update(options)

@@ -78,6 +78,11 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
       order), dA_log partials (rows in order per channel, then channels in order).
   B9. dq = r32(rq fma(-qn, dot, dqn)), dot = fma chain of qn dqn over channels (l2norm; else dqn); dk alike.
 kda_bwd_reduce: dA_log, ddt_bias = fp32 sums of the per-chunk partials, chunks in order.
+
+Head dims without variants of their own (K, V in [16, 256] outside {64, 128, 256}) run on the key
+and value tiles (kdacupy/ops/forward/limits.py): the model, as the kernels, runs over every array
+padded with zeros to the tiles, a padded channel's gate 0 and its dA_log terms +0 (the kernels skip
+it), and cuts the gradients back to the true sizes (docs/design.md section 2).
 """
 from __future__ import annotations
 
@@ -90,6 +95,7 @@ from .backward_recompute import chunk_states, l2norm_exact, prepare_exact
 from .dtypes import ftz_f32, round_bf16, round_f32, round_to
 from .precision import CHUNK, LOG2E_F32, Chunks, beta_f32, ex2, gate_f32, scale_f32, sigmoid_f32
 from .reference import state_from_kv, state_to_kv
+from .tiles import exact_dims, tile_of
 
 r32, bf = round_f32, round_bf16
 LN2_F32 = float(np.float32(math.log(2.0)))
@@ -262,6 +268,13 @@ def beta_grad(db, beta, beta_mode):
     return 2.0 * d if beta_mode == "sigmoid2" else d
 
 
+def _pad(x, axis, n):
+    """x with zeros after its size along ``axis``, to n (its dtype kept)."""
+    width = [(0, 0)] * x.ndim
+    width[axis] = (0, n - x.shape[axis])
+    return np.pad(x, width)
+
+
 def kda_backward_model(
     do, q, k, v, g, beta=None, *, dfinal_state=None, scale=None, initial_state=None, cu_seqlens=None,
     qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
@@ -269,6 +282,37 @@ def kda_backward_model(
 ):
     """The backward kernels' result, in NumPy. Inputs in their storage dtypes; returns
     (dq, dk, dv, dg, dbeta, dinitial_state, dA_log, ddt_bias) in the arguments' dtypes."""
+    K, V = q.shape[-1], v.shape[-1]
+    if exact_dims(K, V):
+        return _model(do, q, k, v, g, beta, dfinal_state=dfinal_state, scale=scale, initial_state=initial_state,
+                      cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid,
+                      allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=A_log, dt_bias=dt_bias,
+                      lower_bound=lower_bound, state_layout=state_layout, state_precision=state_precision)
+    KT, VT = tile_of(K), tile_of(V)
+    kax, vax = (-2, -1) if state_layout == "kv" else (-1, -2)  # the states' key and value axes
+    state = lambda s: None if s is None else _pad(_pad(np.asarray(s), kax, KT), vax, VT)  # noqa: E731
+    bias = None if dt_bias is None else _pad(np.asarray(dt_bias).reshape(v.shape[2], K), -1, KT)
+    if bias is not None and np.ndim(dt_bias) == 1:
+        bias = bias.reshape(-1)
+    out = _model(_pad(np.asarray(do), -1, VT), _pad(np.asarray(q), -1, KT), _pad(np.asarray(k), -1, KT),
+                 _pad(np.asarray(v), -1, VT), _pad(np.asarray(g), -1, KT), beta, dfinal_state=state(dfinal_state),
+                 scale=scale_f32(scale, K), initial_state=state(initial_state), cu_seqlens=cu_seqlens,
+                 qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
+                 A_log=A_log, dt_bias=bias, lower_bound=lower_bound, state_layout=state_layout,
+                 state_precision=state_precision, kdim=K)
+    dq, dk, dv, dg, dbeta, dinit, dA_log, ddt = out
+    cut = lambda x, axis, n: np.ascontiguousarray(np.take(x, np.arange(n), axis=axis))  # noqa: E731
+    if dinit is not None:
+        dinit = cut(cut(dinit, kax, K), vax, V)
+    if ddt is not None:
+        ddt = cut(ddt.reshape(v.shape[2], KT), -1, K).reshape(np.shape(dt_bias))
+    return cut(dq, -1, K), cut(dk, -1, K), cut(dv, -1, V), cut(dg, -1, K), dbeta, dinit, dA_log, ddt
+
+
+def _model(do, q, k, v, g, beta=None, *, dfinal_state, scale, initial_state, cu_seqlens, qk_l2norm, beta_sigmoid,
+           allow_neg_eigval, gate, A_log, dt_bias, lower_bound, state_layout, state_precision, kdim=None):
+    """kda_backward_model on arrays of the tile sizes; ``kdim``: the true key dim where the arrays are
+    padded (its channels' gate 0, their dA_log terms +0)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     G = HV // H
@@ -279,6 +323,8 @@ def kda_backward_model(
         (qn, rq), (kn, rk) = l2norm_exact(qn), l2norm_exact(kn)
     beta_mode = "none" if beta is None else ("sigmoid2" if allow_neg_eigval else "sigmoid") if beta_sigmoid else "raw"
     g2 = gate_f32(f64(g), gate, A_log, dt_bias, lower_bound)
+    if kdim is not None:
+        g2[..., kdim:] = 0.0
     b = beta_f32(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
     scale32 = scale_f32(scale, K)
 
@@ -302,6 +348,8 @@ def kda_backward_model(
     dx = np.where(live, dx, 0.0)
     dA_log = ddt = None
     if dA is not None:
+        if kdim is not None:
+            dA[..., kdim:] = 0.0
         per_chunk = seq_sum(seq_sum(np.where(live, dA, 0.0), axis=-2), axis=-1)      # [N, HV, chunks]
         dA_log = seq_sum(np.moveaxis(per_chunk, 1, -1).reshape(N * nchunks, HV), axis=0).astype(np.float32)
     if dt_bias is not None:

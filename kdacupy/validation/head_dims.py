@@ -1,10 +1,10 @@
 """Which head dims K and V each path takes: the one place that says it.
 
-``kda_decode`` and ``kda_forward`` (its state pool and checkpoints too) take any K and V in
-[16, 256], K != V included: their kernels run the tile above the true size with loads and stores
-masked at it (docs/design.md section 2). ``kda_backward`` and sequence parallelism (the split
-forward, ``state_maps``, context parallelism) take K, V in {64, 128, 256}, the sizes their
-kernels are built for (kdacupy/ops/forward/limits.py). Every backend applies the rule of its
+``kda_decode``, ``kda_forward`` (its state pool and checkpoints too) and ``kda_backward`` take any
+K and V in [16, 256], K != V included: their kernels run the tile above the true size with loads
+and stores masked at it (docs/design.md section 2). Sequence parallelism (the split forward,
+``state_maps``, context parallelism) takes K, V in {64, 128, 256}, the sizes its kernels are built
+for (kdacupy/ops/forward/limits.py). Every backend applies the rule of its
 path, so a call that runs on the CPU also runs on the GPU.
 """
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from ..ops.forward.limits import ANY_MAX, ANY_MIN, DIMS, MAX_GRID_Y, supports
 
 #: path -> the head dims it takes (a range or a tuple of sizes)
-HEAD_DIMS = {"forward": range(ANY_MIN, ANY_MAX + 1), "backward": DIMS, "seqpar": DIMS,
+HEAD_DIMS = {"forward": range(ANY_MIN, ANY_MAX + 1), "backward": range(ANY_MIN, ANY_MAX + 1), "seqpar": DIMS,
              "decode": range(ANY_MIN, ANY_MAX + 1)}
 PATHS = tuple(HEAD_DIMS)
 #: the function whose kernels a path is, for the messages of the any-size paths
-_CALLS = {"forward": "kda_forward", "decode": "kda_decode"}
+_CALLS = {"forward": "kda_forward", "backward": "kda_backward", "decode": "kda_decode"}
 
 
 def describe(path: str) -> str:

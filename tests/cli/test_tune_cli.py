@@ -94,7 +94,7 @@ def test_shape_specs():
 
 @pytest.mark.parametrize("spec,why", [
     ("T=8192", "H is required"), ("H=8", r"T \(or varlen\)"), ("T=8192,H=8,X=1", "unknown key"),
-    ("T=8192,H=8,K=96", "K must be"), ("T=8192,H", "KEY=VALUE"), ("T=8192;H=8", "integers"), ("T=big,H=8", "integers"),
+    ("T=8192,H=8,K=300", "K must be in \\[16, 256\\]"), ("T=8192,H", "KEY=VALUE"), ("T=8192;H=8", "integers"), ("T=big,H=8", "integers"),
     ("varlen=10:20,H=8,B=2", "B=1"), ("varlen=10:20,T=31,H=8", "sum to 30"), ("T=8,H=3,HV=4", "multiple"),
     ("T=8,H=2,dtype=int8", "dtype"), ("T=8,H=2,state=fp16", "state"), ("T=8,H=2,H=3", "twice"),
 ])

@@ -12,6 +12,7 @@ import pytest
 import kdacupy
 from kdacupy.numerics.dtypes import BF16, F16, F32
 from kdacupy.numerics.reference import kda_reference
+from kdacupy.seqpar import explain
 
 from ..cases import MODEL_REF_ERROR, REF_BOUND_FACTOR
 from ..inputs import make_inputs, rmse_ratio
@@ -33,6 +34,8 @@ ANY_CASES = {
     "K17-V33-odd-rows": (dict(T=24, H=1, K=17, V=33, state=BF16), dict(state_dtype=np.float32), "fixed-gva-sigmoid"),
     "K192-V96-pair-form": (dict(T=40, H=1, K=192, V=96, gate="log", g_scale=60.0, state=np.float32), {},
                            "pair-form-extreme-decay"),
+    # V in (16, 32): one CTA of BV = 32 value rows, 12 of them masked (tuning.heuristic)
+    "K24-V20-one-slice": (dict(T=21, H=1, K=24, V=20, state=np.float32), {}, "fixed-gva-sigmoid"),
 }
 
 
@@ -110,7 +113,7 @@ def test_refusals_name_the_argument():
     for backend in ("emulate", "model"):
         with pytest.raises(ValueError, match=r"^sequence_parallel: expected None or 1 at head dims K = 60, V = 100"):
             kdacupy.kda_forward(**x, **opts, sequence_parallel=2, backend=backend)
-    assert kdacupy.seqpar.explain(**x, **opts)[0] == 1
+    assert explain(**x, **opts)[0] == 1
     for K, V, match in ((8, 64, r"^q: expected head dim K in \[16, 256\] \(kda_forward\), got K = 8$"),
                         (64, 264, r"^v: expected head dim V in \[16, 256\] \(kda_forward\), got V = 264$")):
         x, opts = make_inputs(T=8, H=1, K=K, V=V)

@@ -22,7 +22,7 @@ from kdacupy.numerics.backward_recompute import chunk_states, l2norm_exact, prep
 from kdacupy.numerics.dtypes import F32, round_bf16, round_f32, round_to
 from kdacupy.numerics.precision import Chunks, beta_f32, gate_f32, scale_f32
 from kdacupy.numerics.reference import state_from_kv, state_to_kv
-from kdacupy.ops.forward.limits import exact_dims, tile_of
+from kdacupy.numerics.tiles import exact_dims, tile_of
 
 from ..cases import CASES, case_inputs
 

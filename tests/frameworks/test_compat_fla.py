@@ -178,9 +178,11 @@ def inputs(B, T, H, HV, D, dtype, seed=42, g_dtype=torch.float32):
 
 # fla-core's test_fused_recurrent and test_fused_recurrent_state_v_first (D in 64/128):
 # B, T, H, HV, D, scale, gate_logit_normalizer, use_qk_l2norm_in_kernel, state_v_first
+# (FLA's own grid, tests/ops/test_kda.py, adds head dims 60 and 100: the last two rows)
 FUSED_RECURRENT = [(1, 64, 1, 1, 64, 1, 1, False, False), (4, 1024, 4, 4, 128, 0.1, 1, False, False),
                    (2, 1024, 2, 8, 128, 0.1, 1, True, False), (1, 64, 1, 1, 64, 1, 1, False, True),
-                   (4, 1024, 4, 4, 128, 0.1, 1, False, True)]
+                   (4, 1024, 4, 4, 128, 0.1, 1, False, True), (2, 512, 3, 3, 60, 1, 1, False, False),
+                   (3, 1000, 4, 4, 100, 0.1, 1, True, False)]
 
 
 @pytest.mark.parametrize("fn", ["fused_recurrent_kda", "chunk_kda"])
@@ -254,7 +256,10 @@ CHUNK = [(1, 63, 1, 1, 64, 1, 1, 0, False, False, torch.float16, True, 64),
          (2, 1024, 4, 8, 128, 0.1, 1, 0, True, True, torch.float16, False, 64),
          (2, 160, 2, 4, 64, 0.1, 1, 0, False, True, torch.float16, True, 32),
          (2, 1024, 2, 4, 64, 0.1, 1, 0, True, True, torch.bfloat16, True, 64),
-         (2, 1024, 2, 8, 128, 0.1, 1, 0, True, True, torch.bfloat16, False, 64)]
+         (2, 1024, 2, 8, 128, 0.1, 1, 0, True, True, torch.bfloat16, False, 64),
+         # FLA's own grid (tests/ops/test_kda.py) adds head dims 60 and 100
+         (2, 500, 3, 3, 60, 1, 1, 0, False, False, torch.float16, False, 64),
+         (3, 1024, 4, 4, 100, 1, 0.1, 0, False, False, torch.float16, False, 64)]
 
 
 @pytest.mark.parametrize("B,T,H,HV,D,scale,norm,mask_p,l2,gate_in_kernel,dtype,safe_gate,chunk_size", CHUNK)
@@ -286,7 +291,9 @@ def test_chunk_against_naive(B, T, H, HV, D, scale, norm, mask_p, l2, gate_in_ke
 # fla-core's test_chunk_varlen / test_chunk_varlen_prefill (D in 64/128/256):
 # H, D, mask_p, cu_seqlens, use_gate_in_kernel, safe_gate
 VARLEN = [(4, 64, 0.9, [0, 256, 500, 1000], True, False), (4, 128, 0.5, [0, 256, 500, 1000], False, False),
-          (4, 256, 0, [0, 100, 300, 1200, 3000, 4096], False, True)]
+          (4, 256, 0, [0, 100, 300, 1200, 3000, 4096], False, True),
+          # FLA's own grid adds head dims 60 and 100
+          (4, 60, 0, [0, 15], False, False), (4, 100, 0, [0, 15, 100, 300, 1200, 2000], False, False)]
 
 
 @pytest.mark.parametrize("H,D,mask_p,cu,gate_in_kernel,safe_gate", VARLEN)

@@ -9,6 +9,7 @@ from kdacupy.numerics.decode_model import kda_decode_model
 from kdacupy.numerics.decode_reference import decode_plan, kda_decode_reference
 from kdacupy.numerics.dtypes import BF16, F16
 from kdacupy.numerics.reference import kda_reference
+from kdacupy.seqpar import state_maps
 
 from ..decode_inputs import gather_kv, make_decode
 from ..inputs import make_inputs, rmse_ratio
@@ -317,10 +318,12 @@ def test_decode_head_dims_and_the_other_paths_refusal():
     for K, V, match in ((60, 64, r"^q: expected head dim K in \(64, 128, 256\), got K = 60$"),
                         (64, 60, r"^v: expected head dim V in \(64, 128, 256\), got V = 60$")):
         x, opts = make_inputs(B=1, T=8, H=1, K=K, V=V)
-        for backend in ("reference", "model"):  # the forward takes them (tests/emulate/test_forward_any_dims.py)
+        for backend in ("reference", "model"):  # the forward and backward take them (tests/emulate/*any_dims*)
             assert kdacupy.kda_forward(**x, **opts, backend=backend)[0].shape == x["v"].shape
-            with pytest.raises(ValueError, match=match):
-                kdacupy.kda_backward(np.ones(x["v"].shape, x["v"].dtype), **x, **opts, backend=backend)
+            do = np.ones(x["v"].shape, x["v"].dtype)
+            assert kdacupy.kda_backward(do, **x, **opts, backend=backend).dq.shape == x["q"].shape
+            with pytest.raises(ValueError, match=match):  # the split's kernels keep the tiles
+                state_maps(**x, **opts, backend=backend)
 
 
 def test_rows_of_other_head_dims_need_the_alignment_that_divides_them():

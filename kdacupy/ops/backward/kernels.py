@@ -32,10 +32,12 @@ class ChainVariant:
     V: int
     dtype: np.dtype  # do's
     tiles: TileConfig
+    any_dims: bool = False  # K, V are the tiles, the true head dims launch arguments (KDA_ANY_DIMS)
 
     def config(self) -> dict:
         return dict(KDA_K=self.K, KDA_V=self.V, KDA_DT=DTYPE_CODE[self.dtype], KDA_BV=self.tiles.BV,
-                    KDA_STAGES=self.tiles.stages, **fwd_layouts.workspace(self.K), **self._smem())
+                    KDA_STAGES=self.tiles.stages, **fwd_layouts.workspace(self.K), **self._smem(),
+                    **(dict(KDA_ANY_DIMS=1) if self.any_dims else {}))
 
     def _smem(self) -> dict:
         return layouts.chain_smem(self.K, self.tiles.BV, self.tiles.stages, np.dtype(self.dtype).itemsize)
@@ -49,16 +51,22 @@ class ChainVariant:
         return self.tiles.BV // 16 * 32
 
     def label(self) -> str:
-        return (f"kda_bwd_chain K={self.K} V={self.V} dt={dtype_name(self.dtype)} BV={self.tiles.BV} "
+        sizes = f"K<={self.K} V<={self.V}" if self.any_dims else f"K={self.K} V={self.V}"
+        return (f"kda_bwd_chain {sizes} dt={dtype_name(self.dtype)} BV={self.tiles.BV} "
                 f"stages={self.tiles.stages}")
 
 
 @dataclass(frozen=True)
 class ChunkVariant(InputVariant):
     kernel: ClassVar[str] = "kda_bwd_chunk"
+    any_dims: bool = False  # K is the key tile, the true head dims launch arguments (KDA_ANY_DIMS)
 
     def layout_config(self) -> dict:
-        return layouts.chunk_smem(self.K) | fwd_layouts.workspace(self.K)  # it reads R1's Mqk
+        return (layouts.chunk_smem(self.K) | fwd_layouts.workspace(self.K)  # it reads R1's Mqk
+                | (dict(KDA_ANY_DIMS=1) if self.any_dims else {}))
+
+    def label(self) -> str:
+        return super().label().replace(f" K={self.K} ", f" K<={self.K} ") if self.any_dims else super().label()
 
     @property
     def smem(self) -> int:
@@ -83,20 +91,24 @@ class ReduceVariant:
 
 
 def chain_variant(p, tiles: TileConfig) -> ChainVariant:
-    return ChainVariant(p.K, p.V, p.dtype, tiles)
+    KT, VT, any_dims = fwd.tiles_of(p)
+    return ChainVariant(KT, VT, p.dtype, tiles, any_dims)
 
 
 def chunk_variant(p) -> ChunkVariant:
-    return ChunkVariant(p.K, *input_options(p))
+    KT, _, any_dims = fwd.tiles_of(p)
+    return ChunkVariant(KT, *input_options(p), any_dims=any_dims)
 
 
 def scratch_layout(p, nslots: int) -> dict:
     """Byte offsets in the backward's scratch buffer: the forward's workspace, the chunk states,
-    the chunk gradient states, the partial sums, and room for a strided cu_seqlens' copy."""
-    per_chunk = p.HV * nslots * p.V * p.K
+    the chunk gradient states, the partial sums, and room for a strided cu_seqlens' copy (at the
+    key and value tiles: the kernels' own layouts)."""
+    KT, VT, _ = fwd.tiles_of(p)
+    per_chunk = p.HV * nslots * VT * KT
     sb = 4 if p.state_precision == "fp32" else 2
-    parts = [("ws", p.HV * nslots * fwd_layouts.workspace(p.K)["WS_STRIDE"]), ("states", per_chunk * sb),
-             ("dstates", per_chunk * 2), ("ddt", p.HV * nslots * p.K * 4), ("dA", p.HV * nslots * 4)]
+    parts = [("ws", p.HV * nslots * fwd_layouts.workspace(KT)["WS_STRIDE"]), ("states", per_chunk * sb),
+             ("dstates", per_chunk * 2), ("ddt", p.HV * nslots * KT * 4), ("dA", p.HV * nslots * 4)]
     out, off = {}, 0
     for name, size in parts:
         out[name] = (off, size)
@@ -162,8 +174,8 @@ def launch_chain(run, p, a, sc, dinit, nslots, per_seq, tiles):
             ptr(ds), np.int32(STATE_DTYPE_CODE[None if ds is None else np.dtype(ds.dtype)]),
             ptr(dinit), np.int32(STATE_DTYPE_CODE[None if dinit is None else np.dtype(dinit.dtype)]),
             np.int32(p.state_layout == "vk"), ptr(sc["dstates"]), *cu_args(a["cu_seqlens"]),
-            np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq)]
-    run.launch(fn, (p.N * (p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
+            np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq), np.int32(p.K), np.int32(p.V)]
+    run.launch(fn, (p.N * -(-p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 
 def launch_chunk(run, p, a, sc, grads, nslots, per_seq):
@@ -174,19 +186,19 @@ def launch_chunk(run, p, a, sc, grads, nslots, per_seq):
     for n in ("q", "k", "v", "g", "beta", "do"):
         args += strides(a[n])
     args += [ptr(a["A_log"]), ptr(a["dt_bias"]), *cu_args(a["cu_seqlens"]), np.int32(p.T),
-             np.int32(p.H), np.int32(p.HV), np.int32(p.V), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
+             np.int32(p.H), np.int32(p.HV), np.int32(fwd.tiles_of(p)[1]), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
              np.float32(p.scale), lower_bound_log2(p), lb, ptr(sc["states"]), np.int32(p.state_precision == "fp32"),
              ptr(sc["dstates"]), ptr(sc["ws"])]
     args += [ptr(grads[n]) for n in ("dq", "dk", "dv", "dg", "dbeta")]
     args += [ptr(sc["ddt"] if grads["ddt_bias"] is not None else None),
-             ptr(sc["dA"] if grads["dA_log"] is not None else None)]
+             ptr(sc["dA"] if grads["dA_log"] is not None else None), np.int32(p.K), np.int32(p.V)]
     run.launch(fn, (nslots, p.H), (var.threads,), tuple(args), var.smem)
 
 
 def launch_reduce(run, p, sc, grads, nslots):
-    var = ReduceVariant(p.K)
+    var = ReduceVariant(fwd.tiles_of(p)[0])
     fn = run.get("kda_bwd_reduce", var.config(), "kda_bwd_reduce")
     ddt, dA = grads["ddt_bias"], grads["dA_log"]
     args = [ptr(sc["ddt"] if ddt is not None else None), ptr(sc["dA"] if dA is not None else None),
-            ptr(ddt), ptr(dA), np.int32(nslots)]
+            ptr(ddt), ptr(dA), np.int32(nslots), np.int32(p.K)]
     run.launch(fn, (p.HV,), (layouts.REDUCE_THREADS,), tuple(args), 0)

@@ -13,21 +13,21 @@ from ..inputs import DTYPES, input_option_space
 from .kernels import ChainVariant, ChunkVariant, ReduceVariant
 
 
-def chain_variants():
+def chain_variants(any_dims=False):
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
         for tiles in candidates(V):
-            yield ChainVariant(K, V, dt, tiles)
+            yield ChainVariant(K, V, dt, tiles, any_dims)
 
 
-def chunk_variants():
+def chunk_variants(any_dims=False):
     for K, options in itertools.product(DIMS, input_option_space()):
-        yield ChunkVariant(K, *options)
+        yield ChunkVariant(K, *options, any_dims=any_dims)
 
 
-def state_store_variants():
+def state_store_variants(any_dims=False):
     for K, V, dt, fp32 in itertools.product(DIMS, DIMS, DTYPES, (False, True)):
         for tiles in candidates(V):
-            yield RecurrenceVariant(K, V, dt, fp32, tiles, no_output=True, store_states=True)
+            yield RecurrenceVariant(K, V, dt, fp32, tiles, no_output=True, store_states=True, any_dims=any_dims)
 
 
 def reduce_variants():
@@ -39,3 +39,8 @@ registry.register("kda_bwd_chain", chain_variants)
 registry.register("kda_bwd_chunk", chunk_variants)
 registry.register("kda_bwd_reduce", reduce_variants)
 registry.register("kda_recurrence_store", state_store_variants)
+# the any-size variants (KDA_ANY_DIMS): one per fixed-size variant, shared by every head dim that rounds up
+# to its tiles (kdacupy/numerics/tiles.py); kda_bwd_reduce takes the true dim as an argument in every variant
+registry.register("kda_bwd_chain_any", lambda: chain_variants(any_dims=True))
+registry.register("kda_bwd_chunk_any", lambda: chunk_variants(any_dims=True))
+registry.register("kda_recurrence_store_any", lambda: state_store_variants(any_dims=True))

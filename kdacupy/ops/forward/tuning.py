@@ -96,7 +96,7 @@ def heuristic(p, sm_count=DEFAULT_SM_COUNT, arch: str | None = None) -> TileConf
     warps per CTA at least.
 
     With CTAs = N * HV * (V / BV): the largest BV in (128, 64, 32), BV <= V,
-    with CTAs >= 2 * sm_count, else BV = min(32, V); always 2 stages. It never
+    with CTAs >= 2 * sm_count, else BV = 32 (16 for V <= 16); always 2 stages. It never
     picks BV = 16 or 3 stages (the tuner tries them).
 
     On ``arch`` sm_90a, for the forward (``select_tiles(p, wgmma=True)``), the wgmma recurrence
@@ -114,7 +114,7 @@ def heuristic(p, sm_count=DEFAULT_SM_COUNT, arch: str | None = None) -> TileConf
     for BV in (128, 64, 32):
         if BV <= p.V and p.N * p.HV * (p.V // BV) >= 2 * sm_count:
             return TileConfig(BV, 2)
-    return TileConfig(min(32, p.V), 2)
+    return TileConfig(16 if p.V <= 16 else 32, 2)  # (V in (16, 32): one CTA of 32 rows, the rest masked)
 
 
 # ---------------------------------------------------------------------------

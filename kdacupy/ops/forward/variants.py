@@ -45,7 +45,26 @@ def prepare_core_variants():
         yield PrepareVariant(K, *options, ws_core=True)
 
 
+def prepare_any_variants():
+    """kda_prepare's any-size variants (KDA_ANY_DIMS): one per key tile and input options, which every
+    head dim in [16, 256] that rounds up to the tile shares (kernels.tiles_of)."""
+    for K, options in itertools.product(DIMS, input_option_space()):
+        yield PrepareVariant(K, *options, any_dims=True)
+
+
+def recurrence_any_variants():
+    """kda_recurrence's any-size variants: one per key and value tile, dtype, state precision and
+    tile (mma.sync), shared as the prepare's are; the checkpoints' at the widest tile."""
+    for K, V, dt, fp32 in itertools.product(DIMS, DIMS, DTYPES, (False, True)):
+        for tiles in candidates(V):
+            yield RecurrenceVariant(K, V, dt, fp32, tiles, any_dims=True)
+    for K, V, fp32 in itertools.product(DIMS, DIMS, (False, True)):
+        yield RecurrenceVariant(K, V, BF16, fp32, candidates(V)[-1], checkpoints=True, any_dims=True)
+
+
 registry.register("kda_prepare", prepare_variants)
 registry.register("kda_recurrence", recurrence_variants)
 registry.register("kda_recurrence_wgmma", recurrence_wgmma_variants)
 registry.register("kda_prepare_core", prepare_core_variants)
+registry.register("kda_prepare_any", prepare_any_variants)
+registry.register("kda_recurrence_any", recurrence_any_variants)
