@@ -123,15 +123,7 @@ def check_sequence_parallel(x):
 def choose_segments(p, requested) -> int:
     """Segments per sequence for a validated call: ``requested`` when given;
     for None, 1 on the CPU backends and ``auto_segments`` on the GPU. With
-    ``KDACUPY_JIT_VERBOSE`` set, the GPU choice is printed (``explain`` returns it). Head dims the
-    split's kernels are not built for (``head_dims``: the forward takes more) run serially, and
-    asking for segments there is an error."""
-    from .validation.head_dims import describe, takes
-    if not takes("seqpar", p.K, p.V):
-        if (requested or 1) > 1:
-            fail("sequence_parallel", f"None or 1 at head dims K = {p.K}, V = {p.V} (the split forward takes K, V "
-                 f"in {describe('seqpar')})", repr(requested))
-        return 1
+    ``KDACUPY_JIT_VERBOSE`` set, the GPU choice is printed (``explain`` returns it)."""
     if p.device and (requested or 0) != 1 and _capturing():
         # the split allocates temporaries per call (workspace, maps, start states) whose
         # memory a captured graph would keep after the pool reuses it: capture runs serially
@@ -238,10 +230,6 @@ def explain(q, k, v, g, beta=None, *, sequence_parallel=None, sm_count=None, **o
     p, _ = validate(q, k, v, g, beta, **kw)
     if pooled:
         return 1, "off: a call with state_pool runs serially (the split does not read or write a pool)"
-    from .validation.head_dims import describe, takes
-    if not takes("seqpar", p.K, p.V):
-        choose_segments(p, requested)  # the error kda_forward gives for segments asked for here
-        return 1, f"off: head dims K = {p.K}, V = {p.V} run serially (the split takes K, V in {describe('seqpar')})"
     if requested is not None:
         return requested, "requested"
     if sm_count is None:

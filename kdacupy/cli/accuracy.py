@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from ..numerics.dtypes import BF16
-from .args import at_least, writable_file
+from .args import at_least, head_dim, writable_file
 
 G_REGIMES = ("-8", "-4", "0", "8", "U(-8,8)", "N(0,8)")
 BIAS_REGIMES = ("+4", "-4", "+8", "-8", "U(-8,8)", "N(0,8)")
@@ -233,8 +233,8 @@ def main(argv=None):
                    help="what to measure (default: model, the NumPy precision model of the kernels)")
     p.add_argument("--T", type=at_least(1), default=2048, help="sequence length (default 2048)")
     p.add_argument("--H", type=at_least(1), default=4, help="heads (default 4)")
-    p.add_argument("--K", type=int, default=128, choices=(64, 128, 256))
-    p.add_argument("--V", type=int, default=128, choices=(64, 128, 256))
+    p.add_argument("--K", type=head_dim, default=128, help="key head dim, 16 to 256 (default 128)")
+    p.add_argument("--V", type=head_dim, default=128, help="value head dim, 16 to 256 (default 128)")
     p.add_argument("--state-precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--quick", action="store_true", help="pair each g regime with one dt_bias regime only")
     p.add_argument("--seed", type=at_least(0), default=0)

@@ -19,6 +19,18 @@ def at_least(lo: int):
     return parse
 
 
+def head_dim(text: str) -> int:
+    """A head dim K or V the kernels take (kdacupy/validation/head_dims.py: 16 to 256)."""
+    from ..validation.head_dims import HEAD_DIMS, describe
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in {describe('forward')}, got {text!r}") from None
+    if n not in HEAD_DIMS["forward"]:
+        raise argparse.ArgumentTypeError(f"expected an integer in {describe('forward')}, got {n}")
+    return n
+
+
 def writable_file(text: str) -> str:
     """A path a file can be written at: its directory exists and is writable, and it is no directory."""
     where = os.path.dirname(os.path.abspath(text))

@@ -11,8 +11,8 @@ the NumPy backends). FLA's keywords map to kdacupy's (README "Keyword mapping");
 ``return_intermediate_states=True`` (inference mode) returns FLA's h, the state entering each
 chunk, from kda_forward's checkpoints; ``cp_context`` (FLA's context parallelism) runs
 kdacupy.torch.kda_cp (kdacupy/compat/fla_cp.py). What kdacupy cannot honour raises an error that names
-the argument: a per-channel beta ``[B, T, HV, V]``, head dims outside {64, 128, 256} (the pool
-step, ``fused_recurrent_kda_fwd`` with ``ssm_state_indices``, is kda_decode: any in [16, 256]),
+the argument: a per-channel beta ``[B, T, HV, V]``, head dims outside [16, 256] (FLA's own grid's 60
+and 100 run, forward and backward),
 ``use_gate_in_kernel=True`` with neither ``A_log`` nor ``lower_bound`` in
 ``fused_recurrent_kda`` and ``fused_kda_gate`` (fla-core then multiplies the softplus by
 e, an undocumented constant; ``chunk_kda`` refuses the same call), unknown keywords

@@ -33,29 +33,33 @@ def state_adjoint(do, q, k, v, g, beta, *, dfinal_state, cu_seqlens, options, xd
 
 
 def _model(p, a):
-    """kda_backward_model's R1 and C1-C5 (numerics/backward_model.py), and C6's D in kv."""
-    from ..numerics.backward_model import chain
+    """kda_backward_model's R1 and C1-C5 (numerics/backward_model.py), and C6's D in kv; head dims
+    other than the tiles on the tiles, over arrays padded with zeros (the gate after activation), as
+    the model and the kernels run them."""
+    from ..numerics.backward_model import chain, pad_to
     from ..numerics.backward_recompute import l2norm_exact, prepare_exact
     from ..numerics.precision import Chunks, beta_f32, gate_f32, scale_f32
+    from ..numerics.tiles import exact_dims, tile_of
 
     B, T, H, K = a["q"].shape
-    HV = a["v"].shape[2]
+    HV, V = a["v"].shape[2:]
+    KT, VT = (K, V) if exact_dims(K, V) else (tile_of(K), tile_of(V))
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    qn, kn = f64(a["q"]), f64(a["k"])
+    qn, kn = pad_to(f64(a["q"]), -1, KT), pad_to(f64(a["k"]), -1, KT)
     if p.qk_l2norm:
         qn, kn = l2norm_exact(qn)[0], l2norm_exact(kn)[0]
-    g2 = gate_f32(f64(a["g"]), p.gate, a["A_log"], a["dt_bias"], p.lower_bound)
+    g2 = pad_to(gate_f32(f64(a["g"]), p.gate, a["A_log"], a["dt_bias"], p.lower_bound), -1, KT)
     b = beta_f32(a["beta"], (B, T, HV), p.beta_mode in ("sigmoid", "sigmoid2"), p.beta_mode == "sigmoid2")
     ch = Chunks.of(B, T, a["cu_seqlens"])
     rep = lambda x: np.repeat(x, HV // H, axis=2)  # noqa: E731
-    qc, kc, gcn, bc, doc = (ch.split(x) for x in (rep(qn), rep(kn), g2, b, f64(a["do"])))
+    qc, kc, gcn, bc, doc = (ch.split(x) for x in (rep(qn), rep(kn), g2, b, pad_to(f64(a["do"]), -1, VT)))
     ops = prepare_exact(qc, kc, gcn, bc, scale_f32(p.scale, K))
     ops["beta"] = bc
     ds = a["dfinal_state"]
-    dSL = np.zeros((ch.N, HV, p.V, K)) if ds is None else np.swapaxes(f64(ds), -1, -2)
+    dSL = np.zeros((ch.N, HV, VT, KT)) if ds is None else pad_to(pad_to(np.swapaxes(f64(ds), -1, -2), -2, VT), -1, KT)
     _, D0 = chain(ops, doc, dSL, ch.nchunks)
     D0 = np.where((ch.lengths == 0)[:, None, None, None], dSL, D0)
-    return np.swapaxes(D0, -1, -2).astype(F32)
+    return np.ascontiguousarray(np.swapaxes(D0, -1, -2)[..., :K, :V]).astype(F32)
 
 
 def _kernels(p, a):

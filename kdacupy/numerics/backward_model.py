@@ -268,7 +268,7 @@ def beta_grad(db, beta, beta_mode):
     return 2.0 * d if beta_mode == "sigmoid2" else d
 
 
-def _pad(x, axis, n):
+def pad_to(x, axis, n):
     """x with zeros after its size along ``axis``, to n (its dtype kept)."""
     width = [(0, 0)] * x.ndim
     width[axis] = (0, n - x.shape[axis])
@@ -290,12 +290,12 @@ def kda_backward_model(
                       lower_bound=lower_bound, state_layout=state_layout, state_precision=state_precision)
     KT, VT = tile_of(K), tile_of(V)
     kax, vax = (-2, -1) if state_layout == "kv" else (-1, -2)  # the states' key and value axes
-    state = lambda s: None if s is None else _pad(_pad(np.asarray(s), kax, KT), vax, VT)  # noqa: E731
-    bias = None if dt_bias is None else _pad(np.asarray(dt_bias).reshape(v.shape[2], K), -1, KT)
+    state = lambda s: None if s is None else pad_to(pad_to(np.asarray(s), kax, KT), vax, VT)  # noqa: E731
+    bias = None if dt_bias is None else pad_to(np.asarray(dt_bias).reshape(v.shape[2], K), -1, KT)
     if bias is not None and np.ndim(dt_bias) == 1:
         bias = bias.reshape(-1)
-    out = _model(_pad(np.asarray(do), -1, VT), _pad(np.asarray(q), -1, KT), _pad(np.asarray(k), -1, KT),
-                 _pad(np.asarray(v), -1, VT), _pad(np.asarray(g), -1, KT), beta, dfinal_state=state(dfinal_state),
+    out = _model(pad_to(np.asarray(do), -1, VT), pad_to(np.asarray(q), -1, KT), pad_to(np.asarray(k), -1, KT),
+                 pad_to(np.asarray(v), -1, VT), pad_to(np.asarray(g), -1, KT), beta, dfinal_state=state(dfinal_state),
                  scale=scale_f32(scale, K), initial_state=state(initial_state), cu_seqlens=cu_seqlens,
                  qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval, gate=gate,
                  A_log=A_log, dt_bias=bias, lower_bound=lower_bound, state_layout=state_layout,

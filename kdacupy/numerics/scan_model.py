@@ -13,13 +13,16 @@ model follows exactly:
 Rounding points: each ``fmaf`` (one rounding of the exact ``a * b + c``, ``backward_arith.fma32``);
 nothing else rounds (the stores copy fp32 words). Values are the emulation's default numerics
 (``KDACUPY_EMULATE_NUMERICS=exact``): subnormals are not flushed, which on the GPU's ``-ftz=true``
-build differs only below 2^-126.
+build differs only below 2^-126. Head dims other than the tiles: the model, as the kernel, runs on the
+tiles with zeros past the true sizes, then cuts the result back (a padded key adds fmaf(0, 0, acc),
+which leaves every chain's value as it is but for the sign of an exact zero).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .backward_arith import fma_chain
+from .tiles import exact_dims, tile_of
 
 
 def scan_model(M, B, S0, n):
@@ -30,6 +33,11 @@ def scan_model(M, B, S0, n):
     N, HV, K, V = S0.shape
     M = np.asarray(M, np.float32).reshape(N, n, HV, K, K).astype(np.float64)
     B = np.asarray(B, np.float32).reshape(N, n, HV, K, V).astype(np.float64)
+    if not exact_dims(K, V):  # the kernel's tiles: keys and columns past the true sizes zeros
+        KT, VT = tile_of(K), tile_of(V)
+        pad = lambda x, k, v: np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, k), (0, v)])  # noqa: E731
+        return scan_model(pad(M, KT - K, KT - K).reshape(N * n, HV, KT, KT), pad(B, KT - K, VT - V).reshape(
+            N * n, HV, KT, VT), pad(S0, KT - K, VT - V), n)[..., :K, :V].copy()
     S = np.empty((N, n, HV, K, V), np.float64)
     S[:, 0] = S0
     for s in range(n - 1):

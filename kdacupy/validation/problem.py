@@ -2,7 +2,7 @@
 and options, in order, before any work starts, so a failing call writes
 nothing; the validated call comes back as a ``Problem``. Each concern has its
 module in this package; the head dims each path takes are said in one place,
-``head_dims`` (the decode any K, V in [16, 256]; the chunked paths {64, 128, 256}).
+``head_dims`` (every path any K, V in [16, 256]).
 """
 from __future__ import annotations
 

@@ -41,6 +41,8 @@ CASES = [
      "uneven", "emulate", False),
     ("fixed emulate slow decay", dict(B=1, T=40, H=1, K=64, V=64, state=BF16, gate="log", g_scale=0.05, beta="raw"),
      dict(qk_l2norm=True), "even", "emulate", False),
+    ("varlen emulate any head dims", dict(cu_seqlens=[19, 50, 0, 12], H=1, K=60, V=100, state=F32),
+     dict(qk_l2norm=True), "uneven", "emulate", False),
 ]
 
 
@@ -58,6 +60,8 @@ BACKWARD_CASES = [
      dict(qk_l2norm=True, allow_neg_eigval=True), "even", "reference", True),
     ("bwd fixed reference float64 vk", dict(B=2, T=37, H=1, K=64, V=64, dtype=F64, gate="softplus", state=F64,
                                             state_layout="vk"), {}, "even", "reference", True),
+    ("bwd varlen model any head dims", dict(cu_seqlens=[7, 0, 50, 3], H=1, HV=2, K=60, V=100, state=F32),
+     dict(qk_l2norm=True), "uneven", "model", False),
 ]
 
 

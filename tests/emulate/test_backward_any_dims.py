@@ -15,7 +15,6 @@ import kdacupy
 from kdacupy.numerics.backward_model import kda_backward_model
 from kdacupy.numerics.backward_reference import kda_backward_reference
 from kdacupy.numerics.dtypes import BF16, F32
-from kdacupy.seqpar import state_maps
 
 from ..backward_cases import FD_CASES, problem
 from ..numerics.test_backward_model import BOUND, measured
@@ -79,9 +78,3 @@ def test_any_head_dims_against_the_float64_gradient(name):
     for f, e in measured(got, refs).items():
         if e is not None and f != "dA_log":
             assert e < BOUND, f"{f}: {e:.3g}"
-
-
-def test_the_split_still_refuses_them():
-    x, opts, do, ds = inputs("K60-V100-sigmoid-gva-l2norm-neg-eigval")
-    with pytest.raises(ValueError, match=r"^q: expected head dim K in \(64, 128, 256\), got K = 60$"):
-        state_maps(**x, **{n: v for n, v in opts.items() if n not in ("initial_state",)}, backend="model")

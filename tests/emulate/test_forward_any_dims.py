@@ -12,7 +12,8 @@ import pytest
 import kdacupy
 from kdacupy.numerics.dtypes import BF16, F16, F32
 from kdacupy.numerics.reference import kda_reference
-from kdacupy.seqpar import explain
+from kdacupy.numerics.parity import EMULATE, mismatch
+from kdacupy.seqpar import state_maps
 
 from ..cases import MODEL_REF_ERROR, REF_BOUND_FACTOR
 from ..inputs import make_inputs, rmse_ratio
@@ -109,16 +110,33 @@ def test_state_pool_at_any_head_dims(layout):
 
 
 def test_refusals_name_the_argument():
-    x, opts = make_inputs(T=8, H=1, K=60, V=100)
-    for backend in ("emulate", "model"):
-        with pytest.raises(ValueError, match=r"^sequence_parallel: expected None or 1 at head dims K = 60, V = 100"):
-            kdacupy.kda_forward(**x, **opts, sequence_parallel=2, backend=backend)
-    assert explain(**x, **opts)[0] == 1
     for K, V, match in ((8, 64, r"^q: expected head dim K in \[16, 256\] \(kda_forward\), got K = 8$"),
                         (64, 264, r"^v: expected head dim V in \[16, 256\] \(kda_forward\), got V = 264$")):
         x, opts = make_inputs(T=8, H=1, K=K, V=V)
         with pytest.raises(ValueError, match=match):
             kdacupy.kda_forward(**x, **opts, backend="emulate")
+    x, opts = make_inputs(T=8, H=1, K=8, V=64)
+    with pytest.raises(ValueError, match=r"^q: expected head dim K in \[16, 256\] \(sequence parallelism\)"):
+        state_maps(**x, **opts, backend="model")
+
+
+def test_the_split_at_any_head_dims_is_the_models_split():
+    """Sequence parallelism on the any-size kernels: the maps (the M run's state is [K, K], so K = 60
+    makes a 60 x 60 state on the 64 x 64 tiles), the scan and the segments' forward, against the
+    model's split (parity.EMULATE), with a zero-length sequence passing its initial state through."""
+    x, opts = make_inputs(cu_seqlens=[70, 0, 37, 5], H=1, HV=2, K=60, V=100, state=BF16, state_layout="vk")
+    opts.update(output_final_state=True, state_dtype=np.float32)
+    o, s = kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=3)
+    om, sm = kdacupy.kda_forward(**x, **opts, backend="model", sequence_parallel=3)
+    assert not mismatch(o, om, EMULATE) and not mismatch(s, sm, EMULATE)
+    np.testing.assert_array_equal(s[1], opts["initial_state"][1].astype(np.float32))
+    M, B = state_maps(**x, **{n: v for n, v in opts.items() if n not in ("initial_state", "output_final_state",
+                                                                             "state_dtype")}, backend="emulate")
+    Mm, Bm = state_maps(**x, **{n: v for n, v in opts.items() if n not in ("initial_state", "output_final_state",
+                                                                               "state_dtype")}, backend="model")
+    assert M.shape == (4, 2, 60, 60) and B.shape == (4, 2, 100, 60)  # "vk": B^T
+    assert not mismatch(M, Mm, EMULATE) and not mismatch(B, Bm, EMULATE)
+
 
 
 def test_padded_channels_take_no_part_in_the_pair_form_test():

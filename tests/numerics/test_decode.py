@@ -315,15 +315,13 @@ def test_decode_head_dims_and_the_other_paths_refusal():
         x, opts, pool = make_decode(N=2, T=1, H=1, K=K, V=V)
         with pytest.raises(ValueError, match=match):
             kdacupy.kda_decode(**x, state_pool=pool, **opts, backend="model")
-    for K, V, match in ((60, 64, r"^q: expected head dim K in \(64, 128, 256\), got K = 60$"),
-                        (64, 60, r"^v: expected head dim V in \(64, 128, 256\), got V = 60$")):
+    for K, V in ((60, 64), (64, 60)):  # every other path takes them too (tests/emulate/*any_dims*)
         x, opts = make_inputs(B=1, T=8, H=1, K=K, V=V)
-        for backend in ("reference", "model"):  # the forward and backward take them (tests/emulate/*any_dims*)
+        for backend in ("reference", "model"):
             assert kdacupy.kda_forward(**x, **opts, backend=backend)[0].shape == x["v"].shape
             do = np.ones(x["v"].shape, x["v"].dtype)
             assert kdacupy.kda_backward(do, **x, **opts, backend=backend).dq.shape == x["q"].shape
-            with pytest.raises(ValueError, match=match):  # the split's kernels keep the tiles
-                state_maps(**x, **opts, backend=backend)
+            assert state_maps(**x, **opts, backend=backend)[0].shape == (1, 1, K, K)
 
 
 def test_rows_of_other_head_dims_need_the_alignment_that_divides_them():

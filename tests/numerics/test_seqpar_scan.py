@@ -109,7 +109,8 @@ def test_model_is_the_scan():
 
 @pytest.mark.emulate  # skipped, with the reason, without a host compiler (tests/conftest.py)
 @pytest.mark.parametrize("K, V, state_layout, s0_dtype", [
-    (64, 64, "kv", np.float32), (64, 64, "vk", np.float32), (128, 64, "vk", BF16), (64, 128, "kv", None)])
+    (64, 64, "kv", np.float32), (64, 64, "vk", np.float32), (128, 64, "vk", BF16), (64, 128, "kv", None),
+    (60, 100, "vk", np.float32), (17, 33, "kv", BF16)])  # any head size: the tiles' any-size variants
 def test_scan_kernel_is_the_fp32_scan(K, V, state_layout, s0_dtype):
     """Random maps near I: every start bit for bit the model's (fp32 FMA chains in key order)."""
     M, B, S0, n = random_case(K, V)

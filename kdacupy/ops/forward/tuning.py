@@ -140,13 +140,16 @@ def seqlen_class(length: float) -> str:
 
 
 def bucket_of(p, sm_count: int = DEFAULT_SM_COUNT) -> dict:
-    """The tuning bucket of a Problem: K, V, dtype name, state precision,
+    """The tuning bucket of a Problem: K, V (their tiles), dtype name, state precision,
     varlen, the parallelism class of N * HV against ``sm_count`` and the length
     class of one sequence (T; T / N for varlen, from shapes only)."""
     from ...numerics.dtypes import dtype_name
 
+    from ...numerics.tiles import tile_of
+
     length = p.T / max(1, p.N) if p.varlen else p.T
-    return dict(K=int(p.K), V=int(p.V), dtype=dtype_name(p.dtype), state_precision=str(p.state_precision),
+    # a head dim without variants of its own runs on its tiles' (kdacupy/numerics/tiles.py): their bucket
+    return dict(K=tile_of(int(p.K)), V=tile_of(int(p.V)), dtype=dtype_name(p.dtype), state_precision=str(p.state_precision),
                 varlen=bool(p.varlen), parallelism=parallelism_class(p.N * p.HV, sm_count),
                 seqlen=seqlen_class(length))
 

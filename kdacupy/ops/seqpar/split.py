@@ -184,8 +184,10 @@ class KernelRun:
 SCAN_SC, SCAN_RG, SCAN_TI = 16, 16, 16
 
 
-def scan_config(K, V) -> dict:
-    return dict(KDA_K=int(K), KDA_V=int(V), SCAN_SC=SCAN_SC, SCAN_RG=SCAN_RG, SCAN_TI=SCAN_TI)
+def scan_config(K, V, any_dims=False) -> dict:
+    """The scan's defines for tiles K, V (``any_dims``: the true sizes launch arguments)."""
+    return dict(KDA_K=int(K), KDA_V=int(V), SCAN_SC=SCAN_SC, SCAN_RG=SCAN_RG, SCAN_TI=SCAN_TI,
+                **(dict(KDA_ANY_DIMS=1) if any_dims else {}))
 
 
 def scan_smem(K) -> int:
@@ -197,17 +199,18 @@ class ScanVariant:
     """One variant of kernels/kda_seqpar_scan.cu (for ``python -m kdacupy.compile``)."""
     K: int
     V: int
+    any_dims: bool = False
     kernel = "kda_seqpar_scan"
 
     def config(self) -> dict:
-        return scan_config(self.K, self.V)
+        return scan_config(self.K, self.V, self.any_dims)
 
     @property
     def smem(self) -> int:
         return scan_smem(self.K)
 
     def label(self) -> str:
-        return f"kda_seqpar_scan K={self.K} V={self.V}"
+        return f"kda_seqpar_scan K<={self.K} V<={self.V}" if self.any_dims else f"kda_seqpar_scan K={self.K} V={self.V}"
 
 
 def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
@@ -218,14 +221,18 @@ def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     from ...jit.enums import STATE_DTYPE_CODE
     from ..args import ptr
 
+    from ...numerics.tiles import exact_dims, tile_of
+
     xp = _array_module(M)
     NS, HV, K, _ = M.shape
     V = Bm.shape[-1]
+    any_dims = not exact_dims(K, V)
+    KT, VT = (tile_of(K), tile_of(V)) if any_dims else (K, V)
     starts = empty(xp, (NS, HV, K, V) if state_layout == "kv" else (NS, HV, V, K), F32)
-    fn = run.get("kda_seqpar_scan", scan_config(K, V), "kda_seqpar_scan")
+    fn = run.get("kda_seqpar_scan", scan_config(KT, VT, any_dims), "kda_seqpar_scan")
     args = (ptr(M), ptr(Bm), ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
-            np.int32(state_layout == "vk"), ptr(starts), np.int32(HV), np.int32(n))
-    run.launch(fn, (NS // n * (V // SCAN_SC), HV), (SCAN_SC * SCAN_RG,), args, scan_smem(K))
+            np.int32(state_layout == "vk"), ptr(starts), np.int32(HV), np.int32(n), np.int32(K), np.int32(V))
+    run.launch(fn, (NS // n * -(-V // SCAN_SC), HV), (SCAN_SC * SCAN_RG,), args, scan_smem(KT))
     return starts
 
 

@@ -13,16 +13,19 @@ from ..inputs import DTYPES
 from .split import ScanVariant
 
 
-def map_variants():
+def map_variants(any_dims=False):
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
         for tiles in candidates(V):
-            yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True)
+            yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True, any_dims=any_dims)
 
 
-def scan_variants():
+def scan_variants(any_dims=False):
     for K, V in itertools.product(DIMS, DIMS):
-        yield ScanVariant(K, V)
+        yield ScanVariant(K, V, any_dims)
 
 
 registry.register("kda_seqpar_maps", map_variants)
 registry.register("kda_seqpar_scan", scan_variants)
+# the any-size variants (KDA_ANY_DIMS), shared by every head dim that rounds up to their tiles
+registry.register("kda_seqpar_maps_any", lambda: map_variants(any_dims=True))
+registry.register("kda_seqpar_scan_any", lambda: scan_variants(any_dims=True))
