@@ -30,8 +30,9 @@
 #                                                         models): is the emulation's evidence valid
 #  5  GPU suite: forward, decode, seqpar         55   39  parity with the precision model over the option matrix,
 #                                                         graphs, streams, 2^31 offsets, DLPack: are the kernels right
-#  6  GPU backward                               40   20  the backward's parity with the model, accuracy against the
-#                                                         float64 gradient, bitwise repeatability, graphs, stream
+#  6  GPU backward                               40   28  the backward's parity with the model, accuracy against the
+#                                                         float64 gradient, bitwise repeatability, graphs, stream;
+#                                                         any head size (K = 60, V = 100): forward and backward
 #  7  tuning (Kimi shapes)                       30   19  the fastest tiles per bucket (mma.sync and wgmma), into the file kda_forward reads
 #  8  benchmark, Kimi shapes, tuned tiles        20   10  kdacupy's times, GB/s against the copy bandwidth (the floor)
 #  9  benchmark against FLA (H = 96)             75  48?  FLA / kdacupy on the same inputs, and their agreement
@@ -149,8 +150,8 @@ add "device info" 10 \
   'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total,memory.used --format=csv || echo "nvidia-smi: none"; echo "commit: ${KDACUPY_COMMIT:-unknown}"; uname -r; nproc; $PY benchmarks/device_info.py'
 add "PTX conformance" 25 '$PYTEST -s tests/gpu/test_gpu_ptx.py'
 add "GPU suite: forward, decode, seqpar" 55 \
-  '$PYTEST --durations=15 tests/gpu --ignore=tests/gpu/test_gpu_ptx.py --ignore=tests/gpu/test_gpu_long.py --ignore=tests/gpu/test_gpu_distributed.py --ignore=tests/gpu/test_gpu_backward.py'
-add "GPU backward" 40 '$PYTEST --durations=10 tests/gpu/test_gpu_backward.py'
+  '$PYTEST --durations=15 tests/gpu --ignore=tests/gpu/test_gpu_ptx.py --ignore=tests/gpu/test_gpu_long.py --ignore=tests/gpu/test_gpu_distributed.py --ignore=tests/gpu/test_gpu_backward.py --ignore=tests/gpu/test_gpu_any_dims.py'
+add "GPU backward" 40 '$PYTEST --durations=10 tests/gpu/test_gpu_backward.py tests/gpu/test_gpu_any_dims.py'
 add "tuning (Kimi shapes)" 30 \
   '$PY -m kdacupy.tune --shapes kimi --iters 20 --warmup 3' \
   '$PY -m kdacupy.tune --shapes kimi --dry-run --arch sm_90 --jobs 2'

@@ -35,13 +35,15 @@ CASES = {
     "softplus-varlen-vk": dict(B=1, H=1, HV=1, gate="softplus", beta="logits", state=np.float64,
                                state_layout="vk", cu_seqlens=[3, 0, 6]),
     "sigmoid-gva-l2norm": dict(B=1, T=7, H=1, HV=2, gate="sigmoid", beta="logits", unit_qk=False),
+    # head dims off the tiles, K != V (every path takes K, V in [16, 256])
+    "softplus-K60-V20": dict(B=1, T=6, H=1, HV=1, gate="softplus", beta="raw", K=60, V=20),
 }
 
 
 def numpy_case(name, dtype=np.float64, seed=0):
     """(inputs, options) as NumPy float64 arrays (scale and qk_l2norm per case)."""
     spec = dict(CASES[name])
-    x, opts = make_inputs(K=64, V=64, dtype=np.float64, seed=seed, **spec)
+    x, opts = make_inputs(**{"K": 64, "V": 64, **spec}, dtype=np.float64, seed=seed)
     if not spec.get("unit_qk", True):
         opts["qk_l2norm"] = True
     if name == "log-raw-beta":

@@ -107,8 +107,11 @@ def heuristic(p, sm_count=DEFAULT_SM_COUNT, arch: str | None = None) -> TileConf
     Kimi prediction (benchmarks/forward-step2.md) puts it ahead of mma.sync at every BV there: each
     warpgroup reads a chunk's B tiles from shared memory once and the bulk copies move the block
     without the threads, so the shared-memory term, which bound mma.sync, falls below the HBM
-    one. sm_80 and sm_100a (no wgmma) keep mma.sync."""
-    if arch == "sm_90a" and p.K <= 128 and p.V >= 64:
+    one. sm_80 and sm_100a (no wgmma) keep mma.sync, as do head dims off the tiles (their any-size
+    variants are mma.sync's: kernels.recurrence_mma)."""
+    from ...numerics.tiles import exact_dims
+
+    if arch == "sm_90a" and exact_dims(p.K, p.V) and p.K <= 128 and p.V >= 64:
         BV = 128 if p.V >= 128 and 2 * p.N * p.HV * (p.V // 128) >= sm_count else 64
         return TileConfig(BV, 3, "wgmma")
     for BV in (128, 64, 32):
