@@ -43,6 +43,17 @@ __device__ __forceinline__ void copy_rows_zfill(unsigned char* dst, const unsign
   }
 }
 
+// copy_rows_zfill at any head size (KDA_ANY_DIMS): of each row only the first ``cols`` elements (of EB
+// bytes) exist; the rest of the tile, and the rows from ``rows`` on, read zeros (fill_piece16).
+template <int NT, int PIECES, int DST_ROW, int EB>
+__device__ __forceinline__ void fill_rows_dims(unsigned char* dst, const unsigned char* src, i64 src_row, int rows,
+                                               int cols, int tid) {
+  for (int p = tid; p < CHUNK * PIECES; p += NT) {
+    const int r = p / PIECES, c = p % PIECES;
+    fill_piece16<EB>(dst + r * DST_ROW + c * 16, src + r * src_row + c * 16, cols - c * (16 / EB), r < rows);
+  }
+}
+
 // 16 columns from col0 of a [16 tokens, *] tile of type DT (rows ROW bytes apart), transposed, as
 // two n8 accumulator tiles: x[nt][e] = tile[token 8 nt + 2 t + (e & 1)][col0 + g + 8 (e >> 1)].
 template <int DT, int ROW>

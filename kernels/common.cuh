@@ -111,22 +111,9 @@ __device__ __forceinline__ void load_row16(const u16* row, u32& lo, u32& hi, int
   hi = other + (w1 - other) * odd;
 }
 
-// Any head size (KDA_ANY_DIMS in the chunked kernels): a tile is padded to its key / value tile and
-// the arrays have their true extents, so a 16-byte piece of a row may hang over the row's end or
-// sit off 16 bytes (a 60-channel bf16 row is 120 bytes). fill_piece16 puts the piece whose first
-// ``valid`` elements (of EB bytes) exist at src into shared memory at dst: a whole, aligned piece
-// by cp.async (in the caller's open group), else zeros then the existing elements one by one (a
-// rolled loop: it runs where the copies are issued, next to the chunk's live rows, and an unrolled
-// one cost spills); a dead row (``live`` false) or an empty piece is zero and reads nothing.
-template <int EB>
-__device__ __forceinline__ void fill_piece16(unsigned char* dst, const unsigned char* src, int valid, bool live) {
-  constexpr int PE = 16 / EB;
-  if (live && valid >= PE && (reinterpret_cast<u64>(src) & 15) == 0) {
-    cp_async_16(dst, src);
-    return;
-  }
-  *reinterpret_cast<Vec16*>(dst) = Vec16{};
-  const int n = live ? (valid < PE ? valid : PE) : 0;
+// n elements of EB bytes from src to dst, one at a time (a rolled loop: fill_piece16 and
+// store_piece16 run it next to a chunk's live registers, where an unrolled one cost spills).
+template <int EB> __device__ __forceinline__ void copy_elems(unsigned char* dst, const unsigned char* src, int n) {
 #pragma unroll 1
   for (int e = 0; e < n; ++e) {
     if constexpr (EB == 4) {
@@ -136,6 +123,22 @@ __device__ __forceinline__ void fill_piece16(unsigned char* dst, const unsigned 
     }
   }
 }
+// Any head size (KDA_ANY_DIMS in the chunked kernels): a tile is padded to its key / value tile and
+// the arrays have their true extents, so a 16-byte piece of a row may hang over the row's end or
+// sit off 16 bytes (a 60-channel bf16 row is 120 bytes). fill_piece16 puts the piece whose first
+// ``valid`` elements (of EB bytes) exist at src into shared memory at dst: a whole, aligned piece
+// by cp.async (in the caller's open group), else zeros then the existing elements one by one
+// (copy_elems); a dead row (``live`` false) or an empty piece is zero and reads nothing.
+template <int EB>
+__device__ __forceinline__ void fill_piece16(unsigned char* dst, const unsigned char* src, int valid, bool live) {
+  constexpr int PE = 16 / EB;
+  if (live && valid >= PE && (reinterpret_cast<u64>(src) & 15) == 0) {
+    cp_async_16(dst, src);
+    return;
+  }
+  *reinterpret_cast<Vec16*>(dst) = Vec16{};
+  if (live) copy_elems<EB>(dst, src, valid < PE ? valid : PE);
+}
 // fill_piece16's inverse for a store: the first ``valid`` elements of the piece at src (shared
 // memory, 16-byte aligned) to dst, one 16-byte store where the whole piece exists and dst is aligned.
 template <int EB> __device__ __forceinline__ void store_piece16(unsigned char* dst, const unsigned char* src, int valid) {
@@ -144,15 +147,7 @@ template <int EB> __device__ __forceinline__ void store_piece16(unsigned char* d
     *reinterpret_cast<Vec16*>(dst) = *reinterpret_cast<const Vec16*>(src);
     return;
   }
-  const int n = valid < PE ? valid : PE;
-#pragma unroll 1
-  for (int e = 0; e < n; ++e) {
-    if constexpr (EB == 4) {
-      reinterpret_cast<u32*>(dst)[e] = reinterpret_cast<const u32*>(src)[e];
-    } else {
-      reinterpret_cast<u16*>(dst)[e] = reinterpret_cast<const u16*>(src)[e];
-    }
-  }
+  copy_elems<EB>(dst, src, valid < PE ? valid : PE);
 }
 
 // store_piece16 of a piece held in registers (x: PE = 16 / EB elements, packed as in memory).

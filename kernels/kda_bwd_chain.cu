@@ -60,11 +60,7 @@ __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned 
                                            const unsigned char* dorow0, i64 do_row_bytes, int rows, int vcols, int tid) {
   copy_ws_block<K, NT, BSM_QDEC, BSM_INV, BSM_MQK, BSM_GEXP, true>(stage, blk, tid);
   if constexpr (ANY) {
-    for (int p = tid; p < CHUNK * DCH; p += NT) {
-      const int r = p / DCH, c = p % DCH;
-      fill_piece16<ES>(stage + BSM_DO + r * BSM_DOROW + c * 16, dorow0 + r * do_row_bytes + c * 16,
-                       vcols - c * (16 / ES), r < rows);
-    }
+    fill_rows_dims<NT, DCH, BSM_DOROW, ES>(stage + BSM_DO, dorow0, do_row_bytes, rows, vcols, tid);
   } else {
     copy_rows_zfill<NT, DCH, BSM_DOROW>(stage + BSM_DO, dorow0, do_row_bytes, rows, tid);
   }

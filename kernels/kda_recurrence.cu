@@ -105,11 +105,7 @@ __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned 
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int vcols, int tid) {
   copy_ws_block<K, NT, RSM_QDEC, RSM_INV, RSM_MQK, RSM_GEXP, OUTPUT>(stage, blk, tid);
   if constexpr (ANY) {
-    for (int p = tid; p < CHUNK * VCH; p += NT) {
-      const int r = p / VCH, c = p % VCH;
-      fill_piece16<ES>(stage + RSM_VT + r * RSM_VROW + c * 16, vrow0 + r * v_row_bytes + c * 16, vcols - c * (16 / ES),
-                       r < rows);
-    }
+    fill_rows_dims<NT, VCH, RSM_VROW, ES>(stage + RSM_VT, vrow0, v_row_bytes, rows, vcols, tid);
   } else {
     copy_rows_zfill<NT, VCH, RSM_VROW>(stage + RSM_VT, vrow0, v_row_bytes, rows, tid);
   }

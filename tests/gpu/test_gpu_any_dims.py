@@ -18,20 +18,9 @@ from ..emulate.test_backward_any_dims import inputs as bwd_inputs  # noqa: E402
 from ..emulate.test_forward_any_dims import ANY_CASES, any_inputs  # noqa: E402
 from ..cases import MODEL_REF_ERROR, REF_BOUND_FACTOR  # noqa: E402
 from ..inputs import rmse_ratio  # noqa: E402
+from .test_gpu_backward import free_device_memory, to_dev  # noqa: E402,F401  (the autouse fixture too)
 
 pytestmark = pytest.mark.gpu  # skipped without a GPU (tests/conftest.py)
-
-
-@pytest.fixture(autouse=True)
-def free_device_memory():
-    yield
-    from kdacupy.ops.forward import workspace
-    workspace.release()
-    cp.get_default_memory_pool().free_all_blocks()
-
-
-def to_dev(d):
-    return {n: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for n, v in d.items()}
 
 
 def agree(x, ref, what):
