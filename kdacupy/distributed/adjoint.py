@@ -36,14 +36,14 @@ def _model(p, a):
     """kda_backward_model's R1 and C1-C5 (numerics/backward_model.py), and C6's D in kv; head dims
     other than the tiles on the tiles, over arrays padded with zeros (the gate after activation), as
     the model and the kernels run them."""
-    from ..numerics.backward_model import chain, pad_to
+    from ..numerics.backward_model import chain
     from ..numerics.backward_recompute import l2norm_exact, prepare_exact
     from ..numerics.precision import Chunks, beta_f32, gate_f32, scale_f32
-    from ..numerics.tiles import exact_dims, tile_of
+    from ..numerics.tiles import pad_to, tile_of
 
     B, T, H, K = a["q"].shape
     HV, V = a["v"].shape[2:]
-    KT, VT = (K, V) if exact_dims(K, V) else (tile_of(K), tile_of(V))
+    KT, VT = tile_of(K), tile_of(V)
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     qn, kn = pad_to(f64(a["q"]), -1, KT), pad_to(f64(a["k"]), -1, KT)
     if p.qk_l2norm:

@@ -80,7 +80,7 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
 kda_bwd_reduce: dA_log, ddt_bias = fp32 sums of the per-chunk partials, chunks in order.
 
 Head dims without variants of their own (K, V in [16, 256] outside {64, 128, 256}) run on the key
-and value tiles (kdacupy/ops/forward/limits.py): the model, as the kernels, runs over every array
+and value tiles (kdacupy/numerics/tiles.py): the model, as the kernels, runs over every array
 padded with zeros to the tiles, a padded channel's gate 0 and its dA_log terms +0 (the kernels skip
 it), and cuts the gradients back to the true sizes (docs/design.md section 2).
 """
@@ -95,7 +95,7 @@ from .backward_recompute import chunk_states, l2norm_exact, prepare_exact
 from .dtypes import ftz_f32, round_bf16, round_f32, round_to
 from .precision import CHUNK, LOG2E_F32, Chunks, beta_f32, ex2, gate_f32, scale_f32, sigmoid_f32
 from .reference import state_from_kv, state_to_kv
-from .tiles import exact_dims, tile_of
+from .tiles import exact_dims, pad_to, tile_of
 
 r32, bf = round_f32, round_bf16
 LN2_F32 = float(np.float32(math.log(2.0)))
@@ -266,13 +266,6 @@ def beta_grad(db, beta, beta_mode):
     b = np.asarray(beta, np.float64)
     d = r32(db * r32(sigmoid_f32(b) * sigmoid_f32(-b)))
     return 2.0 * d if beta_mode == "sigmoid2" else d
-
-
-def pad_to(x, axis, n):
-    """x with zeros after its size along ``axis``, to n (its dtype kept)."""
-    width = [(0, 0)] * x.ndim
-    width[axis] = (0, n - x.shape[axis])
-    return np.pad(x, width)
 
 
 def kda_backward_model(

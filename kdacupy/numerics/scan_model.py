@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backward_arith import fma_chain
-from .tiles import exact_dims, tile_of
+from .tiles import exact_dims, pad_to, tile_of
 
 
 def scan_model(M, B, S0, n):
@@ -35,9 +35,9 @@ def scan_model(M, B, S0, n):
     B = np.asarray(B, np.float32).reshape(N, n, HV, K, V).astype(np.float64)
     if not exact_dims(K, V):  # the kernel's tiles: keys and columns past the true sizes zeros
         KT, VT = tile_of(K), tile_of(V)
-        pad = lambda x, k, v: np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, k), (0, v)])  # noqa: E731
-        return scan_model(pad(M, KT - K, KT - K).reshape(N * n, HV, KT, KT), pad(B, KT - K, VT - V).reshape(
-            N * n, HV, KT, VT), pad(S0, KT - K, VT - V), n)[..., :K, :V].copy()
+        pad = lambda x, k, v: pad_to(pad_to(x, -2, k), -1, v)  # noqa: E731
+        return scan_model(pad(M, KT, KT).reshape(N * n, HV, KT, KT), pad(B, KT, VT).reshape(N * n, HV, KT, VT),
+                          pad(S0, KT, VT), n)[..., :K, :V].copy()
     S = np.empty((N, n, HV, K, V), np.float64)
     S[:, 0] = S0
     for s in range(n - 1):

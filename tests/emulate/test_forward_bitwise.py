@@ -22,7 +22,7 @@ from kdacupy.numerics.backward_recompute import chunk_states, l2norm_exact, prep
 from kdacupy.numerics.dtypes import F32, round_bf16, round_f32, round_to
 from kdacupy.numerics.precision import Chunks, beta_f32, gate_f32, scale_f32
 from kdacupy.numerics.reference import state_from_kv, state_to_kv
-from kdacupy.numerics.tiles import exact_dims, tile_of
+from kdacupy.numerics.tiles import pad_to, tile_of
 
 from ..cases import CASES, case_inputs
 
@@ -40,17 +40,12 @@ def forward_exact(q, k, v, g, beta=None, *, scale=None, initial_state=None, outp
     """kda_forward's (o, final state) on the emulation's default numerics, to the bit."""
     B, T, H, K = q.shape
     HV, V = v.shape[2:]
-    KT, VT = (K, V) if exact_dims(K, V) else (tile_of(K), tile_of(V))
-
-    def pad(x, axis, n):  # zeros after the true size along axis, to n
-        width = [(0, 0)] * x.ndim
-        width[axis] = (0, n - x.shape[axis])
-        return np.pad(x, width)
-    qn, kn = (pad(np.asarray(x, np.float64), -1, KT) for x in (q, k))
+    KT, VT = tile_of(K), tile_of(V)
+    qn, kn = (pad_to(np.asarray(x, np.float64), -1, KT) for x in (q, k))
     if qk_l2norm:
         (qn, _), (kn, _) = l2norm_exact(qn), l2norm_exact(kn)
-    g2 = pad(gate_f32(np.asarray(g, np.float64), gate, A_log, dt_bias, lower_bound), -1, KT)
-    v = pad(np.asarray(v), -1, VT)
+    g2 = pad_to(gate_f32(np.asarray(g, np.float64), gate, A_log, dt_bias, lower_bound), -1, KT)
+    v = pad_to(np.asarray(v), -1, VT)
     b = beta_f32(beta, (B, T, HV), beta_sigmoid, allow_neg_eigval)
     ch = Chunks.of(B, T, cu_seqlens)
 
@@ -60,7 +55,7 @@ def forward_exact(q, k, v, g, beta=None, *, scale=None, initial_state=None, outp
     qc, kc = (chunks(np.repeat(x, HV // H, axis=2)) for x in (qn, kn))
     vc, gc, bc = (chunks(x) for x in (np.asarray(v, np.float64), g2, b))
     ops = prepare_exact(qc, kc, gc, bc, scale_f32(scale, K))
-    S0 = np.zeros((ch.N, HV, KT, VT)) if initial_state is None else pad(pad(state_to_kv(initial_state, state_layout),
+    S0 = np.zeros((ch.N, HV, KT, VT)) if initial_state is None else pad_to(pad_to(state_to_kv(initial_state, state_layout),
                                                                                -2, KT), -1, VT)
     S = chunk_states(round_bf16(S0) if state_precision == "bf16" else round_f32(S0), ops, vc, bc, state_precision)
     Hop = round_bf16(S)                                                                 # [11]

@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from . import layouts
-from .limits import exact_dims, tile_of
+from ...numerics.tiles import exact_dims, tile_of
 from ...numerics.dtypes import dtype_name
 from ...jit.enums import DTYPE_CODE, MMA_CODE, STATE_DTYPE_CODE
 from ...jit.loaders import loader
@@ -109,9 +109,7 @@ def select_tiles(p) -> TileConfig:
 
 def tiles_of(p) -> tuple[int, int, bool]:
     """(key tile, value tile, whether the true sizes differ from them: the any-size variants)."""
-    if exact_dims(p.K, p.V):
-        return p.K, p.V, False
-    return tile_of(p.K), tile_of(p.V), True
+    return tile_of(p.K), tile_of(p.V), not exact_dims(p.K, p.V)
 
 
 def prepare_variant(p, ws_core: bool = False) -> PrepareVariant:

@@ -5,7 +5,7 @@ these); the NumPy backends mirror them, so a call that runs on the CPU also runs
 """
 from __future__ import annotations
 
-from ...numerics.tiles import TILES, exact_dims, tile_of  # noqa: F401  (the launchers' tile rule)
+from ...numerics.tiles import TILES
 
 #: head dims K and V the kernels are built for: the tiles (kdacupy/numerics/tiles.py); every chunked
 #: kernel runs any other K, V in [ANY_MIN, ANY_MAX] on the tile above it with the true sizes as

@@ -226,8 +226,7 @@ def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     xp = _array_module(M)
     NS, HV, K, _ = M.shape
     V = Bm.shape[-1]
-    any_dims = not exact_dims(K, V)
-    KT, VT = (tile_of(K), tile_of(V)) if any_dims else (K, V)
+    KT, VT, any_dims = tile_of(K), tile_of(V), not exact_dims(K, V)
     starts = empty(xp, (NS, HV, K, V) if state_layout == "kv" else (NS, HV, V, K), F32)
     fn = run.get("kda_seqpar_scan", scan_config(KT, VT, any_dims), "kda_seqpar_scan")
     args = (ptr(M), ptr(Bm), ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
