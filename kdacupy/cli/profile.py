@@ -63,7 +63,8 @@ FLASHKDA_MS = {
 DEFAULT_SHAPE = Shape("T256-H2", 256, 2)  # the small workloads: forward, split forward, backward
 DEFAULT_DECODE = dict(N=16, HV=4, T=1)
 DEFAULT_SEGMENTS = 2
-NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "library", "dram_by_argument")
+NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "anchors", "library", "dram_by_argument",
+              "emulated_ctas")
 
 
 def log(msg: str) -> None:
@@ -85,6 +86,7 @@ def scaled(rec: dict, factor) -> dict:
     """A record with every count (and the grid's head dimension) times ``factor``, except the
     DRAM bytes of the arrays all heads share (HEAD_SHARED), read once whatever the heads."""
     out = dict(rec)
+    out["emulated_ctas"] = rec.get("emulated_ctas", rec["ctas"])  # the anchors' CTAs (kdacupy/cli/issue.py)
     integral = float(factor).is_integer()
     for k in counts_of(rec):
         if k in MAX_COUNTERS:  # a maximum over CTAs: every head's CTAs alike
@@ -207,10 +209,73 @@ def compile_report(sha: str, arch: str):
     return _compiled[key]
 
 
-def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3) -> list[dict]:
+def issue_of(rec: dict, gpu: roofline.Gpu):
+    """The instructions each warp of a launch issues on ``gpu`` (kdacupy/cli/issue.py), or None where
+    the SASS cannot be had (no NVRTC or nvdisasm, or no scipy): said once."""
+    from ..emulate import source_text
+    from . import issue
+
+    src = source_text(rec["source"])
+    if src is None or not rec.get("anchors"):
+        return None
+    try:
+        return issue.count(rec, gpu.arch, src, rec.get("emulated_ctas"))
+    except (ImportError, RuntimeError, OSError) as e:
+        if not _issue_warned:
+            log(f"no issue term ({type(e).__name__}: {e})")
+            _issue_warned.append(True)
+        return None
+
+
+_issue_warned: list = []
+
+
+def _merge_issue(row: dict, ic, ctas: float) -> None:
+    """Adds one launch's issue to its row: per warp a CTA-weighted mean; opcodes and lines summed over
+    the launches' CTAs; the misfit and weight summed."""
+    got = row.get("issue")
+    if got is None:
+        got = row["issue"] = dict(arch=ic.arch, static=ic.static, warps=[0.0] * len(ic.warps), ctas=0.0, weight=0.0,
+                                  misfit=0.0, unmatched=0.0, opcodes={}, lines={})
+    n = got["ctas"] + ctas
+    got["warps"] = [(a * got["ctas"] + b * ctas) / n for a, b in zip(got["warps"], ic.warps)]
+    got["ctas"] = n
+    for k in ("weight", "misfit", "unmatched"):
+        got[k] += getattr(ic, k) * ctas
+    for op, x in ic.opcodes.items():
+        got["opcodes"][op] = got["opcodes"].get(op, 0.0) + x * ctas
+    for ln, x in ic.lines:
+        got["lines"][ln] = got["lines"].get(ln, 0.0) + x * ctas
+
+
+def issue_summary(row: dict, source: str | None, chunks_mean: float, top: int = 5) -> dict:
+    """What a row's report shows of its issue: per warp of a CTA (per chunk for the chains), the
+    busiest warp and its excess over the mean, the schedulers' share, the fit, the top opcodes and
+    source lines (instructions issued per CTA)."""
+    from .issue import where
+
+    got = row["issue"]
+    warps, n = got["warps"], max(got["ctas"], 1e-9)
+    per = chunks_mean if row["kernel"] in roofline.CHAIN_KERNELS and chunks_mean else 1.0
+    busiest = max(range(len(warps)), key=lambda w: warps[w]) if warps else 0
+    mean = sum(warps) / len(warps) if warps else 0.0
+    sched = [0.0] * 4
+    for w, x in enumerate(warps):
+        sched[w % 4] += x
+    lines = sorted(got["lines"].items(), key=lambda kv: -kv[1])[:top]
+    return dict(arch=got["arch"], static=got["static"], per="chunk" if per != 1.0 else "CTA",
+                warps=[x / per for x in warps], busiest=busiest, busiest_excess=warps[busiest] / mean - 1 if mean else 0.0,
+                scheduler_max=max(sched) / per, misfit=got["misfit"] / got["weight"] if got["weight"] else 0.0,
+                unmatched=got["unmatched"] / got["weight"] if got["weight"] else 0.0,
+                opcodes={k: v / n / per for k, v in sorted(got["opcodes"].items(), key=lambda kv: -kv[1])[:top]},
+                lines=[(where(source, int(ln)) if source else f"rendered line {ln}", x / n / per) for ln, x in lines])
+
+
+def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, mean_chunks: float = 0.0) -> list[dict]:
     """One row per kernel variant (launches summed; the per-CTA maxima their maximum): counts,
-    ratios, roofline, occupancy, and the dependent path with the bytes in flight."""
-    from ..emulate import hotspots
+    ratios, roofline, occupancy, the dependent path with the bytes in flight, and the instructions
+    each warp issues (``chunks``: the longest chain's chunks, ``mean_chunks`` a CTA's mean)."""
+    from ..emulate import hotspots, source_text
 
     rows: dict = {}
     for r in recs:
@@ -231,7 +296,10 @@ def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3) 
         row["launches"] += 1
         for k in row["counts"]:
             row["counts"][k] = max(row["counts"][k], r[k]) if k in MAX_COUNTERS else row["counts"][k] + r[k]
-        for k, v in roofline.times(r, gpu, resident).items():
+        ic = issue_of(r, gpu)
+        if ic is not None:
+            _merge_issue(row, ic, r["ctas"])
+        for k, v in roofline.times(r, gpu, resident, ic.warps if ic else None, chunks, mean_chunks).items():
             row["times"][k] = row["times"].get(k, 0.0) + v
         row["resident"] = resident
     out = []
@@ -245,6 +313,8 @@ def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3) 
         resident = row.pop("resident")
         if roofline.has_path(c):
             row["latency"] = roofline.path_info(dict(c, kernel=row["kernel"]), gpu, resident, chunks)
+        if "issue" in row:
+            row["issue"] = issue_summary(row, source_text(row["source"]), mean_chunks)
         out.append(row)
     return out
 
@@ -256,16 +326,24 @@ def chunks_of(shape: Shape | None) -> int:
     return -(-max(lens) // 16) if lens else 0
 
 
+def mean_chunks_of(shape: Shape | None) -> float:
+    """The chunks a chain CTA walks on average (one sequence each)."""
+    if shape is None:
+        return 0.0
+    lens = shape.lens if shape.lens is not None else (shape.T,)
+    return sum(-(-n // 16) for n in lens) / len(lens) if lens else 0.0
+
+
 def run_entry(name, shape, recs, info, gpu, hot, kind="forward") -> dict:
     """One workload's rows and totals; ``kind`` "forward" or "backward" (whose floor is the
     backward's compulsory traffic: its inputs read once, the gradients written once)."""
-    rows = kernel_rows(recs, gpu, chunks_of(shape), hot)
+    rows = kernel_rows(recs, gpu, chunks_of(shape), hot, mean_chunks_of(shape))
     entry = dict(name=name, kind=kind, shape=shape.to_dict() if shape else None, **info, kernels=rows,
                  predicted_s=sum(r["time_s"] for r in rows))
     if shape is not None:
         floor = (compulsory_backward_bytes if kind == "backward" else compulsory_bytes)(shape)["total"]
         entry["hbm_floor_bytes"] = floor
-        entry["hbm_floor_s"] = floor / (gpu.hbm_tb_s * 1e12)
+        entry["hbm_floor_s"] = floor / gpu.hbm_bytes_per_s
         entry["flashkda_ms"] = FLASHKDA_MS.get(gpu.key, {}).get(shape.name) if kind == "forward" else None
     return entry
 
@@ -304,6 +382,25 @@ def print_paths(e: dict, gpu: roofline.Gpu, p) -> None:
           f"{steps or '-'}  | {lat['resident']} resident: {in_flight_text(lat)}")
 
 
+def print_issue(e: dict, p) -> None:
+    """Per kernel: the instructions each warp issues (per chunk for the chunk chains, else per CTA),
+    the busiest warp and its excess over the mean, the busiest scheduler, the fit's misfit, the top
+    opcodes and the source lines that issue the most (docs/design.md section 11.4)."""
+    rows = [r for r in e["kernels"] if "issue" in r]
+    if not rows:
+        return
+    p(f"{'issue (SASS ' + rows[0]['issue']['arch'] + ')':16} {'static':>7} {'per':>6}  instructions per warp; busiest warp "
+      f"(excess over the mean), busiest scheduler; anchors misfit / unmatched; top opcodes")
+    for r in rows:
+        i = r["issue"]
+        warps = " ".join(f"{x:.0f}" for x in i["warps"])
+        ops = ", ".join(f"{k} {v:.0f}" for k, v in i["opcodes"].items())
+        p(f"{r['kernel']:16} {i['static']:>7} {i['per']:>6}  [{warps}]; warp {i['busiest']} (+{100 * i['busiest_excess']:.0f}%), "
+          f"scheduler {i['scheduler_max']:.0f}; misfit {100 * i['misfit']:.1f}% / {100 * i['unmatched']:.1f}%; {ops}")
+        for where, x in i["lines"][:3]:
+            p(f"  {r['kernel']} issues {x:.0f} per {i['per']} at {where}")
+
+
 def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
     p = lambda *a: print(*a, file=file or sys.stdout)  # noqa: E731
     sl = f", {e['heads_emulated']} value head(s) emulated, counts x {e['scale']:g}" if "scale" in e else ""
@@ -318,8 +415,8 @@ def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
           f"{r['ideal_per_request']:>5.2f} {100 * r['conflict_excess']:>6.1f}% {c['gmem_requests']:>9.0f} "
           f"{100 * r['sector_efficiency']:>7.1f}% {(c['dram_read_bytes'] + c['dram_write_bytes']) / 1e6:>8.2f} "
           f"{c['mma']:>9.0f} {c['sfu']:>9.0f} {c['barriers']:>7.0f}")
-    p(f"{'roofline ' + gpu.key:16} {'hbm us':>8} {'smem us':>8} {'tensor us':>9} {'sfu us':>8} {'lat. us':>8} "
-      f"{'bound':>7} {'time us':>8}  occupancy (regs, spills, smem)")
+    p(f"{'roofline ' + gpu.key:16} {'hbm us':>8} {'smem us':>8} {'tensor us':>9} {'sfu us':>8} {'issue us':>8} "
+      f"{'lat. us':>8} {'bound':>7} {'time us':>8}  occupancy (regs, spills, smem)")
     for r in e["kernels"]:
         t = r["times"]
         occ = r.get("occupancy")
@@ -328,8 +425,10 @@ def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
              f"{cp['regs']} regs, {cp['spill_stores']}/{cp['spill_loads']} spills, "
              f"{r['shared_mem'] + cp['static_smem']} B") if occ else "n/a (no NVRTC)"
         p(f"{r['kernel']:16} {_us(t['hbm']):>8} {_us(t['smem']):>8} {_us(t['tensor']):>9} {_us(t['sfu']):>8} "
-          f"{_us(t['latency']) if 'latency' in t else '-':>8} {r['bound']:>7} {_us(r['time_s']):>8}  {o}")
+          f"{_us(t['issue']) if 'issue' in t else '-':>8} {_us(t['latency']) if 'latency' in t else '-':>8} "
+          f"{r['bound']:>7} {_us(r['time_s']):>8}  {o}")
     print_paths(e, gpu, p)
+    print_issue(e, p)
     line = f"predicted {e['predicted_s'] * 1e3:.3f} ms (sum of the kernels' bounds)"
     if "hbm_floor_s" in e:
         line += f"; HBM floor {e['hbm_floor_s'] * 1e3:.3f} ms ({e['hbm_floor_bytes'] / 1e9:.3f} GB compulsory)"
@@ -371,6 +470,10 @@ def kernel_part(r: dict) -> str:
     """A kernel's predicted ms and bound, with its latency term, its path per chunk (the chunk
     chains) and its bytes in flight per SM against the need, where the file has them."""
     text = f"{r['kernel']} {r['time_s'] * 1e3:.3f} ({r['bound']}"
+    if "issue" in r["times"] and r["bound"] != "issue":
+        text += f"; issue {r['times']['issue'] * 1e3:.3f}"
+    if "issue" in r:
+        text += f"; {r['issue']['scheduler_max']:.0f} instr/{r['issue']['per']}"
     lat = r.get("latency")
     if lat is not None:
         if r["bound"] != "latency":

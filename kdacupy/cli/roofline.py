@@ -39,6 +39,11 @@ class Gpu:
     bf16_tflops: float   # datasheet dense bf16 tensor-core rate, TFLOP/s (wgmma on Hopper)
     mma_sync_tflops: float  # bf16 mma.sync's rate, TFLOP/s (Hopper: an assumption, section 11.1)
     latency: tuple = tuple(HOPPER_LATENCY.items())  # (kind, cycles) per dependent step
+    #: the fraction of the datasheet's HBM bandwidth a tuned streaming kernel sustains: 0.9, after
+    #: FlashMLA's 3000 GB/s on an H800 SXM5 (3.35 TB/s datasheet; deepseek-ai/FlashMLA's README),
+    #: assumed for every GPU until the device run's copy bandwidth replaces it (section 11.1)
+    hbm_sustained: float = 0.9
+    schedulers: int = 4            # warp schedulers per SM, one instruction per clock each
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
     max_warps_per_sm: int = 64
@@ -47,8 +52,14 @@ class Gpu:
     sfu_per_clk: int = 16          # .approx results per clock per SM
     smem_reserved_per_cta: int = 1024
 
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        """The HBM bandwidth the model assumes: the datasheet's times hbm_sustained."""
+        return self.hbm_tb_s * 1e12 * self.hbm_sustained
+
     def label(self) -> str:
-        return (f"{self.name}: {self.sms} SMs at {self.clock_ghz:.2f} GHz, HBM {self.hbm_tb_s:g} TB/s, "
+        return (f"{self.name}: {self.sms} SMs at {self.clock_ghz:.2f} GHz, HBM {self.hbm_tb_s:g} TB/s "
+                f"(datasheet; {self.hbm_sustained:.0%} sustained assumed), {self.schedulers} schedulers/SM, "
                 f"bf16 {self.bf16_tflops:g} TFLOP/s dense (mma.sync {self.mma_sync_tflops:g}), shared memory {self.smem_bytes_per_clk} B/clk/SM, "
                 f"DRAM latency {self.cycles('dram')} cycles")
 
@@ -58,7 +69,7 @@ class Gpu:
     def little_need_bytes(self, busy_sms: int | None = None) -> float:
         """Bytes each of ``busy_sms`` SMs (default all) must keep in flight for them to draw the HBM
         bandwidth (Little's law: bandwidth / SMs x the DRAM latency; the unloaded one, so a floor)."""
-        return self.hbm_tb_s * 1e12 / (busy_sms or self.sms) * self.cycles("dram") / (self.clock_ghz * 1e9)
+        return self.hbm_bytes_per_s / (busy_sms or self.sms) * self.cycles("dram") / (self.clock_ghz * 1e9)
 
 
 GPUS = {
@@ -142,27 +153,58 @@ def default_ctas_per_sm(rec: dict, gpu: Gpu) -> int:
     return occupancy(gpu, threads, 0, rec.get("shared_mem", 0))["ctas_per_sm"]
 
 
-def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None) -> dict:
+def issue_cycles(rec: dict, gpu: Gpu, warps: list) -> float:
+    """Cycles the busiest scheduler of an SM issues for one launch: ``warps`` the instructions each
+    warp of a CTA issues (per CTA, kdacupy/cli/issue.py), warp w on scheduler w mod 4 (each issues
+    one instruction per clock), ceil(CTAs / SMs) CTAs on the SM over the launch."""
+    per = [0.0] * gpu.schedulers
+    for w, x in enumerate(warps):
+        per[w % gpu.schedulers] += x
+    return math.ceil(max(1, rec.get("ctas", 1)) / gpu.sms) * max(per)
+
+
+def chain_issue_cycles(rec: dict, gpu: Gpu, warps: list, ctas_per_sm: int, chunks: int, mean_chunks: float) -> float:
+    """The issue of the longest chunk chain: its busiest scheduler's instructions per chunk (the mean
+    CTA's over its ``mean_chunks``) over ``chunks`` chunks, shared with the chains of the other
+    CTAs resident on the SM, whose warps take the same schedulers."""
+    if not chunks or not mean_chunks:
+        return 0.0
+    per = [0.0] * gpu.schedulers
+    for w, x in enumerate(warps):
+        per[w % gpu.schedulers] += x
+    return resident_ctas(gpu, rec.get("ctas", 1), ctas_per_sm) * max(per) / mean_chunks * chunks
+
+
+def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None, issue: list | None = None, chunks: int = 0,
+          mean_chunks: float = 0.0) -> dict:
     """Seconds each resource needs for one launch record's counts: HBM (bytes read and written
-    once, an ideal L2), shared memory (wavefronts, and wgmma's B operand and the bulk copies'
-    writes at a wavefront per 128 bytes), tensor cores (wgmma at the datasheet rate, mma.sync at its own),
-    SFU (.approx warp instructions), per-SM resources over the SMs the CTAs occupy (a last partial
-    wave counts whole); and the dependent path (latency_cycles) at ``ctas_per_sm`` resident CTAs
-    (default: default_ctas_per_sm)."""
+    once, an ideal L2, at the sustained bandwidth), shared memory (wavefronts, and wgmma's B operand
+    and the bulk copies' writes at a wavefront per 128 bytes), tensor cores (wgmma at the datasheet
+    rate, mma.sync at its own), SFU (.approx warp instructions), per-SM resources over the SMs the
+    CTAs occupy (a last partial wave counts whole); the dependent path (latency_cycles) at
+    ``ctas_per_sm`` resident CTAs (default: default_ctas_per_sm); with ``issue`` (per warp of a
+    CTA, the instructions it issues) the busiest scheduler's issue (issue_cycles), and a chunk
+    chain's path at least its busiest scheduler's issue over the longest chain (``chunks`` chunks;
+    ``mean_chunks`` a CTA's mean)."""
     ctas = max(1, rec.get("ctas", 1))
     waves = math.ceil(ctas / gpu.sms) * gpu.sms / ctas  # >= 1: SMs idle in the last wave
     per_sm = gpu.sms * gpu.clock_ghz * 1e9 / waves
     out = {
-        "hbm": (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / (gpu.hbm_tb_s * 1e12),
+        "hbm": (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / gpu.hbm_bytes_per_s,
         "smem": (rec["smem_wavefronts"] + (rec.get("wgmma_smem_bytes", 0) + rec.get("bulk_copy_bytes", 0))
                  / gpu.smem_bytes_per_clk) / per_sm,
         "tensor": (rec["mma"] * MMA_FLOP / gpu.mma_sync_tflops
                    + rec.get("wgmma_smem_bytes", 0) * WGMMA_FLOP_PER_B_BYTE / gpu.bf16_tflops) / (1e12 / waves),
         "sfu": rec["sfu"] * 32 / (per_sm * gpu.sfu_per_clk),
     }
+    r = default_ctas_per_sm(rec, gpu) if ctas_per_sm is None else ctas_per_sm
     if has_path(rec):
-        r = default_ctas_per_sm(rec, gpu) if ctas_per_sm is None else ctas_per_sm
         out["latency"] = latency_cycles(rec, gpu, r) / (gpu.clock_ghz * 1e9)
+    if issue:
+        out["issue"] = issue_cycles(rec, gpu, issue) / (gpu.clock_ghz * 1e9)
+        if "latency" in out and rec.get("kernel") in CHAIN_KERNELS:
+            chain = chain_issue_cycles(rec, gpu, issue, r, chunks, mean_chunks) / (gpu.clock_ghz * 1e9)
+            out["latency"] = max(out["latency"], chain)
     return out
 
 

@@ -148,6 +148,8 @@ extern "C" void kda_emu_trampoline() __attribute__((visibility("hidden")));
 
 namespace kda_emu {
 
+#define KDA_EMU_CALLERS 16  // calling contexts of the issue anchors: callers kept per thread (profile.h)
+
 enum State : int { READY, RUNNING, WAIT_BAR, WAIT_WARP, EXITED, WAIT_WG, WAIT_MBAR };
 
 struct Copy { void* dst; const void* src; unsigned bytes, group, done; };  // one queued cp.async (done: eager)
@@ -182,6 +184,14 @@ struct Fiber {
   int ncp, capcp;
   unsigned open_group;  // id of the group new copies join; commit increments it
   const u64* mbar;      // the mbarrier a WAIT_MBAR fiber waits on
+#ifdef KDA_EMU_CHECK
+  // The kernel's calls not inlined by the host compiler (-fsanitize=thread's function entry and
+  // exit hooks): their return addresses, outermost first, and a hash of each prefix (profile.h's
+  // issue anchors are per calling context, as the GPU compiler inlines every call).
+  uintptr_t callers[KDA_EMU_CALLERS];
+  unsigned long long ctx[KDA_EMU_CALLERS + 1];
+  int depth;
+#endif
 };
 
 // Per-warp exchange area. Lanes deposit into slot[buf], meet at the warp
@@ -216,6 +226,8 @@ struct Launch {
   struct PSet* prof_loose;  // sectors reached outside them
   const long long* prof_allocs;  // per ext triple, the (first byte, end) of its allocation, or null
   long long* prof_args;     // out, per ext triple: region, DRAM bytes read, written (or null)
+  long long* prof_anchors;  // out: the issue anchors' rows (profile.h ANC_FIELDS each), or null
+  long long prof_anchor_cap;
   pthread_mutex_t mu;
   char err[2048];
 };
@@ -438,6 +450,10 @@ KDA_EMU_RT inline void check_smem16(const void* p, const char* what) {
 
 #ifdef KDA_EMU_CHECK
 #include "checks.h"
+// One lane executes an instruction of issue-anchor class `cls` (profile.h) at return address `pc`.
+#define KDA_EMU_ANCHOR(cls, pc) ::kda_emu::prof_anchor(::kda_emu::AN_##cls, pc)
+#else
+#define KDA_EMU_ANCHOR(cls, pc) (void)0
 #endif
 
 namespace kda_emu {
@@ -494,6 +510,10 @@ KDA_EMU_RT inline void run_block(Worker* w, long long b) {
     Fiber* f = &w->fibers[L->reverse ? w->n - 1 - k : k];
     f->ncp = 0;
     f->open_group = 0;
+#ifdef KDA_EMU_CHECK
+    f->depth = 0;
+    f->ctx[0] = 0;
+#endif
     init_fiber_stack(w, f);
     push_ready(w, f);
   }
@@ -659,8 +679,8 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
 // counters (PR_OUT long longs, zeroed by the caller), of the per-code-address rows
 // and their capacity, of next (first byte, end) pairs: the allocation each array of
 // ext lies in (0: the arrays themselves), and of next (region, DRAM bytes read,
-// written) triples filled at the end (profile.h). ext: next (first byte, end,
-// argument) triples.
+// written) triples filled at the end (profile.h), and of the issue anchors' rows and
+// their capacity (profile.h). ext: next (first byte, end, argument) triples.
 KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long long* cfg, const long long* ext,
                                  int next, char* err, int errlen) {
   auto bad = [&](const char* m) {
@@ -691,6 +711,8 @@ KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long lon
   L.prof_pc_cap = cfg[13];
   L.prof_allocs = (const long long*)(uintptr_t)cfg[14];
   L.prof_args = (long long*)(uintptr_t)cfg[15];
+  L.prof_anchors = (long long*)(uintptr_t)cfg[16];
+  L.prof_anchor_cap = cfg[17];
   L.prof = L.prof_out != nullptr;
 #ifndef KDA_EMU_CHECK
   if (L.check) return bad("KDACUPY_EMULATE_CHECK needs a checked build (the loader makes one)");
@@ -826,10 +848,20 @@ KDA_EMU_RT inline dim3 gdim_now() { return g_worker->gdim; }
 constexpr int warpSize = 32;
 
 // ---- synchronisation -----------------------------------------------------------------
-KDA_EMU_RT inline void __syncthreads() { ::kda_emu::block_barrier(0, nullptr); }
-KDA_EMU_RT inline int __syncthreads_count(int p) { return ::kda_emu::block_barrier(p, nullptr); }
-KDA_EMU_RT inline int __syncthreads_or(int p) { return ::kda_emu::block_barrier(p, nullptr) != 0; }
+KDA_EMU_RT inline void __syncthreads() {
+  KDA_EMU_ANCHOR(bar, KDA_EMU_PC);
+  ::kda_emu::block_barrier(0, nullptr);
+}
+KDA_EMU_RT inline int __syncthreads_count(int p) {
+  KDA_EMU_ANCHOR(bar, KDA_EMU_PC);
+  return ::kda_emu::block_barrier(p, nullptr);
+}
+KDA_EMU_RT inline int __syncthreads_or(int p) {
+  KDA_EMU_ANCHOR(bar, KDA_EMU_PC);
+  return ::kda_emu::block_barrier(p, nullptr) != 0;
+}
 KDA_EMU_RT inline int __syncthreads_and(int p) {
+  KDA_EMU_ANCHOR(bar, KDA_EMU_PC);
   int n;
   int c = ::kda_emu::block_barrier(p, &n);
   return c == n;
@@ -854,9 +886,11 @@ KDA_EMU_RT inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST)
 namespace kda_emu {
 enum ShflKind { SHFL_IDX, SHFL_XOR, SHFL_DOWN, SHFL_UP };
 template <class T>
-KDA_EMU_RT inline T shfl(unsigned mask, T v, int arg, int width, ShflKind kind, const char* what) {
+KDA_EMU_RT inline T shfl(unsigned mask, T v, int arg, int width, ShflKind kind, const char* what, uintptr_t pc) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a type wider than 8 bytes");
   check_mask(mask, what);
+  KDA_EMU_ANCHOR(shfl, pc);
+  (void)pc;
   if (width < 1 || width > 32 || (width & (width - 1))) fail("%s: width %d is not a power of two <= 32", what, width);
   Fiber* f = g_cur;
   Warp& wp = g_worker->warps[f->warp];
@@ -878,8 +912,10 @@ KDA_EMU_RT inline T shfl(unsigned mask, T v, int arg, int width, ShflKind kind, 
   memcpy(&r, wp.slot[b][src], sizeof(T));
   return r;
 }
-KDA_EMU_RT inline unsigned ballot(unsigned mask, int pred, const char* what) {
+KDA_EMU_RT inline unsigned ballot(unsigned mask, int pred, const char* what, uintptr_t pc) {
   check_mask(mask, what);
+  KDA_EMU_ANCHOR(vote, pc);
+  (void)pc;
   Fiber* f = g_cur;
   Warp& wp = g_worker->warps[f->warp];
   int b = wp.buf;
@@ -893,16 +929,16 @@ KDA_EMU_RT inline unsigned ballot(unsigned mask, int pred, const char* what) {
 
 #define KDA_EMU_SHFL(T)                                                                   \
   KDA_EMU_RT inline T __shfl_sync(unsigned m, T v, int s, int w = 32) {                              \
-    return ::kda_emu::shfl(m, v, s, w, ::kda_emu::SHFL_IDX, "__shfl_sync");               \
+    return ::kda_emu::shfl(m, v, s, w, ::kda_emu::SHFL_IDX, "__shfl_sync", KDA_EMU_PC);               \
   }                                                                                       \
   KDA_EMU_RT inline T __shfl_xor_sync(unsigned m, T v, int s, int w = 32) {                          \
-    return ::kda_emu::shfl(m, v, s, w, ::kda_emu::SHFL_XOR, "__shfl_xor_sync");           \
+    return ::kda_emu::shfl(m, v, s, w, ::kda_emu::SHFL_XOR, "__shfl_xor_sync", KDA_EMU_PC);           \
   }                                                                                       \
   KDA_EMU_RT inline T __shfl_down_sync(unsigned m, T v, unsigned s, int w = 32) {                    \
-    return ::kda_emu::shfl(m, v, (int)s, w, ::kda_emu::SHFL_DOWN, "__shfl_down_sync");    \
+    return ::kda_emu::shfl(m, v, (int)s, w, ::kda_emu::SHFL_DOWN, "__shfl_down_sync", KDA_EMU_PC);    \
   }                                                                                       \
   KDA_EMU_RT inline T __shfl_up_sync(unsigned m, T v, unsigned s, int w = 32) {                      \
-    return ::kda_emu::shfl(m, v, (int)s, w, ::kda_emu::SHFL_UP, "__shfl_up_sync");        \
+    return ::kda_emu::shfl(m, v, (int)s, w, ::kda_emu::SHFL_UP, "__shfl_up_sync", KDA_EMU_PC);        \
   }
 KDA_EMU_SHFL(int)
 KDA_EMU_SHFL(unsigned int)
@@ -913,9 +949,9 @@ KDA_EMU_SHFL(unsigned long long)
 KDA_EMU_SHFL(float)
 KDA_EMU_SHFL(double)
 #undef KDA_EMU_SHFL
-KDA_EMU_RT inline unsigned __ballot_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__ballot_sync"); }
-KDA_EMU_RT inline int __any_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__any_sync") != 0; }
-KDA_EMU_RT inline int __all_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__all_sync") == 0xffffffffu; }
+KDA_EMU_RT inline unsigned __ballot_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__ballot_sync", KDA_EMU_PC); }
+KDA_EMU_RT inline int __any_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__any_sync", KDA_EMU_PC) != 0; }
+KDA_EMU_RT inline int __all_sync(unsigned m, int p) { return ::kda_emu::ballot(m, p, "__all_sync", KDA_EMU_PC) == 0xffffffffu; }
 
 // ---- math and bit intrinsics -----------------------------------------------------------
 inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }

@@ -248,7 +248,8 @@ class EmulatedFunction:
         check, prof = checks(), profiling()
         counters = profile.buffers() if prof else None
         where = (ctypes.addressof(counters[0]), ctypes.addressof(counters[1]), profile.SITES) if prof else (0, 0, 0)
-        cfg = (ctypes.c_longlong * 16)(*g, *b, int(shared_mem), threads, stack, _mode(), check, *where, 0, 0)
+        anchors = (ctypes.addressof(counters[2]), profile.ANCHORS) if prof else (0, 0)
+        cfg = (ctypes.c_longlong * 18)(*g, *b, int(shared_mem), threads, stack, _mode(), check, *where, 0, 0, *anchors)
         ext, allocs = [], []  # (first byte, end, argument index) of every array argument; its allocation
         for i, a in enumerate(args):
             if isinstance(a, np.ndarray):

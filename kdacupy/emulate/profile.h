@@ -58,9 +58,29 @@ namespace kda_emu {
 #define KDA_EMU_PROFILE_ENUM(n) PR_##n,
 enum : int { KDA_EMU_PROFILE_COUNTERS(KDA_EMU_PROFILE_ENUM) PR_N };
 #undef KDA_EMU_PROFILE_ENUM
-constexpr int PR_OUT = 64;   // slots of the loader's counter array; the last holds the per-pc entry count
+constexpr int PR_OUT = 64;   // slots of the loader's counter array; the last holds the per-pc entry count,
+                             // the two before it the issue anchors' rows and the rows that did not fit
 constexpr int PC_FIELDS = 6;  // per code address: offset, kind, requests, wavefronts|sectors, ideal|bytes, write
-static_assert(PR_N < PR_OUT, "counter array");
+static_assert(PR_N < PR_OUT - 3, "counter array");
+
+// Issue anchors (docs/design.md section 11.4): the warp-level executions of every instruction whose
+// SASS counterpart is known by construction -- the kernel's shared and global loads, stores and
+// atomics, and the twins of kernels/ptx.cuh and of the CUDA intrinsics -- per warp of the CTA,
+// code address and calling context (the return addresses of the kernel's calls the host compiler
+// did not inline). kdacupy/cli/issue.py fits the SASS's basic-block counts to them. A warp executes
+// an instruction as often as its busiest lane does between two synchronising points (the
+// requests' grouping); bulk copies also count per lane (ptxas issues UBLKCP one lane at a time).
+#define KDA_EMU_ANCHOR_CLASSES(X)                                                                     \
+  X(load) X(store) X(atomic) X(ldmatrix) X(cp_async) X(cp_commit) X(cp_wait) X(mma) X(shfl) X(vote)    \
+  X(bar) X(ex2) X(lg2) X(rsqrt) X(rcp) X(tanh) X(wgmma) X(wg_fence) X(wg_commit) X(wg_wait) X(mb_init)  \
+  X(mb_arrive) X(mb_wait) X(mb_test) X(bulk) X(fence_proxy)
+#define KDA_EMU_ANCHOR_ENUM(n) AN_##n,
+enum : unsigned { KDA_EMU_ANCHOR_CLASSES(KDA_EMU_ANCHOR_ENUM) AN_N };
+#undef KDA_EMU_ANCHOR_ENUM
+static_assert(AN_N <= 64, "anchor classes: 6 bits of the key");
+constexpr int ANC_FIELDS = 7 + KDA_EMU_CALLERS;  // offset, class, warp, warp executions, lane executions, bytes
+                                                 // per lane (loads, stores, atomics), callers, then the callers'
+                                                 // offsets, outermost first
 
 enum : unsigned char { SP_SMEM = 1, SP_GMEM = 2, SP_SFU = 3, SP_CPLAND = 4 };  // CPLAND: a cp.async wait lands a copy
 enum : unsigned { SUB_PLAIN = 0, SUB_CP_DST = 1, SUB_CP_SRC = 2, SUB_SFU = 3 };  // key = pc * 4 + sub
@@ -78,8 +98,16 @@ struct PGroup {        // one request being assembled: (key, occurrence) of one 
 };
 struct PLaneEnt { uintptr_t key; unsigned gen, count; };    // (key, lane) -> occurrences this interval
 struct PGroupEnt { uintptr_t key; unsigned k, gen; int idx; };  // (key, occurrence) -> group
+struct PIvl {          // an anchor's executions by each lane since the warp's last synchronising point
+  unsigned long long key;
+  unsigned gen;
+  int anc;             // its row in Prof::av
+  unsigned short most, lanes[32];
+};
 struct PWarp {
   unsigned gen;  // entries of older intervals are free slots
+  PIvl* it;      // the anchors of this interval
+  unsigned icap, ilive;
   PLaneEnt* lt;
   unsigned lcap, llive;
   PGroupEnt* gt;
@@ -88,6 +116,14 @@ struct PWarp {
   unsigned ng, gmax;
 };
 struct PPc { uintptr_t pc; long long kind, req, a, b, write; };  // per code address (offset from the library base)
+struct PAnc {          // one issue anchor of one warp of the CTA, summed over this worker's CTAs
+  unsigned long long key;
+  uintptr_t pc;
+  unsigned cls, warp, bytes;
+  long long wexec, lexec;
+  int depth;
+  uintptr_t callers[KDA_EMU_CALLERS];
+};
 struct PSet {          // sectors outside the launch arrays: key = sector + 1, bits 1 read, 2 written
   unsigned long long* key;
   unsigned char* bits;
@@ -135,6 +171,10 @@ struct Prof {
   size_t niv, civ;
   PT worst;            // the longest CTA path of this worker
   long long peak;      // the most bytes one of its CTAs had in flight
+  PAnc* av;            // the issue anchors, in order of first sight
+  unsigned an, acap;
+  int* ah;             // their hash index (-1: free)
+  unsigned ahcap;
 };
 struct PRegion {       // a launch array (overlapping ones merged): its sectors ever read / written
   uintptr_t lo, hi;
@@ -229,6 +269,86 @@ KDA_EMU_RT inline void prof_lane(uintptr_t key, const PAcc& a) {
   PGroup& g = group_of(p, key, occurrence(p, key, f->lane));
   g.mask |= 1u << f->lane;
   g.acc[f->lane] = a;
+}
+
+// -- issue anchors ------------------------------------------------------------------------------
+KDA_EMU_RT inline void ivl_grow(PWarp& p) {
+  unsigned ncap = p.icap ? 2 * p.icap : 64;
+  PIvl* nt = (PIvl*)calloc(ncap, sizeof(PIvl));
+  if (!nt) fail("profile: out of memory");
+  for (unsigned i = 0; i < p.icap; i++) {
+    const PIvl& e = p.it[i];
+    if (e.gen != p.gen || !e.key) continue;
+    unsigned j = (unsigned)mix64(e.key) & (ncap - 1);
+    while (nt[j].key) j = (j + 1) & (ncap - 1);
+    nt[j] = e;
+  }
+  free(p.it);
+  p.it = nt;
+  p.icap = ncap;
+}
+
+// The row of (key, warp) in P->av, made on first sight with the thread's calling context.
+KDA_EMU_RT inline int anchor_row(Prof* P, unsigned long long key, unsigned cls, uintptr_t pc, const Fiber* f) {
+  if (2 * (P->an + 1) > P->ahcap) {
+    unsigned ncap = P->ahcap ? 2 * P->ahcap : 256;
+    int* nh = (int*)malloc(sizeof(int) * ncap);
+    if (!nh) fail("profile: out of memory");
+    for (unsigned j = 0; j < ncap; j++) nh[j] = -1;
+    for (unsigned i = 0; i < P->an; i++) {
+      unsigned j = (unsigned)mix64(P->av[i].key + P->av[i].warp) & (ncap - 1);
+      while (nh[j] >= 0) j = (j + 1) & (ncap - 1);
+      nh[j] = (int)i;
+    }
+    free(P->ah);
+    P->ah = nh;
+    P->ahcap = ncap;
+  }
+  unsigned j = (unsigned)mix64(key + (unsigned)f->warp) & (P->ahcap - 1);
+  for (;; j = (j + 1) & (P->ahcap - 1)) {
+    int i = P->ah[j];
+    if (i < 0) break;
+    if (P->av[i].key == key && P->av[i].warp == (unsigned)f->warp) return i;
+  }
+  if (P->an == P->acap) {
+    P->acap = P->acap ? 2 * P->acap : 256;
+    P->av = (PAnc*)realloc(P->av, sizeof(PAnc) * P->acap);
+    if (!P->av) fail("profile: out of memory");
+  }
+  PAnc& a = P->av[P->an];
+  a = PAnc{key, pc, cls, (unsigned)f->warp, 0, 0, 0, f->depth, {}};
+  for (int k = 0; k < f->depth && k < KDA_EMU_CALLERS; k++) a.callers[k] = f->callers[k];
+  P->ah[j] = (int)P->an;
+  return (int)P->an++;
+}
+
+// One lane executes an anchor of class `cls` at code address `pc` (a return address: the
+// instruction before it), accessing `bytes` (loads, stores, atomics; their widest lane counts).
+KDA_EMU_RT inline void prof_anchor(unsigned cls, uintptr_t pc, unsigned bytes = 0) {
+  Worker* w = g_worker;
+  Fiber* f = g_cur;
+  if (!w || !w->pf || !f) return;
+  Prof* P = w->pf;
+  const int d = f->depth < KDA_EMU_CALLERS ? f->depth : KDA_EMU_CALLERS;
+  unsigned long long key = mix64(((unsigned long long)pc << 6 | cls) ^ f->ctx[d]);
+  key += !key;  // 0 marks a free slot
+  PWarp& p = P->warps[f->warp];
+  if (2 * (p.ilive + 1) > p.icap) ivl_grow(p);
+  unsigned j = (unsigned)mix64(key) & (p.icap - 1);
+  for (;; j = (j + 1) & (p.icap - 1)) {
+    PIvl& e = p.it[j];
+    if (e.gen != p.gen || !e.key) {  // first sight in this interval
+      e.key = key, e.gen = p.gen, e.anc = anchor_row(P, key, cls, pc, f), e.most = 0;
+      memset(e.lanes, 0, sizeof e.lanes);
+      p.ilive++;
+    }
+    if (e.key != key) continue;
+    PAnc& a = P->av[e.anc];
+    a.lexec++;
+    if (bytes > a.bytes) a.bytes = bytes;
+    if (++e.lanes[f->lane] > e.most) e.most = e.lanes[f->lane], a.wexec++;
+    return;
+  }
 }
 
 // -- costs of one request ----------------------------------------------------------------
@@ -733,6 +853,7 @@ KDA_EMU_RT inline void prof_flush_warp(Worker* w, int warp) {
   for (unsigned i = 0; i < p.ng; i++) request_cost(p, i, w->pf->path[warp]);
   p.ng = 0;
   p.llive = 0;
+  p.ilive = 0;
   p.gen++;  // every table entry is now free
 }
 
@@ -782,13 +903,16 @@ KDA_EMU_RT inline void prof_access(uintptr_t a, unsigned n, unsigned fl, uintptr
     x.addr = r < 0 ? a : a - g_worker->L->prof_regions[r].lo;
   }
   prof_lane(pc * 4 + sub, x);
+  if (sub == SUB_PLAIN) prof_anchor(x.atomic ? AN_atomic : x.write ? AN_store : AN_load, pc, n);
 }
 
-[[gnu::noinline]] KDA_EMU_RT inline void prof_sfu() {
+[[gnu::noinline]] KDA_EMU_RT inline void prof_sfu(unsigned cls) {
   if (!g_worker->pf) return;
   PAcc x{};
   x.space = SP_SFU;
-  prof_lane((uintptr_t)__builtin_return_address(0) * 4 + SUB_SFU, x);
+  const uintptr_t pc = (uintptr_t)__builtin_return_address(0);
+  prof_lane(pc * 4 + SUB_SFU, x);
+  prof_anchor(cls, pc);
 }
 
 KDA_EMU_RT inline void prof_cp_async(void* dst, const void* src, unsigned bytes, uintptr_t pc) {
@@ -797,6 +921,7 @@ KDA_EMU_RT inline void prof_cp_async(void* dst, const void* src, unsigned bytes,
   PAcc x{};  // the 16-byte shared write; region: whether it reads global memory (else zfill)
   x.space = SP_SMEM, x.write = 1, x.size = 16, x.addr = (uintptr_t)dst, x.region = bytes != 0;
   prof_lane(pc * 4 + SUB_CP_DST, x);
+  prof_anchor(AN_cp_async, pc);
   size_t i = land_index(x.addr);
   if (i < prof()->nland) prof()->pending[i] = 1;
   if (bytes) prof_access((uintptr_t)src, bytes, 0, pc, false, SUB_CP_SRC);
@@ -869,6 +994,23 @@ KDA_EMU_RT inline void prof_end(Worker* w) {
     }
     if (row) row[2] += e.req, row[3] += e.a, row[4] += e.b;
   }
+  if (L->prof_anchors) {  // this worker's anchors, appended (the loader adds up equal rows)
+    long long& nrow = L->prof_out[PR_OUT - 2];
+    const uintptr_t base = w->ck->base;
+    auto off = [base](uintptr_t pc) { return pc ? (long long)(pc - 1 - base) : -1LL; };  // inside the instruction
+    for (unsigned i = 0; i < P->an; i++) {
+      const PAnc& a = P->av[i];
+      if (nrow >= L->prof_anchor_cap) {
+        L->prof_out[PR_OUT - 3]++;
+        continue;
+      }
+      long long* row = &L->prof_anchors[nrow++ * ANC_FIELDS];
+      const int d = a.depth < KDA_EMU_CALLERS ? a.depth : KDA_EMU_CALLERS;
+      row[0] = off(a.pc), row[1] = a.cls, row[2] = a.warp, row[3] = a.wexec, row[4] = a.lexec, row[5] = a.bytes;
+      row[6] = d;
+      for (int k = 0; k < KDA_EMU_CALLERS; k++) row[7 + k] = k < d ? off(a.callers[k]) : -1;
+    }
+  }
   bool ok = true;
   for (size_t i = 0; i < P->loose.cap && ok; i++)  // this worker's loose sectors into the launch's
     if (P->loose.key[i]) ok = set_add(*L->prof_loose, P->loose.key[i] - 1, P->loose.bits[i]);
@@ -876,7 +1018,10 @@ KDA_EMU_RT inline void prof_end(Worker* w) {
   if (!ok) record_error(L, "emulator: out of memory for the profile's sector set");
   free(P->loose.key);
   free(P->loose.bits);
+  free(P->av);
+  free(P->ah);
   for (int i = 0; i < P->nwarps; i++) {
+    free(P->warps[i].it);
     free(P->warps[i].lt);
     free(P->warps[i].gt);
     free(P->warps[i].g);
@@ -974,4 +1119,23 @@ KDA_EMU_RT inline void prof_launch_end(Launch* L) {
 extern "C" __attribute__((visibility("default"))) KDA_EMU_RT const char* kda_emu_profile_names() {
   return KDA_EMU_PROFILE_COUNTERS(KDA_EMU_PROFILE_NAME);
 }
+extern "C" __attribute__((visibility("default"))) KDA_EMU_RT const char* kda_emu_anchor_classes() {
+  return KDA_EMU_ANCHOR_CLASSES(KDA_EMU_PROFILE_NAME);
+}
 #undef KDA_EMU_PROFILE_NAME
+
+// -fsanitize=thread's function entry / exit hooks (tsan_hooks.cpp): the kernel's calls the host
+// compiler did not inline, as the calling context of the issue anchors.
+extern "C" __attribute__((visibility("hidden"))) KDA_EMU_RT void kda_emu_func_entry(void* caller) {
+  kda_emu::Fiber* f = kda_emu::g_cur;
+  if (!f || !kda_emu::g_worker->pf) return;
+  if (f->depth < KDA_EMU_CALLERS) {
+    f->callers[f->depth] = (uintptr_t)caller;
+    f->ctx[f->depth + 1] = kda_emu::mix64(f->ctx[f->depth] ^ (uintptr_t)caller);
+  }
+  f->depth++;
+}
+extern "C" __attribute__((visibility("hidden"))) KDA_EMU_RT void kda_emu_func_exit() {
+  kda_emu::Fiber* f = kda_emu::g_cur;
+  if (f && kda_emu::g_worker->pf && f->depth > 0) f->depth--;
+}

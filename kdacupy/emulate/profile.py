@@ -12,7 +12,10 @@ mbarrier_waits), "dram_by_argument" ({kernel parameter name: [bytes read, bytes 
 sectors of each array argument; arrays sharing an allocation are counted under the first; what
 only raw addresses reach is in the totals alone) and "sites": per code address of the instrumented library [offset, kind (1 shared,
 2 global), requests, wavefronts or sectors, ideal wavefronts or bytes, write], which
-``hotspots`` turns into source lines.
+``hotspots`` turns into source lines; "anchors": the issue anchors (profile.h), per warp of the CTA,
+code address and calling context [offset, class name, warp, warp executions, lane executions,
+bytes per lane (loads, stores, atomics), (caller offsets, outermost first)], summed over the CTAs, which kdacupy/cli/issue.py fits the
+SASS's block counts to.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from .sources import source_location
 
 SLOTS = 64  # profile.h's PR_OUT: the counters, the last slot the number of sites
@@ -32,6 +37,9 @@ PATH_KINDS = ("issue", "dram", "smem", "ldmatrix", "mma", "sfu", "shuffle", "bar
 MAX_COUNTERS = tuple(f"path_max_{k}" for k in PATH_KINDS) + ("inflight_peak_bytes",)
 SITES = 4096  # code addresses kept per launch
 FIELDS = 6
+ANCHORS = 16384  # issue anchor rows kept per launch (per worker thread: each appends its own)
+CALLERS = 16  # cuda_emu.h's KDA_EMU_CALLERS
+ANCHOR_FIELDS = 7 + CALLERS
 _records: list[dict] = []
 _names: dict[int, list[str]] = {}  # per library handle
 _sources: dict[str, str] = {}  # sha256 -> rendered source, of the sources recorded
@@ -61,8 +69,38 @@ def forced() -> bool:
 
 
 def buffers():
-    """Zeroed output arrays of one launch: (counters, sites)."""
-    return (ctypes.c_longlong * SLOTS)(), (ctypes.c_longlong * (SITES * FIELDS))()
+    """Zeroed output arrays of one launch: (counters, sites, anchors)."""
+    return ((ctypes.c_longlong * SLOTS)(), (ctypes.c_longlong * (SITES * FIELDS))(),
+            (ctypes.c_longlong * (ANCHORS * ANCHOR_FIELDS))())
+
+
+def anchor_classes(lib: ctypes.CDLL) -> list[str]:
+    """The issue anchors' class names, in the library's order (kda_emu_anchor_classes)."""
+    key = ("anchors", lib._handle)
+    if key not in _names:
+        fn = lib.kda_emu_anchor_classes
+        fn.restype = ctypes.c_char_p
+        _names[key] = [n for n in fn().decode().split(",") if n]
+    return _names[key]
+
+
+def _anchor_rows(lib: ctypes.CDLL, counters, anchors) -> list[list]:
+    """The anchors of a launch, equal (offset, class, warp, callers) rows of its worker threads added up."""
+    classes = anchor_classes(lib)
+    if counters[SLOTS - 3]:
+        raise RuntimeError(f"profile: {counters[SLOTS - 3]} issue anchor rows did not fit (profile.ANCHORS)")
+    out: dict = {}
+    n = int(counters[SLOTS - 2])
+    for r in np.frombuffer(anchors, dtype=np.int64, count=n * ANCHOR_FIELDS).reshape(n, ANCHOR_FIELDS).tolist():
+        key = (r[0], r[1], r[2], tuple(r[7:7 + r[6]]))
+        got = out.get(key)
+        if got is None:
+            out[key] = [key[0], classes[key[1]], key[2], r[3], r[4], r[5], list(key[3])]
+        else:
+            got[3] += r[3]
+            got[4] += r[4]
+            got[5] = max(got[5], r[5])
+    return list(out.values())
 
 
 def counter_names(lib: ctypes.CDLL) -> list[str]:
@@ -77,13 +115,14 @@ def counter_names(lib: ctypes.CDLL) -> list[str]:
 
 def record(kernel: str, lib: ctypes.CDLL, path: Path, source: str, grid, block, shared_mem: int, out,
            by_argument=()) -> dict:
-    counters, sites = out
+    counters, sites, anchors = out
     names = counter_names(lib)
     sha = hashlib.sha256(source.encode()).hexdigest()
     rec = {"kernel": kernel, "grid": list(grid), "block": list(block), "shared_mem": shared_mem, "source": sha}
     rec.update({n: int(counters[i]) for i, n in enumerate(names)})
     n = int(counters[SLOTS - 1])
     rec["sites"] = [[int(sites[i * FIELDS + f]) for f in range(FIELDS)] for i in range(n)]
+    rec["anchors"] = _anchor_rows(lib, counters, anchors)
     rec["dram_by_argument"] = {name: [int(rd), int(wr)] for name, rd, wr in by_argument if rd or wr}
     rec["library"] = str(path)
     with _lock:

@@ -27,9 +27,9 @@
 
 // Instrumented builds count every .approx instruction (profile.h: per warp instruction, its lanes).
 #ifdef KDA_EMU_CHECK
-#define KDA_EMU_SFU() ::kda_emu::prof_sfu()
+#define KDA_EMU_SFU(cls) ::kda_emu::prof_sfu(::kda_emu::AN_##cls)
 #else
-#define KDA_EMU_SFU() (void)0
+#define KDA_EMU_SFU(cls) (void)0
 #endif
 
 namespace kda_emu {
@@ -144,8 +144,10 @@ inline double h2d(unsigned bits16) { return (double)h2f((u16)bits16); }
 // own 4 outputs from the warp's fragments, reading them by the ISA layout.
 template <bool BF16>
 KDA_EMU_RT inline void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4],
-                         const char* what) {
+                         const char* what, uintptr_t pc) {
   Fiber* f = g_cur;
+  KDA_EMU_ANCHOR(mma, pc);
+  (void)pc;
   Warp& wp = g_worker->warps[f->warp];
   int buf = wp.buf, lane = f->lane;
   u32* mine = reinterpret_cast<u32*>(wp.slot[buf][lane]);
@@ -188,6 +190,7 @@ KDA_EMU_RT inline void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 
 template <int NM, bool TRANS>
 KDA_EMU_RT inline void ldmatrix(u32* r, const void* smem_row, const char* what, uintptr_t pc) {
   Fiber* f = g_cur;
+  KDA_EMU_ANCHOR(ldmatrix, pc);
   Warp& wp = g_worker->warps[f->warp];
   int buf = wp.buf, lane = f->lane;
   if (lane < 8 * NM) {
@@ -417,6 +420,7 @@ KDA_EMU_RT inline void wg_perform(WarpGroup& wg, WgOp* op, int idx) {
 // wgmma.mma_async: every thread deposits its fragments; the last one records the operation.
 KDA_EMU_RT inline void wgmma_issue(float* d, int n, int trans, const u32* a, u64 desc, bool acc, uintptr_t pc) {
   Fiber* f = g_cur;
+  KDA_EMU_ANCHOR(wgmma, pc);
   Worker* w = g_worker;
   WarpGroup& wg = w->wgs[f->warp >> 2];
   int me = f->lin & 127;
@@ -643,7 +647,7 @@ inline float f16_to_f32(u16 h) { return ::kda_emu::h2f(h); }
 // relative; rcp.approx 1 ulp; tanh 2^-11 relative (subnormal inputs passed through). Inputs whose
 // exact result is a power of two (ex2 of an integer, lg2 of a power of two, ...) stay exact.
 inline float ex2_approx_ftz(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(ex2);
   float xf = ::kda_emu::ftz(x);
   float r = (float)exp2((double)xf);
   if (isfinite(xf) && rint(xf) != xf)
@@ -651,7 +655,7 @@ inline float ex2_approx_ftz(float x) {
   return __float_as_uint(r) < 0x00800000u ? 0.0f : r;  // results below 2^-126 flush to +0
 }
 inline float lg2_approx_ftz(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(lg2);
   float xf = ::kda_emu::ftz(x);
   double y = log2((double)xf);
   if (!(xf > 0) || !isfinite(xf) || ::kda_emu::hw::pow2(xf)) return ::kda_emu::ftz((float)y);
@@ -660,14 +664,14 @@ inline float lg2_approx_ftz(float x) {
   return ::kda_emu::ftz(r);
 }
 inline float rsqrt_approx_ftz(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(rsqrt);
   float xf = ::kda_emu::ftz(x);
   double y = 1.0 / sqrt((double)xf);
   if (!(xf > 0) || !isfinite(xf) || ::kda_emu::hw::pow2(y)) return ::kda_emu::ftz((float)y);
   return ::kda_emu::ftz(::kda_emu::hw::rel(y, xf, 3, exp2(-22.9)));
 }
 inline float rcp_approx_ftz(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(rcp);
   float xf = ::kda_emu::ftz(x);
   double y = 1.0 / (double)xf;
   float r = (float)y;
@@ -676,7 +680,7 @@ inline float rcp_approx_ftz(float x) {
   return ::kda_emu::ftz(r);
 }
 inline float tanh_approx(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(tanh);
   if (::kda_emu::is_subnormal(x)) return x;  // passed through (no ftz on tanh), not flushed by FTZ here
   double y = tanh((double)x);
   if (x == 0 || !isfinite(x)) return (float)y;
@@ -685,21 +689,21 @@ inline float tanh_approx(float x) {
 }
 #else
 inline float ex2_approx_ftz(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(ex2);
   float r = (float)exp2((double)::kda_emu::ftz(x));
   return r < 1.17549435e-38f ? 0.0f : r;  // results below 2^-126 flush to +0
 }
 inline float lg2_approx_ftz(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(lg2);
   return ::kda_emu::ftz((float)log2((double)::kda_emu::ftz(x))); }
 inline float rsqrt_approx_ftz(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(rsqrt);
   return ::kda_emu::ftz((float)(1.0 / sqrt((double)::kda_emu::ftz(x)))); }
 inline float rcp_approx_ftz(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(rcp);
   return ::kda_emu::ftz((float)(1.0 / (double)::kda_emu::ftz(x))); }
 inline float tanh_approx(float x) {
-  KDA_EMU_SFU();
+  KDA_EMU_SFU(tanh);
   return (float)tanh((double)x); }
 #endif
 
@@ -717,32 +721,43 @@ KDA_EMU_RT inline void ldmatrix_x2_trans(u32 (&r)[2], const void* p) {
   ::kda_emu::ldmatrix<2, true>(r, p, "ldmatrix.x2.trans", KDA_EMU_PC);
 }
 
-inline void mma_bf16_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4]) {
-  ::kda_emu::mma_m16n8k16<true>(d, a, b, c, "mma.m16n8k16.bf16");
+KDA_EMU_RT inline void mma_bf16_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4]) {
+  ::kda_emu::mma_m16n8k16<true>(d, a, b, c, "mma.m16n8k16.bf16", KDA_EMU_PC);
 }
-inline void mma_f16_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4]) {
-  ::kda_emu::mma_m16n8k16<false>(d, a, b, c, "mma.m16n8k16.f16");
+KDA_EMU_RT inline void mma_f16_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2], const float (&c)[4]) {
+  ::kda_emu::mma_m16n8k16<false>(d, a, b, c, "mma.m16n8k16.f16", KDA_EMU_PC);
 }
 
 KDA_EMU_RT inline void cp_async_16(void* dst, const void* src) { ::kda_emu::cp_async_push(dst, src, 16, KDA_EMU_PC); }
 KDA_EMU_RT inline void cp_async_16_zfill(void* dst, const void* src, bool valid) {
   ::kda_emu::cp_async_push(dst, src, valid ? 16 : 0, KDA_EMU_PC);
 }
-KDA_EMU_RT inline void cp_async_commit() { ::kda_emu::g_cur->open_group++; }
+KDA_EMU_RT inline void cp_async_commit() {
+  KDA_EMU_ANCHOR(cp_commit, KDA_EMU_PC);
+  ::kda_emu::g_cur->open_group++;
+}
 template <int N>
 KDA_EMU_RT inline void cp_async_wait() {
   static_assert(N >= 0, "cp.async.wait_group N needs N >= 0");
+  KDA_EMU_ANCHOR(cp_wait, KDA_EMU_PC);
   ::kda_emu::cp_async_wait_n((unsigned)N, KDA_EMU_PC);
 }
 KDA_EMU_RT inline unsigned char* dynamic_smem() { return ::kda_emu::g_worker->smem; }
 
 // ---- Hopper (kernels/ptx.cuh: sm_90a / sm_90+ there, always here) -------------------------------
 KDA_EMU_RT inline u32 smem_u32(const void* p) { return ::kda_emu::smem_window(p, "smem_u32"); }
-KDA_EMU_RT inline void wgmma_fence() { ::kda_emu::wgmma_fence_all(); }
-KDA_EMU_RT inline void wgmma_commit() { ::kda_emu::wgmma_commit_all(); }
+KDA_EMU_RT inline void wgmma_fence() {
+  KDA_EMU_ANCHOR(wg_fence, KDA_EMU_PC);
+  ::kda_emu::wgmma_fence_all();
+}
+KDA_EMU_RT inline void wgmma_commit() {
+  KDA_EMU_ANCHOR(wg_commit, KDA_EMU_PC);
+  ::kda_emu::wgmma_commit_all();
+}
 template <int N>
 KDA_EMU_RT inline void wgmma_wait() {
   static_assert(N >= 0, "wgmma.wait_group N needs N >= 0");
+  KDA_EMU_ANCHOR(wg_wait, KDA_EMU_PC);
   ::kda_emu::wgmma_wait_n((unsigned)N);
 }
 template <int R>
@@ -753,24 +768,35 @@ KDA_EMU_RT inline void wgmma_bf16(float (&d)[N / 2], const u32 (&a)[4], u64 b_de
   ::kda_emu::wgmma_issue(d, N, B_N_MAJOR ? 1 : 0, a, b_desc, accumulate, KDA_EMU_PC);
 }
 KDA_EMU_RT inline void mbarrier_init(u64* bar, u32 count) {
+  KDA_EMU_ANCHOR(mb_init, KDA_EMU_PC);
   if (count < 1 || count > ::kda_emu::MB_COUNT) ::kda_emu::fail("mbarrier_init: count %u outside [1, 2^20 - 1]", count);
   if ((uintptr_t)bar % 8) ::kda_emu::fail("mbarrier_init: address %p is not 8-byte aligned", (void*)bar);
   *bar = ::kda_emu::MB_MARK;
   ::kda_emu::mb_store(bar, ::kda_emu::MbState{count, count, 0, 0}, "mbarrier_init");
 }
-KDA_EMU_RT inline void mbarrier_arrive(u64* bar) { ::kda_emu::mb_arrive(bar, 0, "mbarrier.arrive"); }
+KDA_EMU_RT inline void mbarrier_arrive(u64* bar) {
+  KDA_EMU_ANCHOR(mb_arrive, KDA_EMU_PC);
+  ::kda_emu::mb_arrive(bar, 0, "mbarrier.arrive");
+}
 KDA_EMU_RT inline void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
+  KDA_EMU_ANCHOR(mb_arrive, KDA_EMU_PC);
   ::kda_emu::mb_arrive(bar, bytes, "mbarrier.arrive.expect_tx");
 }
-KDA_EMU_RT inline bool mbarrier_try_wait_parity(u64* bar, u32 parity) { return ::kda_emu::mb_wait(bar, parity); }
+KDA_EMU_RT inline bool mbarrier_try_wait_parity(u64* bar, u32 parity) {
+  KDA_EMU_ANCHOR(mb_wait, KDA_EMU_PC);
+  return ::kda_emu::mb_wait(bar, parity);
+}
 KDA_EMU_RT inline bool mbarrier_test_wait_parity(u64* bar, u32 parity) {
+  KDA_EMU_ANCHOR(mb_test, KDA_EMU_PC);
   return ::kda_emu::mb_test(bar, parity, "mbarrier.test_wait.parity");
 }
 KDA_EMU_RT inline void cp_async_bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
+  KDA_EMU_ANCHOR(bulk, KDA_EMU_PC);
   ::kda_emu::bulk_copy(dst, src, bytes, bar, KDA_EMU_PC);
 }
 // Orders nothing here (the emulation has one proxy); racecheck counts it per thread.
 KDA_EMU_RT inline void fence_proxy_async_smem() {
+  KDA_EMU_ANCHOR(fence_proxy, KDA_EMU_PC);
 #ifdef KDA_EMU_CHECK
   ::kda_emu::proxy_fence();
 #endif

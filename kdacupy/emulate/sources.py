@@ -42,3 +42,25 @@ def origin(code: str, first_line: str) -> str | None:
         if f.is_file():
             hits += [f"kernels/{f.name}:{i + 1}" for i, x in enumerate(f.read_text().split("\n")) if x.strip() == code]
     return hits[0] if len(hits) == 1 else None
+
+
+def inline_chains(lib: Path, offsets) -> dict:
+    """{offset: [(file, line), ...]} of code offsets in ``lib``: each offset's source lines,
+    innermost first (``addr2line -a -i``, one call for all of them); [] where unknown."""
+    offsets = sorted(set(int(o) for o in offsets))
+    tool = shutil.which("addr2line")
+    if tool is None or not offsets:
+        return {o: [] for o in offsets}
+    out = subprocess.run([tool, "-a", "-i", "-e", str(lib)], input="\n".join(f"0x{o:x}" for o in offsets),
+                         capture_output=True, text=True, timeout=600).stdout
+    chains: dict = {}
+    cur = None
+    for line in out.split("\n"):
+        if line.startswith("0x"):
+            cur = chains.setdefault(int(line, 16), [])
+        elif cur is not None and ":" in line:
+            f, _, rest = line.rpartition(":")
+            n = rest.split(" ")[0]
+            if n.isdigit():
+                cur.append((f, int(n)))
+    return {o: chains.get(o, []) for o in offsets}

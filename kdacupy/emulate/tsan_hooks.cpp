@@ -8,12 +8,14 @@
 #define HOOK extern "C" __attribute__((visibility("hidden")))
 
 HOOK void kda_emu_access(void* p, unsigned n, unsigned fl, void* pc);
+HOOK void kda_emu_func_entry(void* caller);
+HOOK void kda_emu_func_exit();
 
 enum : unsigned { WRITE = 1, NATURAL = 2 };  // as AC_WRITE, AC_NATURAL in checks.h
 
 HOOK void __tsan_init() {}
-HOOK void __tsan_func_entry(void*) {}
-HOOK void __tsan_func_exit() {}
+HOOK void __tsan_func_entry(void* caller) { kda_emu_func_entry(caller); }  // the issue anchors' calling context
+HOOK void __tsan_func_exit() { kda_emu_func_exit(); }
 HOOK void __tsan_vptr_update(void**, void*) {}
 HOOK void __tsan_vptr_read(void**) {}
 

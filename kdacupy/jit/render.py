@@ -41,5 +41,37 @@ def render(kernel: str, config: dict) -> str:
     return f"// kdacupy variant of {kernel}.cu\n" + "\n".join(lines) + "\n" + _inline(f"{kernel}.cu", set())
 
 
+def _origins(name: str, seen: set) -> list:
+    """(file, line) of every line _inline(name) gives, in order."""
+    if name in seen:
+        return []
+    seen.add(name)
+    out = []
+    for i, line in enumerate(_read(name).replace("#pragma once", "").split("\n")):
+        m = _INCLUDE.match(line)
+        if m and m.group(1) not in seen:
+            out += _origins(m.group(1), seen)
+        else:  # a line, or the include of a header already inlined (left empty)
+            out.append((name, i + 1))
+    return out
+
+
+def line_origins(source: str) -> list:
+    """Where each line of a rendered source comes from: (kernels/ file name, line), or None for the
+    lines render() writes itself (the defines)."""
+    text = source.split("\n")
+    m = re.match(r"// kdacupy variant of (\w+\.cu)$", text[0]) if text else None
+    if m is None:
+        return [None] * len(text)
+    body = _origins(m.group(1), set())  # the text's lines come last, after render's own
+    return [None] * (len(text) - len(body)) + body
+
+
+def origin_of(source: str, line: int) -> str:
+    """'kernels/<file>:<line>' of a rendered source's line (1-based), or 'rendered line N'."""
+    o = line_origins(source)
+    return f"kernels/{o[line - 1][0]}:{o[line - 1][1]}" if 0 < line <= len(o) and o[line - 1] else f"rendered line {line}"
+
+
 def config_label(config: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(config.items()) if k.startswith("KDA_"))
