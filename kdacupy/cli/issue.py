@@ -97,9 +97,17 @@ def host_keys(rec: dict) -> dict:
         if not inner:
             continue  # the emulator's own code
         cls = sass_cfg.HOST_ALIASES.get(cls, cls)
-        measure = wexec * nbytes if cls in sass_cfg.BYTE_CLASSES else lexec if cls in sass_cfg.LANE_CLASSES else wexec
-        out[(cls, tuple(reversed(inner)))][warp] += measure
+        key = tuple(reversed(inner))
+        if cls in sass_cfg.LANE_CLASSES:  # the lanes run the SASS's lane loop; the warp enters it wexec times
+            out[(cls, key)][warp] += lexec
+            out[(cls + ENTRIES, key)][warp] += wexec
+        else:
+            out[(cls, key)][warp] += wexec * nbytes if cls in sass_cfg.BYTE_CLASSES else wexec
     return out
+
+
+#: the suffix of a lane-level class's key that counts the warp's entries into the lane loop
+ENTRIES = ":entries"
 
 
 def _match(keys_of_class: set, outer: tuple):
@@ -116,6 +124,7 @@ class Equation:
     weight: float
     terms: list          # (SASS instruction index, coefficient: bytes per lane or 1)
     host: dict           # {warp: the host's measure, all CTAs}; empty for "zero"
+    entries: bool = False  # the terms count their block's entries (runs less its own loop's trips)
 
 
 def equations(fn, reach: list, host: dict) -> list:
@@ -123,7 +132,8 @@ def equations(fn, reach: list, host: dict) -> list:
     coarse_host: dict = defaultdict(lambda: defaultdict(float))
     fine_sets: dict = defaultdict(set)
     for (cls, lines), per_warp in host.items():
-        fine_sets[cls].add(lines)
+        if not cls.endswith(ENTRIES):
+            fine_sets[cls].add(lines)
         for w, x in per_warp.items():
             coarse_host[(cls, lines[-1])][w] += x
     coarse_lines: dict = defaultdict(set)
@@ -151,6 +161,10 @@ def equations(fn, reach: list, host: dict) -> list:
         weight = WEIGHTS[kind] * (BYTE_WEIGHT if cls in sass_cfg.BYTE_CLASSES else 1.0)
         got = {} if kind == "zero" else coarse_host[(cls, key)] if kind == "coarse" else host[(cls, key)]
         out.append(Equation(kind, weight, terms, dict(got)))
+        if cls in sass_cfg.LANE_CLASSES:  # ... and the warp's entries into the lane loop
+            got = {} if kind == "zero" else coarse_host[(cls + ENTRIES, key)] if kind == "coarse" \
+                else host[(cls + ENTRIES, key)]
+            out.append(Equation(kind, weight, [(i, 1) for i, _ in terms], dict(got), entries=True))
     return out
 
 
@@ -269,6 +283,10 @@ class _Program:
             else:
                 out_flow[src].append(e)
         self.into = into
+        # a warp leaves the kernel once: what a diverged branch adds re-joins at a reconvergence
+        # point, never at an exit
+        add("eq", [(X + e, 1.0) for e, (src, dst, call, _) in enumerate(edges)
+                   if dst < 0 and not call and not fn.blocks[src].returns], 1.0)
         for b in reach:
             blk = fn.blocks[b]
             src = 1.0 if b == fn.entry else 0.0
@@ -289,8 +307,14 @@ class _Program:
         gvar = {i: R + j for j, i in enumerate(guarded)}
         for i, v in gvar.items():  # a guarded instruction acts at most as often as its block runs
             add("ub", [(v, 1.0), (pos[block_of[i]], -1.0)], 0.0)
+        self_loop = {src: X + e for e, (src, dst, call, _) in enumerate(edges) if src == dst and not call}
         for k, (e, t) in enumerate(zip(eqs, targets)):
-            terms = [(gvar[i], c) if i in gvar else (pos[block_of[i]], c) for i, c in e.terms]
+            if e.entries:  # a block's entries: its runs less its own loop's
+                terms = []
+                for b in sorted({block_of[i] for i, _ in e.terms}):
+                    terms += [(pos[b], 1.0)] + ([(self_loop[b], -1.0)] if b in self_loop else [])
+            else:
+                terms = [(gvar[i], c) if i in gvar else (pos[block_of[i]], c) for i, c in e.terms]
             add("eq", [*terms, (RP + k, -1.0), (RN + k, 1.0)], t)
 
         def matrix(kind):

@@ -54,6 +54,7 @@ class Block:
     succ: list = field(default_factory=list)   # successor block indices (fall-through and branch targets)
     calls: list = field(default_factory=list)  # (callee block, guarded) of its CALL instructions
     leaves: bool = False  # control may leave the kernel (or a subroutine) from it
+    returns: bool = False  # ... by RET: it leaves a subroutine, not the kernel
     uniform: bool = False  # its branch cannot split the warp (.U, a uniform predicate)
     reconverges: bool = False  # a BSSY names it: a diverged warp runs it once
 
@@ -192,6 +193,7 @@ def _blocks(name: str, instrs: list, labels: dict) -> Function:
             b.uniform = ".U" in last.op or bool(last.guard and "UP" in last.guard) or not cond
         elif last.base in _LEAVES or last.op.startswith("BPT.TRAP"):
             b.leaves = True
+            b.returns = last.base == "RET"
             falls = last.guard is not None
         if falls and k + 1 < len(blocks):
             if k + 1 not in b.succ:
