@@ -14,7 +14,7 @@
 # minutes on the machine. Before each step, if the time so far plus the step's box would pass the
 # budget, the step is not started (summary.txt: "not run: only N s of the 420 s budget left, box M
 # s; rerun with --only K") and the run goes on to the later, smaller steps; --only reruns obey it
-# too. So the boxes' sum, 672 s, may pass the budget: the guaranteed prefix (steps 1-13: every
+# too. So the boxes' sum, 702 s, may pass the budget: the guaranteed prefix (steps 1-13: every
 # box used to its end, 410 s) holds the must-haves, and the estimates are about half the boxes,
 # so the steps after it usually run too. Step 2 runs in the background from step 1's end until
 # step 7 starts (no timing step runs beside it); its box ends inside steps 3-6's (130 s), so it
@@ -47,7 +47,10 @@
 # 18  frameworks on the GPU                      60  34?  torch's stream, zero copy, no host sync, graph capture,
 #                                                         inductor, fla's Triton decode, JAX under jit on XLA's stream
 # 19  few heads: serial vs split                 30   15  what sequence parallelism buys (calibrates its heuristic)
-# 20  context parallelism (NCCL, MPI)            15  11?  CP forward and backward on the GPU (CuPy's NCCL, torch's,
+# 20  Nsight Compute: instructions per kernel    30  18?  warp instructions executed in all and on the busiest
+#                                                         scheduler, issue-active cycles, per kernel (kimi-T8192-H64),
+#                                                         next to the issue-aware profile's (where ncu is installed)
+# 21  context parallelism (NCCL, MPI)            15  11?  CP forward and backward on the GPU (CuPy's NCCL, torch's,
 #                                                         MPI), one rank; last, so an NCCL hang costs only its box
 #
 # How the boxes were sized (measured on a 2-core CPU machine without a GPU, then a margin of
@@ -101,7 +104,8 @@
 # keeps all it wrote): summary.txt (one line per step: status, seconds, box, cubins compiled,
 # then the step's last lines; the steps not run; the profiler's predictions next to the measured
 # times), run.log (every step's full output, headed), tuning/<model>.yaml, bench.json,
-# bench-fla.json, bench-backward.json, bench-decode.json, bench-fewhead.json (step 16's accuracy
+# bench-fla.json, bench-backward.json, bench-decode.json, bench-fewhead.json (step 20's Nsight
+# Compute table is in run.log and summary.txt, where ncu exists; step 16's accuracy
 # table is in run.log and summary.txt; step 2's log is $OUT/step-2.log until step 7 appends it to
 # run.log). pytest runs with -v -rA (each test's name when it starts and its outcome when it
 # ends, then the summary), a faulthandler timeout (a test stuck past it dumps every thread's
@@ -187,6 +191,9 @@ add "frameworks on the GPU" 60 '$PYTEST --durations=10 tests/frameworks/test_gpu
 add "few heads: serial vs split" 30 \
   '$PY -m kdacupy.bench --shapes fewhead --no-fla --split 4 16 --iters 5 --warmup 1 --json "$OUT/bench-fewhead.json"' \
   '$PY -m kdacupy.bench --shapes fewhead --no-fla --dry-run'
+add "Nsight Compute: instructions per kernel" 30 \
+  'NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1); if [ -z "$NCU" ]; then echo "ncu: not found on this machine (the issue term stays unchecked); the predictions:"; $PY benchmarks/ncu_issue.py; exit 0; fi; "$NCU" --csv --metrics "$($PY benchmarks/ncu_issue.py --metrics)" -k regex:kda_ -c 4 $PY -m kdacupy.bench --shapes kimi-T8192-H64 --no-fla --no-split --iters 1 --warmup 0 > /tmp/kdacupy-ncu.csv 2>&1; rc=$?; $PY benchmarks/ncu_issue.py /tmp/kdacupy-ncu.csv; exit $rc' \
+  '$PY benchmarks/ncu_issue.py'
 add "context parallelism (NCCL, MPI)" 15 '$PYTEST tests/gpu/test_gpu_distributed.py'
 
 #: what may be left under $OUT (the rehearsal checks it), with tuning/<model>.yaml

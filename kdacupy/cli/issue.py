@@ -284,9 +284,10 @@ class _Program:
                 out_flow[src].append(e)
         self.into = into
         # a warp leaves the kernel once: what a diverged branch adds re-joins at a reconvergence
-        # point, never at an exit
+        # point (a part that leaves early, @P EXIT, leaves no issue behind: it takes the way on)
         add("eq", [(X + e, 1.0) for e, (src, dst, call, _) in enumerate(edges)
                    if dst < 0 and not call and not fn.blocks[src].returns], 1.0)
+        latches = fn.latches()
         for b in reach:
             blk = fn.blocks[b]
             src = 1.0 if b == fn.entry else 0.0
@@ -303,7 +304,8 @@ class _Program:
             elif outs:  # each successor at most once per run; all together at least once (diverged: more)
                 for e in outs:
                     add("ub", [(X + e, 1.0), (pos[b], -1.0)], 0.0)
-                add("eq" if blk.uniform else "ub", [(pos[b], 1.0), *[(X + e, -1.0) for e in outs]], 0.0)
+                # a uniform branch, or a loop's (its diverged lanes' trips run as one warp's): one way
+                add("eq" if blk.uniform or b in latches else "ub", [(pos[b], 1.0), *[(X + e, -1.0) for e in outs]], 0.0)
         gvar = {i: R + j for j, i in enumerate(guarded)}
         for i, v in gvar.items():  # a guarded instruction acts at most as often as its block runs
             add("ub", [(v, 1.0), (pos[block_of[i]], -1.0)], 0.0)

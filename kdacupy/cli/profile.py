@@ -199,9 +199,9 @@ def compile_report(sha: str, arch: str):
         src = source_text(sha)
         if src is not None:
             try:
-                from ..jit.nvrtc import nvrtc_compile
+                from ..jit.sass_cfg import compiled
 
-                res = nvrtc_compile(src, arch)
+                res = compiled(src, arch)  # with line tables, for the issue term too: the same code
                 res = res if res.ok else None
             except Exception as e:  # noqa: BLE001  (no NVRTC here: occupancy is unknown)
                 log(f"no compile report ({type(e).__name__}: {e}); occupancy not computed")
@@ -264,7 +264,7 @@ def issue_summary(row: dict, source: str | None, chunks_mean: float, top: int = 
         sched[w % 4] += x
     lines = sorted(got["lines"].items(), key=lambda kv: -kv[1])[:top]
     return dict(arch=got["arch"], static=got["static"], per="chunk" if per != 1.0 else "CTA",
-                warps=[x / per for x in warps], busiest=busiest, busiest_excess=warps[busiest] / mean - 1 if mean else 0.0,
+                warps=[x / per for x in warps], warps_per_cta=list(warps), busiest=busiest, busiest_excess=warps[busiest] / mean - 1 if mean else 0.0,
                 scheduler_max=max(sched) / per, misfit=got["misfit"] / got["weight"] if got["weight"] else 0.0,
                 unmatched=got["unmatched"] / got["weight"] if got["weight"] else 0.0,
                 opcodes={k: v / n / per for k, v in sorted(got["opcodes"].items(), key=lambda kv: -kv[1])[:top]},

@@ -265,6 +265,8 @@ static thread_local Fiber* g_cur;      // the running CUDA thread
 static thread_local Worker* g_worker;  // the block this OS thread runs
 
 #ifdef KDA_EMU_CHECK  // profile.h: a warp's lanes are all at a synchronising point
+// profiled launches running in this library (profile.h): the function entry hooks do nothing else
+extern "C" __attribute__((visibility("hidden"))) int kda_emu_prof_live;
 KDA_EMU_RT inline void prof_flush_warp(Worker* w, int warp);
 KDA_EMU_RT inline void prof_barrier(Worker* w);
 #define KDA_EMU_PROF_WARP(w, warp) prof_flush_warp(w, warp)
@@ -719,6 +721,7 @@ KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long lon
   if (L.prof) return bad("KDACUPY_EMULATE_PROFILE needs an instrumented build (the loader makes one)");
 #else
   if (L.prof && !prof_launch_begin(&L)) return bad("emulator: out of memory for the profile's sector maps");
+  if (L.prof) __atomic_add_fetch(&kda_emu_prof_live, 1, __ATOMIC_RELAXED);
 #endif
   pthread_mutex_init(&L.mu, nullptr);
   long long nw = cfg[7] < 1 ? 1 : cfg[7];
@@ -733,7 +736,7 @@ KDA_EMU_RT inline int run_launch(void (*entry)(void*), void* ctx, const long lon
   fflush(stdout);  // kernel printf
   pthread_mutex_destroy(&L.mu);
 #ifdef KDA_EMU_CHECK
-  if (L.prof) prof_launch_end(&L);
+  if (L.prof) prof_launch_end(&L), __atomic_sub_fetch(&kda_emu_prof_live, 1, __ATOMIC_RELAXED);
 #endif
   if (L.err[0]) {
     snprintf(err, errlen, "%s", L.err);

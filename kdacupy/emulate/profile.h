@@ -1125,7 +1125,9 @@ extern "C" __attribute__((visibility("default"))) KDA_EMU_RT const char* kda_emu
 #undef KDA_EMU_PROFILE_NAME
 
 // -fsanitize=thread's function entry / exit hooks (tsan_hooks.cpp): the kernel's calls the host
-// compiler did not inline, as the calling context of the issue anchors.
+// compiler did not inline, as the calling context of the issue anchors; only while a profiled
+// launch runs (kda_emu_prof_live: the checks' launches pay a load and a branch per call).
+extern "C" __attribute__((visibility("hidden"))) int kda_emu_prof_live = 0;
 extern "C" __attribute__((visibility("hidden"))) KDA_EMU_RT void kda_emu_func_entry(void* caller) {
   kda_emu::Fiber* f = kda_emu::g_cur;
   if (!f || !kda_emu::g_worker->pf) return;

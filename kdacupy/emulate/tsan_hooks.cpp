@@ -10,12 +10,17 @@
 HOOK void kda_emu_access(void* p, unsigned n, unsigned fl, void* pc);
 HOOK void kda_emu_func_entry(void* caller);
 HOOK void kda_emu_func_exit();
+extern "C" __attribute__((visibility("hidden"))) int kda_emu_prof_live;  // profiled launches running
 
 enum : unsigned { WRITE = 1, NATURAL = 2 };  // as AC_WRITE, AC_NATURAL in checks.h
 
 HOOK void __tsan_init() {}
-HOOK void __tsan_func_entry(void* caller) { kda_emu_func_entry(caller); }  // the issue anchors' calling context
-HOOK void __tsan_func_exit() { kda_emu_func_exit(); }
+HOOK void __tsan_func_entry(void* caller) {  // the issue anchors' calling context (profile.h)
+  if (__atomic_load_n(&kda_emu_prof_live, __ATOMIC_RELAXED)) kda_emu_func_entry(caller);
+}
+HOOK void __tsan_func_exit() {
+  if (__atomic_load_n(&kda_emu_prof_live, __ATOMIC_RELAXED)) kda_emu_func_exit();
+}
 HOOK void __tsan_vptr_update(void**, void*) {}
 HOOK void __tsan_vptr_read(void**) {}
 

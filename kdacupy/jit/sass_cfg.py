@@ -81,6 +81,27 @@ class Function:
                     todo.append(s)
         return sorted(seen)
 
+    def latches(self) -> set:
+        """Blocks that branch back to a block dominating them (a loop's end, a self-loop): a warp
+        leaves such a loop once per entry, however its lanes' trips differ."""
+        reach = self.reachable()
+        preds: dict = {b: [] for b in reach}
+        for b in reach:
+            for s in self.blocks[b].succ:
+                preds[s].append(b)
+        dom = {b: set(reach) for b in reach}
+        dom[self.entry] = {self.entry}
+        changed = True
+        while changed:  # the iterative dominator sets (small graphs: hundreds of blocks)
+            changed = False
+            for b in reach:
+                if b == self.entry:
+                    continue
+                new = set.intersection(*(dom[p] for p in preds[b])) | {b} if preds[b] else {b}
+                if new != dom[b]:
+                    dom[b], changed = new, True
+        return {b for b in reach if any(s in dom[b] for s in self.blocks[b].succ)}
+
     def block_of(self) -> list[int]:
         """The block index of every instruction."""
         out = [0] * len(self.instrs)
@@ -247,12 +268,26 @@ def anchor_class(ins: Instr) -> str | None:
     return ANCHOR_OPS.get(ins.base)
 
 
+#: what the SASS is read from: NVRTC's build with line tables, whose code and resources are the
+#: runtime build's (tests/compile/test_sass_cfg.py compares the two)
+LINEINFO = ("-lineinfo",)
+
+
+@lru_cache(maxsize=64)
+def compiled(source: str, arch: str):
+    """NVRTC's CompileResult of a rendered source for ``arch`` with line tables (one build per
+    process serves the profile's compile report and its SASS)."""
+    from .nvrtc import nvrtc_compile
+
+    return nvrtc_compile(source, arch, LINEINFO)
+
+
 @lru_cache(maxsize=64)
 def kernel_sass(source: str, arch: str) -> dict:
     """{function: Function} of a rendered source built by NVRTC for ``arch`` with -lineinfo."""
-    from .nvrtc import CompileError, nvrtc_compile
+    from .nvrtc import CompileError
 
-    res = nvrtc_compile(source, arch, ("-lineinfo",))
+    res = compiled(source, arch)
     if not res.ok:
         raise CompileError(f"NVRTC for {arch}:\n{res.log}")
     return parse(disassemble(res.cubin))

@@ -1,12 +1,14 @@
 """python -m kdacupy.profile: a slice of the heads scaled to the shape reproduces the full
 emulation's counts, forward and backward; the roofline's arithmetic, its latency term and bytes
-in flight; the tables, --pass, --json and --show (with a device run's medians, forward and
-backward)."""
+in flight, the issue term; the tables, --pass, --json and --show (with a device run's medians,
+forward and backward)."""
+import importlib.util
 import json
 
 import pytest
 
 from kdacupy.cli import profile, roofline
+from kdacupy.jit import sass_cfg
 from kdacupy.emulate.profile import PATH_KINDS
 from kdacupy.cli.shapes import Shape
 from kdacupy.cli.shapes import make_inputs as profile_inputs
@@ -129,7 +131,7 @@ def test_roofline_times():
                smem_wavefronts=132 * 1.83e9, mma=H200.mma_sync_tflops * 1e12 / roofline.MMA_FLOP,
                sfu=132 * 1.83e9 * 16 / 32)
     t = roofline.times(rec, H200)
-    assert t["hbm"] == pytest.approx(1e-3) and t["smem"] == pytest.approx(1.0)
+    assert t["hbm"] == pytest.approx(1e-3 / 0.9) and t["smem"] == pytest.approx(1.0)  # 90% of the datasheet's HBM
     assert t["tensor"] == pytest.approx(1.0) and t["sfu"] == pytest.approx(1.0)
     assert "latency" not in t  # a record without the path counters
     # 133 CTAs on 132 SMs: a second wave for one CTA, so per-SM resources take 2 x 132 / 133 as long
@@ -159,7 +161,7 @@ def test_the_latency_term_and_the_bytes_in_flight_by_hand():
     fl = roofline.in_flight(rec, H200, 5)
     assert fl["resident"] == 5 and fl["mean_bytes"] == pytest.approx(5 * 8192 * 700 / 990)
     assert fl["peak_bytes"] == 5 * 8192
-    assert fl["need_bytes"] == pytest.approx(4.8e12 / 132 * 700 / 1.83e9)  # 13.6 KB: Little's law
+    assert fl["need_bytes"] == pytest.approx(0.9 * 4.8e12 / 132 * 700 / 1.83e9)  # 12.2 KB: Little's law
     assert not fl["latency_bound_on_loads"]
     assert roofline.in_flight(rec, H200, 1)["latency_bound_on_loads"]  # 5.8 KB of 13.6
     # a B200 prices the same steps at its DRAM latency: 9 rounds of 1150 / 5 beat the longest 2060
@@ -177,8 +179,27 @@ def test_a_small_grid_waits_for_its_longest_cta_and_needs_more_in_flight():
     info = roofline.path_info(rec, H200, 6, chunks=16)
     assert info["cycles_per_chunk"] == pytest.approx(longest / 16) and info["steps"]["dram"] == 17
     assert info["rounds"] == pytest.approx(1 / 6) and info["resident"] == 1
-    assert info["need_bytes"] == pytest.approx(4.8e12 / 8 * 700 / 1.83e9) and info["latency_bound_on_loads"]
+    assert info["need_bytes"] == pytest.approx(0.9 * 4.8e12 / 8 * 700 / 1.83e9) and info["latency_bound_on_loads"]
     assert "cycles_per_chunk" not in roofline.path_info(dict(rec, kernel="kda_prepare"), H200, 6, chunks=16)
+
+
+def test_the_issue_term_by_hand():
+    """Warp w on scheduler w mod 4, one instruction a clock each; ceil(CTAs / SMs) CTAs on an SM;
+    a chunk chain's path at least its busiest scheduler's issue over the longest chain, shared with
+    the chains resident beside it."""
+    rec = path_record(264, dict(issue=100), dict(issue=100), 0, 0, kernel="kda_prepare")
+    warps = [1000.0, 600.0, 600.0, 600.0, 500.0]  # 5 warps: warp 4 shares scheduler 0 with warp 0
+    assert roofline.issue_cycles(rec, H200, warps) == 2 * 1500  # 264 CTAs: 2 on each of 132 SMs
+    assert roofline.times(rec, H200, 4, issue=warps)["issue"] == pytest.approx(3000 / 1.83e9)
+    assert "issue" not in roofline.times(rec, H200, 4)
+    chain = path_record(128, dict(issue=10, dram=1), dict(issue=10, dram=1), 0, 0, kernel="kda_recurrence")
+    per_cta = [512 * 700.0, 512 * 500.0, 512 * 500.0, 512 * 500.0]  # 512 chunks a CTA on average
+    t = roofline.times(chain, H200, 3, issue=per_cta, chunks=1024, mean_chunks=512)
+    assert t["issue"] == pytest.approx(512 * 700 / 1.83e9)  # 128 CTAs: one an SM
+    assert t["latency"] == pytest.approx(1024 * 700 / 1.83e9)  # the longest chain: 1024 chunks of 700
+    assert roofline.chain_issue_cycles(dict(chain, ctas=264), H200, per_cta, 3, 1024, 512) == 2 * 1024 * 700
+    assert roofline.times(dict(chain, kernel="kda_prepare"), H200, 3, issue=per_cta, chunks=1024,
+                          mean_chunks=512)["latency"] == pytest.approx(roofline.times(chain, H200, 3)["latency"])
 
 
 def with_neg_eigval(shape):  # the beta mode of test_backward_emulate.py's grouped sigmoid case: its variants
@@ -188,6 +209,7 @@ def with_neg_eigval(shape):  # the beta mode of test_backward_emulate.py's group
 
 def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(profile, "backward_inputs", with_neg_eigval)
+    issue_term = sass_cfg.nvdisasm() is not None and importlib.util.find_spec("scipy") is not None
     out = tmp_path / "p.json"
     assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--pass", "both", "--json", str(out), "--hotspots", "2"]) == 0
     text = capsys.readouterr()
@@ -208,10 +230,18 @@ def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
     chain = bwd["kernels"][2]  # kda_bwd_chain: 3 chunks (T = 40), one CTA per SM
     lat = chain["latency"]
     assert lat["cycles_per_chunk"] == pytest.approx(lat["path_cycles"] / 3) and lat["steps"]["dram"] >= 1
-    assert chain["times"]["latency"] == pytest.approx(lat["path_cycles"] / H200.clock_ghz / 1e9)
+    path_s = lat["path_cycles"] / H200.clock_ghz / 1e9  # or, where longer, the chain's issue
+    assert chain["times"]["latency"] == pytest.approx(path_s) or issue_term and chain["times"]["latency"] > path_s
     assert "cycles_per_chunk" not in bwd["kernels"][3]["latency"]  # kda_bwd_chunk: token-parallel
     assert all(r["times"]["latency"] > 0 and r["latency"]["need_bytes"] > 0 for r in run["kernels"] + bwd["kernels"])
     assert bwd["hbm_floor_s"] > run["hbm_floor_s"] and bwd["predicted_s"] > 0  # do, dq, dk, ... besides the inputs
+    if issue_term:  # every kernel's instructions per warp, from its SASS on sm_90a
+        for r in run["kernels"] + bwd["kernels"]:
+            i = r["issue"]
+            assert i["arch"] == "sm_90a" and i["static"] > 0 and len(i["warps"]) == -(-r["block"][0] // 32)
+            assert r["times"]["issue"] > 0 and 0 <= i["misfit"] < 0.5 and i["opcodes"] and i["lines"]
+            assert i["per"] == ("chunk" if r["kernel"] in roofline.CHAIN_KERNELS else "CTA")
+        assert "issue (SASS sm_90a)" in text.out and "issue us" in text.out
     assert profile.main(["--show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "Predicted forward times on NVIDIA H200 SXM" in shown and "T=40,H=2,K=64,V=64" in shown
