@@ -9,6 +9,7 @@ out the steps the budget cannot hold (saying so, and how to rerun them), sets
 the profiler's predictions next to the measured times, and its rehearsal check
 catches all of it and a stray file. The full CPU rehearsal (every step's real
 CPU form) is CI's step after the test suite (.ci/run)."""
+import json
 import os
 import re
 import shlex
@@ -208,13 +209,18 @@ def test_the_harness_logs_live_records_boxes_and_failures_and_goes_on(tmp_path):
     for i in range(1, n + 1):
         assert f"===== step {i}: " in log and f"===== step {i} ended: " in log
     assert f"which steps 1-{guaranteed_prefix(steps())[0]} fit" in summary.splitlines()[0]
-    # the profiler's predictions next to the measured median (2.228 ms against 0.496 predicted with
-    # the wgmma recurrence, 0.655 with mma.sync's)
+    # the profiler's predictions next to the measured median: the issue-aware profile's, then the
+    # one before the issue term (0.496 ms predicted, HBM floor 0.211)
     preds = summary.split("predictions (the emulation profiler's, per kernel) next to the measured")[1]
-    wgmma, sync = preds.split("the wgmma recurrence's")[1].split("mma.sync's (the family before it")
-    for part, predicted, ratio in ((wgmma, "0.496", "4.49"), (sync, "0.655", "3.40")):
+    aware, before = preds.split("issue-aware (docs/design.md section 11.4")[1].split("before the issue term")
+    doc = json.loads((ROOT / "benchmarks" / "profile-kimi-h200-issue.json").read_text())
+    run = next(e for e in doc["runs"] if e["name"] == "kimi-T8192-H96" and e["kind"] == "forward")
+    p_ms, floor_ms = run["predicted_s"] * 1e3, run["hbm_floor_s"] * 1e3
+    for part, predicted, floor, ratio in ((aware, f"{p_ms:.3f}", f"{floor_ms:.3f}", f"{2.228 / p_ms:.2f}"),
+                                          (before, "0.496", "0.211", "4.49")):
         row = next(ln for ln in part.splitlines() if ln.startswith("kimi-T8192-H96 "))
-        assert row.split()[1:6] == [predicted, "0.211", "-", "2.228", ratio], row
+        assert row.split()[1:6] == [predicted, floor, "-", "2.228", ratio], row
+    assert "issue" in aware and "instr/chunk" in aware  # each kernel's issue term and its busiest scheduler
     assert re.search(r"^kimi-T8192-H64 .* - +- ", preds, re.M)  # not measured: no ratio
 
 
