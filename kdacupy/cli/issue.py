@@ -49,13 +49,6 @@ class IssueCount:
     def busiest(self) -> int:
         return int(np.argmax(self.warps)) if self.warps else 0
 
-    def schedulers(self, n: int = 4) -> list:
-        """Instructions per CTA each of the SM's ``n`` schedulers issues (warp w on w mod n)."""
-        out = [0.0] * n
-        for w, x in enumerate(self.warps):
-            out[w % n] += x
-        return out
-
     @property
     def misfit_fraction(self) -> float:
         return self.misfit / self.weight if self.weight else 0.0

@@ -220,14 +220,14 @@ def issue_of(rec: dict, gpu: roofline.Gpu):
         return None
     try:
         return issue.count(rec, gpu.arch, src, rec.get("emulated_ctas"))
-    except (ImportError, RuntimeError, OSError) as e:
+    except (ImportError, RuntimeError, OSError, KeyError) as e:
         if not _issue_warned:
             log(f"no issue term ({type(e).__name__}: {e})")
-            _issue_warned.append(True)
+            _issue_warned.add(gpu.arch)
         return None
 
 
-_issue_warned: list = []
+_issue_warned: set = set()  # said once a process
 
 
 def _merge_issue(row: dict, ic, ctas: float) -> None:
@@ -259,9 +259,7 @@ def issue_summary(row: dict, source: str | None, chunks_mean: float, top: int = 
     per = chunks_mean if row["kernel"] in roofline.CHAIN_KERNELS and chunks_mean else 1.0
     busiest = max(range(len(warps)), key=lambda w: warps[w]) if warps else 0
     mean = sum(warps) / len(warps) if warps else 0.0
-    sched = [0.0] * 4
-    for w, x in enumerate(warps):
-        sched[w % 4] += x
+    sched = roofline.schedulers(warps)
     lines = sorted(got["lines"].items(), key=lambda kv: -kv[1])[:top]
     return dict(arch=got["arch"], static=got["static"], per="chunk" if per != 1.0 else "CTA",
                 warps=[x / per for x in warps], warps_per_cta=list(warps), busiest=busiest, busiest_excess=warps[busiest] / mean - 1 if mean else 0.0,

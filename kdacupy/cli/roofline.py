@@ -153,14 +153,20 @@ def default_ctas_per_sm(rec: dict, gpu: Gpu) -> int:
     return occupancy(gpu, threads, 0, rec.get("shared_mem", 0))["ctas_per_sm"]
 
 
+def schedulers(warps: list, n: int = 4) -> list:
+    """The instructions each of an SM's ``n`` schedulers issues for one CTA: warp w on w mod n, as
+    the hardware places them; ``warps`` the instructions each warp of the CTA issues."""
+    per = [0.0] * n
+    for w, x in enumerate(warps):
+        per[w % n] += x
+    return per
+
+
 def issue_cycles(rec: dict, gpu: Gpu, warps: list) -> float:
     """Cycles the busiest scheduler of an SM issues for one launch: ``warps`` the instructions each
-    warp of a CTA issues (per CTA, kdacupy/cli/issue.py), warp w on scheduler w mod 4 (each issues
-    one instruction per clock), ceil(CTAs / SMs) CTAs on the SM over the launch."""
-    per = [0.0] * gpu.schedulers
-    for w, x in enumerate(warps):
-        per[w % gpu.schedulers] += x
-    return math.ceil(max(1, rec.get("ctas", 1)) / gpu.sms) * max(per)
+    warp of a CTA issues (per CTA, kdacupy/cli/issue.py), one instruction per clock per scheduler,
+    ceil(CTAs / SMs) CTAs on the SM over the launch."""
+    return math.ceil(max(1, rec.get("ctas", 1)) / gpu.sms) * max(schedulers(warps, gpu.schedulers))
 
 
 def chain_issue_cycles(rec: dict, gpu: Gpu, warps: list, ctas_per_sm: int, chunks: int, mean_chunks: float) -> float:
@@ -169,10 +175,8 @@ def chain_issue_cycles(rec: dict, gpu: Gpu, warps: list, ctas_per_sm: int, chunk
     CTAs resident on the SM, whose warps take the same schedulers."""
     if not chunks or not mean_chunks:
         return 0.0
-    per = [0.0] * gpu.schedulers
-    for w, x in enumerate(warps):
-        per[w % gpu.schedulers] += x
-    return resident_ctas(gpu, rec.get("ctas", 1), ctas_per_sm) * max(per) / mean_chunks * chunks
+    busiest = max(schedulers(warps, gpu.schedulers))
+    return resident_ctas(gpu, rec.get("ctas", 1), ctas_per_sm) * busiest / mean_chunks * chunks
 
 
 def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None, issue: list | None = None, chunks: int = 0,
