@@ -95,7 +95,7 @@ def main(argv=None) -> int:
               f"{ratio(m.get('smsp__inst_executed.sum'), p.get('instructions'))} {fmt(p.get('issue_cycles'))} "
               f"{fmt(m.get('smsp__inst_executed.max'))} {ratio(m.get('smsp__inst_executed.max'), p.get('issue_cycles'))} "
               f"{fmt(m.get('smsp__issue_active.avg'))} {p['time_s'] * 1e6:12.1f} "
-              f"{t_meas * 1e6 if t_meas else float('nan'):12.1f} {ratio(t_meas, p['time_s'])}  {p['bound']}")
+              f"{f'{t_meas * 1e6:12.1f}' if t_meas else f'{chr(45):>12}'} {ratio(t_meas, p['time_s'])}  {p['bound']}")
     return 0
 
 

@@ -252,3 +252,29 @@ def test_only_reruns_the_steps_named_within_the_budget(tmp_path):
     assert [int(m.group(1)) for m in re.finditer(r"^ ?(\d+) ", summary, re.M)] == [3, 4]
     res, summary, _ = run_stand_in(tmp_path, "--only", "3", "4", DEVICE_CHECK_BUDGET="9")  # boxes 10 and 25
     assert res.returncode == 1 and all(f"rerun with --only {i}" in step_lines(summary)[i] for i in (3, 4))
+
+
+def test_the_nsight_compute_table_sets_each_kernel_next_to_its_prediction(tmp_path):
+    """benchmarks/ncu_issue.py reads ncu's CSV (its own lines first, then the table; the first
+    launch of each kernel; values with thousands separators, times in their unit) and prints
+    measured / predicted for the instructions, the busiest scheduler and the time."""
+    doc = json.loads((ROOT / "benchmarks" / "profile-kimi-h200-issue.json").read_text())
+    run = next(e for e in doc["runs"] if e["name"] == "kimi-T8192-H64")
+    prep = next(r for r in run["kernels"] if r["kernel"] == "kda_prepare")
+    instr = sum(prep["issue"]["warps_per_cta"]) * prep["counts"]["ctas"]
+    head = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Section Name",' \
+           '"Metric Name","Metric Unit","Metric Value"'
+    rows = [f'"{i}","1","python","h","kda_prepare(const void*)","1","7","","{m}","{u}","{v}"'
+            for i, m, u, v in ((0, "smsp__inst_executed.sum", "inst", f"{2 * instr:,.0f}"),
+                               (0, "gpu__time_duration.sum", "usecond", f"{3 * prep['time_s'] * 1e6:.3f}"),
+                               (1, "smsp__inst_executed.sum", "inst", "1"))]  # a second launch: not read
+    csv_path = tmp_path / "ncu.csv"
+    csv_path.write_text("==PROF== Connected to process\n" + "\n".join([head, *rows]) + "\n")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ncu_issue.py"), str(csv_path), "--profile",
+                          str(ROOT / "benchmarks" / "profile-kimi-h200-issue.json")], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("kda_prepare"))
+    assert row.split()[3] == "2.00" and row.split()[-2] == "3.00", row
+    rec = next(ln for ln in out.stdout.splitlines() if ln.startswith("kda_recurrence"))
+    assert rec.split()[2] == "-"  # not measured

@@ -8,7 +8,10 @@ then the roofline of the chosen GPU: the time each resource needs (HBM, shared m
 cores, SFU, and the dependent path at the GPU's latencies), the one that binds, and the occupancy
 that the compile report's registers and shared memory allow (NVRTC for the GPU's arch); then per
 kernel the dependent path (cycles of the longest CTA, per chunk for the chunk chains, its steps)
-and the bytes of global loads it keeps in flight per SM against Little's law's need.
+and the bytes of global loads it keeps in flight per SM against Little's law's need; then the
+issue term (docs/design.md section 11.4; needs nvdisasm and scipy: pip install ".[profile]"): the
+instructions each warp issues from the variant's SASS for the GPU's arch (per chunk for the chunk
+chains), the busiest warp and scheduler, the fit's misfit, the top opcodes and source lines.
 
 Workloads: without --shape, a small forward (T=256, H=2, K=V=128, bf16, Kimi's options), a
 decode step (N=16, HV=4), the split forward (2 segments) of the same forward and its backward
@@ -30,9 +33,9 @@ it (--shape kimi --pass both: the forward, the backward and their sum per shape)
 --json FILE writes everything; --show FILE prints a saved file's summary without emulating, and
 with --measured BENCH_JSON (python -m kdacupy.bench's, same shapes; --shapes backward's for the
 backward) the measured medians and measured / predicted beside it: the model's error, once a
-GPU has run. Predictions are lower bounds: the binding resource at its datasheet rate, the
-dependent path a stated approximation (docs/design.md section 11.1); launch gaps and cache misses
-beyond the compulsory ones are not modelled.
+GPU has run. Predictions are lower bounds: the binding resource at its peak (HBM at 90% of the
+datasheet's), the dependent path and the issue term stated approximations (docs/design.md sections
+11.1 and 11.4); launch gaps and cache misses beyond the compulsory ones are not modelled.
 """
 from __future__ import annotations
 
