@@ -22,14 +22,19 @@ def nvdisasm() -> str | None:
     return find_nvidia_binary_utility("nvdisasm")
 
 
-def sass_mix(cubin: bytes) -> dict:
-    """Instruction counts of a cubin (static, as disassembled)."""
+def disassemble(cubin: bytes, *flags: str) -> str:
+    """``nvdisasm`` of a cubin with ``flags``; RuntimeError when it is not installed."""
     tool = nvdisasm()
     if tool is None:
         raise RuntimeError(NVDISASM_HINT)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_mix(cubin: bytes) -> dict:
+    """Instruction counts of a cubin (static, as disassembled)."""
+    text = disassemble(cubin)
     ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", text, re.M)
     return {op: sum(1 for x in ops if x == op) for op in SASS_OPS}

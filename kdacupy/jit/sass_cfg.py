@@ -11,12 +11,12 @@ many of its paths arrived).
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .sass import NVDISASM_HINT, nvdisasm
+from . import sass
+
+nvdisasm = sass.nvdisasm  # whether the SASS can be read here (None: nvdisasm is not installed)
 
 _LOC = re.compile(r'^\s*//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
 _INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*(?:/\*.*\*/)?\s*$")
@@ -113,13 +113,7 @@ class Function:
 
 def disassemble(cubin: bytes) -> str:
     """``nvdisasm -c -g -gi``: code sections with source lines and inlining."""
-    tool = nvdisasm()
-    if tool is None:
-        raise RuntimeError(NVDISASM_HINT)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([tool, "-c", "-g", "-gi", f.name], capture_output=True, text=True, check=True).stdout
+    return sass.disassemble(cubin, "-c", "-g", "-gi")
 
 
 def parse(text: str, source_name: str = "kernel.cu") -> dict:
