@@ -45,19 +45,6 @@ class IssueCount:
     opcodes: dict = field(default_factory=dict)  # SASS mnemonic -> issued per CTA (all warps)
     lines: list = field(default_factory=list)    # (rendered line, issued per CTA), most first
 
-    @property
-    def busiest(self) -> int:
-        return int(np.argmax(self.warps)) if self.warps else 0
-
-    @property
-    def misfit_fraction(self) -> float:
-        return self.misfit / self.weight if self.weight else 0.0
-
-    def to_dict(self) -> dict:
-        return dict(kernel=self.kernel, arch=self.arch, static=self.static, warps=list(self.warps),
-                    weight=self.weight, misfit=self.misfit, unmatched=self.unmatched, opcodes=self.opcodes,
-                    lines=self.lines)
-
 
 #: weights of the fit's equations, per unit of their measure: an anchor's execution, or for loads,
 #: stores and atomics (measured in bytes per lane, as host and GPU compilers vectorise differently,

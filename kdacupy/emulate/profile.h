@@ -102,7 +102,7 @@ struct PIvl {          // an anchor's executions by each lane since the warp's l
   unsigned long long key;
   unsigned gen;
   int anc;             // its row in Prof::av
-  unsigned short most, lanes[32];
+  unsigned most, lanes[32];
 };
 struct PWarp {
   unsigned gen;  // entries of older intervals are free slots
