@@ -151,6 +151,9 @@ def equations(fn, reach: list, host: dict) -> list:
 def count(rec: dict, arch: str, source: str, ctas: int | None = None) -> IssueCount:
     """The issue of one emulated launch record on ``arch``; ``ctas``: the CTAs the emulation ran
     (default the record's: pass it for a record whose counts were scaled)."""
+    if rec.get("anchors_dropped"):
+        raise RuntimeError(f"{rec['kernel']}: {rec['anchors_dropped']} issue anchor rows did not fit the emulation's "
+                           "table (kdacupy.emulate.profile.ANCHORS)")
     funcs = sass_cfg.kernel_sass(source, arch)
     if rec["kernel"] not in funcs:
         raise KeyError(f"{rec['kernel']} is not in the SASS for {arch} (functions: {', '.join(funcs)})")

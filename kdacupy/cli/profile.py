@@ -67,7 +67,7 @@ DEFAULT_SHAPE = Shape("T256-H2", 256, 2)  # the small workloads: forward, split 
 DEFAULT_DECODE = dict(N=16, HV=4, T=1)
 DEFAULT_SEGMENTS = 2
 NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "anchors", "library", "dram_by_argument",
-              "emulated_ctas")
+              "emulated_ctas", "anchors_dropped")
 
 
 def log(msg: str) -> None:

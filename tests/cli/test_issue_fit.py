@@ -190,3 +190,8 @@ def test_equations_match_coarse_fine_and_zero_keys():
     assert eqs[("fine", (1,))].host == {0: 8.0}  # the whole of (21, 30)
     assert eqs[("zero", (2,))].host == {}  # the host stored at line 60, never at 50
     assert eqs[("zero", (2,))].weight == issue.WEIGHTS["zero"] * issue.BYTE_WEIGHT
+
+
+def test_a_record_whose_anchors_overflowed_gets_no_issue_term():
+    with pytest.raises(RuntimeError, match="3 issue anchor rows did not fit"):
+        issue.count(dict(kernel="k", anchors=[], anchors_dropped=3, ctas=1, block=[32, 1, 1]), "sm_90a", "")
