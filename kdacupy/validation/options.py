@@ -82,4 +82,7 @@ def check_scale(scale, K) -> float:
         return K ** -0.5
     if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not np.isfinite(float(scale)):
         fail("scale", "a finite real number or None", repr(scale))
+    if abs(float(scale)) > float(np.finfo(np.float32).max):  # the kernels take it as fp32: inf, then NaN outputs
+        fail("scale", "a real number finite in float32 (the kernels' scale is fp32, at most 3.4028235e+38)",
+             repr(scale))
     return float(scale)

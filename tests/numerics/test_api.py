@@ -143,6 +143,7 @@ BAD = {
     "lower_bound-range": (lambda x, o: with_(x, o, lower_bound=-6.0), ValueError, "lower_bound: expected a number"),
     "lower_bound-zero": (lambda x, o: with_(x, o, lower_bound=0.0), ValueError, "lower_bound: expected a number"),
     "scale-inf": (lambda x, o: with_(x, o, scale=float("inf")), ValueError, "scale: expected a finite"),
+    "scale-over-fp32": (lambda x, o: with_(x, o, scale=1e39), ValueError, "scale: expected a real number finite in float32"),
     "cu-float": (lambda x, o: with_(x, o, cu_seqlens=np.array([0.0, 20.0])), TypeError, "cu_seqlens: expected dtype"),
     "cu-rank": (lambda x, o: with_(x, o, cu_seqlens=np.array([[0, 20]])), ValueError, "cu_seqlens: expected a 1-D"),
     "cu-with-B2": (lambda x, o: with_(x, o, **{n: np.concatenate([a, a]) for n, a in x.items()},
