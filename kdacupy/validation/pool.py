@@ -183,6 +183,9 @@ def validate_pool(state_pool, state_indices, num_accepted_tokens, problem, array
     """Pool checks after ``validate``: returns (Pool, idx, accepted, pool array)."""
     pool = check_pool(state_pool, HV=problem.HV, K=problem.K, V=problem.V, layout=problem.state_layout,
                       device=problem.device)
+    if null_slot >= pool.shape[0]:  # every slot would be padding: nothing read, nothing written
+        fail("null_slot", f"an int below the pool's P = {pool.shape[0]} slots (slots at or below it are padding)",
+             null_slot)
     idx, acc = check_indices(state_indices, num_accepted_tokens, N=problem.N, T=T, P=pool.shape[0],
                              device=problem.device, allow_per_token=allow_per_token, null_slot=null_slot)
     check_pool_overlap(pool, arrays, ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "out"))

@@ -243,6 +243,7 @@ def test_null_slot_errors():
     bad(r"state_indices: expected slots < P = 8 \(<= 0 for padding\)", state_indices=np.array([1, 8, 5], np.int32),
         null_slot=0)
     bad("state_indices: expected distinct slots", state_indices=np.array([1, 3, 1], np.int32), null_slot=0)
+    bad(r"null_slot: expected an int below the pool's P = 8 slots", null_slot=8)  # every slot padding
 
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("emulate", marks=pytest.mark.emulate)])
