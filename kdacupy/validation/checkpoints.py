@@ -41,6 +41,9 @@ def _every(checkpoint_every):
              repr(checkpoint_every), TypeError)
     if checkpoint_every < CHUNK or checkpoint_every % CHUNK:
         fail("checkpoint_every", f"a positive multiple of {CHUNK} (the kernels' chunk)", int(checkpoint_every))
+    if checkpoint_every >= 1 << 31:  # the launchers pass it as a 32-bit int, on every backend alike
+        fail("checkpoint_every", f"a positive multiple of {CHUNK} below 2^31 (a 32-bit kernel argument)",
+             int(checkpoint_every))
     return int(checkpoint_every)
 
 

@@ -83,6 +83,7 @@ def test_validation_errors():
     bad("checkpoint_every: expected a positive multiple of 16", checkpoint_every=0)
     bad("checkpoint_every: expected a positive multiple of 16", TypeError, checkpoint_every=32.0)
     bad("checkpoint_every: expected a positive multiple of 16", TypeError, checkpoint_every=None)
+    bad(r"checkpoint_every: expected a positive multiple of 16 below 2\^31", checkpoint_every=2**35)  # int32 launch
     bad("checkpoint_every: expected None without checkpoints", checkpoints=None)
     bad("checkpoint_indices: expected None without checkpoints", checkpoints=None, checkpoint_every=None,
         checkpoint_indices=np.zeros((2, 1), np.int32))
