@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
 import torch
 
 from . import autograd  # noqa: F401  (registers the forward op's autograd)
@@ -42,10 +43,15 @@ def _name(name, x):
 
 def _index_tensor(name, x):
     """Integer tensors as given; Python lists become int64 tensors on the CPU (kdacupy checks
-    host values and copies them to the device itself)."""
+    host values and copies them to the device itself). A list of anything but ints (a float, a
+    bool) is refused, not truncated to slots or offsets nobody asked for."""
     if x is None or isinstance(x, torch.Tensor):
         return x
     if isinstance(x, (list, tuple)):
+        items = np.asarray(x, dtype=object).ravel()
+        bad = next((e for e in items if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer))), None)
+        if bad is not None:
+            raise TypeError(f"{name}: expected an integer tensor, a list of ints or None, got a list holding {bad!r}")
         return torch.tensor(x, dtype=torch.int64)
     raise TypeError(f"{name}: expected an integer tensor, a list of ints or None, got {type(x).__name__}")
 

@@ -185,3 +185,12 @@ def test_errors_name_the_argument():
         kt.kda(*args, output_final_state=True, state_pool=torch.zeros(2, 2, 64, 64), state_indices=[0, 1])
     with pytest.raises(TypeError, match="^state_indices: expected a tensor"):
         kt.kda_decode(*args, state_pool=torch.zeros(2, 2, 64, 64), state_indices=None)
+    # a list of floats or bools is refused, not truncated to slots 0 and 1 or offsets [0, 16, 32]
+    pool = torch.zeros(2, 2, 64, 64)
+    for name, bad, call in (("state_indices", [0.7, 1.2], lambda x: kt.kda(*args, state_pool=pool, state_indices=x)),
+                            ("state_indices", [True, False], lambda x: kt.kda(*args, state_pool=pool, state_indices=x)),
+                            ("cu_seqlens", [0, 16.5, 32], lambda x: kt.kda(*args, cu_seqlens=x))):
+        before = pool.clone()
+        with pytest.raises(TypeError, match=f"^{name}: expected an integer tensor, a list of ints or None, got a list"):
+            call(bad)
+        assert torch.equal(pool, before)
