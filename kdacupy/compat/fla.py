@@ -172,7 +172,8 @@ def _forward_with_chunk_states(fn, q, k, v, g, beta, initial_state, output_final
     (varlen: B = 1, each sequence's chunks after those before it), as FLA returns it: kda_forward's
     checkpoints, each sequence's first chunk its initial state. Inference only, as in FLA."""
     from kdacupy.torch.states import forward_with_chunk_states, inference_mode
-    assert inference_mode(), "return_intermediate_states is only allowed in inference mode"
+    if not inference_mode():  # fla-core's AssertionError, kept under python -O: the gradient would be lost
+        raise AssertionError("return_intermediate_states is only allowed in inference mode")
     if fla["allow_neg_eigval"] and not fla["use_beta_sigmoid_in_kernel"]:
         raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
     _check_beta(beta, v)

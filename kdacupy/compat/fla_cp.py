@@ -21,9 +21,13 @@ def cp_call(cp_context, q, initial_state, output_final_state, return_intermediat
     """FLA's checks of a CP call, with its messages; then (the rank-local cu_seqlens, which
     chunk_kda's own checks read as FLA's do, and the forward to run instead of chunk_kda's).
     ``options``, ``check_beta``: compat.fla's keyword mapping and beta check."""
-    assert initial_state is None, "Initial state is not supported for CP"
-    assert output_final_state is False, "Output final state is not supported for CP"
-    assert cp_context.cu_seqlens is not None, "cu_seqlens is required for CP"
+    # fla-core's AssertionErrors, in its order, raised as such under python -O too
+    if initial_state is not None:
+        raise AssertionError("Initial state is not supported for CP")
+    if output_final_state is not False:
+        raise AssertionError("Output final state is not supported for CP")
+    if cp_context.cu_seqlens is None:
+        raise AssertionError("cu_seqlens is required for CP")
     if return_intermediate_states:
         raise NotImplementedError("return_intermediate_states: not with cp_context (an inference-mode output; "
                                   "context parallelism is for training)")

@@ -17,6 +17,9 @@ import importlib
 import importlib.metadata
 import importlib.util
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -419,6 +422,25 @@ def test_inplace_without_indices_updates_each_sequences_state():
     o2, ht2 = compat.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=h0, inplace_final_state=False,
                                              output_final_state=True, use_qk_l2norm_in_kernel=True)
     check(o2, ht2, ref, ref_ht, torch.float32)
+
+
+def test_fla_cores_assertions_hold_under_python_O():
+    """The faces raise fla-core's AssertionErrors themselves, so `python -O` (which drops asserts)
+    still refuses: return_intermediate_states with gradients would silently lose them."""
+    code = ("import pytest, torch\n"
+            "from kdacupy.compat import fla_cp\n"
+            "class Ctx: cu_seqlens = None\n"
+            "with pytest.raises(AssertionError, match='^Initial state is not supported for CP$'):\n"
+            "    fla_cp.cp_call(Ctx(), None, torch.zeros(1), False, False, False, options=None, check_beta=None)\n"
+            "with pytest.raises(AssertionError, match='^cu_seqlens is required for CP$'):\n"
+            "    fla_cp.cp_call(Ctx(), None, None, False, False, False, options=None, check_beta=None)\n"
+            "from kdacupy.compat import fla\n"
+            "with pytest.raises(AssertionError, match='only allowed in inference mode'):\n"
+            "    fla._forward_with_chunk_states(None, *[torch.zeros(1)] * 5, None, False, None, chunk_size=64)\n"
+            "assert not __debug__\n")
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_what_kdacupy_cannot_honour_raises_naming_it():
