@@ -44,7 +44,7 @@ from kdacupy.torch.decode_cache import front, front_key
 from kdacupy.torch.tensors import fp32_state_dtype, slots
 
 from .gate import FLOAT32, activate, kernel_gate
-from .pool import into, sequences, step, token_slots
+from .pool import check_out, into, sequences, step, token_slots
 
 __all__ = ["chunk_kda", "fused_kda_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "patch", "unpatch"]
 
@@ -235,19 +235,17 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     final_state is a new float32 tensor when ``output_final_state``, else None.
     """
     _refuse_unknown("fused_recurrent_kda_fwd", kwargs)
+    check_out(out, v, q=q, k=k, v=v, initial_state=initial_state)  # before the pool is touched
     fkey = None
     if inplace_final_state and ssm_state_indices is not None:  # a pool step
         raw = (q, k, v, g, beta, initial_state, ssm_state_indices, num_accepted_tokens)
         fkey = front_key("fused_recurrent_kda_fwd", raw + (cu_seqlens,), (A_log, dt_bias), (
             scale, output_final_state, state_v_first, use_qk_l2norm_in_kernel, use_gate_in_kernel,
             use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound))
-        if out is None or out.shape == v.shape:
-            o = front(fkey, raw + (A_log, dt_bias), v, initial_state, cu_seqlens)
-            if o is not None:  # this call, as the engine makes it, seen before: its step's launch
-                return into(out, o), initial_state
+        o = front(fkey, raw + (A_log, dt_bias), v, initial_state, cu_seqlens)
+        if o is not None:  # this call, as the engine makes it, seen before: its step's launch
+            return into(out, o), initial_state
     _check_beta(beta, v)
-    if out is not None and tuple(out.shape) != tuple(v.shape):
-        raise ValueError(f"out: expected the shape of v {tuple(v.shape)}, got {tuple(out.shape)}")
     opts = _options("fused_recurrent_kda_fwd", scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                     # FLA applies allow_neg_eigval only to sigmoid-activated beta (its kernel ignores it otherwise)

@@ -66,6 +66,34 @@ def token_slots(idx, T, num_accepted_tokens, name="ssm_state_indices"):
     return idx[:, :T]
 
 
+def _span(x) -> tuple:
+    """The bytes a torch tensor view covers: [first, end)."""
+    first = x.data_ptr()
+    if x.is_contiguous():
+        return first, first + x.nbytes
+    last = sum((n - 1) * st for n, st in zip(x.shape, x.stride())) if x.numel() else -1
+    return first, first + (last + 1) * x.element_size()
+
+
+def check_out(out, like, **inputs) -> None:
+    """A caller's ``out=`` (FLA's and vLLM's), checked before anything runs or is written: a tensor of
+    the shape and dtype of ``like`` (v: o's), apart from every input (a step would read what it writes)."""
+    if out is None:
+        return
+    if not (hasattr(out, "shape") and hasattr(out, "dtype") and hasattr(out, "data_ptr")):
+        raise TypeError(f"out: expected a tensor of v's shape and dtype, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(like.shape):
+        raise ValueError(f"out: expected the shape of v {tuple(like.shape)}, got {tuple(out.shape)}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"out: expected v's dtype {like.dtype} (o's), got {out.dtype}")
+    a0, a1 = _span(out)
+    for name, x in inputs.items():
+        if x is not None and hasattr(x, "data_ptr"):
+            b0, b1 = _span(x)
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"out: expected memory separate from {name}, got a tensor overlapping {name}")
+
+
 def into(out, o):
     """o written into the caller's ``out`` when one is given (FLA's and vLLM's ``out=``)."""
     if out is None:

@@ -46,7 +46,7 @@ from kdacupy.torch.tensors import fp32_state_dtype
 
 from .gate import activate, kernel_gate
 from .patching import Patcher
-from .pool import into, sequences, step, token_slots
+from .pool import check_out, into, sequences, step, token_slots
 
 __all__ = ["chunk_kda", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd",
            "fused_kda_gate", "patch", "unpatch", "NULL_BLOCK_ID"]
@@ -132,6 +132,7 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, scale, initial_state, inplace_fina
     ``initial_state`` [P, HV, V, K], updated in place; returns ``(o, initial_state)``.
     ``ssm_state_indices`` [N] (one token per sequence) or [N, C] (speculative decode: start
     from ``idx[n, num_accepted_tokens[n] - 1]``, the state after token t to ``idx[n, t]``)."""
+    check_out(out, v, q=q, k=k, v=v, initial_state=initial_state)  # before the pool is touched
     fkey, o = _front("fused_recurrent_kda_fwd", q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices,
                      num_accepted_tokens, a_log, g_bias, (scale, inplace_final_state, use_qk_l2norm_in_kernel,
                                                           sigmoid_beta, compute_gate, lower_bound))
@@ -175,6 +176,7 @@ def fused_recurrent_kda(q, k, v, g, beta=None, scale=None, initial_state=None, i
     """vLLM's ``fused_recurrent_kda`` (decode on the pool): ``(o, initial_state)``, as
     ``fused_recurrent_kda_fwd`` with vLLM's defaults (``use_qk_l2norm_in_kernel=True``)."""
     _refuse_unknown("fused_recurrent_kda", kwargs)
+    check_out(out, v, q=q, k=k, v=v, initial_state=initial_state)  # before the pool is touched
     fkey, o = _front("fused_recurrent_kda", q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices,
                      num_accepted_tokens, a_log, g_bias, (scale, inplace_final_state, use_qk_l2norm_in_kernel,
                                                           sigmoid_beta, compute_gate, lower_bound))

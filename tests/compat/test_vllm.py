@@ -168,6 +168,25 @@ def test_decode_with_the_gate_and_beta_in_the_kernel_into_out():
     assert max(rmse_ratio(pool[i], vk(S)) for i, S in zip(idx.tolist(), finals)) < POOL
 
 
+def test_a_bad_out_is_refused_before_the_pool_is_touched():
+    """An out= of the wrong shape or dtype, or overlapping an input, is refused naming out, and the
+    pool keeps its states (the face used to update them, then refuse out)."""
+    gen = torch.Generator().manual_seed(7)
+    pool = pool_with_sentinels(gen)
+    before = pool.clone()
+    q, k, v, g = tokens(2, gen)
+    beta = torch.rand(1, 2, H, generator=gen).bfloat16()
+    idx = torch.tensor([4, 2], dtype=torch.int32)
+    for bad, exc, said in ((torch.empty(1, 2, H, D + 1).bfloat16(), ValueError, "out: expected the shape of v"),
+                           (torch.empty_like(v, dtype=torch.float32), TypeError, "out: expected v's dtype"),
+                           (v, ValueError, "out: expected memory separate from v"),
+                           (q, ValueError, "out: expected memory separate from q")):
+        with pytest.raises(exc, match=said):
+            vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.arange(3),
+                                     ssm_state_indices=idx, out=bad)
+        assert torch.equal(pool, before)
+
+
 def test_speculative_decode_with_slot_rows_and_accepted_tokens():
     """[N, C] slots and num_accepted_tokens: sequence n starts from idx[n, a_n - 1] and the state
     after token t goes to idx[n, t] (a null-block entry skips that store)."""
