@@ -258,7 +258,9 @@ class _Program:
 
         into: dict = defaultdict(list)
         out_flow: dict = defaultdict(list)
+        self.outs = outs_all = defaultdict(list)  # every edge out of a block, calls included
         for e, (src, dst, call, guarded_call) in enumerate(edges):
+            outs_all[src].append(e)
             if dst >= 0:
                 into[dst].append(e)
             if call:  # a call runs with its instruction: as often (at most, when guarded)
@@ -333,7 +335,7 @@ class _Program:
         seen, todo = {self.fn.entry}, [self.fn.entry]
         while todo:
             b = todo.pop()
-            for e in self.out_edges(b):
+            for e in self.outs[b]:
                 d = self.edges[e][1]
                 if d >= 0 and d not in seen and x[self.X + e] > tol:
                     seen.add(d)
@@ -345,7 +347,7 @@ class _Program:
             while todo:
                 b = todo.pop()
                 comp.add(b)
-                for e in [*self.out_edges(b), *self.into[b]]:
+                for e in [*self.outs[b], *self.into[b]]:
                     s, d = self.edges[e][0], self.edges[e][1]
                     for o in (s, d):
                         if o in orphans:
@@ -356,12 +358,6 @@ class _Program:
                 out.append((entries, min(1.0, max(count[b] for b in comp))))
         return out
 
-    def out_edges(self, b: int) -> list:
-        if not hasattr(self, "_out"):
-            self._out = defaultdict(list)
-            for e, (s, _, _, _) in enumerate(self.edges):
-                self._out[s].append(e)
-        return self._out[b]
 
 
 def where(source: str, line: int) -> str:

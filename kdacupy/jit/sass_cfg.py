@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from . import sass
 
@@ -84,6 +84,10 @@ class Function:
     def latches(self) -> set:
         """Blocks that branch back to a block dominating them (a loop's end, a self-loop): a warp
         leaves such a loop once per entry, however its lanes' trips differ."""
+        return self._latches
+
+    @cached_property
+    def _latches(self) -> set:  # computed once per function: every warp's fit asks
         reach = self.reachable()
         preds: dict = {b: [] for b in reach}
         for b in reach:
@@ -104,6 +108,10 @@ class Function:
 
     def block_of(self) -> list[int]:
         """The block index of every instruction."""
+        return self._block_of
+
+    @cached_property
+    def _block_of(self) -> list[int]:
         out = [0] * len(self.instrs)
         for k, b in enumerate(self.blocks):
             for i in range(b.first, b.end):
