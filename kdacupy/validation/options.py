@@ -48,12 +48,12 @@ def check_gate(gate, arrays, dt_bias, lower_bound, HV, K):
         check_dtype("dt_bias", dtb, params)
     if gate == "softplus" and lower_bound is not None:
         fail("lower_bound", "None with gate='softplus'", repr(lower_bound))
-    if gate == "sigmoid":
+    if gate == "sigmoid":  # 0 included: no decay, as FlashKDA documents its range
         if lower_bound is None:
-            fail("lower_bound", "a number in [-5, 0) with gate='sigmoid'", "None")
+            fail("lower_bound", "a number in [-5, 0] with gate='sigmoid'", "None")
         if not isinstance(lower_bound, numbers.Real) or isinstance(lower_bound, bool) or not (
-                -5.0 <= float(lower_bound) < 0.0):
-            fail("lower_bound", "a number in [-5, 0)", repr(lower_bound))
+                -5.0 <= float(lower_bound) <= 0.0):
+            fail("lower_bound", "a number in [-5, 0]", repr(lower_bound))
         lower_bound = float(lower_bound)
     return lower_bound
 

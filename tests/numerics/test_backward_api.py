@@ -62,7 +62,7 @@ def test_without_a_loss_on_the_final_state_the_state_gradient_comes_from_o_alone
     (dict(dfinal_state="vk"), ValueError, "dfinal_state: expected shape (1, 2, 64, 64)"),
     (dict(dfinal_state="float16"), TypeError, "dfinal_state: expected dtype bfloat16 or float32"),
     (dict(dfinal_state="list"), TypeError, "dfinal_state: expected a NumPy or CuPy array"),
-    (dict(lower_bound=-6.0), ValueError, "lower_bound: expected a number in [-5, 0)"),
+    (dict(lower_bound=-6.0), ValueError, "lower_bound: expected a number in [-5, 0]"),
     (dict(use_qk_l2norm_in_kernel=True), TypeError, "unexpected keyword argument 'use_qk_l2norm_in_kernel'"),
     (dict(do="strided"), ValueError, "do: expected a contiguous last dim"),
     (dict(dfinal_state="transposed"), ValueError, "dfinal_state: expected a C-contiguous array"),
