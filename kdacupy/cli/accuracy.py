@@ -1,9 +1,10 @@
 """``python -m kdacupy.accuracy``: error against the float64 reference, FlashKDA style.
 
-For one backend, over a sweep of gate / bias regimes (docs/design.md section 2), prints max abs
+For one backend, over a sweep of gate / bias regimes (docs/design.md section 2: FlashKDA's regime values,
+every g regime crossed with every dt_bias regime; FlashKDA's own sweep takes each alone), prints max abs
 error and RMSE ratio ``||x - ref|| / ||ref||`` of the output and the final
 state, next to the bf16 rounding floor of the output (the error of rounding
-the exact output to bf16). Inputs follow FlashKDA's tests: l2-normalised bf16
+the exact output to bf16). Inputs as in FlashKDA's tests: l2-normalised bf16
 q/k, bf16 v, bf16 gate logits g and beta logits, sigmoid gate with
 lower_bound = -5, A_log ~ U(0, 1), no initial state, fp32 final state.
 

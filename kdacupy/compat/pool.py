@@ -86,12 +86,17 @@ def check_out(out, like, **inputs) -> None:
         raise ValueError(f"out: expected the shape of v {tuple(like.shape)}, got {tuple(out.shape)}")
     if out.dtype != like.dtype:
         raise TypeError(f"out: expected v's dtype {like.dtype} (o's), got {out.dtype}")
-    a0, a1 = _span(out)
     for name, x in inputs.items():
-        if x is not None and hasattr(x, "data_ptr"):
-            b0, b1 = _span(x)
-            if a0 < b1 and b0 < a1:
-                raise ValueError(f"out: expected memory separate from {name}, got a tensor overlapping {name}")
+        if x is not None and overlaps(out, x):
+            raise ValueError(f"out: expected memory separate from {name}, got a tensor overlapping {name}")
+
+
+def overlaps(a, b) -> bool:
+    """Do two torch tensors' byte spans meet (on one device)?"""
+    if not hasattr(b, "data_ptr") or a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
 
 
 def into(out, o):
