@@ -3,7 +3,10 @@
 as kdacupy's (docs/design.md section 7.1), and results written into a caller's ``out``."""
 from __future__ import annotations
 
+import torch
+
 from kdacupy.torch import decode_cache, kda_decode
+from kdacupy.torch.api import _index_tensor
 
 
 def sequences(q, cu_seqlens):
@@ -47,11 +50,23 @@ def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, front=Non
     return o
 
 
+def index_tensor(name, x):
+    """An engine's slot table as a torch integer tensor: tensors as given, lists of ints as int64
+    tensors; anything else (floats, bools, other objects) refused, naming the argument."""
+    x = _index_tensor(name, x)
+    if x is None:
+        raise ValueError(f"{name}: expected the pool slots of the sequences, got None")
+    if x.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected an int32 or int64 tensor, got {x.dtype}")
+    return x
+
+
 def token_slots(idx, T, num_accepted_tokens, name="ssm_state_indices"):
     """FLA's (and vLLM's copy of FLA's) slot tables as kdacupy's: ``[N]`` slots for one token per
     sequence, ``[N, C]`` slots (C >= T, the first T used) with ``num_accepted_tokens``. Their
     kernels write token t's state to slot ``idx[n * C + t]``, which for ``[N]`` slots and T > 1
     is ``idx[n + t]``, another sequence's slot: that use is refused."""
+    idx = index_tensor(name, idx)
     if idx.dim() == 1:
         if T != 1:
             raise NotImplementedError(f"{name}: [N] slots serve one token per sequence (FLA's kernel, and vLLM's "

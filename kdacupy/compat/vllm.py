@@ -29,16 +29,19 @@ Both prefill calls keep the state in fp32 through the chunks (``state_precision=
 vLLM's Triton kernels hold it. ``A_log`` in the layer's ``[1, 1, H, 1]`` shape and bf16 / fp16
 parameters are taken as they are.
 
+``[N]`` slots with several tokens per sequence, or unequal lengths, run as vLLM's CPU ops define
+them (each sequence starts from its slot and its final state goes back there; vLLM's Triton kernel
+would write token t's state to ``idx[n + t]``, another sequence's slot): one pooled chunked forward.
 What kdacupy cannot honour raises an error that names it: ``inplace_final_state=False``
 (vLLM then writes every token's state to a new ``[T, HV, V, K]``), a pool call without
-``ssm_state_indices``, ``[N]`` slots with several tokens per sequence (vLLM's kernel then writes
-token t's state to ``idx[n + t]``), unequal sequence lengths in a pool call, and unknown
-keywords (vLLM's ``**kwargs`` drops them silently). Gate arguments without the flag that uses
+``ssm_state_indices``, and unknown keywords (vLLM's ``**kwargs`` drops them silently). Gate arguments without the flag that uses
 them raise, naming the flag: ``a_log`` / ``g_bias`` / a ``lower_bound`` other than the default
 without ``compute_gate=True``, and a ``lower_bound`` other than the default without
 ``safe_gate=True`` (vLLM ignores them).
 """
 from __future__ import annotations
+
+import torch
 
 from kdacupy.torch import kda as _kda
 from kdacupy.torch.decode_cache import front, front_key
@@ -46,7 +49,7 @@ from kdacupy.torch.tensors import fp32_state_dtype
 
 from .gate import activate, kernel_gate
 from .patching import Patcher
-from .pool import check_out, into, sequences, step, token_slots
+from .pool import check_out, index_tensor, into, sequences, step, token_slots
 
 __all__ = ["chunk_kda", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd",
            "fused_kda_gate", "patch", "unpatch", "NULL_BLOCK_ID"]
@@ -159,6 +162,12 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_s
                          f"g_bias with compute_gate=True (vLLM asserts so), got None")
     gate = _bounded("fused_recurrent_kda_fwd", "compute_gate", compute_gate, dict(a_log=a_log, g_bias=g_bias),
                     lower_bound, softplus=False)
+    ssm_state_indices = index_tensor("ssm_state_indices", ssm_state_indices)
+    if ssm_state_indices.dim() == 1 and not _one_token_each(q, cu_seqlens):
+        return into(out, _per_sequence_slots(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices,
+                                             num_accepted_tokens, dict(qk_l2norm=use_qk_l2norm_in_kernel,
+                                                                       beta_sigmoid=sigmoid_beta, **gate))), \
+            initial_state
     N, T, cu = sequences(q, cu_seqlens)
     idx = token_slots(ssm_state_indices, T, num_accepted_tokens)
     # the null block as padding in the kernel: vLLM's slot table as it is, no per-step transform of it
@@ -167,6 +176,42 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_s
     o = step(q, k, v, g, beta, initial_state, idx, num_accepted_tokens, N, T, opts, front=fkey,
              raw=(q, k, v, g, beta, initial_state, ssm_state_indices, num_accepted_tokens), cu_seqlens=cu)
     return into(out, o), initial_state
+
+
+def _one_token_each(q, cu_seqlens) -> bool:
+    """One token per sequence (a decode step for kda_decode): host offsets are read; device ones
+    with as many tokens as sequences are left to the decode kernel, which checks them."""
+    if cu_seqlens is None:
+        return q.shape[1] == 1
+    if q.shape[1] != cu_seqlens.shape[0] - 1:
+        return False
+    return cu_seqlens.get_device() >= 0 or bool((cu_seqlens[1:] - cu_seqlens[:-1] == 1).all())
+
+
+def _per_sequence_slots(q, k, v, g, beta, scale, pool, cu_seqlens, idx, num_accepted_tokens, opts):
+    """``[N]`` slots with several tokens, or unequal lengths, per sequence: each sequence starts
+    from ``pool[idx[n]]`` and its final state goes back there, as vLLM's CPU ops do it
+    (``vllm/models/glm5next/cpu/ops/kda.py``, pinned by ``tests/kernels/mamba/cpu/test_cpu_kda_ops.py``
+    at 1b12080ef628534debf5cd9d173b4235b382142a: 3 sequences of 17, 13 and 10 tokens); slots at or
+    below the null block are skipped (zero output, the pool untouched). One pooled kda_forward
+    (chunked; the state kept in fp32 through the chunks, as vLLM's kernel holds it)."""
+    if num_accepted_tokens is not None:
+        raise ValueError("num_accepted_tokens: expected None with [N] ssm_state_indices (it picks the start slot "
+                         "among [N, C] ones)")
+    if cu_seqlens is not None and q.shape[0] != 1:
+        raise ValueError(f"q: expected batch size 1 with cu_seqlens (packed sequences), got {q.shape[0]}")
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if tuple(idx.shape) != (N,):
+        raise ValueError(f"ssm_state_indices: expected [N] = [{N}] slots (one per sequence), got {tuple(idx.shape)}")
+    pad = idx <= NULL_BLOCK_ID
+    slots = torch.where(pad, torch.full_like(idx, -1), idx)  # kdacupy's padding: from zeros, nothing written
+    o, _ = _kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, state_pool=pool, state_indices=slots,
+                state_layout="vk", state_precision="fp32", **opts)
+    if cu_seqlens is None:
+        return o.masked_fill(pad.to(o.device).reshape(-1, 1, 1, 1), 0)
+    cu = cu_seqlens.to(device=o.device, dtype=torch.int64)
+    seq = torch.searchsorted(cu[1:], torch.arange(o.shape[1], device=o.device), right=True).clamp(max=max(N - 1, 0))
+    return o.masked_fill(pad.to(o.device)[seq].reshape(1, -1, 1, 1), 0) if N else o
 
 
 def fused_recurrent_kda(q, k, v, g, beta=None, scale=None, initial_state=None, inplace_final_state=True,

@@ -232,6 +232,7 @@ def test_what_kdacupy_cannot_honour_raises_naming_it():
     gen = torch.Generator().manual_seed(5)
     A_log, dt_bias = params(gen)
     pool = pool_with_sentinels(gen)
+    before = pool.clone()
     q, k, v, beta = tokens(2, gen)
     g = -torch.rand(1, 2, H, D)
     cu, idx = torch.arange(3), torch.tensor([1, 2])
@@ -252,12 +253,66 @@ def test_what_kdacupy_cannot_honour_raises_naming_it():
         vllm.chunk_kda_with_fused_gate(q, k, v, g, beta, A_log, dt_bias, cu_seqlens=cu, lower_bound=-3.0)
     with pytest.raises(ValueError, match="^lower_bound: .*safe_gate=True"):
         vllm.fused_kda_gate(g.reshape(2, H * D), A_log, D, lower_bound=-3.0)
-    with pytest.raises(NotImplementedError, match=r"^ssm_state_indices: \[N\] slots serve one token"):
+    with pytest.raises(ValueError, match=r"^ssm_state_indices: expected \[N\] = \[1\] slots"):
         vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.tensor([0, 2]),
-                                 ssm_state_indices=idx[:1])
-    with pytest.raises(ValueError, match="^cu_seqlens: expected 1 tokens in every sequence"):
-        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.tensor([0, 0, 2]),
                                  ssm_state_indices=idx)
+    with pytest.raises(ValueError, match="^num_accepted_tokens: expected None with \\[N\\]"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.tensor([0, 2]),
+                                 ssm_state_indices=idx[:1], num_accepted_tokens=torch.tensor([1]))
+    with pytest.raises(TypeError, match="^ssm_state_indices: expected an integer tensor, a list of ints"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=[1.0, 2.0])
+    with pytest.raises(TypeError, match="^ssm_state_indices: expected an int32 or int64 tensor"):
+        vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx.float())
+    assert torch.equal(pool, before)
+
+
+# vLLM's CPU KDA ops test (tests/kernels/mamba/cpu/test_cpu_kda_ops.py at 1b12080ef628534debf5cd9d173b4235b382142a):
+# the recurrent op on unequal lengths, one slot per sequence, slot 0 the null block
+SEQ_LENS, SLOTS = [17, 13, 10], [1, 3, 5]
+
+
+def _unequal_inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(SEQ_LENS)
+    q, k, v = (torch.randn(1, T, H, D, generator=gen) for _ in range(3))
+    g, beta = torch.randn(1, T, H, D, generator=gen) * 0.5, torch.randn(1, T, H, generator=gen) * 0.5
+    a_log, g_bias = torch.randn(H, generator=gen) * 0.3 - 1.0, torch.randn(H, D, generator=gen) * 0.1
+    return q, k, v, g, beta, a_log, g_bias, torch.randn(P, H, D, D, generator=gen) * 0.3
+
+
+@pytest.mark.parametrize("slots", [SLOTS, [0, 2, 0]], ids=["slots", "null-slots"])
+def test_the_recurrent_op_on_unequal_lengths_as_vllms_cpu_ops_test_calls_it(slots):
+    q, k, v, g, beta, a_log, g_bias, init = _unequal_inputs(12345)
+    cu = torch.tensor([0] + list(np.cumsum(SEQ_LENS)), dtype=torch.int32)
+    cache = init.clone()
+    o, pool = vllm.fused_recurrent_kda(q.clone(), k.clone(), v.clone(), g.clone(), beta.clone(), initial_state=cache,
+                                       use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                       ssm_state_indices=torch.tensor(slots, dtype=torch.int32), sigmoid_beta=True,
+                                       a_log=a_log, g_bias=g_bias, compute_gate=True, lower_bound=-5.0)
+    assert pool is cache
+    gate = bounded_gate(f64(g)[0], f64(a_log), f64(g_bias), -5.0)
+    starts = [vk(f64(init[s])) for s in slots]
+    o_ref, finals = expected(q, k, v, gate, torch.sigmoid(beta), starts, cu.tolist())
+    for n, s in enumerate(slots):
+        rows = slice(int(cu[n]), int(cu[n + 1]))
+        if s <= vllm.NULL_BLOCK_ID:  # skipped: zero output, the slot untouched
+            assert not o[0, rows].any()
+            continue
+        assert rmse_ratio(o[0, rows], o_ref[rows]) < 1e-5
+        assert rmse_ratio(cache[s], vk(finals[n])) < POOL
+    untouched = [p for p in range(P) if p not in slots or p <= vllm.NULL_BLOCK_ID]
+    assert torch.equal(cache[untouched], init[untouched])
+
+
+def test_one_sequence_of_several_tokens_and_an_empty_one():
+    q, k, v, g, beta, a_log, g_bias, init = _unequal_inputs(7)
+    cu = torch.tensor([0, 0, 9])
+    cache = init.clone()
+    o, _ = vllm.fused_recurrent_kda(q[:, :9], k[:, :9], v[:, :9], -torch.rand(1, 9, H, D), beta[:, :9],
+                                    initial_state=cache, cu_seqlens=cu, ssm_state_indices=torch.tensor([4, 6]),
+                                    sigmoid_beta=True)
+    assert torch.equal(cache[4], init[4]) and not torch.equal(cache[6], init[6])  # the empty one: its state kept
+    assert o.shape == (1, 9, H, D) and o.abs().max() > 0
 
 
 def fake_vllm(monkeypatch):
