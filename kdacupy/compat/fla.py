@@ -44,7 +44,7 @@ from kdacupy.torch.decode_cache import front, front_key
 from kdacupy.torch.tensors import fp32_state_dtype, slots
 
 from .gate import FLOAT32, activate, kernel_gate
-from .pool import check_out, into, sequences, step, token_slots
+from .pool import caller_names, check_out, into, sequences, step, token_slots
 
 __all__ = ["chunk_kda", "fused_kda_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "patch", "unpatch"]
 
@@ -266,14 +266,16 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
                          "got None")
     if ssm_state_indices is None:
         N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        o, _ = _kda(q, k, v, g, beta, cu_seqlens=cu_seqlens, state_pool=initial_state,
-                    state_indices=slots(N, initial_state), **opts)
+        with caller_names(state_pool="initial_state"):
+            o, _ = _kda(q, k, v, g, beta, cu_seqlens=cu_seqlens, state_pool=initial_state,
+                        state_indices=slots(N, initial_state), **opts)
         return into(out, o), initial_state
     N, T, cu = sequences(q, cu_seqlens)
     idx = token_slots(ssm_state_indices, T, num_accepted_tokens)
-    return into(out, step(q, k, v, g, beta, initial_state, idx, num_accepted_tokens, N, T, opts, front=fkey,
-                          raw=(q, k, v, g, beta, initial_state, ssm_state_indices, num_accepted_tokens),
-                          cu_seqlens=cu)), initial_state
+    with caller_names(state_pool="initial_state", state_indices="ssm_state_indices"):
+        o = step(q, k, v, g, beta, initial_state, idx, num_accepted_tokens, N, T, opts, front=fkey,
+                 raw=(q, k, v, g, beta, initial_state, ssm_state_indices, num_accepted_tokens), cu_seqlens=cu)
+    return into(out, o), initial_state
 
 
 # ---------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 as kdacupy's (docs/design.md section 7.1), and results written into a caller's ``out``."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from kdacupy.torch import decode_cache, kda_decode
@@ -48,6 +50,23 @@ def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, front=Non
     if front is not None:
         decode_cache.alias(front, key, T, raw, (q, k, v, g, beta, pool, idx, num_accepted_tokens))
     return o
+
+
+@contextlib.contextmanager
+def caller_names(**names):
+    """kdacupy's argument names in errors raised inside, as the caller spelled them (e.g.
+    ``state_indices`` -> ``ssm_state_indices``): an error names the argument the caller passed."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        head, sep, rest = str(e).partition(":")
+        if not sep or head not in names:
+            raise
+        try:
+            renamed = type(e)(f"{names[head]}:{rest}")
+        except Exception:  # noqa: BLE001  (an exception type with another constructor)
+            raise e from None
+        raise renamed from e
 
 
 def index_tensor(name, x):

@@ -32,6 +32,10 @@ SGLang's calls, as kdacupy does them:
 Prefill keeps the state in fp32 through the chunks (``state_precision="fp32"``), as SGLang's
 Triton kernels hold it.
 
+``fused_recurrent_kda_packed_decode`` (``python/sglang/kernels/ops/attention/fla/fused_recurrent.py`` at
+047d31af2516212c09b8ce356fae8298ba8526d7: one token per request, q, k, v packed in one row) is the
+same decode on views of the packed rows; ``kda_gate_chunk_cumsum`` (FLA's, which SGLang's chunked
+prefill and kernel tests call) is the gate and its chunk-local cumulative sum as torch ops.
 ``output_intermediate_states=True`` returns ``(o, h)``, h the state entering every 64-token
 chunk (kda_forward's checkpoints). target_verify (``retrieve_parent_token``,
 ``intermediate_states_buffer`` [.., cache_steps, HV, V, K], ``intermediate_state_indices``,
@@ -44,14 +48,17 @@ keywords (SGLang's ``**kwargs`` drops them silently). ``dt_bias`` or ``lower_bou
 """
 from __future__ import annotations
 
+import torch
+
 from kdacupy.torch import kda as _kda
 from kdacupy.torch.decode_cache import front, front_key
 
 from .gate import SOFTPLUS_THRESHOLD, activate, kernel_gate
 from .patching import Patcher
-from .pool import sequences, step
+from .pool import caller_names, index_tensor, overlaps, sequences, step
 
-__all__ = ["chunk_kda", "fused_sigmoid_gating_delta_rule_update", "patch", "unpatch"]
+__all__ = ["chunk_kda", "fused_sigmoid_gating_delta_rule_update", "fused_recurrent_kda_packed_decode",
+           "kda_gate_chunk_cumsum", "patch", "unpatch"]
 
 
 def _refuse_unknown(fn, kwargs):
@@ -91,8 +98,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, initial_state_in
                 **_gate("chunk_kda", A_log, dt_bias, lower_bound))
     if output_intermediate_states:
         return _extend_with_chunk_states(q, k, v, g, beta, initial_state, initial_state_indices, cu_seqlens, opts)
-    o, _ = _kda(q, k, v, g, beta, cu_seqlens=cu_seqlens, state_pool=initial_state,
-                state_indices=initial_state_indices, **opts)
+    with caller_names(state_pool="initial_state", state_indices="initial_state_indices"):
+        o, _ = _kda(q, k, v, g, beta, cu_seqlens=cu_seqlens, state_pool=initial_state,
+                    state_indices=initial_state_indices, **opts)
     return o
 
 
@@ -101,9 +109,19 @@ def _extend_with_chunk_states(q, k, v, g, beta, pool, idx, cu_seqlens, opts):
     entering every 64-token chunk, h [B, NT, HV, V, K] in q's dtype (prefix caching): kda_forward's
     checkpoints every 64 tokens, each sequence's first chunk its slot's state (zeros for -1)."""
     from kdacupy.torch.states import forward_with_chunk_states
-    initial = pool[idx.clamp(min=0)] * (idx >= 0).reshape(-1, 1, 1, 1).to(pool.dtype)  # on the device
-    o, _, h = forward_with_chunk_states(q, k, v, g, beta, chunk=64, cu_seqlens=cu_seqlens, opts=opts,
-                                        initial=initial, state_pool=pool, state_indices=idx)
+    idx = index_tensor("initial_state_indices", idx)
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if idx.dim() != 1 or idx.shape[0] != N:
+        raise ValueError(f"initial_state_indices: expected [N] = [{N}] slots (one per sequence), got "
+                         f"{tuple(idx.shape)}")
+    # the slots' states gathered on the device, out-of-range slots read as padding (zeros), as the
+    # kernels treat device slots outside [0, P); host slots past the pool are refused by kda_forward
+    P = pool.shape[0]
+    real = (idx >= 0) & (idx < P)
+    initial = pool[idx.clamp(0, max(P - 1, 0))] * real.reshape(-1, 1, 1, 1).to(pool.dtype)
+    with caller_names(state_pool="initial_state", state_indices="initial_state_indices"):
+        o, _, h = forward_with_chunk_states(q, k, v, g, beta, chunk=64, cu_seqlens=cu_seqlens, opts=opts,
+                                            initial=initial, state_pool=pool, state_indices=idx)
     return o, h
 
 
@@ -166,8 +184,9 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, sof
                               intermediate_states_buffer=intermediate_states_buffer,
                               intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
                               retrieve_parent_token=retrieve_parent_token, cu_seqlens=cu)
-    return step(q, k, v, g, beta, initial_state_source, initial_state_indices, None, N, T, opts, front=fkey,
-                raw=(a, q, k, v, b, initial_state_source, initial_state_indices), cu_seqlens=cu)
+    with caller_names(state_pool="initial_state_source", state_indices="initial_state_indices"):
+        return step(q, k, v, g, beta, initial_state_source, initial_state_indices, None, N, T, opts, front=fkey,
+                    raw=(a, q, k, v, b, initial_state_source, initial_state_indices), cu_seqlens=cu)
 
 
 def _target_verify(q, k, v, g, beta, pool, idx, N, T, opts, *, disable_state_update, intermediate_states_buffer,
@@ -199,10 +218,117 @@ def _target_verify(q, k, v, g, beta, pool, idx, N, T, opts, *, disable_state_upd
                   rows=intermediate_state_indices, update_pool=not disable_state_update, cu_seqlens=cu_seqlens)
 
 
+def _tensor(fn, name, x, dims=None):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: {fn}() expected a torch tensor, got {type(x).__name__}")
+    if dims is not None and x.dim() != dims:
+        raise ValueError(f"{name}: {fn}() expected a {dims}-D tensor, got shape {tuple(x.shape)}")
+
+
+def fused_recurrent_kda_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                                      use_qk_l2norm_in_kernel=False, lower_bound=None):
+    """SGLang's one-token KDA decode from the packed post-convolution projection: ``mixed_qkv``
+    [B, 2 * H * K + HV * V] (q, k, v side by side), the raw gate ``a`` [B, HV * K], beta logits ``b``
+    [B, HV], ``A_log`` [HV], ``dt_bias`` [HV * K]; the pool ``initial_state`` [P, HV, V, K] updated in
+    place at ``ssm_state_indices`` [B] (-1: skipped, zero output); o written into ``out``
+    [B, 1, HV, V]. Returns ``(out, initial_state)``. One ``kdacupy.kda_decode`` launch on views of
+    ``mixed_qkv`` (no copy of it), as ``fused_sigmoid_gating_delta_rule_update`` with ``is_kda=True``.
+    Every argument is checked before the pool or ``out`` is written."""
+    fn = "fused_recurrent_kda_packed_decode"
+    for name, x, dims in (("mixed_qkv", mixed_qkv, 2), ("a", a, 2), ("b", b, 2), ("A_log", A_log, None),
+                          ("dt_bias", dt_bias, None), ("initial_state", initial_state, 4), ("out", out, 4)):
+        _tensor(fn, name, x, dims)
+    idx = index_tensor("ssm_state_indices", ssm_state_indices)
+    B = mixed_qkv.shape[0]
+    HV, V, K = initial_state.shape[1:]
+    if idx.shape != (B,):
+        raise ValueError(f"ssm_state_indices: expected [B] = [{B}] slots, got {tuple(idx.shape)}")
+    for name, x, want in (("a", a, (B, HV * K)), ("b", b, (B, HV)), ("out", out, (B, 1, HV, V))):
+        if tuple(x.shape) != want:
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(x.shape)}")
+    for name, x, n in (("A_log", A_log, HV), ("dt_bias", dt_bias, HV * K)):
+        if x.numel() != n:
+            raise ValueError(f"{name}: expected {n} elements, got {x.numel()}")
+    qk = mixed_qkv.shape[1] - HV * V
+    if qk <= 0 or qk % (2 * K) or HV % (qk // (2 * K)):
+        raise ValueError(f"mixed_qkv: expected a last dim of 2 * H * K + HV * V with K = {K}, HV = {HV}, V = {V} "
+                         f"and HV a multiple of H, got {mixed_qkv.shape[1]}")
+    if out.dtype != mixed_qkv.dtype:
+        raise TypeError(f"out: expected mixed_qkv's dtype {mixed_qkv.dtype}, got {out.dtype}")
+    for name, x in (("mixed_qkv", mixed_qkv), ("a", a), ("b", b), ("initial_state", initial_state),
+                    ("ssm_state_indices", idx)):
+        if overlaps(out, x):
+            raise ValueError(f"out: expected memory separate from {name}, got a tensor overlapping {name}")
+    H = qk // (2 * K)
+    q = mixed_qkv[:, :H * K].view(B, 1, H, K)
+    k = mixed_qkv[:, H * K:2 * H * K].view(B, 1, H, K)
+    v = mixed_qkv[:, 2 * H * K:].view(B, 1, HV, V)
+    o = fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, 1.0, 20.0, q, k, v, b, initial_state, idx,
+                                               scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                               is_kda=True, lower_bound=lower_bound)
+    out.copy_(o.reshape(out.shape))
+    return out, initial_state
+
+
+def kda_gate_chunk_cumsum(g, A_log, chunk_size, scale=None, dt_bias=None, cu_seqlens=None,
+                          output_dtype=torch.float, chunk_indices=None, lower_bound=None, **kwargs):
+    """The chunked prefill's fused gate (FLA's ``kda_gate_chunk_cumsum``, which SGLang's KDA kernels and
+    kernel tests call): the gate of raw ``g`` [B, T, H, K] (``-exp(A_log) * softplus(g + dt_bias)``, or
+    ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``), summed cumulatively within each
+    ``chunk_size``-token chunk of each sequence (``cu_seqlens``: B = 1, chunks restart at every
+    sequence), times ``scale``; float32 arithmetic (torch ops), ``output_dtype`` out. A_log: H
+    elements; dt_bias: H * K. ``chunk_indices`` (FLA's precomputed chunk table) is not needed."""
+    fn = "kda_gate_chunk_cumsum"
+    _refuse_unknown(fn, kwargs)
+    _tensor(fn, "g", g, 4)
+    _tensor(fn, "A_log", A_log)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1 or \
+            chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size: expected a power of 2, got {chunk_size!r}")
+    if cu_seqlens is not None:
+        cu_seqlens = index_tensor("cu_seqlens", cu_seqlens)
+        if g.shape[0] != 1:
+            raise ValueError(f"g: expected batch size 1 with cu_seqlens (packed sequences), got {g.shape[0]}")
+    B, T, H, K = g.shape
+    if A_log.numel() != H or (dt_bias is not None and dt_bias.numel() != H * K):
+        raise ValueError(f"{'A_log' if A_log.numel() != H else 'dt_bias'}: expected {H if A_log.numel() != H else H * K}"
+                         f" elements (H = {H}, K = {K})")
+    gate = activate(g, A_log, dt_bias, lower_bound)
+    out = _chunk_cumsum(gate, chunk_size, cu_seqlens)
+    if scale is not None:
+        out = out * scale
+    return out.to(output_dtype or g.dtype)
+
+
+def _chunk_cumsum(x, BT, cu_seqlens):
+    """Inclusive cumulative sums of x [B, T, H, K] along T within chunks of BT tokens (of each
+    sequence with cu_seqlens): each token scattered to (its chunk, its place), one cumsum, gathered
+    back; on x's device, no host sync (the chunk buffer is sized by its bound T / BT + N)."""
+    B, T, H, K = x.shape
+    if cu_seqlens is None:
+        NT = -(-T // BT)
+        padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, NT * BT - T))
+        return padded.reshape(B, NT, BT, H, K).cumsum(2).reshape(B, NT * BT, H, K)[:, :T]
+    cu = cu_seqlens.to(device=x.device, dtype=torch.int64)
+    N = cu.shape[0] - 1
+    chunks = torch.cat([cu.new_zeros(1), ((cu[1:] - cu[:-1] + BT - 1) // BT).cumsum(0)])
+    t = torch.arange(T, device=x.device)
+    seq = torch.searchsorted(cu[1:], t, right=True).clamp(max=max(N - 1, 0))
+    local = t - cu[seq]
+    row, col = chunks[seq] + local // BT, local % BT
+    buf = x.new_zeros((T // BT + N + 1, BT, H, K))
+    buf[row, col] = x[0]
+    return buf.cumsum(1)[row, col].unsqueeze(0)
+
+
 _HOMES = ("sglang.kernels.ops.attention.fla.kda", "sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent",
-          "sglang.srt.layers.attention.fla.kda", "sglang.srt.layers.attention.fla.fused_sigmoid_gating_recurrent")
+          "sglang.kernels.ops.attention.fla.fused_recurrent", "sglang.kernels.ops.attention.fla.gate",
+          "sglang.srt.layers.attention.fla.kda", "sglang.srt.layers.attention.fla.fused_sigmoid_gating_recurrent",
+          "sglang.srt.layers.attention.fla.fused_recurrent")
 _PATCHER = Patcher("sglang", _HOMES, {"chunk_kda": chunk_kda,
-                                      "fused_sigmoid_gating_delta_rule_update": fused_sigmoid_gating_delta_rule_update})
+                                      "fused_sigmoid_gating_delta_rule_update": fused_sigmoid_gating_delta_rule_update,
+                                      "fused_recurrent_kda_packed_decode": fused_recurrent_kda_packed_decode,
+                                      "kda_gate_chunk_cumsum": kda_gate_chunk_cumsum})
 
 
 def patch():

@@ -49,7 +49,7 @@ from kdacupy.torch.tensors import fp32_state_dtype
 
 from .gate import activate, kernel_gate
 from .patching import Patcher
-from .pool import check_out, index_tensor, into, sequences, step, token_slots
+from .pool import caller_names, check_out, index_tensor, into, sequences, step, token_slots
 
 __all__ = ["chunk_kda", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd",
            "fused_kda_gate", "patch", "unpatch", "NULL_BLOCK_ID"]
@@ -173,8 +173,9 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_s
     # the null block as padding in the kernel: vLLM's slot table as it is, no per-step transform of it
     opts = dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=sigmoid_beta, state_layout="vk",
                 null_slot=NULL_BLOCK_ID, **gate)
-    o = step(q, k, v, g, beta, initial_state, idx, num_accepted_tokens, N, T, opts, front=fkey,
-             raw=(q, k, v, g, beta, initial_state, ssm_state_indices, num_accepted_tokens), cu_seqlens=cu)
+    with caller_names(state_pool="initial_state", state_indices="ssm_state_indices"):
+        o = step(q, k, v, g, beta, initial_state, idx, num_accepted_tokens, N, T, opts, front=fkey,
+                 raw=(q, k, v, g, beta, initial_state, ssm_state_indices, num_accepted_tokens), cu_seqlens=cu)
     return into(out, o), initial_state
 
 
@@ -205,8 +206,9 @@ def _per_sequence_slots(q, k, v, g, beta, scale, pool, cu_seqlens, idx, num_acce
         raise ValueError(f"ssm_state_indices: expected [N] = [{N}] slots (one per sequence), got {tuple(idx.shape)}")
     pad = idx <= NULL_BLOCK_ID
     slots = torch.where(pad, torch.full_like(idx, -1), idx)  # kdacupy's padding: from zeros, nothing written
-    o, _ = _kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, state_pool=pool, state_indices=slots,
-                state_layout="vk", state_precision="fp32", **opts)
+    with caller_names(state_pool="initial_state", state_indices="ssm_state_indices"):
+        o, _ = _kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, state_pool=pool, state_indices=slots,
+                    state_layout="vk", state_precision="fp32", **opts)
     if cu_seqlens is None:
         return o.masked_fill(pad.to(o.device).reshape(-1, 1, 1, 1), 0)
     cu = cu_seqlens.to(device=o.device, dtype=torch.int64)

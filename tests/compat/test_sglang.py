@@ -235,3 +235,107 @@ def test_patch_swaps_sglangs_names_and_the_backends_calls_run_on_kdacupy(monkeyp
         sglang.unpatch()
     assert (backend.chunk_kda, backend.fused_sigmoid_gating_delta_rule_update) == originals
     assert (ops_kda.chunk_kda, ops_dec.fused_sigmoid_gating_delta_rule_update) == originals
+
+
+def test_packed_decode_as_sglangs_kernel_tests_call_it():
+    """fused_recurrent_kda_packed_decode (python/sglang/kernels/ops/attention/fla/fused_recurrent.py at
+    047d31af2516212c09b8ce356fae8298ba8526d7): q, k, v packed in one row per request, the raw gate
+    a [B, HV * K], beta logits b [B, HV], out [B, 1, HV, V]; -1 skips the request (zero output)."""
+    N = 3
+    gen, q, k, v, A_log, dt_bias, pool = setup(15, N)
+    before = pool.clone()
+    mixed = torch.cat([x[0].reshape(N, H * D) for x in (q, k, v)], dim=1)
+    a = torch.randn(N, H * D, generator=gen).bfloat16()
+    b = torch.randn(N, H, generator=gen).bfloat16()
+    idx = torch.tensor([5, -1, 2], dtype=torch.int32)
+    out = torch.full((N, 1, H, D), 9.0, dtype=torch.bfloat16)
+    res, res_pool = sglang.fused_recurrent_kda_packed_decode(mixed, a, b, A_log.reshape(H), dt_bias, D ** -0.5, pool,
+                                                             out, idx, use_qk_l2norm_in_kernel=True,
+                                                             lower_bound=-5.0)
+    assert res is out and res_pool is pool
+    g_ref = bounded_gate(f64(a).reshape(N, H, D), f64(A_log), f64(dt_bias), -5.0)
+    finals, ref = {}, np.zeros((N, H, D))
+    for n in (0, 2):
+        ref[n], states = run(f64(q)[0, n:n + 1], f64(k)[0, n:n + 1], f64(v)[0, n:n + 1], g_ref[n:n + 1],
+                             sigmoid(f64(b)[n:n + 1]), vk(f64(before[idx[n]])))
+        finals[int(idx[n])] = states[-1]
+    assert rmse_ratio(out[[0, 2], 0], ref[[0, 2]]) < OUT and not out[1].any()
+    check_pool(pool, before, finals, [5, 2])
+
+
+def test_packed_decode_refuses_bad_arguments_before_writing():
+    N = 2
+    gen, q, k, v, A_log, dt_bias, pool = setup(16, N)
+    mixed = torch.cat([x[0].reshape(N, H * D) for x in (q, k, v)], dim=1)
+    a, b = torch.randn(N, H * D, generator=gen), torch.randn(N, H, generator=gen)
+    idx, out = torch.tensor([1, 2]), torch.zeros(N, 1, H, D, dtype=torch.bfloat16)
+    good = dict(mixed_qkv=mixed, a=a, b=b, A_log=A_log.reshape(H), dt_bias=dt_bias, scale=0.125,
+                initial_state=pool, out=out, ssm_state_indices=idx)
+    bad = [("out", dict(out=out[:1]), ValueError), ("out", dict(out=out.float()), TypeError),
+           ("out", dict(out=mixed[:, :H * D].view(N, 1, H, D)), ValueError),
+           ("mixed_qkv", dict(mixed_qkv=mixed[:, 1:]), ValueError), ("a", dict(a=a[:, :D]), ValueError),
+           ("ssm_state_indices", dict(ssm_state_indices=[0.5, 1.5]), TypeError),
+           ("ssm_state_indices", dict(ssm_state_indices=idx[:1]), ValueError),
+           ("b", dict(b=b.tolist()), TypeError), ("dt_bias", dict(dt_bias=dt_bias[:H]), ValueError)]
+    for name, change, error in bad:
+        args = dict(good, **change)
+        snapshot = {n: x.clone() for n, x in args.items() if isinstance(x, torch.Tensor)}
+        with pytest.raises(error, match=f"^{name}"):
+            sglang.fused_recurrent_kda_packed_decode(**args)
+        for n, x in snapshot.items():
+            assert torch.equal(args[n], x), f"{n} written by a call refused for {name}"
+
+
+def _chunk_cumsum_reference(gate, BT, lens, scale):
+    out = np.zeros_like(gate)
+    bos = 0
+    for n in lens:
+        for c in range(0, n, BT):
+            s = slice(bos + c, bos + min(c + BT, n))
+            out[s] = np.cumsum(gate[s], axis=0)
+        bos += n
+    return out * (1.0 if scale is None else scale)
+
+
+@pytest.mark.parametrize("lens,lower_bound,scale", [([100], None, None), ([17, 0, 64, 1, 40], -5.0, 1.4426950216293335),
+                                                    ([64, 65], None, 1.4426950216293335)],
+                         ids=["one-sequence", "varlen-bounded", "chunk-edges"])
+def test_kda_gate_chunk_cumsum_against_float64(lens, lower_bound, scale):
+    """The chunked gate cumsum as SGLang's kernel tests call it (FLA's kda_gate_chunk_cumsum: g=,
+    A_log=, dt_bias=, scale=RCP_LN2, chunk_size=64, cu_seqlens=, chunk_indices=, lower_bound=)."""
+    T, BT = sum(lens), 64
+    gen = torch.Generator().manual_seed(17)
+    g = torch.randn(1, T, H, D, generator=gen).bfloat16()
+    A_log, dt_bias = torch.randn(H, generator=gen), torch.randn(H * D, generator=gen)
+    cu = torch.tensor(np.cumsum([0] + lens)) if len(lens) > 1 else None
+    out = sglang.kda_gate_chunk_cumsum(g=g, A_log=A_log, dt_bias=dt_bias, scale=scale, chunk_size=BT, cu_seqlens=cu,
+                                       chunk_indices=None, lower_bound=lower_bound)
+    assert out.dtype == torch.float32 and out.shape == g.shape
+    raw = f64(g)[0]
+    gate = (softplus_gate(raw, f64(A_log), f64(dt_bias)) if lower_bound is None
+            else bounded_gate(raw, f64(A_log), f64(dt_bias), lower_bound))
+    ref = _chunk_cumsum_reference(gate, BT, lens, scale)
+    assert np.abs(f64(out)[0] - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
+    with pytest.raises(ValueError, match="^chunk_size: expected a power of 2"):
+        sglang.kda_gate_chunk_cumsum(g, A_log, 48)
+    with pytest.raises(TypeError, match="'head_first'"):
+        sglang.kda_gate_chunk_cumsum(g, A_log, 64, head_first=True)
+
+
+def test_intermediate_states_with_bad_slots_refused_before_the_pool_is_read():
+    """chunk_kda(output_intermediate_states=True) gathers the slots' states for h: its slots are
+    checked first (float slots, a list of floats, the wrong count), naming initial_state_indices."""
+    lens = [5, 3]
+    gen, q, k, v, A_log, dt_bias, pool = setup(18, sum(lens))
+    before = pool.clone()
+    g, beta = -torch.rand(1, sum(lens), H, D), torch.rand(1, sum(lens), H)
+    cu = torch.tensor([0, 5, 8])
+    for idx, error in ((torch.tensor([1.0, 2.0]), TypeError), ([0.5, 1.0], TypeError),
+                       (torch.tensor([1, 2, 3]), ValueError), (torch.tensor([1, P + 3]), ValueError)):
+        with pytest.raises(error, match="^initial_state_indices"):
+            sglang.chunk_kda(q, k, v, g, beta, initial_state=pool, initial_state_indices=idx, cu_seqlens=cu,
+                             output_intermediate_states=True)
+        assert torch.equal(pool, before)
+    o, h = sglang.chunk_kda(q, k, v, g, beta, initial_state=pool, initial_state_indices=[1, 2], cu_seqlens=cu,
+                            output_intermediate_states=True)
+    assert torch.equal(h[0, 0].float(), before[1].to(h.dtype).float()) and not torch.equal(pool[1], before[1])
