@@ -11,6 +11,8 @@ import numbers
 import numpy as np
 import torch
 
+from kdacupy.validation.shapes import check_tokens
+
 from . import autograd  # noqa: F401  (registers the forward op's autograd)
 from . import decode_cache, eager, ops
 
@@ -39,6 +41,21 @@ def _name(name, x):
     if x is not None and not isinstance(x, str):
         raise TypeError(f"{name}: expected a str, got {x!r}")
     return x
+
+
+def _tensors(required, optional):
+    """Every array argument a torch tensor (optional ones may be None): a TypeError naming the first
+    that is not, before anything reads it. Then no [B, T] of 2^31 tokens or more (the kernels take
+    token counts as 32-bit ints; kdacupy's validation says the same), before a copy is made of it."""
+    for name, x in required.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+    for name, x in optional.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor or None, got {type(x).__name__}")
+    q = required["q"]
+    if q.dim() >= 2:
+        check_tokens("q", q.shape[0] * q.shape[1], tuple(q.shape))
 
 
 def _index_tensor(name, x):
@@ -104,6 +121,8 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
     """
     if unknown:
         _unexpected("kda", unknown)
+    _tensors(dict(q=q, k=k, v=v, g=g), dict(beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias,
+                                            state_pool=state_pool))
     if state_dtype is not None and not isinstance(state_dtype, torch.dtype):
         raise TypeError(f"state_dtype: expected a torch dtype or None, got {state_dtype!r}")
     if sequence_parallel is not None and (not isinstance(sequence_parallel, int) or isinstance(sequence_parallel,
@@ -150,6 +169,7 @@ def kda_decode(q, k, v, g, beta=None, *, state_pool, state_indices, num_accepted
     packed offsets of the N sequences, [0, T, ..., N T] (device ones checked in the kernel)."""
     if unknown:
         _unexpected("kda_decode", unknown)
+    _tensors(dict(q=q, k=k, v=v, g=g), dict(beta=beta, state_pool=state_pool, A_log=A_log, dt_bias=dt_bias))
     # this call as made, found by its own key (no options dict, no step key): decode_cache.front
     tensors = (q, k, v, g, beta, state_pool, state_indices, num_accepted_tokens, cu_seqlens)
     fkey = decode_cache.front_key("kdacupy.torch.kda_decode", tensors, (A_log, dt_bias), (

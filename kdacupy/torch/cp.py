@@ -22,7 +22,7 @@ from torch import Tensor
 
 from kdacupy.distributed import kda_backward_cp, kda_forward_cp
 
-from .api import _dense, _flag, _gate_params, _index_tensor, _name, _real, _rows, _unexpected
+from .api import _dense, _flag, _gate_params, _index_tensor, _name, _real, _rows, _tensors, _unexpected
 from .bridge import empty_like_rows, numpy_dtype, on_torch_stream, to_array, to_tensor
 from .ops import _forward_outputs_fake, _nothing
 
@@ -176,6 +176,7 @@ def kda_cp(q, k, v, g, beta=None, *, group=None, scale=None, initial_state=None,
     """
     if unknown:
         _unexpected("kda_cp", unknown)
+    _tensors(dict(q=q, k=k, v=v, g=g), dict(beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias))
     if state_dtype is not None and not isinstance(state_dtype, torch.dtype):
         raise TypeError(f"state_dtype: expected a torch dtype or None, got {state_dtype!r}")
     cu = _index_tensor("cu_seqlens", cu_seqlens)

@@ -18,6 +18,17 @@ class Sizes:
     V: int
 
 
+#: tokens of one call, B * T: the kernels take token counts and offsets as 32-bit ints
+MAX_TOKENS = (1 << 31) - 1
+
+
+def check_tokens(name, tokens, shape) -> None:
+    """B * T within MAX_TOKENS, on every backend alike (the NumPy ones would take more)."""
+    if tokens > MAX_TOKENS:
+        fail(name, f"at most 2^31 - 1 tokens (B * T; the kernels take token counts as 32-bit ints)",
+             f"B * T = {tokens} (shape {shape})")
+
+
 def check_shapes(arrays) -> Sizes:
     q, k, v, g = (arrays[n] for n in "qkvg")
     for n in "qkvg":
@@ -25,6 +36,7 @@ def check_shapes(arrays) -> Sizes:
             fail(n, "a 4-D array", f"{arrays[n].ndim}-D array of shape {tuple(arrays[n].shape)}")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
+    check_tokens("q", B * T, tuple(q.shape))
     if B < 1:
         fail("q", "batch size B >= 1", f"shape {tuple(q.shape)}")
     check_shape("k", k, q.shape, "(like q: [B, T, H, K])")

@@ -194,3 +194,28 @@ def test_errors_name_the_argument():
         with pytest.raises(TypeError, match=f"^{name}: expected an integer tensor, a list of ints or None, got a list"):
             call(bad)
         assert torch.equal(pool, before)
+    # arguments that are not tensors are named, not an AttributeError from inside
+    for i, name in enumerate(ARRAYS):
+        for bad in ([1.0], args[i].numpy(), "x"):
+            with pytest.raises(TypeError, match=f"^{name}: expected a torch tensor"):
+                kt.kda(*args[:i], bad, *args[i + 1:], **o)
+            with pytest.raises(TypeError, match=f"^{name}: expected a torch tensor"):
+                kt.kda_decode(*args[:i], bad, *args[i + 1:], state_pool=pool, state_indices=[0])
+    for name in ("initial_state", "A_log", "dt_bias", "state_pool"):
+        with pytest.raises(TypeError, match=f"^{name}: expected a torch tensor or None, got list"):
+            kt.kda(*args, **dict(o, **{name: [0.0]}))
+    with pytest.raises(TypeError, match="^state_pool: expected a torch tensor or None, got list"):
+        kt.kda_decode(*args, state_pool=[0.0], state_indices=[0])
+
+
+def test_more_tokens_than_the_kernels_count_are_refused_before_any_copy():
+    """B * T >= 2^31 (the launchers' 32-bit token counts): refused naming q on every backend, before
+    the face copies a broadcast (stride-0) tensor into memory."""
+    huge = torch.zeros(1, dtype=torch.float32).expand(2, 1 << 30, 1, 16)  # 2^31 tokens, no memory
+    v = torch.zeros(1).expand(2, 1 << 30, 1, 16)
+    with pytest.raises(ValueError, match=r"^q: expected at most 2\^31 - 1 tokens"):
+        kt.kda(huge, huge, v, huge)
+    a = np.broadcast_to(np.zeros(1, np.float32), (2, 1 << 30, 1, 16))
+    for backend in ("reference", "model"):
+        with pytest.raises(ValueError, match=r"^q: expected at most 2\^31 - 1 tokens"):
+            kdacupy.kda_forward(a, a, a, a, backend=backend)
