@@ -172,6 +172,41 @@ def fla_cp_case(ranks, group):
     assert not problems, "; ".join(problems)
 
 
+def fla_zigzag_case(ranks, group):
+    """chunk_kda with FLA's own build_cp_context(layout="zigzag") (rank r holds parts r and 2W-1-r)
+    against chunk_kda on the whole packed stream: the output and every gradient, float64 to 1e-10
+    (A_log's and dt_bias's summed over the ranks); sequences cross the middle and the parts."""
+    from fla.ops.cp import build_cp_context
+
+    from kdacupy.compat.fla import chunk_kda
+    x, opts = float64(*make_inputs(cu_seqlens=[10, 40, 4, 0, 18], H=1, HV=2, K=64, V=64, dtype=F64))
+    cu = opts["cu_seqlens"]
+    part = int(cu[-1]) // (2 * ranks.size)
+    ctx = build_cp_context(torch.from_numpy(cu.astype(np.int64)), group=group, layout="zigzag")
+    assert ctx.layout == "zigzag" and ctx.part_len == part
+    r, back = ranks.rank, 2 * ranks.size - 1 - ranks.rank
+    mine_of = lambda a: np.concatenate([a[:, r * part:(r + 1) * part], a[:, back * part:(back + 1) * part]], 1)  # noqa
+    fla_kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                  lower_bound=-5.0, safe_gate=True)
+    do = np.random.default_rng(3).standard_normal(x["v"].shape)
+    got, want = {}, {}
+    for mine, out in ((True, got), (False, want)):
+        leaves = {n: torch.from_numpy(mine_of(x[n]) if mine else x[n]).requires_grad_() for n in NAMES}
+        params = {n: torch.from_numpy(opts[n]).requires_grad_() for n in ("A_log", "dt_bias")}
+        o, _ = chunk_kda(*(leaves[n] for n in NAMES), **params, **fla_kw,
+                         **(dict(cp_context=ctx) if mine else dict(cu_seqlens=torch.from_numpy(cu))))
+        (o * torch.from_numpy(mine_of(do) if mine else do)).sum().backward()
+        out.update(o=o.detach(), **{n: t.grad for n, t in {**leaves, **params}.items()})
+    for n in ("A_log", "dt_bias"):
+        dist.all_reduce(got[n], group=group)
+    problems = []
+    for n, a in got.items():
+        b = torch.from_numpy(mine_of(want[n].numpy())) if n in NAMES + ("o",) else want[n]
+        err = float((a - b).abs().max() / b.abs().max())
+        problems += [f"{n}: {err:.3g}"] if err >= 1e-10 else []
+    assert not problems, "; ".join(problems)
+
+
 def opcheck_cp_ops(store):
     """torch.library.opcheck of forward_cp and backward_cp (their schemas, fakes, autograd
     registration and AOT dispatch) on a one-process gloo group, in this process once the three
@@ -220,7 +255,8 @@ def child(rank, store, out):
     jobs = [(f"engine: {fwd[0]}", lambda: forward_case(ranks, group, *fwd)),
             (f"engine: {bwd[0]}", lambda: backward_case(ranks, group, *bwd, repeat=True))]
     jobs += [(c[0], lambda c=c: torch_case(ranks, group, *c[1:])) for c in TORCH_CASES]
-    jobs += [("compat.fla chunk_kda with FLA's cp_context", lambda: fla_cp_case(ranks, group))]
+    jobs += [("compat.fla chunk_kda with FLA's cp_context", lambda: fla_cp_case(ranks, group)),
+             ("compat.fla chunk_kda with FLA's zigzag cp_context", lambda: fla_zigzag_case(ranks, group))]
     for name, job in jobs:
         failed += run_everywhere(ranks, job, f"{name} ({RANKS} gloo processes)")
     for name, where, failing, exc, varlen, backward, needle in GLOO_FAULTS:
