@@ -39,12 +39,14 @@ import functools
 import sys
 import warnings
 
+import torch
+
 from kdacupy.torch import kda as _kda
 from kdacupy.torch.decode_cache import front, front_key
 from kdacupy.torch.tensors import fp32_state_dtype, slots
 
 from .gate import FLOAT32, activate, kernel_gate
-from .pool import caller_names, check_out, into, sequences, step, token_slots
+from .pool import caller_names, check_out, index_tensor, into, rows, sequences, step, tensors, token_slots
 
 __all__ = ["chunk_kda", "fused_kda_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "patch", "unpatch"]
 
@@ -235,6 +237,12 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     final_state is a new float32 tensor when ``output_final_state``, else None.
     """
     _refuse_unknown("fused_recurrent_kda_fwd", kwargs)
+    tensors(dict(q=q, k=k, v=v, g=g), dict(beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                           num_accepted_tokens=num_accepted_tokens, A_log=A_log, dt_bias=dt_bias))
+    if ssm_state_indices is not None:
+        ssm_state_indices = index_tensor("ssm_state_indices", ssm_state_indices)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != v.shape):
+        rows(q, k, v, g, beta if beta is None or beta.dim() != v.dim() else None)
     check_out(out, v, q=q, k=k, v=v, initial_state=initial_state)  # before the pool is touched
     fkey = None
     if inplace_final_state and ssm_state_indices is not None:  # a pool step
@@ -246,6 +254,7 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
         if o is not None:  # this call, as the engine makes it, seen before: its step's launch
             return into(out, o), initial_state
     _check_beta(beta, v)
+    rows(q, k, v, g, beta)
     opts = _options("fused_recurrent_kda_fwd", scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                     # FLA applies allow_neg_eigval only to sigmoid-activated beta (its kernel ignores it otherwise)

@@ -52,6 +52,40 @@ def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, front=Non
     return o
 
 
+def tensors(required, optional=None):
+    """Every array argument of a face call a torch tensor (``optional`` ones may be None): a
+    TypeError naming the first that is not, before anything reads one (cheap: isinstance only,
+    so a decode step's fast path may run it every call)."""
+    for name, x in required.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+    for name, x in (optional or {}).items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch tensor or None, got {type(x).__name__}")
+
+
+def rows(q, k, v, g, beta, names=("q", "k", "v", "g", "beta")):
+    """The per-token tensors' ranks and shapes (q, k [B, T, H, K]; v [B, T, HV, V] with HV a multiple
+    of H; g [B, T, HV, K]; beta [B, T, HV]; g or beta None: not checked), before a face derives
+    anything from them (sequence counts, out's shape, reshapes); ``names``: the caller's spellings.
+    A ValueError naming the first that does not fit."""
+    n = dict(zip(("q", "k", "v", "g", "beta"), names))
+    for key, x in (("q", q), ("k", k), ("v", v), ("g", g)):
+        if x is not None and x.dim() != 4:
+            raise ValueError(f"{n[key]}: expected a 4-D tensor [B, T, heads, head dim], got shape {tuple(x.shape)}")
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    if k.shape != q.shape:
+        raise ValueError(f"{n['k']}: expected q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if tuple(v.shape[:2]) != (B, T) or HV % H:
+        raise ValueError(f"{n['v']}: expected shape ({B}, {T}, HV, V) with HV a multiple of H = {H}, got "
+                         f"{tuple(v.shape)}")
+    if g is not None and tuple(g.shape) != (B, T, HV, K):
+        raise ValueError(f"{n['g']}: expected shape {(B, T, HV, K)} ([B, T, HV, K]), got {tuple(g.shape)}")
+    if beta is not None and tuple(beta.shape) != (B, T, HV):
+        raise ValueError(f"{n['beta']}: expected shape {(B, T, HV)} ([B, T, HV]), got {tuple(beta.shape)}")
+
+
 @contextlib.contextmanager
 def caller_names(**names):
     """kdacupy's argument names in errors raised inside, as the caller spelled them (e.g.
@@ -60,7 +94,7 @@ def caller_names(**names):
         yield
     except (ValueError, TypeError) as e:
         head, sep, rest = str(e).partition(":")
-        if not sep or head not in names:
+        if not sep or head not in names or names[head] == head:
             raise
         try:
             renamed = type(e)(f"{names[head]}:{rest}")

@@ -55,7 +55,7 @@ from kdacupy.torch.decode_cache import front, front_key
 
 from .gate import SOFTPLUS_THRESHOLD, activate, kernel_gate
 from .patching import Patcher
-from .pool import caller_names, index_tensor, overlaps, sequences, step
+from .pool import caller_names, index_tensor, overlaps, rows, sequences, step, tensors
 
 __all__ = ["chunk_kda", "fused_sigmoid_gating_delta_rule_update", "fused_recurrent_kda_packed_decode",
            "kda_gate_chunk_cumsum", "patch", "unpatch"]
@@ -93,6 +93,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, initial_state_in
     """SGLang's ``chunk_kda`` (extend): sequence n starts from ``initial_state[idx[n]]`` and its
     final state is written back there in place; returns o."""
     _refuse_unknown("chunk_kda", kwargs)
+    tensors(dict(q=q, k=k, v=v, g=g), dict(beta=beta, initial_state=initial_state, cu_seqlens=cu_seqlens, A_log=A_log,
+                                           dt_bias=dt_bias))
     _need_pool("chunk_kda", initial_state, initial_state_indices, "initial_state", "initial_state_indices")
     opts = dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, state_layout="vk", state_precision="fp32",
                 **_gate("chunk_kda", A_log, dt_bias, lower_bound))
@@ -159,6 +161,10 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, sof
     launch; sequence n starts from slot ``initial_state_indices[n]`` and its state after its
     tokens is written back there (-1: padding). Returns o [B, T, HV, V]."""
     fn = "fused_sigmoid_gating_delta_rule_update"
+    tensors(dict(a=a, q=q, k=k, v=v, b=b), dict(A_log=A_log, dt_bias=dt_bias, initial_state_source=initial_state_source,
+                                               cu_seqlens=cu_seqlens))
+    if initial_state_indices is not None:
+        initial_state_indices = index_tensor("initial_state_indices", initial_state_indices)
     fkey = None
     if not disable_state_update and intermediate_states_buffer is intermediate_state_indices is cache_steps \
             is retrieve_parent_token is None:  # a decode step (target_verify maps its arguments every call)
@@ -169,6 +175,7 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, sof
         if o is not None:  # this call, as the engine makes it, seen before: its step's launch
             return o
     _need_pool(fn, initial_state_source, initial_state_indices, "initial_state_source", "initial_state_indices")
+    rows(q, k, v, None, None)
     N, T, cu = sequences(q, cu_seqlens)
     B, TT, HV, K = q.shape[0], q.shape[1], v.shape[2], q.shape[3]
     g, gate = _decode_gate(a, A_log, dt_bias, lower_bound, softplus_beta, softplus_threshold, is_kda, (B, TT, HV, K))

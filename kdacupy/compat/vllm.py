@@ -49,7 +49,7 @@ from kdacupy.torch.tensors import fp32_state_dtype
 
 from .gate import activate, kernel_gate
 from .patching import Patcher
-from .pool import caller_names, check_out, index_tensor, into, sequences, step, token_slots
+from .pool import caller_names, check_out, index_tensor, into, rows, sequences, step, tensors, token_slots
 
 __all__ = ["chunk_kda", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd",
            "fused_kda_gate", "patch", "unpatch", "NULL_BLOCK_ID"]
@@ -121,6 +121,18 @@ def chunk_kda_with_fused_gate(q, k, v, raw_g, beta, A_log, g_bias, scale=None, i
                     use_qk_l2norm_in_kernel, cu_seqlens, gate)
 
 
+def _entry(q, k, v, g, beta, pool, cu_seqlens, idx, acc, out, a_log, g_bias):
+    """A decode call's checks before anything runs: every array a tensor (the slot table as one),
+    out checked (and first the rows it is checked against, when its shape differs); returns the
+    slots. On a step's fast path: isinstance checks and one shape comparison."""
+    tensors(dict(q=q, k=k, v=v, g=g), dict(beta=beta, initial_state=pool, cu_seqlens=cu_seqlens,
+                                           num_accepted_tokens=acc, a_log=a_log, g_bias=g_bias))
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != v.shape):
+        rows(q, k, v, g, beta)
+    check_out(out, v, q=q, k=k, v=v, initial_state=pool)  # before the pool is touched
+    return None if idx is None else index_tensor("ssm_state_indices", idx)
+
+
 def _front(fn, q, k, v, g, beta, pool, cu_seqlens, idx, acc, a_log, g_bias, scalars):
     """(the call's own key, o where a call like it was mapped to a step before: decode_cache.front)."""
     fkey = front_key(fn, (q, k, v, g, beta, pool, cu_seqlens, idx, acc), (a_log, g_bias), scalars + (NULL_BLOCK_ID,))
@@ -135,7 +147,8 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, scale, initial_state, inplace_fina
     ``initial_state`` [P, HV, V, K], updated in place; returns ``(o, initial_state)``.
     ``ssm_state_indices`` [N] (one token per sequence) or [N, C] (speculative decode: start
     from ``idx[n, num_accepted_tokens[n] - 1]``, the state after token t to ``idx[n, t]``)."""
-    check_out(out, v, q=q, k=k, v=v, initial_state=initial_state)  # before the pool is touched
+    ssm_state_indices = _entry(q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+                               out, a_log, g_bias)
     fkey, o = _front("fused_recurrent_kda_fwd", q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices,
                      num_accepted_tokens, a_log, g_bias, (scale, inplace_final_state, use_qk_l2norm_in_kernel,
                                                           sigmoid_beta, compute_gate, lower_bound))
@@ -162,6 +175,7 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_s
                          f"g_bias with compute_gate=True (vLLM asserts so), got None")
     gate = _bounded("fused_recurrent_kda_fwd", "compute_gate", compute_gate, dict(a_log=a_log, g_bias=g_bias),
                     lower_bound, softplus=False)
+    rows(q, k, v, g, beta)
     ssm_state_indices = index_tensor("ssm_state_indices", ssm_state_indices)
     if ssm_state_indices.dim() == 1 and not _one_token_each(q, cu_seqlens):
         return into(out, _per_sequence_slots(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices,
@@ -223,7 +237,8 @@ def fused_recurrent_kda(q, k, v, g, beta=None, scale=None, initial_state=None, i
     """vLLM's ``fused_recurrent_kda`` (decode on the pool): ``(o, initial_state)``, as
     ``fused_recurrent_kda_fwd`` with vLLM's defaults (``use_qk_l2norm_in_kernel=True``)."""
     _refuse_unknown("fused_recurrent_kda", kwargs)
-    check_out(out, v, q=q, k=k, v=v, initial_state=initial_state)  # before the pool is touched
+    ssm_state_indices = _entry(q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+                               out, a_log, g_bias)
     fkey, o = _front("fused_recurrent_kda", q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices,
                      num_accepted_tokens, a_log, g_bias, (scale, inplace_final_state, use_qk_l2norm_in_kernel,
                                                           sigmoid_beta, compute_gate, lower_bound))

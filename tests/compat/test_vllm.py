@@ -174,8 +174,8 @@ def test_a_bad_out_is_refused_before_the_pool_is_touched():
     gen = torch.Generator().manual_seed(7)
     pool = pool_with_sentinels(gen)
     before = pool.clone()
-    q, k, v, g = tokens(2, gen)
-    beta = torch.rand(1, 2, H, generator=gen).bfloat16()
+    q, k, v, beta = tokens(2, gen)
+    g = -torch.rand(1, 2, H, D, generator=gen)
     idx = torch.tensor([4, 2], dtype=torch.int32)
     for bad, exc, said in ((torch.empty(1, 2, H, D + 1).bfloat16(), ValueError, "out: expected the shape of v"),
                            (torch.empty_like(v, dtype=torch.float32), TypeError, "out: expected v's dtype"),
