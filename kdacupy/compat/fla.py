@@ -39,11 +39,9 @@ import functools
 import sys
 import warnings
 
-import torch
-
 from kdacupy.torch import kda as _kda
 from kdacupy.torch.decode_cache import front, front_key
-from kdacupy.torch.tensors import fp32_state_dtype, slots
+from kdacupy.torch.tensors import fp32_state_dtype, is_tensor, slots
 
 from .gate import FLOAT32, activate, kernel_gate
 from .pool import caller_names, check_out, index_tensor, into, rows, sequences, step, tensors, token_slots
@@ -241,7 +239,7 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
                                            num_accepted_tokens=num_accepted_tokens, A_log=A_log, dt_bias=dt_bias))
     if ssm_state_indices is not None:
         ssm_state_indices = index_tensor("ssm_state_indices", ssm_state_indices)
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != v.shape):
+    if out is not None and (not is_tensor(out) or out.shape != v.shape):
         rows(q, k, v, g, beta if beta is None or beta.dim() != v.dim() else None)
     check_out(out, v, q=q, k=k, v=v, initial_state=initial_state)  # before the pool is touched
     fkey = None

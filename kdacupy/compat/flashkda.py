@@ -31,9 +31,8 @@ from __future__ import annotations
 import sys
 import types
 
-import torch
-
 from kdacupy.torch import kda as _kda
+from kdacupy.torch.tensors import STATE_DTYPES, is_tensor, no_grad, tensors
 
 from .patching import Patcher
 from .pool import check_out, overlaps
@@ -42,15 +41,6 @@ __all__ = ["fwd", "fwd_cp", "patch", "unpatch", "REVISION"]
 
 #: FlashKDA's commit whose public calls this face matches
 REVISION = "ab67c75ae3005d6599cd409cfbc5d0b485ea32d0"
-STATE_DTYPES = (torch.bfloat16, torch.float32)
-
-
-def _tensor(name, x, optional=False):
-    if x is None and optional:
-        return
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch tensor{' or None' if optional else ''} (FlashKDA's "
-                        f"flash_kda.fwd), got {type(x).__name__}")
 
 
 def _check_final_state(final_state, initial_state, q, v, cu_seqlens, inputs):
@@ -79,19 +69,16 @@ def _check_final_state(final_state, initial_state, q, v, cu_seqlens, inputs):
 
 def _run(fn, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
          sequence_parallel, backend):
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("out", out)):
-        _tensor(name, x)
-    for name, x in (("A_log", A_log), ("dt_bias", dt_bias), ("initial_state", initial_state),
-                    ("final_state", final_state)):
-        _tensor(name, x, optional=True)
+    tensors(dict(q=q, k=k, v=v, g=g, beta=beta, out=out),
+            dict(A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, final_state=final_state))
     if v.dim() != 4 or q.dim() != 4:
         raise ValueError(f"{'v' if v.dim() != 4 else 'q'}: expected [B, T, H, {'V' if v.dim() != 4 else 'K'}], "
                          f"got shape {tuple((v if v.dim() != 4 else q).shape)}")
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,
-                  cu_seqlens=cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else None)
+                  cu_seqlens=cu_seqlens if is_tensor(cu_seqlens) else None)
     check_out(out, v, final_state=final_state, **inputs)
     _check_final_state(final_state, initial_state, q, v, cu_seqlens, dict(inputs, out=out))
-    with torch.no_grad():  # FlashKDA's forward is inference only
+    with no_grad():  # FlashKDA's forward is inference only
         o, final = _kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                         output_final_state=final_state is not None, cu_seqlens=cu_seqlens, qk_l2norm=True,
                         beta_sigmoid=True, gate="sigmoid", A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from kdacupy.torch import decode_cache, kda_decode
-from kdacupy.torch.api import _index_tensor
+from kdacupy.torch.tensors import index_tensor, is_tensor, tensors  # noqa: F401  (the faces' checks)
 
 
 def sequences(q, cu_seqlens):
@@ -52,18 +50,6 @@ def step(q, k, v, g, beta, pool, idx, num_accepted_tokens, N, T, opts, front=Non
     return o
 
 
-def tensors(required, optional=None):
-    """Every array argument of a face call a torch tensor (``optional`` ones may be None): a
-    TypeError naming the first that is not, before anything reads one (cheap: isinstance only,
-    so a decode step's fast path may run it every call)."""
-    for name, x in required.items():
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
-    for name, x in (optional or {}).items():
-        if x is not None and not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch tensor or None, got {type(x).__name__}")
-
-
 def rows(q, k, v, g, beta, names=("q", "k", "v", "g", "beta")):
     """The per-token tensors' ranks and shapes (q, k [B, T, H, K]; v [B, T, HV, V] with HV a multiple
     of H; g [B, T, HV, K]; beta [B, T, HV]; g or beta None: not checked), before a face derives
@@ -101,17 +87,6 @@ def caller_names(**names):
         except Exception:  # noqa: BLE001  (an exception type with another constructor)
             raise e from None
         raise renamed from e
-
-
-def index_tensor(name, x):
-    """An engine's slot table as a torch integer tensor: tensors as given, lists of ints as int64
-    tensors; anything else (floats, bools, other objects) refused, naming the argument."""
-    x = _index_tensor(name, x)
-    if x is None:
-        raise ValueError(f"{name}: expected the pool slots of the sequences, got None")
-    if x.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name}: expected an int32 or int64 tensor, got {x.dtype}")
-    return x
 
 
 def token_slots(idx, T, num_accepted_tokens, name="ssm_state_indices"):

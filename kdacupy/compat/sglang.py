@@ -48,10 +48,9 @@ keywords (SGLang's ``**kwargs`` drops them silently). ``dt_bias`` or ``lower_bou
 """
 from __future__ import annotations
 
-import torch
-
 from kdacupy.torch import kda as _kda
 from kdacupy.torch.decode_cache import front, front_key
+from kdacupy.torch.tensors import FLOAT32, chunk_cumsum
 
 from .gate import SOFTPLUS_THRESHOLD, activate, kernel_gate
 from .patching import Patcher
@@ -226,8 +225,7 @@ def _target_verify(q, k, v, g, beta, pool, idx, N, T, opts, *, disable_state_upd
 
 
 def _tensor(fn, name, x, dims=None):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: {fn}() expected a torch tensor, got {type(x).__name__}")
+    tensors({name: x})
     if dims is not None and x.dim() != dims:
         raise ValueError(f"{name}: {fn}() expected a {dims}-D tensor, got shape {tuple(x.shape)}")
 
@@ -278,7 +276,7 @@ def fused_recurrent_kda_packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, in
 
 
 def kda_gate_chunk_cumsum(g, A_log, chunk_size, scale=None, dt_bias=None, cu_seqlens=None,
-                          output_dtype=torch.float, chunk_indices=None, lower_bound=None, **kwargs):
+                          output_dtype=FLOAT32, chunk_indices=None, lower_bound=None, **kwargs):
     """The chunked prefill's fused gate (FLA's ``kda_gate_chunk_cumsum``, which SGLang's KDA kernels and
     kernel tests call): the gate of raw ``g`` [B, T, H, K] (``-exp(A_log) * softplus(g + dt_bias)``, or
     ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``), summed cumulatively within each
@@ -301,31 +299,10 @@ def kda_gate_chunk_cumsum(g, A_log, chunk_size, scale=None, dt_bias=None, cu_seq
         raise ValueError(f"{'A_log' if A_log.numel() != H else 'dt_bias'}: expected {H if A_log.numel() != H else H * K}"
                          f" elements (H = {H}, K = {K})")
     gate = activate(g, A_log, dt_bias, lower_bound)
-    out = _chunk_cumsum(gate, chunk_size, cu_seqlens)
+    out = chunk_cumsum(gate, chunk_size, cu_seqlens)
     if scale is not None:
         out = out * scale
     return out.to(output_dtype or g.dtype)
-
-
-def _chunk_cumsum(x, BT, cu_seqlens):
-    """Inclusive cumulative sums of x [B, T, H, K] along T within chunks of BT tokens (of each
-    sequence with cu_seqlens): each token scattered to (its chunk, its place), one cumsum, gathered
-    back; on x's device, no host sync (the chunk buffer is sized by its bound T / BT + N)."""
-    B, T, H, K = x.shape
-    if cu_seqlens is None:
-        NT = -(-T // BT)
-        padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, NT * BT - T))
-        return padded.reshape(B, NT, BT, H, K).cumsum(2).reshape(B, NT * BT, H, K)[:, :T]
-    cu = cu_seqlens.to(device=x.device, dtype=torch.int64)
-    N = cu.shape[0] - 1
-    chunks = torch.cat([cu.new_zeros(1), ((cu[1:] - cu[:-1] + BT - 1) // BT).cumsum(0)])
-    t = torch.arange(T, device=x.device)
-    seq = torch.searchsorted(cu[1:], t, right=True).clamp(max=max(N - 1, 0))
-    local = t - cu[seq]
-    row, col = chunks[seq] + local // BT, local % BT
-    buf = x.new_zeros((T // BT + N + 1, BT, H, K))
-    buf[row, col] = x[0]
-    return buf.cumsum(1)[row, col].unsqueeze(0)
 
 
 _HOMES = ("sglang.kernels.ops.attention.fla.kda", "sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent",

@@ -41,11 +41,9 @@ without ``compute_gate=True``, and a ``lower_bound`` other than the default with
 """
 from __future__ import annotations
 
-import torch
-
 from kdacupy.torch import kda as _kda
 from kdacupy.torch.decode_cache import front, front_key
-from kdacupy.torch.tensors import fp32_state_dtype
+from kdacupy.torch.tensors import fp32_state_dtype, is_tensor, padding_slots, zero_sequences
 
 from .gate import activate, kernel_gate
 from .patching import Patcher
@@ -127,7 +125,7 @@ def _entry(q, k, v, g, beta, pool, cu_seqlens, idx, acc, out, a_log, g_bias):
     slots. On a step's fast path: isinstance checks and one shape comparison."""
     tensors(dict(q=q, k=k, v=v, g=g), dict(beta=beta, initial_state=pool, cu_seqlens=cu_seqlens,
                                            num_accepted_tokens=acc, a_log=a_log, g_bias=g_bias))
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != v.shape):
+    if out is not None and (not is_tensor(out) or out.shape != v.shape):
         rows(q, k, v, g, beta)
     check_out(out, v, q=q, k=k, v=v, initial_state=pool)  # before the pool is touched
     return None if idx is None else index_tensor("ssm_state_indices", idx)
@@ -218,16 +216,11 @@ def _per_sequence_slots(q, k, v, g, beta, scale, pool, cu_seqlens, idx, num_acce
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if tuple(idx.shape) != (N,):
         raise ValueError(f"ssm_state_indices: expected [N] = [{N}] slots (one per sequence), got {tuple(idx.shape)}")
-    pad = idx <= NULL_BLOCK_ID
-    slots = torch.where(pad, torch.full_like(idx, -1), idx)  # kdacupy's padding: from zeros, nothing written
     with caller_names(state_pool="initial_state", state_indices="ssm_state_indices"):
-        o, _ = _kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, state_pool=pool, state_indices=slots,
-                    state_layout="vk", state_precision="fp32", **opts)
-    if cu_seqlens is None:
-        return o.masked_fill(pad.to(o.device).reshape(-1, 1, 1, 1), 0)
-    cu = cu_seqlens.to(device=o.device, dtype=torch.int64)
-    seq = torch.searchsorted(cu[1:], torch.arange(o.shape[1], device=o.device), right=True).clamp(max=max(N - 1, 0))
-    return o.masked_fill(pad.to(o.device)[seq].reshape(1, -1, 1, 1), 0) if N else o
+        o, _ = _kda(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, state_pool=pool,
+                    state_indices=padding_slots(idx, NULL_BLOCK_ID), state_layout="vk", state_precision="fp32",
+                    **opts)
+    return zero_sequences(o, idx <= NULL_BLOCK_ID, cu_seqlens)
 
 
 def fused_recurrent_kda(q, k, v, g, beta=None, scale=None, initial_state=None, inplace_final_state=True,

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import numbers
 
-import numpy as np
 import torch
-
-from kdacupy.validation.shapes import check_tokens
 
 from . import autograd  # noqa: F401  (registers the forward op's autograd)
 from . import decode_cache, eager, ops
+from .tensors import _index_tensor  # noqa: F401  (the faces' index lists, kdacupy.torch.cp's too)
 
 
 def _flag(name, x):
@@ -43,6 +41,10 @@ def _name(name, x):
     return x
 
 
+#: B * T of one call at most, as kdacupy's validation says (kdacupy/validation/shapes.py; a test holds them equal)
+MAX_TOKENS = (1 << 31) - 1
+
+
 def _tensors(required, optional):
     """Every array argument a torch tensor (optional ones may be None): a TypeError naming the first
     that is not, before anything reads it. Then no [B, T] of 2^31 tokens or more (the kernels take
@@ -54,23 +56,9 @@ def _tensors(required, optional):
         if x is not None and not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch tensor or None, got {type(x).__name__}")
     q = required["q"]
-    if q.dim() >= 2:
-        check_tokens("q", q.shape[0] * q.shape[1], tuple(q.shape))
-
-
-def _index_tensor(name, x):
-    """Integer tensors as given; Python lists become int64 tensors on the CPU (kdacupy checks
-    host values and copies them to the device itself). A list of anything but ints (a float, a
-    bool) is refused, not truncated to slots or offsets nobody asked for."""
-    if x is None or isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (list, tuple)):
-        items = np.asarray(x, dtype=object).ravel()
-        bad = next((e for e in items if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer))), None)
-        if bad is not None:
-            raise TypeError(f"{name}: expected an integer tensor, a list of ints or None, got a list holding {bad!r}")
-        return torch.tensor(x, dtype=torch.int64)
-    raise TypeError(f"{name}: expected an integer tensor, a list of ints or None, got {type(x).__name__}")
+    if q.dim() >= 2 and q.shape[0] * q.shape[1] > MAX_TOKENS:
+        raise ValueError(f"q: expected at most 2^31 - 1 tokens (B * T; the kernels take token counts as 32-bit "
+                         f"ints), got B * T = {q.shape[0] * q.shape[1]} (shape {tuple(q.shape)})")
 
 
 def _rows(x):

@@ -208,6 +208,12 @@ def test_errors_name_the_argument():
         kt.kda_decode(*args, state_pool=[0.0], state_indices=[0])
 
 
+def test_the_faces_token_limit_is_the_cores():
+    from kdacupy.torch.api import MAX_TOKENS
+    from kdacupy.validation.shapes import MAX_TOKENS as CORE
+    assert MAX_TOKENS == CORE == (1 << 31) - 1
+
+
 def test_more_tokens_than_the_kernels_count_are_refused_before_any_copy():
     """B * T >= 2^31 (the launchers' 32-bit token counts): refused naming q on every backend, before
     the face copies a broadcast (stride-0) tensor into memory."""
