@@ -34,7 +34,7 @@ def kda_forward(
     sequence_parallel: None (the library decides), 1 (off) or n >= 2 segments
     per sequence, computed in parallel (kdacupy/seqpar.py, docs/design.md section 7.2).
     See docs/design.md section 1 for the semantics of every option, and the
-    README's keyword mapping for FLA's and FlashKDA's names.
+    keyword mapping for FLA's and FlashKDA's names (docs/guide/forward.md).
     state_pool, state_indices (chunked prefill, docs/design.md section 7.1): the pool
     of ``kda_decode`` and int32/int64 slots [N]; sequence n starts from
     ``state_pool[idx[n]]`` and its final state is written back there in place

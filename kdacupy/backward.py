@@ -50,7 +50,7 @@ def kda_backward(
     if unknown:
         name = next(iter(unknown))
         raise TypeError(f"kda_backward() got an unexpected keyword argument {name!r}; it takes kda_forward's "
-                        "options that change the result (see the README)")
+                        "options that change the result (docs/guide/training.md)")
     problem, a = validated(
         do, q, k, v, g, beta, dfinal_state=dfinal_state, scale=scale, initial_state=initial_state,
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,

@@ -1,5 +1,5 @@
 """Every ``KDACUPY_*`` environment switch: its default, its allowed values and
-what it does, in one table (``SWITCHES``; the README's table lists the same).
+what it does, in one table (``SWITCHES``; the table in docs/guide/how-it-works.md lists the same).
 
 Each switch is read through ``get(name)`` at the point of use (so a test or a
 long-lived process that changes it sees the change) and checked there: a value
@@ -7,8 +7,8 @@ outside the allowed ones raises ``EnvError`` naming the variable, the value and
 what is allowed. The first ``get`` of a process also looks for ``KDACUPY_*``
 variables this table does not know and warns about each (a misspelt switch
 would otherwise do nothing silently). Unset and empty mean the default. A new
-switch is one ``Switch`` line in ``_TABLE`` and one row in the README (a test
-checks the README's table is ``markdown_table()``).
+switch is one ``Switch`` line in ``_TABLE`` and one row in docs/guide/how-it-works.md (a test
+checks that table is ``markdown_table()``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class EnvError(ValueError):
 class Switch:
     name: str
     default: object
-    allowed: str  # for messages and the README
+    allowed: str  # for messages and the documentation
     doc: str
     parse: Callable[[str], object]
 
@@ -97,7 +97,7 @@ _TABLE = (
     Switch("KDACUPY_EMULATE_CHECK", (), "a comma list of memcheck, racecheck, aligncheck, or all",
            "run emulated launches as a CPU compute-sanitizer: out-of-bounds accesses, shared-memory races, "
            "misaligned vector accesses raise EmulationError saying what and where; the launchers' scratch and "
-           "new outputs start as NaN bytes (README, emulation)",
+           "new outputs start as NaN bytes (docs/guide/debugging.md)",
            _checks),
     Switch("KDACUPY_EMULATE_PROFILE", False, "0 or 1",
            "count each emulated launch's shared-memory wavefronts, global sectors, DRAM bytes, mma and barriers "
@@ -149,7 +149,7 @@ def _shown(default) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table of switches."""
+    """The documentation's table of switches (docs/guide/how-it-works.md)."""
     rows = ["| Variable | Values | Default | Effect |", "|---|---|---|---|"]
     for s in _TABLE:
         rows.append(f"| `{s.name}` | {s.allowed} | {_shown(s.default)} | {s.doc} |")

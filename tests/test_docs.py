@@ -59,9 +59,9 @@ def test_help_of_kda_forward_cites_the_design_document():
     assert "docs/design.md section 1" in kdacupy.kda_forward.__doc__
 
 
-def test_paths_the_readme_names_exist():
-    text = (ROOT / "README.md").read_text()
-    paths = set(re.findall(r"`((?:kdacupy|kernels|tests|benchmarks|tuning|docs)/[\w/.]*)`", text))
+def test_paths_the_readme_and_the_docs_name_exist():
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+    paths = set(re.findall(r"`((?:kdacupy|kernels|tests|benchmarks|tuning|docs|examples)/[\w/.-]*)`", text))
     assert len(paths) >= 10
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert not missing, missing

@@ -1,7 +1,8 @@
-"""The README's commands run as written after its set-up commands (``python3 -m venv .venv``
-and ``.venv/bin/pip install ...``): none relies on an activated environment (a bare
-``python``, ``pip`` or ``mpiexec``), and the context-parallel demo's line, taken from the
-README itself, runs under a PATH without the environment's bin directory."""
+"""The commands of the README and of the documentation (docs/) run as written after the README's
+set-up commands (``python3 -m venv .venv`` and ``.venv/bin/pip install ...``): none relies on an
+activated environment (a bare ``python``, ``pip`` or ``mpiexec``), and the context-parallel demo's
+line, taken from the documentation itself, runs under a PATH without the environment's bin
+directory."""
 import os
 import re
 import shlex
@@ -12,11 +13,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
 
 
 def commands():
-    """Every command line of the README's ``bash`` blocks, comments dropped."""
+    """Every command line of the ``bash`` blocks of the README and the docs, comments dropped."""
     out = []
     for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
         for line in block.splitlines():
@@ -51,7 +52,7 @@ def test_no_readme_command_needs_an_activated_environment():
 
 
 def test_the_context_parallel_demo_runs_as_written():
-    """The README's line, with ``.venv/`` standing for the environment that runs these tests (the
+    """The documentation's line, with ``.venv/`` standing for the environment that runs these tests (the
     README's set-up makes it at the top of the checkout), under a PATH that has no MPI and no
     Python of that environment: what a new user's shell has after the set-up."""
     line = next(c for c in commands() if "kdacupy.distributed" in c and "install" not in c)

@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from ..numerics.dtypes import BF16
+from . import figures
 from .args import at_least, head_dim, writable_file
 
 G_REGIMES = ("-8", "-4", "0", "8", "U(-8,8)", "N(0,8)")
@@ -114,7 +115,7 @@ def print_progress(i, n, row):
 #: lower_bound = -5 per token; "softplus" softplus with g ~ N(0, 20) (pair form and x > 15).
 #: Beta logits +-12 put beta within 1e-5 of 0 or 1; near 2 is 2 sigmoid(4) ~ 1.96: closer
 #: to 2 the recurrence along a repeated key stops contracting (|1 - beta| -> 1) and
-#: the bf16 rounding of the keys alone moves the exact result by ~10% (README, Numerics).
+#: the bf16 rounding of the keys alone moves the exact result by ~10% (docs/guide/numerics.md).
 ADVERSARIAL = {
     "repeat-token g=0 beta=.999": ("token", 0.0, "g0", None, False, None),
     "repeat-key g=0": ("collinear", 0.0, "g0", 4.0, False, None),
@@ -246,7 +247,20 @@ def main(argv=None):
     p.add_argument("--json", metavar="PATH", type=writable_file, help="also write the rows as JSON")
     p.add_argument("--backward", action="store_true",
                    help="the gradients of kda_backward instead of the forward (kdacupy/cli/accuracy_backward.py)")
+    p.add_argument("--figure", metavar="PATH", help="draw each case's output error against its bf16 floor to PATH "
+                   "(.svg, .png; needs the [docs] extra)")
+    p.add_argument("--show", metavar="JSON", help="print (and with --figure draw) a saved --json file instead of "
+                   "sweeping")
     args = p.parse_args(argv)
+    if args.show:
+        try:
+            doc = json.loads(open(args.show).read())
+        except (OSError, ValueError) as e:
+            p.error(f"--show: cannot read {args.show}: {e}")
+        print(format_table(doc["rows"]))
+        if args.figure:
+            figures.accuracy(doc, args.figure)
+        return 0
     if args.backend == "cuda":
         from ..jit.device import why_no_gpu
         if why := why_no_gpu():
@@ -266,12 +280,13 @@ def main(argv=None):
         rows = sweep(args.backend, args.T, args.H, args.K, args.V, args.state_precision, pairs, args.seed,
                      args.sequence_parallel, progress=print_progress)
     print(format_table(rows))
+    doc = dict(backend=args.backend, T=args.T, H=args.H, K=args.K, V=args.V, state_precision=args.state_precision,
+               adversarial=args.adversarial, sequence_parallel=args.sequence_parallel, rows=rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(backend=args.backend, T=args.T, H=args.H, K=args.K, V=args.V,
-                           state_precision=args.state_precision, adversarial=args.adversarial,
-                           sequence_parallel=args.sequence_parallel, rows=rows),
-                      f, indent=1)
+            json.dump(doc, f, indent=1)
+    if args.figure:
+        figures.accuracy(doc, args.figure)
     return 0 if all(r["finite"] for r in rows) else 1
 
 

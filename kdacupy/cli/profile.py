@@ -51,7 +51,7 @@ import numpy as np
 
 from ..emulate import counting
 from ..emulate.profile import MAX_COUNTERS
-from . import roofline
+from . import figures, roofline
 from .shapes import (Shape, compulsory_backward_bytes, compulsory_bytes, make_inputs, resolve_shapes, shape_arg,
                      shape_problem, validated)
 from .timing import git_commit, git_dirty
@@ -584,6 +584,9 @@ def main(argv=None):
     ap.add_argument("--show", metavar="FILE", help="print the summary of a saved --json file and exit")
     ap.add_argument("--measured", metavar="BENCH_JSON",
                     help="with --show: a python -m kdacupy.bench JSON of the same shapes, set next to the predictions")
+    ap.add_argument("--figure", metavar="FILE", help="draw one run's roofline (each kernel's terms, the bound "
+                    "marked) to FILE (.svg, .png; needs the [docs] extra)")
+    ap.add_argument("--figure-run", metavar="NAME", help="the run --figure draws (default: the first)")
     args = ap.parse_args(argv)
     if args.measured and not args.show:
         ap.error("--measured needs --show")
@@ -600,6 +603,8 @@ def main(argv=None):
             except (OSError, ValueError) as e:
                 print(f"measured: none ({args.measured}: {type(e).__name__}: {e})")
         print_summary(doc, bench=bench)
+        if args.figure:
+            figures.roofline(doc, args.figure, args.figure_run)
         return 0
     if args.heads < 1:
         ap.error(f"--heads must be >= 1, got {args.heads}")
@@ -617,6 +622,8 @@ def main(argv=None):
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         log(f"wrote {args.json}")
+    if args.figure:
+        figures.roofline(doc, args.figure, args.figure_run)
     return 0
 
 

@@ -7,7 +7,7 @@ and SGLang vendor their own FLA copies, with other signatures and layouts:
 kdacupy.compat.vllm and kdacupy.compat.sglang.)
 
 They run on kdacupy.torch (autograd, ``torch.compile``, torch's stream; CPU tensors on
-the NumPy backends). FLA's keywords map to kdacupy's (README "Keyword mapping");
+the NumPy backends). FLA's keywords map to kdacupy's (docs/guide/forward.md, "Keyword mapping");
 ``return_intermediate_states=True`` (inference mode) returns FLA's h, the state entering each
 chunk, from kda_forward's checkpoints; ``cp_context`` (FLA's context parallelism) runs
 kdacupy.torch.kda_cp (kdacupy/compat/fla_cp.py). What kdacupy cannot honour raises an error that names
@@ -70,7 +70,7 @@ def _refuse_unknown(fn, kwargs):
 def _gate(fn, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate=False):
     """FLA's gate switches as kdacupy's gate options. Without ``use_gate_in_kernel`` fla-core
     ignores A_log, dt_bias and lower_bound (g is then the log decay); a call that passes them
-    meant the gate, so kdacupy refuses it, naming the flag (README "FLA's names"). (chunk_kda's
+    meant the gate, so kdacupy refuses it, naming the flag (docs/guide/frameworks.md, "FLA"). (chunk_kda's
     ``safe_gate=True`` with a log decay g takes ``lower_bound`` as g's declared bound: FLA's own
     tests pass it so.)"""
     if not use_gate_in_kernel:
@@ -94,7 +94,7 @@ def _check_beta(beta, v):
 
 def _options(fn, *, scale, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first,
              use_gate_in_kernel, A_log, dt_bias, lower_bound):
-    """FLA's keywords as kdacupy.torch's (README "Keyword mapping")."""
+    """FLA's keywords as kdacupy.torch's (docs/guide/forward.md, "Keyword mapping")."""
     return dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
                 allow_neg_eigval=allow_neg_eigval, state_layout="vk" if state_v_first else "kv",
                 **_gate(fn, use_gate_in_kernel, A_log, dt_bias, lower_bound))

@@ -8,8 +8,8 @@ Matched revision (FlashKDA's public repository, MoonshotAI/FlashKDA): ``flash_kd
 ``flash_kda/cp.py`` at ab67c75ae3005d6599cd409cfbc5d0b485ea32d0, called as its
 ``tests/test_fwd.py`` calls them.
 
-What FlashKDA always does, and kdacupy's ``kda_forward`` does only when asked (README "FlashKDA's
-names"): q and k are l2-normalised (``qk_l2norm=True``), ``beta`` holds logits
+What FlashKDA always does, and kdacupy's ``kda_forward`` does only when asked (docs/guide/frameworks.md,
+"FlashKDA"): q and k are l2-normalised (``qk_l2norm=True``), ``beta`` holds logits
 (``beta_sigmoid=True``), ``g`` is the raw gate, ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``
 (``gate="sigmoid"``), and states are ``[N, H, V, K]`` (``state_layout="vk"``). This face states all
 four, so a FlashKDA state is never read transposed (with K = V its shape cannot tell). The output is
@@ -39,8 +39,8 @@ from .pool import check_out, overlaps
 
 __all__ = ["fwd", "fwd_cp", "patch", "unpatch", "REVISION"]
 
-#: FlashKDA's commit whose public calls this face matches
 REVISION = "ab67c75ae3005d6599cd409cfbc5d0b485ea32d0"
+"""FlashKDA's commit whose public calls this face matches."""
 
 
 def _check_final_state(final_state, initial_state, q, v, cu_seqlens, inputs):

@@ -52,8 +52,8 @@ from .pool import caller_names, check_out, index_tensor, into, rows, sequences, 
 __all__ = ["chunk_kda", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "fused_recurrent_kda_fwd",
            "fused_kda_gate", "patch", "unpatch", "NULL_BLOCK_ID"]
 
-#: vLLM's null block: a slot at or below it is padding
 NULL_BLOCK_ID = 0
+"""vLLM's null block: a slot at or below it is padding (earlier vLLM: set it to -1, PAD_SLOT_ID)."""
 #: vLLM's default lower bound of the bounded gate (its keyword's default, so "not given")
 DEFAULT_LOWER_BOUND = -5.0
 

@@ -1,6 +1,6 @@
 """The user-facing torch calls: ``kda`` (autograd, ``torch.compile``) and ``kda_decode``.
 
-They take kdacupy's keywords (README "API"; FLA's names are in
+They take kdacupy's keywords (docs/guide/forward.md; FLA's names are in
 kdacupy/compat/fla.py), put Python scalars into the types the op schemas want,
 and call the custom ops of kdacupy/torch/ops.py.
 """
@@ -88,7 +88,7 @@ def _gate_params(A_log, dt_bias):
 def _unexpected(fn, unknown):
     name = next(iter(unknown))
     hint = (" (kdacupy.torch returns new tensors: torch custom ops may not return their inputs)" if name == "out"
-            else "; FLA's keywords are taken by kdacupy.compat.fla, kdacupy's are listed in the README")
+            else "; FLA's keywords are taken by kdacupy.compat.fla, kdacupy's are listed in docs/guide/forward.md")
     raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}{hint}")
 
 

@@ -1,9 +1,9 @@
 """Keywords the public calls do not take: a TypeError that names kdacupy's spelling of
-FLA's, FlashKDA's and FlashInfer's keywords (the README's keyword mapping tables), or says
+FLA's, FlashKDA's and FlashInfer's keywords (the keyword mapping tables, docs/guide/forward.md), or says
 why the call has no such option."""
 from __future__ import annotations
 
-#: keywords of FLA's chunk_kda and of FlashKDA, and what kda_forward calls them (README "Keyword mapping")
+#: keywords of FLA's chunk_kda and of FlashKDA, and what kda_forward calls them (docs/guide/forward.md, "Keyword mapping")
 FOREIGN_KEYWORDS = {
     "use_qk_l2norm_in_kernel": "qk_l2norm=True",
     "use_beta_sigmoid_in_kernel": "beta_sigmoid=True",
@@ -39,7 +39,7 @@ DECODE_KEYWORDS = {
     "output": "out=",
 }
 
-WHERE = "see the README's keyword mapping tables"
+WHERE = "see the keyword mapping tables in docs/guide/forward.md"
 
 
 def check_keywords(unknown: dict, fn: str = "kda_forward", hints: dict = FOREIGN_KEYWORDS):

@@ -41,13 +41,13 @@ def test_other_backends_refuse_float64_and_name_the_reference(backend):
 def test_fla_keywords_get_kdacupys_name(name, value, hint):
     x, opts = make_inputs(T=20, H=2, K=64, V=64)
     with pytest.raises(TypeError, match=rf"unexpected keyword argument '{name}': kdacupy spells it {hint}.*"
-                                        r"README's keyword mapping"):
+                                        r"keyword mapping tables in docs/guide/forward.md"):
         kdacupy.kda_forward(**x, **opts, **{name: value})
 
 
 def test_an_unknown_keyword_points_at_the_mapping():
     x, opts = make_inputs(T=20, H=2, K=64, V=64)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_size'; see the README's keyword"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_size'; see the keyword mapping tables"):
         kdacupy.kda_forward(**x, **opts, chunk_size=64)
 
 
