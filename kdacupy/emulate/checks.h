@@ -19,7 +19,9 @@
 //    in flight from the issue until a wait finds its mbarrier phase complete (any
 //    access meanwhile is a hazard); the B operand of an issued wgmma is read until
 //    the wgmma.wait_group covering it (a generic write meanwhile is a hazard), and a
-//    generic write the wgmma reads needs the writer's fence.proxy.async in between.
+//    generic write the wgmma reads needs the writer's fence.proxy.async in between, as does
+//    an mbarrier.init (a generic write) before a bulk copy completes on that mbarrier (the
+//    async proxy): the initialising thread's fence after the init.
 //    memcheck checks a bulk copy's source and destination extents.
 //  - aligncheck: an access of a naturally aligned type (what the hardware
 //    requires: 8-byte and 16-byte vectors included) must be aligned; ldmatrix
@@ -52,6 +54,13 @@ struct BulkMark {          // a bulk copy's destination, in flight until its mba
   const u64* bar;
 };
 
+struct MbInit {            // an mbarrier.init: by which thread, in which epoch, after how many of its proxy fences
+  uintptr_t bar;
+  unsigned epoch, fences;
+  u16 thread;
+  unsigned pc;
+};
+
 struct Checks {
   uintptr_t base;          // load address of this library
   uintptr_t seg[8][2];     // its loaded segments: constants and globals of the kernel source
@@ -64,6 +73,8 @@ struct Checks {
   unsigned pfence[1024];   // per thread of the block: fence.proxy.async executed
   BulkMark* bm;            // racecheck: bulk copies in flight
   int nbm, capbm;
+  MbInit* mi;              // racecheck: the mbarrier initialisations of the block
+  int nmi, capmi;
 };
 
 }  // namespace kda_emu
@@ -119,6 +130,7 @@ KDA_EMU_RT inline void checks_end(Worker* w) {
   free(w->ck->dyn);
   free(w->ck->stat);
   free(w->ck->bm);
+  free(w->ck->mi);
   free(w->ck);
   w->ck = nullptr;
 }
@@ -364,6 +376,48 @@ KDA_EMU_RT inline void proxy_fence() {
   if (g_worker->ck) g_worker->ck->pfence[g_cur->lin]++;
 }
 
+// mbarrier.init by the current thread: remembered with its proxy-fence count, so a bulk copy that
+// completes on the barrier can ask whether the init was made visible to the async proxy.
+KDA_EMU_RT inline void mbarrier_init_mark(const u64* bar, uintptr_t pc) {
+  Worker* w = g_worker;
+  Checks* c = w->ck;
+  if (!c || !(w->L->check & CK_RACE)) return;
+  int i = 0;
+  while (i < c->nmi && (c->mi[i].bar != (uintptr_t)bar || c->mi[i].epoch < w->epoch0)) i++;
+  if (i == c->nmi) {
+    for (i = 0; i < c->nmi && c->mi[i].epoch >= w->epoch0; i++) {
+    }
+    if (i == c->nmi) {
+      if (c->nmi == c->capmi) {
+        c->capmi = c->capmi ? 2 * c->capmi : 16;
+        c->mi = (MbInit*)realloc(c->mi, sizeof(MbInit) * c->capmi);
+        if (!c->mi) fail("mbarrier.init: out of memory");
+      }
+      c->nmi++;
+    }
+  }
+  c->mi[i] = MbInit{(uintptr_t)bar, w->epoch, c->pfence[g_cur->lin], (u16)g_cur->lin, pc_off(pc)};
+}
+
+// A bulk copy completing on bar: its initialisation (in this block) must have been followed by a
+// fence.proxy.async of the initialising thread (docs/design.md section 9.2).
+KDA_EMU_RT inline void mbarrier_init_fenced(const u64* bar, unsigned pco) {
+  Worker* w = g_worker;
+  Checks* c = w->ck;
+  for (int i = 0; i < c->nmi; i++) {
+    const MbInit& m = c->mi[i];
+    if (m.bar != (uintptr_t)bar || m.epoch < w->epoch0) continue;
+    if (c->pfence[m.thread] == m.fences) {
+      uint3 b = tid_of(m.thread);
+      fail("racecheck: proxy hazard on the mbarrier at %p: the cp.async.bulk%s completes on it (async proxy) "
+           "after thread (%u,%u,%u) initialised it%s (generic proxy) with no fence.proxy.async by that thread in "
+           "between",
+           (const void*)bar, where(pco).s, b.x, b.y, b.z, where(m.pc).s);
+    }
+    return;
+  }
+}
+
 // cp.async.bulk: memcheck of both extents (through the error path of every out-of-bounds access),
 // then racecheck: the destination is in flight until a wait finds the phase `phase` of bar complete.
 KDA_EMU_RT inline void bulk_issue(void* dst, const void* src, unsigned bytes, const u64* bar, unsigned phase,
@@ -382,6 +436,7 @@ KDA_EMU_RT inline void bulk_issue(void* dst, const void* src, unsigned bytes, co
   Checks* c = w->ck;
   int t = g_cur->lin;
   unsigned pco = pc_off(pc);
+  mbarrier_init_fenced(bar, pco);
   // Against the async proxy only: the generic reads of a stage before its refill are ordered by
   // an mbarrier (the ring's "empty" barrier), which racecheck does not follow for generic accesses.
   for (unsigned i = 0; i < bytes; i++) {

@@ -773,6 +773,9 @@ KDA_EMU_RT inline void mbarrier_init(u64* bar, u32 count) {
   if ((uintptr_t)bar % 8) ::kda_emu::fail("mbarrier_init: address %p is not 8-byte aligned", (void*)bar);
   *bar = ::kda_emu::MB_MARK;
   ::kda_emu::mb_store(bar, ::kda_emu::MbState{count, count, 0, 0}, "mbarrier_init");
+#ifdef KDA_EMU_CHECK
+  if (::kda_emu::g_worker->L->check) ::kda_emu::mbarrier_init_mark(bar, KDA_EMU_PC);
+#endif
 }
 KDA_EMU_RT inline void mbarrier_arrive(u64* bar) {
   KDA_EMU_ANCHOR(mb_arrive, KDA_EMU_PC);

@@ -14,7 +14,7 @@ from .test_ptx_twins import kernel_source
 
 PROBES = r"""
 // 64 threads: thread 0 bulk-copies 256 bytes of g behind an mbarrier; `early` 1 reads them before
-// the wait (a planted missing wait).
+// the wait (a planted missing wait); 2 drops the fence.proxy.async after mbarrier.init (planted).
 extern "C" __global__ void bulk_read(const u32* g, u32* out, int early) {
   unsigned char* s = dynamic_smem();
   u64* bar = reinterpret_cast<u64*>(s);
@@ -22,11 +22,12 @@ extern "C" __global__ void bulk_read(const u32* g, u32* out, int early) {
   int t = threadIdx.x;
   if (t == 0) {
     mbarrier_init(bar, 1);
+    if (early != 2) fence_proxy_async_smem();  // the init, visible to the async proxy (2: dropped, planted)
     mbarrier_arrive_expect_tx(bar, 256);
     cp_async_bulk_g2s(s + 128, g, 256, bar);
   }
   __syncthreads();
-  u32 first = early ? buf[t] : 0u;
+  u32 first = early == 1 ? buf[t] : 0u;
   mbarrier_wait_parity(bar, 0);
   out[t] = first + buf[(t + 1) % 64];
 }
@@ -44,6 +45,7 @@ extern "C" __global__ void wg_write(const u32* a, const u8* bimg, float* d, int 
   if (flags & 8) {
     if (t == 0) {
       mbarrier_init(bar, 1);
+      fence_proxy_async_smem();
       mbarrier_arrive_expect_tx(bar, 256);
       cp_async_bulk_g2s(tile, bimg, 256, bar);
     }
@@ -77,8 +79,10 @@ extern "C" __global__ void bulk_ring(const u8* g, u32* out, int nchunks, int nof
   u64* empty = full + 2;
   unsigned char* ring = s + 128;
   int t = threadIdx.x;
-  if (t == 0)
+  if (t == 0) {
     for (int i = 0; i < 2; i++) mbarrier_init(&full[i], 1), mbarrier_init(&empty[i], blockDim.x);
+    fence_proxy_async_smem();
+  }
   __syncthreads();
   auto issue = [&](int i) {
     mbarrier_arrive_expect_tx(&full[i % 2], 512);
@@ -104,6 +108,7 @@ extern "C" __global__ void bulk_extent(const u8* g, u32* out, int bytes, int dst
   u64* bar = reinterpret_cast<u64*>(s);
   if (threadIdx.x == 0) {
     mbarrier_init(bar, 1);
+    fence_proxy_async_smem();
     mbarrier_arrive_expect_tx(bar, bytes);
     cp_async_bulk_g2s(s + dst, g, bytes, bar);
     mbarrier_wait_parity(bar, 0);
@@ -165,7 +170,24 @@ def test_bulk_destination_read_before_its_phase_completed(mod, monkeypatch):
                       r"into it is in flight", msg)
         assert m, msg
         assert int(m.group(1)) == 128 + 4 * int(m.group(2))
-        assert "`u32 first = early ? buf[t] : 0u;`" in msg and "`cp_async_bulk_g2s(s + 128, g, 256, bar);`" in msg
+        assert "`u32 first = early == 1 ? buf[t] : 0u;`" in msg and "`cp_async_bulk_g2s(s + 128, g, 256, bar);`" in msg
+
+
+def test_a_bulk_copy_on_an_mbarrier_whose_init_was_not_fenced(mod, monkeypatch):
+    """mbarrier.init is a generic write; a bulk copy completes on the barrier through the async
+    proxy: without the initialising thread's fence.proxy.async in between, racecheck names both."""
+    g = np.arange(64, dtype=np.uint32)
+    out = np.zeros(64, np.uint32)
+    fn = mod.get_function("bulk_read")
+    fn(1, 64, (g, out, np.int32(2)), shared_mem=384)  # one proxy in the emulation: unchecked, no difference
+    np.testing.assert_array_equal(out, np.roll(g, -1))
+    monkeypatch.setenv("KDACUPY_EMULATE_CHECK", "racecheck")
+    msg = caught(fn, 1, 64, (g, out, np.int32(2)), shared_mem=384)
+    assert re.search(r"racecheck: proxy hazard on the mbarrier at 0x[0-9a-f]+: the cp.async.bulk at .* completes on "
+                     r"it \(async proxy\) after thread \(0,0,0\) initialised it at .* \(generic proxy\) with no "
+                     r"fence.proxy.async by that thread in between", msg), msg
+    assert "`mbarrier_init(bar, 1);`" in msg and "`cp_async_bulk_g2s(s + 128, g, 256, bar);`" in msg
+    fn(1, 64, (g, out, np.int32(0)), shared_mem=384)  # with the fence: clean
 
 
 def test_correct_wgmma_probes_pass_checked_with_the_unchecked_results(mod, monkeypatch):
