@@ -481,3 +481,39 @@ def test_only_the_forward_gets_wgmma_from_a_file_or_the_heuristic(dirs, monkeypa
     tuning.clear_cache()
     assert kernels.select_tiles(q) == TileConfig(128, 2, "wgmma")
     assert select_tiles(q) == TileConfig(128, 2)  # the file's BV and stages on mma.sync
+
+
+def test_a_files_wgmma_tile_on_a_problem_its_variants_cannot_take_runs_on_mma_sync_and_says_so(dirs):
+    """A bucket holds its tile's sizes and every size that runs on them: a wgmma tile tuned for
+    K = V = 128 is handed to K = 96 (the any-size variants, mma.sync only); it runs there on mma.sync at
+    its BV and stages, and the source says why, where K = V = 128 keeps wgmma."""
+    user, _ = dirs
+    exact, odd = problem(K=128, V=128), problem(K=96, V=100)
+    assert bucket_of(exact, 132) == bucket_of(odd, 132)
+    path = write(user / "NVIDIA-H200.yaml", [entry(exact, TileConfig(128, 3, "wgmma"))])
+    assert describe_selection(exact, wgmma=True) == (TileConfig(128, 3, "wgmma"), str(path))
+    tiles, source = describe_selection(odd, wgmma=True)
+    assert tiles == TileConfig(128, 3) and source == f"{path} (its wgmma tile on mma.sync: K=96, V=100 run the " \
+                                                     f"variants of mma.sync)"
+    assert describe_selection(exact) == (TileConfig(128, 3), str(path))  # a caller without wgmma
+
+
+def test_a_tile_the_recurrence_cannot_run_is_refused_before_any_build(monkeypatch):
+    """BV wider than the value dim its variant is built for: refused naming the tiles, the problem and
+    why (the kernel's static_assert would otherwise fail the build); the same tile on a problem that
+    holds it runs, bit for bit the model."""
+    import kdacupy
+    from kdacupy.ops.forward import kernels
+    from kdacupy.ops.forward.kernels import unfit
+    assert unfit(problem(V=64), TileConfig(128, 2)) and not unfit(problem(V=100), TileConfig(128, 2))
+    assert unfit(problem(V=64), TileConfig(128, 3, "wgmma"))
+    x, opts = make_inputs(T=20, H=1, K=64, V=64)
+    monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(128, 2))
+    built = []
+    for name in ("recurrence_variant", "launch_prepare"):
+        monkeypatch.setattr(kernels, name, lambda *a, **k: built.append(a) or pytest.fail("built"))
+    with pytest.raises(ValueError, match=r"^tiles: TileConfig\(BV=128, stages=2, mma='sync'\) cannot run the "
+                                         r"recurrence of K=64, V=64: BV=128 must divide the value dim of its "
+                                         r"variant, 64 \(V=64\)"):
+        kdacupy.kda_forward(**x, **opts, backend="emulate")
+    assert not built

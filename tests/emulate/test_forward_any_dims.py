@@ -151,3 +151,16 @@ def test_padded_channels_take_no_part_in_the_pair_form_test():
     got = kdacupy.kda_forward(**x, **opts, backend="emulate")
     for a, b in zip(got, forward_exact(**x, **opts)):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_a_tuning_files_wgmma_tile_on_any_size_dims_runs_on_mma_sync(monkeypatch):
+    """A wgmma tile from a tuning file reaches a K = 60, V = 100 problem through its bucket (the 64 / 128
+    tiles'); the any-size variants are mma.sync's, so it runs there at its BV and stages: the same
+    output, bit for bit, as the heuristic's tile."""
+    from kdacupy.ops.forward import kernels
+    from kdacupy.ops.forward.tuning import TileConfig
+    x, opts = make_inputs(T=37, H=1, K=60, V=100, state=np.float32)
+    want, want_s = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend="emulate")
+    monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(128, 3, "wgmma"))
+    got, got_s = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend="emulate")
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16)) and np.array_equal(got_s, want_s)

@@ -125,6 +125,17 @@ def wgmma_supported(K: int, V: int, tiles: TileConfig, no_output: bool = False, 
     return tiles.BV <= V and K <= 128 and not no_output and not store_states
 
 
+def unfit(p, tiles: TileConfig) -> str | None:
+    """Why ``tiles`` cannot run the recurrence of ``p`` (None: they can): a CTA's BV value rows
+    must divide the value dim the variant is built for (V, or V's tile for the any-size variants),
+    which the kernel asserts at compile time. (wgmma tiles that cannot serve a variant fall back to
+    mma.sync at the same BV: recurrence_mma.)"""
+    built = p.V if exact_dims(p.K, p.V) else tile_of(p.V)
+    if tiles.BV > built or built % tiles.BV:
+        return f"BV={tiles.BV} must divide the value dim of its variant, {built} (V={p.V})"
+    return None
+
+
 def recurrence_mma(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> str:
     """The MMA family a launch gets: the tiles' wgmma where it serves the variant, else mma.sync
     (which the any-size variants keep)."""
@@ -177,6 +188,8 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
     ``ws_core``: the prepare wrote the core-matrix workspace, which the wgmma recurrence reads and
     needs (without it the launch is mma.sync whatever the tiles say)."""
     ck = a.get("checkpoints")
+    if why := unfit(p, tiles):  # before any build: a tile from a file or a caller, never a build failure
+        raise ValueError(f"tiles: {tiles} cannot run the recurrence of K={p.K}, V={p.V}: {why}")
     if not ws_core:
         tiles = replace(tiles, mma="sync")
     var = recurrence_variant(p, tiles, no_output, states is not None, ck is not None)
@@ -221,6 +234,8 @@ def forward(p, a, tiles: TileConfig | None = None):
         xp = np
     run = loader("cuda" if p.device else "emulate")
     tiles = tiles or select_tiles(p)
+    if why := unfit(p, tiles):  # before the prepare runs
+        raise ValueError(f"tiles: {tiles} cannot run the recurrence of K={p.K}, V={p.V}: {why}")
     nslots, per_seq = slots(p)
     o = a["out"] if a["out"] is not None else empty(xp, a["v"].shape, p.dtype)
     s_out = a.get("state_pool")  # a pool is read and written in place

@@ -425,19 +425,27 @@ def _lookup(bucket: dict, device_name: str, udir: Path):
     return None
 
 
-def _family(hit, wgmma: bool):
+def _family(hit, wgmma: bool, p=None):
     """A file's choice for a caller that cannot take wgmma (every caller of the recurrence but the
-    forward's own): its BV and stages on mma.sync."""
-    if hit is None or wgmma or hit[0].mma == "sync":
+    forward's own): its BV and stages on mma.sync. For the forward, a wgmma tile its problem's
+    variants cannot take (head dims off the tiles, K > 128, V < BV: a bucket holds such problems
+    too) runs on mma.sync as well, and the source says so."""
+    if hit is None or hit[0].mma == "sync":
         return hit
-    return TileConfig(hit[0].BV, hit[0].stages), hit[1]
+    if not wgmma:
+        return TileConfig(hit[0].BV, hit[0].stages), hit[1]
+    from ...numerics.tiles import exact_dims
+    if p is not None and not (exact_dims(p.K, p.V) and p.K <= 128 and hit[0].BV <= p.V):
+        return TileConfig(hit[0].BV, hit[0].stages), (f"{hit[1]} (its wgmma tile on mma.sync: K={p.K}, V={p.V} "
+                                                      f"run the variants of mma.sync)")
+    return hit
 
 
 def describe_for(p, device_name: str, sm_count: int, arch: str | None = None,
                  wgmma: bool = False) -> tuple[TileConfig, str]:
     """``describe_selection`` for a named GPU model, SM count and target, without a
     device (``python -m kdacupy.bench --dry-run``); not cached."""
-    hit = _family(_lookup(bucket_of(p, sm_count), device_name, user_dir()), wgmma)
+    hit = _family(_lookup(bucket_of(p, sm_count), device_name, user_dir()), wgmma, p)
     return hit if hit is not None else (heuristic(p, sm_count, arch if wgmma else None), HEURISTIC_SOURCE)
 
 
@@ -463,7 +471,7 @@ def describe_selection(p, wgmma: bool = False) -> tuple[TileConfig, str]:
         hit = _lookup(bucket, name, udir)  # (config, path) or None
         with _lock:
             _selected[key] = hit
-    hit = _family(hit, wgmma)
+    hit = _family(hit, wgmma, p)
     # the heuristic costs a few integer operations: computed per call, not cached
     return hit if hit is not None else (heuristic(p, sm, _arch(dev) if wgmma else None), HEURISTIC_SOURCE)
 
