@@ -15,7 +15,11 @@ from .validation.pool import check_decode_offsets, check_null_slot, validate_poo
 from .validation.steps import validate_steps
 
 
-#: kda_decode's options in the order of its fast path's key (``options`` there)
+#: what a kda_decode call's result depends on, in the order of its fast path's key: the arrays
+#: (``arrays`` there) and the options (``options``); together every parameter of kda_decode, which
+#: tests/test_cache_keys.py holds (a parameter missing here would let two calls share a cache entry)
+ARRAY_NAMES = ("q", "k", "v", "g", "beta", "state_pool", "state_indices", "num_accepted_tokens", "out", "A_log",
+               "dt_bias", "parent_indices", "step_states", "step_state_indices", "cu_seqlens")
 OPTION_NAMES = ("scale", "qk_l2norm", "beta_sigmoid", "allow_neg_eigval", "gate", "lower_bound", "state_layout",
                 "backend", "update_pool", "null_slot")
 

@@ -12,7 +12,7 @@ import torch
 
 from . import autograd  # noqa: F401  (registers the forward op's autograd)
 from . import decode_cache, eager, ops
-from .tensors import _index_tensor  # noqa: F401  (the faces' index lists, kdacupy.torch.cp's too)
+from .tensors import CONVERTED_PARAM_DTYPES, _index_tensor  # noqa: F401  (_index_tensor: kdacupy.torch.cp's too)
 
 
 def _flag(name, x):
@@ -80,7 +80,7 @@ def _gate_params(A_log, dt_bias):
     kdacupy's checks."""
     if A_log is not None and A_log.dim() == 4 and A_log.shape[:2] == (1, 1) and A_log.shape[3] == 1:
         A_log = A_log.reshape(-1)
-    A_log, dt_bias = (x.float() if x is not None and x.dtype in (torch.bfloat16, torch.float16) else x
+    A_log, dt_bias = (x.float() if x is not None and x.dtype in CONVERTED_PARAM_DTYPES else x
                       for x in (A_log, dt_bias))
     return _dense(A_log), _dense(dt_bias)
 

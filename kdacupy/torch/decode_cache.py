@@ -20,7 +20,7 @@ import operator
 import torch
 
 from . import eager
-from .tensors import check_equal_lengths
+from .tensors import CONVERTED_PARAM_DTYPES, check_equal_lengths
 
 MAX_ENTRIES = 256
 MAX_OUT_VIEWS = 64
@@ -49,7 +49,7 @@ def _param_meta(t):
     """A gate parameter's key: its metadata and, where it is converted, its version."""
     if t is None:
         return None
-    if t.dtype in (torch.bfloat16, torch.float16):
+    if t.dtype in CONVERTED_PARAM_DTYPES:
         version = -1 if t.is_inference() else t._version  # an inference tensor has none: its copy is not kept
         return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(), type(t), version
     return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(), type(t)
@@ -228,7 +228,7 @@ def _store(key, tensors, params, N, T, opts, v, cu_seqlens=None):
     if A_log is not None and A_log.dim() == 4 and A_log.shape[:2] == (1, 1) and A_log.shape[3] == 1:
         A_log = A_log.view(-1)
     for x in (A_log, dt_bias):
-        if x is not None and x.dtype in (torch.bfloat16, torch.float16):
+        if x is not None and x.dtype in CONVERTED_PARAM_DTYPES:
             hit = eager.float_param(x)
             if hit is None:
                 return

@@ -28,6 +28,7 @@ import torch
 import kdacupy
 
 from .bridge import _TO_NUMPY
+from .tensors import CONVERTED_PARAM_DTYPES
 
 MAX_VIEWS = 4096
 MAX_PARAMS = 256
@@ -237,7 +238,7 @@ def gate_params(A_log, dt_bias, convert):
         A_log = A_log.reshape(-1)
     out = []
     for x in (A_log, dt_bias):
-        if x is not None and x.dtype in (torch.bfloat16, torch.float16):
+        if x is not None and x.dtype in CONVERTED_PARAM_DTYPES:
             hit = float_param(x)
             if hit is not None:
                 x = hit[0]

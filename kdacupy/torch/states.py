@@ -16,6 +16,7 @@ import torch
 
 import kdacupy
 from .bridge import numpy_dtype, on_torch_stream, to_array, to_tensor
+from .tensors import CONVERTED_PARAM_DTYPES
 
 
 def _params(opts):
@@ -27,7 +28,7 @@ def _params(opts):
         if x is not None:
             if n == "A_log" and x.dim() == 4:
                 x = x.reshape(-1)
-            out[n] = to_array((x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).contiguous())
+            out[n] = to_array((x.float() if x.dtype in CONVERTED_PARAM_DTYPES else x).contiguous())
     return out
 
 

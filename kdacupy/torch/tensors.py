@@ -29,6 +29,11 @@ def check_equal_lengths(cu_seqlens, T):
         torch._assert_async((cu_seqlens == expected).all(), f"cu_seqlens: expected {T} tokens in every sequence")
 
 
+#: gate parameters (A_log, dt_bias) of these dtypes are converted to float32 before the kernels
+#: read them: the one declaration that the conversion (api._gate_params, eager.gate_params) and
+#: the decode cache's key (decode_cache._param_meta: their version, as a converted copy is kept) share
+CONVERTED_PARAM_DTYPES = (torch.bfloat16, torch.float16)
+
 #: the state dtypes the faces take (bf16 or fp32)
 STATE_DTYPES = (torch.bfloat16, torch.float32)
 #: the gate cumsum's output dtype by default (FLA's ``torch.float``)

@@ -110,8 +110,12 @@ def test_a_cached_call_launches_what_the_full_path_launches(made, call, monkeypa
                 assert a == b
 
 
-def test_a_parameter_changed_in_place_is_converted_again(made):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_parameter_changed_in_place_is_converted_again(made, dtype):
+    """bf16 and fp16 gate parameters are converted to float32 once per version: changed in place,
+    the next call converts them again (each dtype the conversion takes is keyed by version)."""
     x = inputs()
+    x["A_log"], x["dt_bias"] = x["A_log"].to(dtype), x["dt_bias"].to(dtype)
     with torch.inference_mode():
         sglang_call(x)
         sglang_call(x)
