@@ -85,3 +85,15 @@ def pool_of(case, rng=None):
     HV, K, V = case["HV"], case["K"], case["V"]
     shape = (case["P"], HV, V, K) if case["layout"] == "vk" else (case["P"], HV, K, V)
     return (0.5 * rng.standard_normal(shape)).astype(BF16 if case["pool_dtype"] == "bfloat16" else np.float32)
+
+
+@st.composite
+def tree_cases(draw):
+    """A tree verify: N sequences of T draft tokens, each token's parent in [-1, t) (-1: a second
+    root from the start slot), the start slots live or padding."""
+    case = draw(decode_cases())
+    T = draw(st.integers(2, 6))
+    parents = [[0] + [draw(st.integers(-1, t - 1)) for t in range(1, T)] for _ in range(case["N"])]
+    return dict(case, kind="tree", T=T, parents=parents, null=-1,
+                slots=[s if s > case["null"] else -1 for s in case["slots"]])
+

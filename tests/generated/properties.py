@@ -101,3 +101,28 @@ def check_checkpoints(case, x, opts, cu, init, backend):
             _, f = kdacupy.kda_forward(**xs, **opts, initial_state=init[n:n + 1], output_final_state=True,
                                        state_layout=layout, state_dtype=np.float32, backend=backend)
             assert same(ck[n, j - 1], f[0]), f"checkpoint {j} of sequence {n} differs from the forward stopped there"
+
+
+def check_tree(case, backend="model"):
+    """fp32 step states: every root-to-leaf path of each sequence's tree, run alone as a chain from
+    its start slot, is the tree's output and step states there, bit for bit; the pool is only read."""
+    from ..decode_trees import path_by_path
+    x, opts = arrays(case, case["N"], case["T"])
+    pool = pool_of(case)
+    before = pool.copy()
+    idx = np.array(case["slots"], np.int32)
+    parents = np.array(case["parents"], np.int64)
+    HV, K, V = case["HV"], case["K"], case["V"]
+    tail = (HV, V, K) if case["layout"] == "vk" else (HV, K, V)
+    steps = np.zeros((case["N"], case["T"]) + tail, np.float32)
+    o = kdacupy.kda_decode(**x, **opts, state_pool=pool, state_indices=idx, state_layout=case["layout"],
+                           parent_indices=parents, step_states=steps, update_pool=False, backend=backend)
+    assert same(pool, before), "update_pool=False wrote the pool"
+    live = idx >= 0
+    want_o, want_steps = path_by_path({k: v[live] for k, v in x.items() if v is not None},
+                                      dict(opts, state_indices=idx[live], state_layout=case["layout"]), before,
+                                      parents[live], np.float32, backend)
+    assert same(o[live], want_o), "a tree's output differs from its paths run alone"
+    assert same(steps[live], want_steps), "a tree's step states differ from its paths run alone"
+    assert not np.any(o[~live].astype(np.float64)), "a padded sequence's output is not zero"
+
