@@ -367,3 +367,24 @@ def test_patch_swaps_vllms_names_and_a_layers_decode_runs_on_kdacupy(monkeypatch
         vllm.unpatch()
     for n in names:
         assert getattr(ops, n) is originals[n] and getattr(layer, n) is originals[n]
+
+
+def test_slots_per_sequence_of_several_tokens_without_cu_seqlens():
+    """q [N, T, ...] (no packing), [N] slots, T = 3: each sequence from its slot, its final state back
+    there; the null block's sequence gives zeros and its slot is untouched."""
+    q, k, v, g, beta, a_log, g_bias, init = _unequal_inputs(21)
+    N, T = 3, 3
+    shape = lambda x: x[:, :N * T].reshape((N, T) + tuple(x.shape[2:]))  # noqa: E731
+    q, k, v, g, beta = (shape(x) for x in (q, k, v, g, beta))
+    cache = init.clone()
+    slots = torch.tensor([2, vllm.NULL_BLOCK_ID, 6], dtype=torch.int32)
+    o, _ = vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=cache, ssm_state_indices=slots, sigmoid_beta=True,
+                                    a_log=a_log, g_bias=g_bias, compute_gate=True, lower_bound=-5.0)
+    gate = bounded_gate(f64(g).reshape(N * T, H, D), f64(a_log), f64(g_bias), -5.0)
+    starts = [vk(f64(init[int(s)])) for s in slots]
+    flat = lambda x: x.reshape((1, N * T) + tuple(x.shape[2:]))  # noqa: E731
+    o_ref, finals = expected(flat(q), flat(k), flat(v), gate, flat(torch.sigmoid(beta)), starts, [0, T, 2 * T, 3 * T])
+    for n in (0, 2):
+        assert rmse_ratio(o[n], o_ref[n * T:(n + 1) * T]) < 1e-5
+        assert rmse_ratio(cache[int(slots[n])], vk(finals[n])) < POOL
+    assert not o[1].any() and torch.equal(cache[[0, 1, 3, 4, 5, 7]], init[[0, 1, 3, 4, 5, 7]])
