@@ -150,6 +150,8 @@ def _bad_calls():
         ("beta-none", lambda a: a.update(beta=None), TypeError, "beta"),
         ("final-dtype", lambda a: a.update(final_state=a["final_state"].float()), TypeError, "final_state"),
         ("final-shape", lambda a: a.update(final_state=a["final_state"][:, :1]), ValueError, "final_state"),
+        ("final-fp16", lambda a: a.update(final_state=a["final_state"].half(), initial_state=None), TypeError,
+         "final_state"),
         ("final-overlaps-q", _final_over_q, ValueError, "final_state"),
         ("lower-bound-positive", lambda a: a.update(lower_bound=0.5), ValueError, "lower_bound"),
         ("scale-string", lambda a: a.update(scale="0.1"), TypeError, "scale"),
