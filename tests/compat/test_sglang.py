@@ -318,6 +318,10 @@ def test_kda_gate_chunk_cumsum_against_float64(lens, lower_bound, scale):
     assert np.abs(f64(out)[0] - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
     with pytest.raises(ValueError, match="^chunk_size: expected a power of 2"):
         sglang.kda_gate_chunk_cumsum(g, A_log, 48)
+    with pytest.raises(ValueError, match=f"^A_log: expected {H} elements"):
+        sglang.kda_gate_chunk_cumsum(g, A_log[:1], 64)
+    with pytest.raises(ValueError, match=f"^dt_bias: expected {H * D} elements"):
+        sglang.kda_gate_chunk_cumsum(g, A_log, 64, dt_bias=dt_bias[:D])
     with pytest.raises(TypeError, match="'head_first'"):
         sglang.kda_gate_chunk_cumsum(g, A_log, 64, head_first=True)
 
