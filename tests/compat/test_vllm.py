@@ -185,6 +185,13 @@ def test_a_bad_out_is_refused_before_the_pool_is_touched():
             vllm.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.arange(3),
                                      ssm_state_indices=idx, out=bad)
         assert torch.equal(pool, before)
+    # adjacent is not overlapping: v and out side by side in one buffer are taken
+    buf = torch.empty(2 * v.numel(), dtype=v.dtype)
+    v2, out = buf[:v.numel()].view(v.shape), buf[v.numel():].view(v.shape)
+    v2.copy_(v)
+    o, _ = vllm.fused_recurrent_kda(q, k, v2, g, beta, initial_state=pool.clone(), cu_seqlens=torch.arange(3),
+                                    ssm_state_indices=idx, out=out)
+    assert o is out and out.abs().max() > 0
 
 
 def test_speculative_decode_with_slot_rows_and_accepted_tokens():
