@@ -34,6 +34,8 @@ ANY_CASES = {
     "K192-V96-log-pair-chunk-l2norm": dict(T=20, K=192, V=96, gate="log", l2norm=True, state=True, dfinal=True),
     "K100-V60-fp32-sigmoid-bias-only": dict(FD_CASES["sigmoid-bias-only-state-only"], T=19, K=100, V=60,
                                             dtype=F32),
+    # odd V in fp32: rows of 132 bytes (4-byte aligned), the element-wise path of the fp32 any-size kernels
+    "K24-V33-fp32-log-odd-v": dict(T=19, K=24, V=33, dtype=F32, gate="log", beta="raw", state=True, dfinal=True),
     "K16-V96-log-batched": dict(B=2, T=21, K=16, V=96, gate="log", beta="raw", state=True, dfinal=True, l2norm=True),
 }
 

@@ -103,9 +103,11 @@ def test_rows_of_the_pool_and_device_style_rows():
     same(pool[[5, 6, 7]], before[[5, 6, 7]])
 
 
-def test_wgmma_checkpoints_are_the_mma_sync_ones(monkeypatch):
+@pytest.mark.parametrize("every", [16, 32])
+def test_wgmma_checkpoints_are_the_mma_sync_ones(monkeypatch, every):
     """The wgmma recurrence (docs/design.md section 5) stores the same checkpoints, output and
-    final state as mma.sync, to the bit (K = V = 64, BV = 64: one warpgroup)."""
+    final state as mma.sync, to the bit (K = V = 64, BV = 64: one warpgroup); every 16 tokens a
+    boundary ends every chunk, the ring's first stage included."""
     import kdacupy.ops.forward.kernels as kernels
     from kdacupy.ops.forward.tuning import TileConfig
 
@@ -114,8 +116,8 @@ def test_wgmma_checkpoints_are_the_mma_sync_ones(monkeypatch):
     for tiles in (None, TileConfig(64, 3, "wgmma")):  # the default's (the test above builds it), then wgmma
         if tiles is not None:
             monkeypatch.setattr(kernels, "select_tiles", lambda p: tiles)
-        ck = np.full((4, 3, 2, 64, 64), 5.0, F32)
-        o, fin = kdacupy.kda_forward(**x, **opts, output_final_state=True, checkpoint_every=32, checkpoints=ck,
+        ck = np.full((4, 96 // every, 2, 64, 64), 5.0, F32)
+        o, fin = kdacupy.kda_forward(**x, **opts, output_final_state=True, checkpoint_every=every, checkpoints=ck,
                                      state_precision="fp32", backend="emulate")
         runs.append((o, fin, ck))
     for a, b in zip(*runs):
