@@ -178,3 +178,27 @@ def sample(mutants: list[dict], n: int, seed: int = 0) -> list[dict]:
             if by[rule] and len(out) < n:
                 out.append(by[rule].pop())
     return out
+
+
+def main(argv=None) -> int:
+    """``python benchmarks/mutate_rules.py REV_RANGE [--sample N] [--seed S]``: list the mutants the
+    rules give over the lines REV_RANGE added (a sample of them with --sample); benchmarks/mutate.py
+    --generate runs them."""
+    import argparse
+    from collections import Counter
+    ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    ap.add_argument("rev_range")
+    ap.add_argument("--sample", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    mutants = generate(args.rev_range)
+    print(f"{len(mutants)} mutants: " + ", ".join(f"{r} {n}" for r, n in sorted(Counter(m['rule'] for m in mutants)
+                                                                               .items())))
+    for m in sample(mutants, args.sample, args.seed) if args.sample else mutants:
+        print(f"{m['name']}\n  - {m['old'].splitlines()[0].strip()}\n  + {m['new'].splitlines()[0].strip()}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -14,26 +14,26 @@ from .properties import check_decode, check_decode_backends, check_prefill, chec
 from .record import checked, examples
 
 
-@settings(max_examples=examples(24))
+@settings(max_examples=examples(16))
 @given(decode_cases())
 def test_decode_pads_touches_nothing_unnamed_and_batches_independently(case):
     checked("decode-model", check_decode, case)
 
 
-@settings(max_examples=examples(16))
+@settings(max_examples=examples(10))
 @given(prefill_cases())
 def test_pooled_prefill_and_checkpoints_are_the_plain_forward(case):
     checked("prefill-model", check_prefill, case)
 
 
-@settings(max_examples=examples(12))
+@settings(max_examples=examples(8))
 @given(tree_cases())
 def test_a_tree_verify_is_its_paths_run_alone(case):
     checked("tree-model", check_tree, case)
 
 
 @pytest.mark.emulate
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(6))
 @given(decode_cases())
 def test_emulated_decode_is_the_model_bit_for_bit(case):
     checked("decode-emulate", check_decode_backends, case)
