@@ -141,6 +141,26 @@ def fla_context(group, cu, rank, ranks):
                                  is_first_rank=starts_on == rank)
 
 
+def generated_cp_cases(ranks, group, n=8, seed=2026):
+    """Generated context-parallel cases (the same seeded draws on every rank): packed lengths with
+    empty and one-token sequences and lengths at chunk boundaries, head dims around the tiles, gates,
+    beta modes, state layouts, grouped heads, even and uneven slices (a rank of one token, one of
+    none); kda_cp's output and every gradient equal one process's, float64 to 1e-10 (torch_case)."""
+    rng = np.random.default_rng(seed)
+    dims, lens = (16, 17, 60, 64, 65, 100), (0, 1, 15, 16, 17, 31, 33)
+    for i in range(n):
+        H = int(rng.integers(1, 3))
+        inputs = dict(cu_seqlens=[int(rng.choice(lens)) if rng.random() < 0.6 else int(rng.integers(0, 40))
+                                  for _ in range(int(rng.integers(2, 5)))], H=H, HV=H * int(rng.integers(1, 3)),
+                      K=int(rng.choice(dims)), V=int(rng.choice(dims)), dtype=F64, state=F64,
+                      gate=str(rng.choice(["log", "softplus", "sigmoid"])), beta=str(rng.choice(["logits", "raw"])),
+                      state_layout=str(rng.choice(["kv", "vk"])), seed=int(rng.integers(0, 1000)))
+        if sum(inputs["cu_seqlens"]) < 3:
+            inputs["cu_seqlens"].append(20)
+        torch_case(ranks, group, inputs, dict(qk_l2norm=bool(rng.random() < 0.5)), str(rng.choice(["even", "uneven"])),
+                   "reference", True)
+
+
 def fla_cp_case(ranks, group):
     """kdacupy.compat.fla.chunk_kda with FLA's cp_context on this rank's share against chunk_kda
     on the whole packed stream: the output and every gradient (float64, to 1e-10; A_log's and
@@ -255,6 +275,7 @@ def child(rank, store, out):
     jobs = [(f"engine: {fwd[0]}", lambda: forward_case(ranks, group, *fwd)),
             (f"engine: {bwd[0]}", lambda: backward_case(ranks, group, *bwd, repeat=True))]
     jobs += [(c[0], lambda c=c: torch_case(ranks, group, *c[1:])) for c in TORCH_CASES]
+    jobs += [("generated context-parallel cases (8, seeded)", lambda: generated_cp_cases(ranks, group))]
     jobs += [("compat.fla chunk_kda with FLA's cp_context", lambda: fla_cp_case(ranks, group)),
              ("compat.fla chunk_kda with FLA's zigzag cp_context", lambda: fla_zigzag_case(ranks, group))]
     for name, job in jobs:

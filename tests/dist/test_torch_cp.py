@@ -34,7 +34,7 @@ def test_kda_cp_on_three_gloo_processes(tmp_path):
         out, err = proc.communicate()
         pytest.fail(f"gloo_worker.py did not finish in 120 s (a hang):\n{out[-4000:]}\n{err[-3000:]}")
     lines = [ln for ln in out.splitlines() if ln.startswith(("ok:", "FAIL:"))]
-    assert len(lines) == 8 + 4 and all(ln.startswith("ok:") for ln in lines), out[-6000:] + err[-3000:]
+    assert len(lines) == 9 + 4 and all(ln.startswith("ok:") for ln in lines), out[-6000:] + err[-3000:]
     assert "scenarios done on 3 gloo processes" in out and "exit codes [1, 1, 1]" in out, out + err[-3000:]
     assert proc.returncode == 0 and "returned normally" not in out, out
     for r in range(3):
