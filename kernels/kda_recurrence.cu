@@ -304,12 +304,16 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
       }
     }
     float Wt[8], Ot[8];  // n-tile nt's accumulator e at [4 nt + e], as mma.sync's
+    // this stage's K-major descriptor, built once; each tile's is it advanced by the tile's offset
+    const u64 dstage = desc_t(st, 0);
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < KS; ++s) wgmma_bf16<16, false>(Wt, A[s], desc_t(st + RSM_KDEC, 16 * s), s > 0);
+    for (int s = 0; s < KS; ++s)
+      wgmma_bf16<16, false>(Wt, A[s], wgmma_desc_add(dstage, RSM_KDEC + 2 * s * CORE_COLS), s > 0);
     wgmma_commit();
 #pragma unroll
-    for (int s = 0; s < KS; ++s) wgmma_bf16<16, false>(Ot, A[s], desc_t(st + RSM_QDEC, 16 * s), s > 0);
+    for (int s = 0; s < KS; ++s)
+      wgmma_bf16<16, false>(Ot, A[s], wgmma_desc_add(dstage, RSM_QDEC + 2 * s * CORE_COLS), s > 0);
     wgmma_commit();
     wgmma_wait<1>();  // W^T final; o^T's group still in flight
     wgmma_fence_operand(Wt);
@@ -331,7 +335,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j]
     float Ut[8];
     wgmma_fence();
-    wgmma_bf16<16, false>(Ut, va, desc_t(st + RSM_INV, 0), false);
+    wgmma_bf16<16, false>(Ut, va, wgmma_desc_add(dstage, RSM_INV), false);
     wgmma_commit();
     wgmma_wait<0>();  // U^T and the state part of o^T final
     wgmma_fence_operand(Ut);
@@ -343,7 +347,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     // [14] o^T += U^T Mqk^T; [15] dS = U^T k_res: B[k = token][n = key], N-major, all K keys at once
     float dS[K / 2];
     wgmma_fence();
-    wgmma_bf16<16, false>(Ot, ua, desc_t(st + RSM_MQK, 0), true);
+    wgmma_bf16<16, false>(Ot, ua, wgmma_desc_add(dstage, RSM_MQK), true);
     wgmma_bf16<K, true>(dS, ua, desc_n(st + RSM_KRES), false);
     wgmma_commit();
     wgmma_wait<0>();  // o^T and dS final

@@ -398,6 +398,13 @@ __device__ __forceinline__ u64 wgmma_desc(const void* tile, u32 lead_bytes, u32 
   return (u64)((smem_u32(tile) & 0x3FFFFu) >> 4) | (u64)((lead_bytes & 0x3FFFFu) >> 4) << 16 |
          (u64)((stride_bytes & 0x3FFFFu) >> 4) << 32 | (u64)(swizzle & 3) << 62;
 }
+// The descriptor of the tile `bytes` (a multiple of 16) past desc's: one 32-bit add to the start
+// address (the low word's low 14 bits, in 16-byte units; a shared address below 256 KB never
+// carries out of them), so a tile's descriptor is built once and advanced, as CUTLASS's
+// descriptor iterator does, not rebuilt from a generic pointer for every wgmma.
+__device__ __forceinline__ u64 wgmma_desc_add(u64 desc, u32 bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | (u64)((u32)desc + (bytes >> 4));
+}
 
 #if defined(KDA_EMULATE) || __CUDA_ARCH__ >= 900
 // Waits until the phase of parity `parity` of `bar` completed.

@@ -105,11 +105,15 @@ extern "C" __global__ void k_wgmma_groups(const u32* a, const u8* bimg, int bbyt
   for (int j = 0; j < 8; j++) end[t * 16 + j] = x[j], end[t * 16 + 8 + j] = y[j];
 }
 
-// The descriptor of a tile 256 bytes into the dynamic shared memory, and its shared address.
-extern "C" __global__ void k_desc(u32* out, int lbo, int sbo, int swizzle) {
+// The descriptor of a tile 256 bytes into the dynamic shared memory, and its shared address; then
+// (out[3..]) for each of `n` offsets, wgmma_desc_add of it against the descriptor built there.
+extern "C" __global__ void k_desc(u32* out, int lbo, int sbo, int swizzle, const u32* offs, int n) {
   unsigned char* tile = dynamic_smem() + 256;
   u64 d = wgmma_desc(tile, lbo, sbo, swizzle);
-  if (threadIdx.x == 0) out[0] = smem_u32(tile), out[1] = (u32)d, out[2] = (u32)(d >> 32);
+  if (threadIdx.x == 0) {
+    out[0] = smem_u32(tile), out[1] = (u32)d, out[2] = (u32)(d >> 32);
+    for (int i = 0; i < n; i++) out[3 + i] = wgmma_desc_add(d, offs[i]) == wgmma_desc(tile + offs[i], lbo, sbo, swizzle);
+  }
 }
 
 // One mbarrier through its phases (64 threads): after each step (an arrival, an expect_tx, a bulk
@@ -399,11 +403,14 @@ def test_wgmma_needs_a_fence_and_whole_warpgroups(mod):
 def test_matrix_descriptor_bits(mod):
     """PTX ISA matrix descriptor: bits 0-13 (start address & 0x3FFFF) >> 4, 16-29 leading byte
     offset >> 4, 32-45 stride byte offset >> 4, 49-51 base offset, 62-63 swizzle mode."""
-    out = np.zeros(3, np.uint32)
-    mod.get_function("k_desc")(1, 32, (out, np.int32(4096), np.int32(1024), np.int32(1)), shared_mem=512)
+    offs = np.array([0, 16, 2048, 4096, 60000], np.uint32)
+    out = np.zeros(3 + len(offs), np.uint32)
+    mod.get_function("k_desc")(1, 32, (out, np.int32(4096), np.int32(1024), np.int32(1), offs, np.int32(len(offs))),
+                               shared_mem=61000)
     desc = int(out[1]) | int(out[2]) << 32
     assert out[0] % 128 == 0 and out[0] % 1024 != 0  # the emulated window: 128-byte aligned, and no more
     assert desc == ((int(out[0]) & 0x3FFFF) >> 4) | (4096 >> 4) << 16 | (1024 >> 4) << 32 | 1 << 62
+    assert list(out[3:]) == [1] * len(offs)  # wgmma_desc_add: the descriptor built at the tile + offset
 
 
 # ---- mbarrier and cp.async.bulk ---------------------------------------------------------------------

@@ -361,10 +361,13 @@ def test_wgmma_wait_group_protocol(hopper):
 
 
 def test_matrix_descriptor_on_the_device(hopper):
-    out = hopper("k_desc", 1, 32, (np.zeros(3, np.uint32), np.int32(4096), np.int32(1024), np.int32(1)), 512)[0]
+    offs = np.array([0, 16, 2048, 4096, 60000], np.uint32)
+    out = hopper("k_desc", 1, 32, (np.zeros(3 + len(offs), np.uint32), np.int32(4096), np.int32(1024), np.int32(1),
+                                   offs, np.int32(len(offs))), 61000)[0]
     desc = int(out[1]) | int(out[2]) << 32
     print(f"dynamic shared memory + 256 at shared address 0x{int(out[0]):x}")
     assert desc == ((int(out[0]) & 0x3FFFF) >> 4) | (4096 >> 4) << 16 | (1024 >> 4) << 32 | 1 << 62
+    assert list(out[3:]) == [1] * len(offs)  # wgmma_desc_add: the descriptor built at the tile + offset
 
 
 def test_mbarrier_phases_and_bulk_copy_bytes(hopper):
