@@ -192,22 +192,25 @@ def kda_cp(q, k, v, g, beta=None, *, group=None, scale=None, initial_state=None,
     return o, (final if output_final_state else None)
 
 
-def fla_cu_seqlens(cp_context, tokens: int):
-    """The global ``cu_seqlens`` of FLA's ``FLACPContext`` (fla/ops/cp: rank-local offsets, and
-    ``pre_num_ranks > 0`` when the slice's first sequence began on an earlier rank), gathered
-    from every rank of its group (one small all_gather of Python objects): each rank's local
-    lengths, its first one joined to the previous rank's last when it continues it. A rank
-    whose context does not fit its slice makes every rank raise (none waits in kda_cp)."""
+def _local_offsets(cp_context) -> list:
+    """A FLACPContext's rank-local cu_seqlens as ints (its host copy where it has one)."""
+    local = cp_context.cu_seqlens_cpu if getattr(cp_context, "cu_seqlens_cpu", None) is not None \
+        else cp_context.cu_seqlens
+    return [int(x) for x in local.tolist()]
+
+
+def _lengths(cu) -> list:
+    return [b - a for a, b in zip(cu, cu[1:])]
+
+
+def _gathered(cp_context, mine_of) -> list:
+    """``mine_of()`` of every rank of the context's group (one small all_gather of Python objects); a
+    rank where it raises makes every rank raise the same ValueError naming it (none waits in kda_cp)."""
     import torch.distributed as dist
 
     mine, failure = None, None
     try:
-        local = cp_context.cu_seqlens_cpu if getattr(cp_context, "cu_seqlens_cpu", None) is not None \
-            else cp_context.cu_seqlens
-        local = [int(x) for x in local.tolist()]
-        if local[-1] != tokens:
-            raise ValueError(f"expected rank-local cu_seqlens ending at the rank's {tokens} tokens, got {local}")
-        mine = ([b - a for a, b in zip(local, local[1:])], bool(cp_context.pre_num_ranks))
+        mine = mine_of()
     except Exception as e:  # noqa: BLE001  (the other ranks must hear of it)
         failure = f"{type(e).__name__}: {e}"
     every = [None] * dist.get_world_size(cp_context.group)
@@ -215,12 +218,34 @@ def fla_cu_seqlens(cp_context, tokens: int):
     bad = [(r, f) for r, (_, f) in enumerate(every) if f is not None]
     if bad:
         raise ValueError(f"cp_context: rank {bad[0][0]}: {bad[0][1]}")
+    return [m for m, _ in every]
+
+
+def _joined(pieces) -> list:
+    """The sequence lengths of consecutive pieces of the stream, in order: (the piece's lengths,
+    whether its first one continues the previous piece's last)."""
     lengths = []
-    for rank_lengths, continues in (m for m, _ in every):
-        if continues and lengths and rank_lengths:
-            lengths[-1] += rank_lengths[0]
-            rank_lengths = rank_lengths[1:]
-        lengths += rank_lengths
+    for piece, continues in pieces:
+        if continues and lengths and piece:
+            lengths[-1] += piece[0]
+            piece = piece[1:]
+        lengths += piece
+    return lengths
+
+
+def fla_cu_seqlens(cp_context, tokens: int):
+    """The global ``cu_seqlens`` of FLA's ``FLACPContext`` (fla/ops/cp: rank-local offsets, and
+    ``pre_num_ranks > 0`` when the slice's first sequence began on an earlier rank), gathered
+    from every rank of its group: each rank's local lengths, its first one joined to the previous
+    rank's last when it continues it. A rank whose context does not fit its slice makes every
+    rank raise (none waits in kda_cp)."""
+    def mine():
+        local = _local_offsets(cp_context)
+        if local[-1] != tokens:
+            raise ValueError(f"expected rank-local cu_seqlens ending at the rank's {tokens} tokens, got {local}")
+        return _lengths(local), bool(cp_context.pre_num_ranks)
+
+    lengths = _joined(_gathered(cp_context, mine))
     return torch.tensor([0] + list(torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()), dtype=torch.int64)
 
 
@@ -264,48 +289,30 @@ def _halves(cu, mid):
 
 def fla_zigzag_cu_seqlens(cp_context, tokens):
     """(the global cu_seqlens as a list, part length L, ranks W) of a zigzag FLACPContext: every
-    rank's two parts' lengths gathered (one small all_gather of Python objects), put in chain order
-    (part p on rank p for p < W, else on rank 2W-1-p), each part's first piece joined to the
-    previous part's last where it continues it. A rank whose context does not fit makes every rank
-    raise (none waits)."""
-    import torch.distributed as dist
-
-    mine, failure = None, None
-    try:
+    rank's two parts' lengths gathered, put in chain order (part p on rank p for p < W, else on
+    rank 2W-1-p), each part's first piece joined to the previous part's last where it continues it.
+    A rank whose context does not fit makes every rank raise (none waits)."""
+    def mine():
         L = int(cp_context.part_len)
-        local = cp_context.cu_seqlens_cpu if getattr(cp_context, "cu_seqlens_cpu", None) is not None \
-            else cp_context.cu_seqlens
-        local = [int(x) for x in local.tolist()]
+        local = _local_offsets(cp_context)
         f = int(cp_context.front_num_seqs)
         if tokens != 2 * L or local[-1] != 2 * L or local[f] != L:
             raise ValueError(f"expected a zigzag context of two {L}-token parts for the rank's {tokens} tokens, got "
                              f"rank-local cu_seqlens {local} with front_num_seqs {f}")
-        lens = lambda c: [b - a for a, b in zip(c, c[1:])]  # noqa: E731
         pre = cp_context.pre_num_ranks_by_part
-        mine = (L, lens(local[:f + 1]), bool(pre[0]), lens(local[f:]), bool(pre[1]))
-    except Exception as e:  # noqa: BLE001  (the other ranks must hear of it)
-        failure = f"{type(e).__name__}: {e}"
-    every = [None] * dist.get_world_size(cp_context.group)
-    dist.all_gather_object(every, (mine, failure), group=cp_context.group)
-    bad = [(r, f) for r, (_, f) in enumerate(every) if f is not None]
-    if bad:
-        raise ValueError(f"cp_context: rank {bad[0][0]}: {bad[0][1]}")
+        return L, (_lengths(local[:f + 1]), bool(pre[0])), (_lengths(local[f:]), bool(pre[1]))
+
+    every = _gathered(cp_context, mine)
     W = len(every)
-    if len({m[0] for m, _ in every}) != 1:
-        raise ValueError(f"cp_context: expected one part length on every rank, got {[m[0] for m, _ in every]}")
+    if len({L for L, _, _ in every}) != 1:
+        raise ValueError(f"cp_context: expected one part length on every rank, got {[L for L, _, _ in every]}")
     parts = [None] * (2 * W)
-    for r, (m, _) in enumerate(every):
-        parts[r], parts[2 * W - 1 - r] = (m[1], m[2]), (m[3], m[4])
-    lengths = []
-    for part_lengths, continues in parts:
-        if continues and lengths and part_lengths:
-            lengths[-1] += part_lengths[0]
-            part_lengths = part_lengths[1:]
-        lengths += part_lengths
+    for r, (_, front, back) in enumerate(every):
+        parts[r], parts[2 * W - 1 - r] = front, back
     cu = [0]
-    for n in lengths:
+    for n in _joined(parts):
         cu.append(cu[-1] + n)
-    return cu, every[0][0][0], W
+    return cu, every[0][0], W
 
 
 class _Swap(torch.autograd.Function):
