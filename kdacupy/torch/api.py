@@ -12,7 +12,7 @@ import torch
 
 from . import autograd  # noqa: F401  (registers the forward op's autograd)
 from . import decode_cache, eager, ops
-from .tensors import CONVERTED_PARAM_DTYPES, _index_tensor  # noqa: F401  (_index_tensor: kdacupy.torch.cp's too)
+from .tensors import CONVERTED_PARAM_DTYPES, _index_tensor, tensors  # noqa: F401  (_index_tensor: cp.py's too)
 
 
 def _flag(name, x):
@@ -49,12 +49,7 @@ def _tensors(required, optional):
     """Every array argument a torch tensor (optional ones may be None): a TypeError naming the first
     that is not, before anything reads it. Then no [B, T] of 2^31 tokens or more (the kernels take
     token counts as 32-bit ints; kdacupy's validation says the same), before a copy is made of it."""
-    for name, x in required.items():
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
-    for name, x in optional.items():
-        if x is not None and not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch tensor or None, got {type(x).__name__}")
+    tensors(required, optional)
     q = required["q"]
     if q.dim() >= 2 and q.shape[0] * q.shape[1] > MAX_TOKENS:
         raise ValueError(f"q: expected at most 2^31 - 1 tokens (B * T; the kernels take token counts as 32-bit "
