@@ -46,6 +46,23 @@ constexpr int E = 16 / elem_bytes<KDA_DT>();  // q / k channels per 16-byte piec
 constexpr int PPS = K / E / 8;                // pieces per thread
 constexpr int SEG = PPS * E;                  // channels per thread
 
+// Owned channels (the core-layout workspace, the wgmma recurrence's): thread s computes on the row's
+// channels [s SEG, (s + 1) SEG) (pieces s PPS + v), so its l2norm sum is one FMA chain with no hops
+// between lanes (rows.cuh) and its workspace pieces fill whole sectors of the core matrices per warp
+// request. The row-major workspace keeps pieces s + 8 v (a warp's stores of one v cover whole rows).
+constexpr bool OWNED = KDA_WS_CORE;
+__device__ __forceinline__ int piece_of(int s, int v) { return OWNED ? s * PPS + v : s + 8 * v; }
+// 16-byte piece p's slot in a row of the input stage and of the [16, K] bf16 tiles: with OWNED, bit 3 up
+// of p XORed into its low bits, so that 8 threads of a row meet 8 distinct 16-byte bank groups both when
+// they copy pieces s + 8 v (coalesced global reads) and when they read or write pieces s PPS + v; the
+// tiles' ldmatrix reads 8 rows of one slot, conflict-free as before (rows are TS elements apart).
+template <int PER_THREAD> __device__ __forceinline__ int slot_of(int p) {
+  static_assert(PER_THREAD >= 1 && (PER_THREAD & (PER_THREAD - 1)) == 0 && PER_THREAD <= 8, "slots per thread");
+  return OWNED ? p ^ ((p >> 3) & (PER_THREAD - 1)) : p;
+}
+// element offset of channel c in a row of a [16, K] bf16 tile (8 channels a slot)
+__device__ __forceinline__ int tile_col(int c) { return slot_of<(K / 64 > 0 ? K / 64 : 1)>(c >> 3) * 8 + (c & 7); }
+
 // fp32 rows of [16, K] (the gate sums, and the pair form's q * scale and k): rows of PSM_GS
 // floats (odd, = 1 mod 4) with 4 words of pad after every 32 channels, so that a warp reading
 // a row segment per thread, one column of 16 rows, or 32 channels of one row meets 32 banks.
@@ -61,13 +78,14 @@ __device__ __forceinline__ int sw(int i, int j) { return i * CHUNK + (j ^ ((i >>
 // bf16 parts) it takes three passes over the channels into one accumulator, a b^T, a bl^T, al b^T:
 // the product of the fp32 operands to about 2^-16 (al bl^T left out).
 template <int PASSES>
-__device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b, int lane, const u16* al = nullptr,
+__device__ __forceinline__ void bf16_abt(float (&acc)[2][4], const u16* a, const u16* b, int lane, const u16* al = nullptr,
                                          const u16* bl = nullptr) {
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
   // B operand (k = channel, n = row j of b): row-major rows of b give k-pairs directly;
   // matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15)
   const int brow = (lane & 7) + 8 * (lane >> 4), bcol = 8 * ((lane >> 3) & 1);
-  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll 1
   for (int pass = 0; pass < PASSES; ++pass) {
     const u16* x = pass == 2 ? al : a;
@@ -75,19 +93,20 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
 #pragma unroll
     for (int s = 0; s < K / 16; ++s) {
       u32 af[4], bf[4];
-      ldmatrix_x4(af, x + mrow * TS + 16 * s + mcol);
-      ldmatrix_x4(bf, y + brow * TS + 16 * s + bcol);
+      ldmatrix_x4(af, x + mrow * TS + tile_col(16 * s + mcol));
+      ldmatrix_x4(bf, y + brow * TS + tile_col(16 * s + bcol));
       mma2(acc, af, bf);
     }
   }
+}
+// The accumulator of bf16_abt: lane (g, t) = (lane / 4, lane % 4) holds rows g, g + 8 (acc[nt][0, 1],
+// acc[nt][2, 3]) at columns nt * 8 + 2 t and the next; f(row, col, x0, x1) takes each pair.
+template <class F> __device__ __forceinline__ void abt_pairs(const float (&acc)[2][4], int lane, F f) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    const int col = nt * 8 + 2 * t;
-    dst[sw(g, col)] = acc[nt][0];
-    dst[sw(g, col + 1)] = acc[nt][1];
-    dst[sw(g + 8, col)] = acc[nt][2];
-    dst[sw(g + 8, col + 1)] = acc[nt][3];
+    f(g, nt * 8 + 2 * t, acc[nt][0], acc[nt][1]);
+    f(g + 8, nt * 8 + 2 * t, acc[nt][2], acc[nt][3]);
   }
 }
 
@@ -102,7 +121,8 @@ __device__ __forceinline__ void bf16_abt(float* dst, const u16* a, const u16* b,
 #if KDA_ANY_DIMS
 #define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 128 ? 3 : 2)
 #else
-#define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 128 ? 4 : 2)
+// fp32 q, k at K = 128: their 58 KB of shared memory fit three CTAs an SM at most, so three get the registers
+#define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 64 ? 4 : KDA_K <= 128 ? (KDA_DT == KDA_F32 ? 3 : 4) : 2)
 #endif
 extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_prepare(
     const void* q, const void* k, const void* g, const void* beta,
@@ -153,8 +173,8 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     at.t0 = (cu_seqlens == nullptr ? 0 : seq.bos) + c0;
     return at;
   };
-  // queue this thread's pieces of row r of q, k (pieces s + 8 v) and g (16-byte pieces s + 8 u) into the
-  // stage; a padded row reads zeros. One commit group per chunk, empty for an unused slot.
+  // queue this thread's pieces of row r of q, k (pieces s + 8 v, to their slots) and g (16-byte pieces
+  // s + 8 u) into the stage; a padded row reads zeros. One commit group per chunk, empty for an unused slot.
   constexpr int GES = elem_bytes<KDA_G_DT>(), GPIECES = K * GES / 16;
   static_assert(GPIECES % 8 == 0, "whole 16-byte pieces of g per thread");
   const auto issue = [&](const At& at) {
@@ -166,13 +186,13 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
       const unsigned char* grow = static_cast<const unsigned char*>(g) + (at.b * g_sb + tok * g_st + hv * g_sh) * GES;
 #pragma unroll
       for (int v = 0; v < PPS; ++v) {
-        const int off = (s + 8 * v) * 16;
+        const int off = (s + 8 * v) * 16, at = r * K * elem_bytes<KDA_DT>() + slot_of<PPS>(s + 8 * v) * 16;
         if constexpr (ANY) {  // rows of kdim channels: the piece's channels from (s + 8 v) E on
-          fill_piece16<elem_bytes<KDA_DT>()>(sInQ + r * K * elem_bytes<KDA_DT>() + off, qrow + off, kdim - (s + 8 * v) * E, live);
-          fill_piece16<elem_bytes<KDA_DT>()>(sInK + r * K * elem_bytes<KDA_DT>() + off, krow + off, kdim - (s + 8 * v) * E, live);
+          fill_piece16<elem_bytes<KDA_DT>()>(sInQ + at, qrow + off, kdim - (s + 8 * v) * E, live);
+          fill_piece16<elem_bytes<KDA_DT>()>(sInK + at, krow + off, kdim - (s + 8 * v) * E, live);
         } else {
-          cp_async_16_zfill(sInQ + r * K * elem_bytes<KDA_DT>() + off, qrow + off, live);
-          cp_async_16_zfill(sInK + r * K * elem_bytes<KDA_DT>() + off, krow + off, live);
+          cp_async_16_zfill(sInQ + at, qrow + off, live);
+          cp_async_16_zfill(sInK + at, krow + off, live);
         }
       }
 #pragma unroll
@@ -186,6 +206,18 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
       }
     }
     cp_async_commit();
+  };
+
+  // [8] (I + Lb)^-1 from sL, column ``col`` (a row of the workspace's INV: 16 adjacent lanes)
+  const auto sw_at = [](int i, int j) { return sw(i, j); };
+  const auto write_inverse = [&](unsigned char* blk, int col) {
+#if KDA_WS_CORE
+    // core layout: column col's rows 8 elements apart from its first, ws_core_off(0, col) (the helper
+    // writes inv[i * ROW + col])
+    inverse_column<8>(sL, sw_at, reinterpret_cast<u16*>(blk + WS_INV + ws_core_off(0, col)) - col, col);
+#else
+    inverse_column<CHUNK>(sL, sw_at, reinterpret_cast<u16*>(blk + WS_INV), col);
+#endif
   };
 
   issue(locate(first));
@@ -204,13 +236,24 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     const i64 t0 = cur.t0;
     const int b = cur.b;
 
-    // [1] q and k rows from the stage (this thread: pieces s + 8v, channels (s + 8v) E + e), l2-normalised;
-    // padded rows are zero
+    // [1] q and k rows from the stage (this thread: pieces p = piece_of(s, v), channels p E + e),
+    // l2-normalised; padded rows are zero (the stage holds zeros for them)
     float qv[SEG], kv[SEG];
-    load_qk_rows<KDA_DT, E, PPS>(qv, kv, sInQ, r * K, sInK, r * K, s, live);
+#pragma unroll
+    for (int v = 0; v < PPS; ++v) {
+      float pq[E], pk[E];
+      const int at = r * K * elem_bytes<KDA_DT>() + slot_of<PPS>(piece_of(s, v)) * 16;
+      load_row<KDA_DT>(sInQ + at, pq);
+      load_row<KDA_DT>(sInK + at, pk);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        qv[v * E + e] = pq[e];
+        kv[v * E + e] = pk[e];
+      }
+    }
     if constexpr (KDA_L2NORM) {
       float iq, ik;
-      l2norm_qk_rows<E, PPS>(qv, kv, s, iq, ik);
+      l2norm_qk_rows<E, PPS, OWNED>(qv, kv, s, iq, ik);
     }
 
     // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time
@@ -255,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     // the factored form's (from the reference gr) to shared memory for [6]
 #pragma unroll
     for (int v = 0; v < PPS; ++v) {
-      const int c0 = (s + 8 * v) * E;
+      const int c0 = piece_of(s, v) * E;
       // two passes over the piece, to the workspace then to shared memory: half the packed words live at once
       {
         u32 wq[E / 2], wk[E / 2], wr[E / 2];
@@ -302,11 +345,12 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
           wkm[w] = pack_bf16x2(km[0], km[1]);
           split_bf16x2(ki, wi[w], wil[w]);
         }
-        store_piece<E>(sQm + r * TS + c0, wqm);
-        store_piece<E>(sKm + r * TS + c0, wkm);
-        store_piece<E>(sKi + r * TS + c0, wi);
-        store_piece<E>(sQml + r * TS + c0, wqml);
-        store_piece<E>(sKil + r * TS + c0, wil);
+        const int at = r * TS + tile_col(c0);
+        store_piece<E>(sQm + at, wqm);
+        store_piece<E>(sKm + at, wkm);
+        store_piece<E>(sKi + at, wi);
+        store_piece<E>(sQml + at, wqml);
+        store_piece<E>(sKil + at, wil);
       }
     }
     if (unsafe) {
@@ -314,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
       for (int v = 0; v < PPS; ++v) {
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          const int c = (s + 8 * v) * E + e;
+          const int c = piece_of(s, v) * E + e;
           sQs[gx(r, c)] = qv[v * E + e] * scale;
           sKn[gx(r, c)] = kv[v * E + e];
         }
@@ -323,10 +367,34 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     __syncthreads();
 
     // [6] L = k_m k_i^T; Mf = q_m k_i^T with q_m and k_i in two parts each (only the output reads
-    // Mf: L stays the product of the bf16 keys, as the recurrence's k_dec, k_res are bf16)
+    // Mf: L stays the product of the bf16 keys, as the recurrence's k_dec, k_res are bf16). On this
+    // (factored) path each warp finishes its product from its accumulators: [7] Lb = fp32(L * beta)
+    // strictly lower, and L's warp goes on to [8] after its own lanes' stores; [9] Mqk = bf16(Mf) on and
+    // below the diagonal, straight to the workspace (column pairs: 4-byte stores).
+    // the two products' warps rotate with the CTA: a warp's scheduler is its slot mod 4, so fixed
+    // roles would load one scheduler of every SM with both extras of all its CTAs
+    const int role = (warp - static_cast<int>(blockIdx.x)) & (NT / 32 - 1);
     if (!unsafe) {
-      if (warp == 0) bf16_abt<1>(sL, sKm, sKi, lane);
-      if (warp == 1) bf16_abt<3>(sM, sQm, sKi, lane, sQml, sKil);
+      float acc[2][4];
+      if (role == 0) {
+        bf16_abt<1>(acc, sKm, sKi, lane);
+        abt_pairs(acc, lane, [&](int i, int j, float x0, float x1) {
+          sL[sw(i, j)] = i > j ? x0 * sBeta[i] : 0.f;
+          sL[sw(i, j + 1)] = i > j + 1 ? x1 * sBeta[i] : 0.f;
+        });
+        __syncwarp();  // its lanes' Lb before [8] (below)
+      } else if (role == 1) {
+        bf16_abt<3>(acc, sQm, sKi, lane, sQml, sKil);
+        abt_pairs(acc, lane, [&](int i, int j, float x0, float x1) {
+          const u32 w = static_cast<u32>(i >= j ? f32_to_bf16(x0) : u16(0)) |
+                        static_cast<u32>(i >= j + 1 ? f32_to_bf16(x1) : u16(0)) << 16;
+#if KDA_WS_CORE
+          *reinterpret_cast<u32*>(blk + WS_MQK + ws_core_off(i, j)) = w;
+#else
+          reinterpret_cast<u32*>(blk + WS_MQK)[(i * CHUNK + j) / 2] = w;
+#endif
+        });
+      }
     } else {
       // pair form: every product of two decays taken as one exponent difference. Threads 0-119
       // take one pair i > j each and get L_ij and Mf_ij from one ex2 per channel; the 16
@@ -350,31 +418,22 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
         for (int c = 0; c < K; ++c) acc = fmaf(sQs[gx(i, c)] * sKn[gx(i, c)], ex2_approx_ftz(sG[gx(i, c)] - sG[gx(i, c)]), acc);
         sM[sw(i, i)] = acc;
       }
-    }
-    __syncthreads();
+      __syncthreads();
 
-    // [7] Lb = fp32(L * beta) strictly lower, in place; [9] Mqk = bf16(Mf) on and below the diagonal
-    for (int p = tid; p < CHUNK * CHUNK; p += NT) {
-      const int i = p / CHUNK, j = p % CHUNK;
-      sL[sw(i, j)] = i > j ? sL[sw(i, j)] * sBeta[i] : 0.f;
+      // [7] Lb = fp32(L * beta) strictly lower, in place; [9] Mqk = bf16(Mf) on and below the diagonal
+      for (int p = tid; p < CHUNK * CHUNK; p += NT) {
+        const int i = p / CHUNK, j = p % CHUNK;
+        sL[sw(i, j)] = i > j ? sL[sw(i, j)] * sBeta[i] : 0.f;
 #if KDA_WS_CORE
-      *reinterpret_cast<u16*>(blk + WS_MQK + ws_core_off(i, j)) = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
+        *reinterpret_cast<u16*>(blk + WS_MQK + ws_core_off(i, j)) = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
 #else
-      reinterpret_cast<u16*>(blk + WS_MQK)[p] = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
+        reinterpret_cast<u16*>(blk + WS_MQK)[p] = i >= j ? f32_to_bf16(sM[sw(i, j)]) : u16(0);
 #endif
+      }
+      __syncthreads();
     }
-    __syncthreads();
-
-    // [8] (I + Lb)^-1, one column per thread (a row of the workspace's INV: 16 adjacent lanes)
-#if KDA_WS_CORE
-    // core layout: column tid's rows 8 elements apart from its first, ws_core_off(0, tid) (the helper
-    // writes inv[i * ROW + tid])
-    if (tid < CHUNK)
-      inverse_column<8>(sL, [](int i, int j) { return sw(i, j); },
-                        reinterpret_cast<u16*>(blk + WS_INV + ws_core_off(0, tid)) - tid, tid);
-#else
-    if (tid < CHUNK) inverse_column<CHUNK>(sL, [](int i, int j) { return sw(i, j); }, reinterpret_cast<u16*>(blk + WS_INV), tid);
-#endif
+    // [8] (one copy in the code: the issue count tells its lines apart by their call)
+    if (unsafe ? tid < CHUNK : role == 0 && lane < CHUNK) write_inverse(blk, lane);
   }
   cp_async_wait<0>();
 }

@@ -194,24 +194,27 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     fence_proxy_async_smem();  // the initialised barriers, before the bulk copies complete on them
   }
   __syncthreads();
-  // Chunk c's copies into stage c % STAGES: warp 0 issues the workspace block (one copy) and the
-  // value rows (one a lane), lane 0 arms the barrier with their bytes; a ragged tail's value rows
-  // are zeroed by the threads (0 * garbage could be NaN)
+  // Chunk c's copies into stage c % STAGES: thread 0 arms the barrier with their bytes and issues the
+  // workspace block (one copy); the value rows go one a lane, CHUNK / NW lanes of every warp (ptxas
+  // issues a bulk copy once per active lane: spread, no warp's scheduler carries all 16). A row may
+  // land before the arm: the transaction count goes below zero and the phase still waits for the
+  // arrival (the stage was freed by the last chunk's barrier). A ragged tail's value rows are zeroed
+  // by the threads (0 * garbage could be NaN)
+  constexpr int ROWS_PER_WARP = CHUNK / NW;
+  static_assert(CHUNK % NW == 0, "whole value rows per warp");
   auto issue = [&](int c) {
     if (c >= nchunks) return;
     unsigned char* stg = sm + (c % STAGES) * RSM_STAGE;
     u64* bar = &bars[2 * (c % STAGES)];
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    if (warp == 0) {
-      if (lane == 0) {
-        mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * BV * ES);
-        cp_async_bulk_g2s(stg, wsbase + static_cast<i64>(c) * WS_STRIDE, WS_STRIDE, bar);
-      }
-      __syncwarp();
-      if (lane < rows)
-        cp_async_bulk_g2s(stg + RSM_VT + lane * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + lane) * v_st * ES,
-                          BV * ES, bar);
+    if (tid == 0) {
+      mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * BV * ES);
+      cp_async_bulk_g2s(stg, wsbase + static_cast<i64>(c) * WS_STRIDE, WS_STRIDE, bar);
     }
+    const int row = warp * ROWS_PER_WARP + lane;
+    if (lane < ROWS_PER_WARP && row < rows)
+      cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
+                        BV * ES, bar);
     for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
       reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
   };

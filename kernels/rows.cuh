@@ -1,10 +1,22 @@
 // The row phases of the per-chunk kernels (kda_prepare, kda_bwd_chunk; docs/design.md section 11.3):
 // 8 threads per token row; thread s of a row owns the row's 16-byte pieces of q and k round robin
-// (pieces s, s + 8, ..., PPS of them, E channels each), so every warp request covers whole sectors.
+// (pieces s, s + 8, ..., PPS of them, E channels each), so every warp request covers whole sectors;
+// kda_prepare's core-layout build owns whole channel ranges instead (row_sum_sq_owned).
 #pragma once
 #include "common.cuh"
 
 namespace kda {
+
+// sum(x^2) of a row whose thread s itself holds the channels [s * SEG, (s + 1) * SEG) in order (PPS = 1,
+// and kda_prepare's owned layout): one FMA chain, then the 8 threads of the row by xor shuffles 4, 2, 1.
+template <int SEG> __device__ __forceinline__ float row_sum_sq_owned(const float (&x)[SEG]) {
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < SEG; ++i) sq = fmaf(x[i], x[i], sq);
+#pragma unroll
+  for (int m = 4; m >= 1; m >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, m);
+  return sq;
+}
 
 // sum(x^2) of a row, bit for bit as when thread s of the row held channels [s * SEG, (s + 1) * SEG)
 // (SEG = PPS * E) and summed them with one fp32 FMA chain, then over the 8 threads with xor shuffles
@@ -15,12 +27,7 @@ namespace kda {
 template <int E, int PPS> __device__ __forceinline__ float row_sum_sq(const float (&x)[PPS * E], int s) {
   static_assert(PPS >= 1 && (PPS & (PPS - 1)) == 0 && PPS <= 8, "pieces per thread");
   if constexpr (PPS == 1) {
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < E; ++i) sq = fmaf(x[i], x[i], sq);
-#pragma unroll
-    for (int m = 4; m >= 1; m >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, m);  // the 8 threads of a row
-    return sq;
+    return row_sum_sq_owned<E>(x);  // its own channels already
   } else {
     float chain[PPS];  // per slot: the chain that ends in this lane
 #pragma unroll
@@ -98,11 +105,17 @@ __device__ __forceinline__ void load_qk_rows_dims(float (&qv)[PPS * E], float (&
   }
 }
 
-// [1] l2norm of the q and k rows in place; iq, ik: the inverse norms.
-template <int E, int PPS>
+// [1] l2norm of the q and k rows in place; iq, ik: the inverse norms. OWNED: thread s holds channels
+// [s * SEG, (s + 1) * SEG) (row_sum_sq_owned), else pieces s + 8 v (row_sum_sq).
+template <int E, int PPS, bool OWNED = false>
 __device__ __forceinline__ void l2norm_qk_rows(float (&qv)[PPS * E], float (&kv)[PPS * E], int s, float& iq, float& ik) {
-  iq = rsqrt_approx_ftz(row_sum_sq<E, PPS>(qv, s) + 1e-6f);
-  ik = rsqrt_approx_ftz(row_sum_sq<E, PPS>(kv, s) + 1e-6f);
+  if constexpr (OWNED) {
+    iq = rsqrt_approx_ftz(row_sum_sq_owned<PPS * E>(qv) + 1e-6f);
+    ik = rsqrt_approx_ftz(row_sum_sq_owned<PPS * E>(kv) + 1e-6f);
+  } else {
+    iq = rsqrt_approx_ftz(row_sum_sq<E, PPS>(qv, s) + 1e-6f);
+    ik = rsqrt_approx_ftz(row_sum_sq<E, PPS>(kv, s) + 1e-6f);
+  }
 #pragma unroll
   for (int i = 0; i < PPS * E; ++i) {
     qv[i] *= iq;

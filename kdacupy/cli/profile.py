@@ -315,7 +315,7 @@ def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, 
         if roofline.has_path(c):
             row["latency"] = roofline.path_info(dict(c, kernel=row["kernel"]), gpu, resident, chunks)
         if "issue" in row:
-            row["issue"] = issue_summary(row, source_text(row["source"]), mean_chunks)
+            row["issue"] = issue_summary(row, source_text(row["source"]), mean_chunks, max(5, hot + 2))
         out.append(row)
     return out
 
@@ -398,7 +398,7 @@ def print_issue(e: dict, p) -> None:
         ops = ", ".join(f"{k} {v:.0f}" for k, v in i["opcodes"].items())
         p(f"{r['kernel']:16} {i['static']:>7} {i['per']:>6}  [{warps}]; warp {i['busiest']} (+{100 * i['busiest_excess']:.0f}%), "
           f"scheduler {i['scheduler_max']:.0f}; misfit {100 * i['misfit']:.1f}% / {100 * i['unmatched']:.1f}%; {ops}")
-        for where, x in i["lines"][:3]:
+        for where, x in i["lines"][:max(3, len(i["lines"]) - 2)]:  # --hotspots N keeps N + 2 (at least 5)
             p(f"  {r['kernel']} issues {x:.0f} per {i['per']} at {where}")
 
 
@@ -579,7 +579,7 @@ def main(argv=None):
     ap.add_argument("--lower-bound", type=float, default=None, metavar="X",
                     help="the sigmoid gate's lower bound for --shape inputs (default -5, as Kimi and the benchmark); "
                          "the pair form runs in chunks whose 16-token decay exceeds 2^-100, so -1 shows the factored path")
-    ap.add_argument("--hotspots", type=int, default=3, help="source lines per kernel that waste most (default 3)")
+    ap.add_argument("--hotspots", type=int, default=3, help="source lines per kernel that waste most, and that issue most (default 3)")
     ap.add_argument("--json", metavar="FILE", help="write every number to FILE")
     ap.add_argument("--show", metavar="FILE", help="print the summary of a saved --json file and exit")
     ap.add_argument("--measured", metavar="BENCH_JSON",

@@ -205,7 +205,11 @@ def _blocks(name: str, instrs: list, labels: dict) -> Function:
                 for t in ins.targets:
                     if t in by_label:
                         blocks[index[by_label[t]]].reconverges = True
-        if _is_branch(last):
+        if _is_branch(last) and last.op.startswith("BRA.DIV"):
+            # to ptxas' fallback for a warp that reaches warp-synchronous code diverged: the kernels run
+            # such code converged (the emulation checks every shfl / vote mask), so it is never taken
+            pass
+        elif _is_branch(last):
             cond = _conditional(last)
             falls = cond
             for t in last.targets:

@@ -78,6 +78,34 @@ def test_blocks_edges_reconvergence_calls_and_exits(fn):
     assert fn.block_of()[4] == index[0x40]
 
 
+DIVERGENT = r"""
+	.section	.text.d,"ax",@progbits
+        .global         d
+d:
+.text.d:
+        /*0000*/                   FFMA R8, R6, R6, RZ ;
+        /*0010*/                   BRA.DIV UR5, `(.L_x_9) ;
+        /*0020*/                   SHFL.BFLY PT, R9, R8, 0x4, 0x1f ;
+.L_x_8:
+        /*0030*/                   EXIT ;
+.L_x_9:
+        /*0040*/                   WARPSYNC.COLLECTIVE R34, `(.L_x_10) ;
+.L_x_10:
+        /*0050*/                   SHFL.BFLY P3, R31, R35, R36, R37 ;
+        /*0060*/                   ENDCOLLECTIVE ;
+        /*0070*/                   BRA `(.L_x_8) ;
+"""
+
+
+def test_a_divergent_warp_fallback_is_not_reached():
+    """BRA.DIV goes to ptxas' copy of a shuffle for a diverged warp: the kernels shuffle converged, so
+    the issue count never enters it (its SHFL would otherwise take a share of the measured ones)."""
+    f = sass_cfg.parse(DIVERGENT)["d"]
+    starts = [f.instrs[b.first].addr for b in f.blocks]
+    assert f.blocks[0].succ == [starts.index(0x20)]  # the fall-through alone
+    assert [starts[k] for k in f.reachable()] == [0x00, 0x20, 0x30]
+
+
 def test_anchor_classes_and_widths(fn):
     classes = [sass_cfg.anchor_class(i) for i in fn.instrs]
     assert classes[4:8] == ["load", "store", None, "ex2"] and classes[12] == "wgmma"

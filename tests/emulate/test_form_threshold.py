@@ -51,7 +51,18 @@ CHUNKS = {
 }
 
 
-def test_each_chunk_takes_the_models_form_at_the_threshold():
+@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+def test_each_chunk_takes_the_models_form_at_the_threshold(mma, monkeypatch):
+    """Both prepare builds: the row-major workspace's, and the core-matrix one of the wgmma recurrence
+    (whose threads own whole channel ranges and finish the factored products from their accumulators)."""
+    import kdacupy.ops.forward.kernels as kernels
+
+    if mma == "wgmma":
+        from kdacupy.ops.forward.tuning import TileConfig
+
+        monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, 2, "wgmma"))
+    launched, launch = [], kernels.launch_recurrence
+    monkeypatch.setattr(kernels, "launch_recurrence", lambda *a, **kw: launched.append(kw.get("ws_core")) or launch(*a, **kw))
     K = 64
     x, opts = make_inputs(T=CHUNK * len(CHUNKS), H=1, K=K, V=64, gate="log", state=np.float32, seed=3)
     g = x["g"].astype(np.float32)  # the other channels' decays: small (their half ranges under 8)
@@ -62,5 +73,6 @@ def test_each_chunk_takes_the_models_form_at_the_threshold():
                                      "log", None, None, None))
     assert pair_form_chunks(gc, gr).tolist() == [True, True, False]
     got = kdacupy.kda_forward(**x, **opts, output_final_state=True, backend="emulate")
+    assert launched == [mma == "wgmma"]  # the prepare build the family reads
     for a, b in zip(got, forward_exact(**x, **opts, output_final_state=True)):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
