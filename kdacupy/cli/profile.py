@@ -115,25 +115,47 @@ def slice_shape(shape: Shape, heads: int) -> tuple[Shape, int]:
     return dataclasses.replace(shape, name=f"{shape.name}-slice", H=h, HV=h * group if shape.HV else None), h * group
 
 
-def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None = None,
+def default_segments(shape: Shape, sms: int) -> int:
+    """The segments per sequence kda_forward's default (``sequence_parallel=None``) takes for ``shape``
+    on a GPU of ``sms`` SMs (kdacupy/seqpar.py, auto_segments)."""
+    from ..seqpar import auto_segments
+
+    return auto_segments(shape_problem(shape), sms)[0]
+
+
+def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None = None, segments: int | None = None,
                     **options) -> tuple[list[dict], dict]:
     """Profile records of kda_forward at ``shape`` (``heads``: emulate that many value heads and
     scale; None: all of them), with the tiles the full shape gets on a GPU of ``sms`` SMs and
-    target ``arch`` (sm_90a: the wgmma recurrence where the heuristic picks it)."""
+    target ``arch`` (sm_90a: the wgmma recurrence where the heuristic picks it). ``segments``: the
+    split forward with that many segments per sequence (None: what the default call takes there;
+    its launches, the maps, the scan and the forward, are additive over heads as the serial ones)."""
+    from ..ops.forward import tuning
     from ..ops.forward.kernels import forward, recurrence_mma
-    from ..ops.forward.tuning import heuristic
 
     full = shape_problem(shape)
-    tiles = heuristic(full, sms, arch)
+    n = default_segments(shape, sms) if segments is None else segments
+    tiles = tuning.heuristic(full, sms, arch)
     tiles = dataclasses.replace(tiles, mma=recurrence_mma(full, tiles))  # what the launch runs (sizes without wgmma: sync)
     part, hv = slice_shape(shape, shape.hv if heads is None else heads)
     arrays, opts = make_inputs(part)
     opts.update(options)
-    p, a = validated(arrays, opts, "emulate")
-    with counting() as recs:
-        forward(p, a, tiles)
+    if n > 1:
+        from ..api import kda_forward
+
+        select = tuning.select_tiles  # the split's launches ask for tiles per segment batch: the GPU's
+        tuning.select_tiles = lambda p, **kw: tuning.heuristic(p, sms, arch)
+        try:
+            with counting() as recs:
+                kda_forward(**{**arrays, **opts}, sequence_parallel=n, backend="emulate")
+        finally:
+            tuning.select_tiles = select
+    else:
+        p, a = validated(arrays, opts, "emulate")
+        with counting() as recs:
+            forward(p, a, tiles)
     factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
-    info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
+    info = dict(heads_emulated=hv, scale=factor, segments=n, tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
     return [scaled(r, factor) for r in recs], info
 
 
@@ -338,7 +360,8 @@ def mean_chunks_of(shape: Shape | None) -> float:
 def run_entry(name, shape, recs, info, gpu, hot, kind="forward") -> dict:
     """One workload's rows and totals; ``kind`` "forward" or "backward" (whose floor is the
     backward's compulsory traffic: its inputs read once, the gradients written once)."""
-    rows = kernel_rows(recs, gpu, chunks_of(shape), hot, mean_chunks_of(shape))
+    seg = info.get("segments", 1) if shape is not None else 1  # a split's chains walk one segment each
+    rows = kernel_rows(recs, gpu, -(-chunks_of(shape) // seg), hot, mean_chunks_of(shape) / seg)
     entry = dict(name=name, kind=kind, shape=shape.to_dict() if shape else None, **info, kernels=rows,
                  predicted_s=sum(r["time_s"] for r in rows))
     if shape is not None:
@@ -405,6 +428,7 @@ def print_issue(e: dict, p) -> None:
 def print_run(e: dict, gpu: roofline.Gpu, file=None) -> None:
     p = lambda *a: print(*a, file=file or sys.stdout)  # noqa: E731
     sl = f", {e['heads_emulated']} value head(s) emulated, counts x {e['scale']:g}" if "scale" in e else ""
+    sl += f", {e['segments']} segments a sequence (the split forward)" if e.get("segments", 1) > 1 and "scale" in e else ""
     p(f"\n== {e['name']}{sl}" + (f", tiles BV={e['tiles']['BV']} stages={e['tiles']['stages']}"
                              + (f" mma={e['tiles']['mma']}" if e["tiles"].get("mma", "sync") != "sync" else "")
                              if "tiles" in e else ""))
@@ -554,7 +578,8 @@ def workloads(args, gpu):
         opts = {} if args.lower_bound is None else dict(lower_bound=args.lower_bound)
         for s in resolve_shapes(args.shape):
             if fwd:
-                jobs.append((s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, gpu.arch, **opts)), s, "forward"))
+                jobs.append((s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, gpu.arch, args.segments, **opts)),
+                             s, "forward"))
             if bwd:
                 jobs.append((f"{s.name} backward", (lambda s=s: backward_records(s, args.heads, gpu.sms, **opts)), s,
                              "backward"))
@@ -576,6 +601,9 @@ def main(argv=None):
     ap.add_argument("--pass", dest="passes", choices=PASSES, default=None,
                     help="the passes profiled: forward, backward or both (default: both without --shape, forward with it)")
     ap.add_argument("--heads", type=int, default=1, help="value heads emulated per --shape (default 1)")
+    ap.add_argument("--segments", type=int, default=None, metavar="N",
+                    help="--shape forwards split in N segments a sequence (1: serial); default: what kda_forward's "
+                         "default call takes on the GPU (sequence_parallel=None)")
     ap.add_argument("--lower-bound", type=float, default=None, metavar="X",
                     help="the sigmoid gate's lower bound for --shape inputs (default -5, as Kimi and the benchmark); "
                          "the pair form runs in chunks whose 16-token decay exceeds 2^-100, so -1 shows the factored path")
@@ -608,6 +636,8 @@ def main(argv=None):
         return 0
     if args.heads < 1:
         ap.error(f"--heads must be >= 1, got {args.heads}")
+    if args.segments is not None and args.segments < 1:
+        ap.error(f"--segments must be >= 1, got {args.segments}")
     gpu = roofline.GPUS[args.gpu]
     print(gpu.label())
     doc = dict(gpu=dataclasses.asdict(gpu), commit=git_commit(), dirty=git_dirty(), date=datetime.date.today().isoformat(),

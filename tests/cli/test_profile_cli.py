@@ -265,3 +265,38 @@ def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
     assert profile.main(["--show", str(out), "--measured", str(tmp_path / "no-bench.json")]) == 0  # no GPU run yet
     shown = capsys.readouterr().out
     assert "measured: none" in shown and "Predicted forward times" in shown
+
+
+def test_a_scaled_split_slice_reproduces_the_full_emulation(monkeypatch):
+    """--segments N profiles the split forward (prepare, the two maps, the scan, the forward): a slice
+    of the heads, scaled, counts what all of them do, launch by launch."""
+    monkeypatch.setattr(profile, "make_inputs", lambda s: no_beta(*profile_inputs(s)))
+    shape = Shape("gva-H2-HV4-long", 70, 2, HV=4, K=64, V=64)
+    full, info_full = profile.forward_records(shape, None, H200.sms, segments=2, **LOG_NO_BETA)
+    part, info = profile.forward_records(shape, 2, H200.sms, segments=2, **LOG_NO_BETA)
+    assert info["segments"] == info_full["segments"] == 2
+    assert [r["kernel"] for r in part] == [r["kernel"] for r in full] == [
+        "kda_prepare", "kda_recurrence", "kda_recurrence", "kda_seqpar_scan", "kda_recurrence"]
+    for a, b in zip(part, full):
+        diff = {k: (a[k], b[k]) for k in profile.counts_of(b) if a[k] != b[k]}
+        # the split's own segment table (cu_seqlens of the segments) is read whole by every head, and
+        # scaled with them: its two sectors are the one difference the slice may show
+        for k in ("dram_bytes", "dram_read_bytes"):
+            if k in diff and abs(diff[k][0] - diff[k][1]) <= 2 * 32 * (shape.hv // 2):
+                del diff[k]
+        assert not diff, f"{b['kernel']}: scaled slice != full emulation: {diff}"
+    serial, info1 = profile.forward_records(shape, 2, H200.sms, segments=1, **LOG_NO_BETA)
+    assert info1["segments"] == 1 and [r["kernel"] for r in serial] == ["kda_prepare", "kda_recurrence"]
+
+
+def test_the_default_segments_are_the_default_calls():
+    """Without --segments the profile takes what kda_forward(sequence_parallel=None) takes on that GPU:
+    serial at T = 8192, H = 12 on an H200 (the issue-aware profile agrees, docs/design.md section 7.2),
+    split for a 64K-token sequence of 12 heads."""
+    from kdacupy.seqpar import auto_segments
+
+    for shape in (Shape("h12", 8192, 12), Shape("h12-long", 65536, 12), Shape("h64", 8192, 64)):
+        want = auto_segments(profile.shape_problem(shape), H200.sms)[0]
+        assert profile.default_segments(shape, H200.sms) == want
+    assert profile.default_segments(Shape("h12", 8192, 12), H200.sms) == 1
+    assert profile.default_segments(Shape("h12-long", 65536, 12), H200.sms) > 1
