@@ -371,9 +371,9 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     // (factored) path each warp finishes its product from its accumulators: [7] Lb = fp32(L * beta)
     // strictly lower, and L's warp goes on to [8] after its own lanes' stores; [9] Mqk = bf16(Mf) on and
     // below the diagonal, straight to the workspace (column pairs: 4-byte stores).
-    // the two products' warps rotate with the CTA: a warp's scheduler is its slot mod 4, so fixed
-    // roles would load one scheduler of every SM with both extras of all its CTAs
-    const int role = (warp - static_cast<int>(blockIdx.x)) & (NT / 32 - 1);
+    // the two products' warps rotate chunk by chunk: warp w of every CTA shares scheduler w mod 4,
+    // so fixed roles would load one scheduler of every SM with both extras of all its CTAs
+    const int role = (warp - slot) & (NT / 32 - 1);
     if (!unsafe) {
       float acc[2][4];
       if (role == 0) {
