@@ -382,7 +382,8 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
           sL[sw(i, j)] = i > j ? x0 * sBeta[i] : 0.f;
           sL[sw(i, j + 1)] = i > j + 1 ? x1 * sBeta[i] : 0.f;
         });
-        __syncwarp();  // its lanes' Lb before [8] (below)
+        __syncwarp();  // its lanes' Lb before [8]
+        if (lane < CHUNK) write_inverse(blk, lane);
       } else if (role == 1) {
         bf16_abt<3>(acc, sQm, sKi, lane, sQml, sKil);
         abt_pairs(acc, lane, [&](int i, int j, float x0, float x1) {
@@ -431,9 +432,8 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
 #endif
       }
       __syncthreads();
+      if (tid < CHUNK) write_inverse(blk, tid);
     }
-    // [8] (one copy in the code: the issue count tells its lines apart by their call)
-    if (unsafe ? tid < CHUNK : role == 0 && lane < CHUNK) write_inverse(blk, lane);
   }
   cp_async_wait<0>();
 }
