@@ -372,8 +372,9 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     // strictly lower, and L's warp goes on to [8] after its own lanes' stores; [9] Mqk = bf16(Mf) on and
     // below the diagonal, straight to the workspace (column pairs: 4-byte stores).
     // the two products' warps rotate chunk by chunk: warp w of every CTA shares scheduler w mod 4,
-    // so fixed roles would load one scheduler of every SM with both extras of all its CTAs
-    const int role = (warp - slot) & (NT / 32 - 1);
+    // so fixed roles would load one scheduler of every SM with both extras of all its CTAs. Not with
+    // fp32 gates: their quads leave no register for the role (spills at the 128-register bound)
+    const int role = elem_bytes<KDA_G_DT>() == 2 ? (warp - slot) & (NT / 32 - 1) : warp;
     if (!unsafe) {
       float acc[2][4];
       if (role == 0) {
@@ -382,8 +383,7 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
           sL[sw(i, j)] = i > j ? x0 * sBeta[i] : 0.f;
           sL[sw(i, j + 1)] = i > j + 1 ? x1 * sBeta[i] : 0.f;
         });
-        __syncwarp();  // its lanes' Lb before [8]
-        if (lane < CHUNK) write_inverse(blk, lane);
+        __syncwarp();  // its lanes' Lb before [8] (below)
       } else if (role == 1) {
         bf16_abt<3>(acc, sQm, sKi, lane, sQml, sKil);
         abt_pairs(acc, lane, [&](int i, int j, float x0, float x1) {
@@ -432,8 +432,9 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
 #endif
       }
       __syncthreads();
-      if (tid < CHUNK) write_inverse(blk, tid);
     }
+    // [8] (one copy in the code: the issue count tells its lines apart by their call)
+    if (unsafe ? tid < CHUNK : role == 0 && lane < CHUNK) write_inverse(blk, lane);
   }
   cp_async_wait<0>();
 }
