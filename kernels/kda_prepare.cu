@@ -208,18 +208,6 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     cp_async_commit();
   };
 
-  // [8] (I + Lb)^-1 from sL, column ``col`` (a row of the workspace's INV: 16 adjacent lanes)
-  const auto sw_at = [](int i, int j) { return sw(i, j); };
-  const auto write_inverse = [&](unsigned char* blk, int col) {
-#if KDA_WS_CORE
-    // core layout: column col's rows 8 elements apart from its first, ws_core_off(0, col) (the helper
-    // writes inv[i * ROW + col])
-    inverse_column<8>(sL, sw_at, reinterpret_cast<u16*>(blk + WS_INV + ws_core_off(0, col)) - col, col);
-#else
-    inverse_column<CHUNK>(sL, sw_at, reinterpret_cast<u16*>(blk + WS_INV), col);
-#endif
-  };
-
   issue(locate(first));
 #pragma unroll 1
   for (int slot = first; slot < last; ++slot) {
@@ -433,8 +421,18 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
       }
       __syncthreads();
     }
-    // [8] (one copy in the code: the issue count tells its lines apart by their call)
-    if (unsafe ? tid < CHUNK : role == 0 && lane < CHUNK) write_inverse(blk, lane);
+    // [8] (I + Lb)^-1, one column a lane of L's warp (a row of the workspace's INV: 16 adjacent lanes);
+    // after both forms, so the code holds it once
+    if (unsafe ? tid < CHUNK : role == 0 && lane < CHUNK) {
+#if KDA_WS_CORE
+      // core layout: column lane's rows 8 elements apart from its first, ws_core_off(0, lane) (the
+      // helper writes inv[i * ROW + col])
+      inverse_column<8>(sL, [](int i, int j) { return sw(i, j); },
+                        reinterpret_cast<u16*>(blk + WS_INV + ws_core_off(0, lane)) - lane, lane);
+#else
+      inverse_column<CHUNK>(sL, [](int i, int j) { return sw(i, j); }, reinterpret_cast<u16*>(blk + WS_INV), lane);
+#endif
+    }
   }
   cp_async_wait<0>();
 }

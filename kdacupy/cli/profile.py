@@ -273,10 +273,10 @@ def _merge_issue(row: dict, ic, ctas: float) -> None:
         got["lines"][ln] = got["lines"].get(ln, 0.0) + x * ctas
 
 
-def issue_summary(row: dict, source: str | None, chunks_mean: float, top: int = 5) -> dict:
+def issue_summary(row: dict, source: str | None, chunks_mean: float, top: int = 5, shown: int = 3) -> dict:
     """What a row's report shows of its issue: per warp of a CTA (per chunk for the chains), the
     busiest warp and its excess over the mean, the schedulers' share, the fit, the top opcodes and
-    source lines (instructions issued per CTA)."""
+    source lines (instructions issued per CTA; ``shown``: how many of those the report prints)."""
     from .issue import where
 
     got = row["issue"]
@@ -285,13 +285,14 @@ def issue_summary(row: dict, source: str | None, chunks_mean: float, top: int = 
     busiest = max(range(len(warps)), key=lambda w: warps[w]) if warps else 0
     mean = sum(warps) / len(warps) if warps else 0.0
     sched = roofline.schedulers(warps)
-    lines = sorted(got["lines"].items(), key=lambda kv: -kv[1])[:top]
+    lines = sorted(got["lines"].items(), key=lambda kv: -kv[1])[:max(top, shown)]
     return dict(arch=got["arch"], static=got["static"], per="chunk" if per != 1.0 else "CTA",
                 warps=[x / per for x in warps], warps_per_cta=list(warps), busiest=busiest, busiest_excess=warps[busiest] / mean - 1 if mean else 0.0,
                 scheduler_max=max(sched) / per, misfit=got["misfit"] / got["weight"] if got["weight"] else 0.0,
                 unmatched=got["unmatched"] / got["weight"] if got["weight"] else 0.0,
                 opcodes={k: v / n / per for k, v in sorted(got["opcodes"].items(), key=lambda kv: -kv[1])[:top]},
-                lines=[(where(source, int(ln)) if source else f"rendered line {ln}", x / n / per) for ln, x in lines])
+                lines=[(where(source, int(ln)) if source else f"rendered line {ln}", x / n / per) for ln, x in lines],
+                shown_lines=shown)
 
 
 def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, mean_chunks: float = 0.0) -> list[dict]:
@@ -337,7 +338,7 @@ def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, 
         if roofline.has_path(c):
             row["latency"] = roofline.path_info(dict(c, kernel=row["kernel"]), gpu, resident, chunks)
         if "issue" in row:
-            row["issue"] = issue_summary(row, source_text(row["source"]), mean_chunks, max(5, hot + 2))
+            row["issue"] = issue_summary(row, source_text(row["source"]), mean_chunks, shown=hot)
         out.append(row)
     return out
 
@@ -421,7 +422,7 @@ def print_issue(e: dict, p) -> None:
         ops = ", ".join(f"{k} {v:.0f}" for k, v in i["opcodes"].items())
         p(f"{r['kernel']:16} {i['static']:>7} {i['per']:>6}  [{warps}]; warp {i['busiest']} (+{100 * i['busiest_excess']:.0f}%), "
           f"scheduler {i['scheduler_max']:.0f}; misfit {100 * i['misfit']:.1f}% / {100 * i['unmatched']:.1f}%; {ops}")
-        for where, x in i["lines"][:max(3, len(i["lines"]) - 2)]:  # --hotspots N keeps N + 2 (at least 5)
+        for where, x in i["lines"][:i.get("shown_lines", 3)]:
             p(f"  {r['kernel']} issues {x:.0f} per {i['per']} at {where}")
 
 
