@@ -1,8 +1,8 @@
 // kda_bwd_chunk: the token-parallel half of the KDA backward (docs/design.md section 9.3).
 // One CTA of K/16 warps per (chunk slot, query head), a warp per 16 channels in the [16, K] chains; it walks the query head's value heads in
 // order, so the grouped heads' dq and dk are summed in a fixed order, in registers. Per value
-// head: the prepare steps again (gates, cumulative decay, operands, L, INV, bit-identical to
-// kda_prepare), then per block of BVC value columns the state S_c entering the chunk (from
+// head: the prepare steps again up to L (gates, cumulative decay, operands, L, bit-identical to
+// kda_prepare; INV and Mqk copied from the workspace block it wrote), then per block of BVC value columns the state S_c entering the chunk (from
 // kda_recurrence) and the gradient dS_c at its end (from kda_bwd_chain) give W, U, dU, dY and
 // dv, and the chains over the value columns give the decayed operands' gradients; then the
 // in-chunk terms (tensor cores, or the pair form where the decay would overflow), the decay's
@@ -51,6 +51,9 @@ constexpr int NKT = KW / 8;      // their n-tiles
 // 4 JG elements; K = 256's 128 registers per thread take one at a time)
 constexpr int JG = K <= 128 ? NKT : 1;
 constexpr int NCOL = (K + NT - 1) / NT;  // channels per thread in the per-channel phases
+// [B8]'s raw gate inputs loaded before its row loop, which is unrolled (K = 256's 128 registers a thread
+// keep the rolled loop, a load a row: so, ptxas spilled 160 bytes more)
+constexpr bool B8_UNROLLED = K <= 128;
 constexpr float LN2_F = 0.6931471805599453f;
 
 static_assert(KW % 16 == 0 && BVC % 16 == 0, "whole mma tiles");  // V: a multiple of BVC (64, 128, 256)
@@ -205,8 +208,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   u16* sKI = reinterpret_cast<u16*>(sm + CSM_KI);
   u16* sKR = reinterpret_cast<u16*>(sm + CSM_KR);
   float* sL = reinterpret_cast<float*>(sm + CSM_L);
-  float* sLB = reinterpret_cast<float*>(sm + CSM_LB);
-  float* sDLB = reinterpret_cast<float*>(sm + CSM_DLB);  // (CSM_LB's bytes)
+  float* sDLB = reinterpret_cast<float*>(sm + CSM_DLB);
   float* sDM = reinterpret_cast<float*>(sm + CSM_DM);
   float* sDL = reinterpret_cast<float*>(sm + CSM_DL);
   u16* sMQ = reinterpret_cast<u16*>(sm + CSM_MQ);
@@ -214,6 +216,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   u16* sDL16 = reinterpret_cast<u16*>(sm + CSM_DL16);
   u16* sDM16 = reinterpret_cast<u16*>(sm + CSM_DM16);
   float* sBeta = reinterpret_cast<float*>(sm + CSM_BETA);
+  float* sBetaD = reinterpret_cast<float*>(sm + CSM_BETAD);  // the beta sigmoid's derivative
   float* sGexp = reinterpret_cast<float*>(sm + CSM_GEXP);
   float* sRQ = reinterpret_cast<float*>(sm + CSM_RQ);
   float* sRK = reinterpret_cast<float*>(sm + CSM_RK);
@@ -281,6 +284,16 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     const float a = gate_a<KDA_GATE>(A_log, hv);
     const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv, kdim);
     __syncthreads();  // the previous value head's last reads of the shared tiles are done
+    // INV and Mqk as kda_prepare left them in the workspace block (bit-identical to its [6]-[8], which
+    // this kernel need not run again: L alone it forms, for dbeta), their 32-byte rows by 16-byte
+    // copies into the padded tiles; the first value block's wait lands them, before [B2] reads them
+    if (tid < 4 * CHUNK) {
+      const int row = (tid >> 1) & (CHUNK - 1), half = tid & 1;
+      const bool inv = tid < 2 * CHUNK;
+      const u16* src = reinterpret_cast<const u16*>(ws + hs * WS_STRIDE + (inv ? WS_INV : WS_MQK));
+      cp_async_16((inv ? sINV : sMQ) + row * SR + 8 * half, src + row * CHUNK + 8 * half);
+    }
+    cp_async_commit();
     // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time, as kda_prepare's
     if (rowt) {
       const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
@@ -314,7 +327,14 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       }
     }
     if (tid < CHUNK) {
-      sBeta[tid] = tid < rows ? beta_at<KDA_BETA_MODE, KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh) : 0.f;
+      const float x = KDA_BETA_MODE == KDA_BETA_NONE || tid >= rows ? 0.f : load_f32<KDA_BETA_DT>(beta, b * b_sb + (t0 + tid) * b_st + hv * b_sh);
+      sBeta[tid] = tid < rows ? beta_activate<KDA_BETA_MODE>(x) : 0.f;
+      if constexpr (KDA_BETA_MODE == KDA_BETA_SIGMOID || KDA_BETA_MODE == KDA_BETA_SIGMOID2) {
+        // the sigmoid's derivative for [B5], now: its load then is off the dependent path
+        const float s1 = rcp_approx_ftz(1.0f + ex2_approx_ftz(-x * LOG2E_F));
+        const float s2 = rcp_approx_ftz(1.0f + ex2_approx_ftz(x * LOG2E_F));
+        sBetaD[tid] = s1 * s2;
+      }
     }
     __syncthreads();
     // [4] running sum over the rows per channel, its reference gr; gexp
@@ -364,18 +384,9 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       }
       sL[sw(i, j)] = accl;
     }
+    // (L's strictly lower part is all dbeta reads, after the value blocks' barriers; the barrier bounds
+    // what ptxas moves across: without it K = 256's variants spilled 12-20 bytes more)
     __syncthreads();
-    // [7] Lb = fp32(L beta) strictly lower (L kept for dbeta); Mqk from the workspace block
-    const u16* wsMqk = reinterpret_cast<const u16*>(ws + hs * WS_STRIDE + WS_MQK);
-    for (int p = tid; p < CHUNK * CHUNK; p += NT) {
-      const int i = p / CHUNK, j = p % CHUNK, x = sw(i, j);
-      if (i <= j) sL[x] = 0.f;
-      sLB[x] = i > j ? sL[x] * sBeta[i] : 0.f;
-      sMQ[i * SR + j] = wsMqk[p];
-    }
-    __syncthreads();
-    // [8] (I + Lb)^-1 by forward substitution, one column per thread
-    if (tid < CHUNK) inverse_column<SR>(sLB, [](int i, int j) { return sw(i, j); }, sINV, tid);
 
     // the chains over the value columns
     float aQd[NKT][4] = {}, aKd[NKT][4] = {}, aKr[NKT][4] = {};
@@ -611,10 +622,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       if (KDA_BETA_MODE != KDA_BETA_NONE && i < rows) {
         float d = dbv;
         if constexpr (KDA_BETA_MODE == KDA_BETA_SIGMOID || KDA_BETA_MODE == KDA_BETA_SIGMOID2) {
-          const float x = load_f32<KDA_BETA_DT>(beta, b * b_sb + (t0 + i) * b_st + hv * b_sh);
-          const float s1 = rcp_approx_ftz(1.0f + ex2_approx_ftz(-x * LOG2E_F));
-          const float s2 = rcp_approx_ftz(1.0f + ex2_approx_ftz(x * LOG2E_F));
-          d = d * (s1 * s2);
+          d = d * sBetaD[i];
           if constexpr (KDA_BETA_MODE == KDA_BETA_SIGMOID2) d = 2.f * d;
         }
         store_f32<KDA_BETA_DT>(dbeta, (tok0 + i) * HV + hv, d);
@@ -799,6 +807,14 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         if (part_ddt != nullptr) part_ddt[hs * K + c] = 0.f;
         sColA[c] = 0.f;
       } else if (c < K) {
+        // the raw gate inputs first, every row's at once, in registers (K <= 128): in the row loop each
+        // load would issue after the row before's stores, one latency a row (16 in a row)
+        float graw[B8_UNROLLED ? CHUNK : 1];
+        const auto g_at = [&](int i) { return load_f32<KDA_G_DT>(g, b * g_sb + (t0 + i) * g_st + hv * g_sh + c); };
+        if constexpr (B8_UNROLLED && KDA_GATE != KDA_GATE_LOG) {
+#pragma unroll
+          for (int i = 0; i < CHUNK; ++i) graw[i] = i < rows ? g_at(i) : 0.f;
+        }
         const float G8 = sGexp[c] * dge[m];
         float suf = 0.f;
         for (int i = CHUNK - 1; i >= 0; --i) {
@@ -807,24 +823,26 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         }
         float pre = 0.f, ddt = 0.f, dA = 0.f;
         const float bias = bias_row != nullptr ? bias_row[c] : 0.f;
+#pragma unroll(B8_UNROLLED ? CHUNK : 1)
         for (int i = 0; i < CHUNK; ++i) {
           const float dgn = sDGAM[fx<K>(i, c)] + (pre + G8);
           pre += sKT[fx<K>(i, c)];
           if (i < rows) {
-            const i64 o = b * g_sb + (t0 + i) * g_st + hv * g_sh + c;
             float dx = dgn;
-            if constexpr (KDA_GATE == KDA_GATE_SOFTPLUS) {
-              const float graw = load_f32<KDA_G_DT>(g, o), x = graw + bias;
-              const float s = x > 15.0f ? 1.0f : rcp_approx_ftz(1.0f + ex2_approx_ftz(-x * LOG2E_F));
-              dx = -((a * s) * dgn);
-              dA += dgn * (gate_log2<KDA_GATE_SOFTPLUS>(graw, a, bias, lb2) * LN2_F);
-            } else if constexpr (KDA_GATE == KDA_GATE_SIGMOID) {
-              const float x = load_f32<KDA_G_DT>(g, o) + bias, y = a * x;
-              const float s1 = rcp_approx_ftz(1.0f + ex2_approx_ftz(-y * LOG2E_F));
-              const float s2 = rcp_approx_ftz(1.0f + ex2_approx_ftz(y * LOG2E_F));
-              const float dy = (lb * (s1 * s2)) * dgn;
-              dx = a * dy;
-              dA += dy * y;
+            if constexpr (KDA_GATE != KDA_GATE_LOG) {
+              const float graw_i = B8_UNROLLED ? graw[B8_UNROLLED ? i : 0] : g_at(i), x = graw_i + bias;
+              if constexpr (KDA_GATE == KDA_GATE_SOFTPLUS) {
+                const float s = x > 15.0f ? 1.0f : rcp_approx_ftz(1.0f + ex2_approx_ftz(-x * LOG2E_F));
+                dx = -((a * s) * dgn);
+                dA += dgn * (gate_log2<KDA_GATE_SOFTPLUS>(graw_i, a, bias, lb2) * LN2_F);
+              } else {
+                const float y = a * x;
+                const float s1 = rcp_approx_ftz(1.0f + ex2_approx_ftz(-y * LOG2E_F));
+                const float s2 = rcp_approx_ftz(1.0f + ex2_approx_ftz(y * LOG2E_F));
+                const float dy = (lb * (s1 * s2)) * dgn;
+                dx = a * dy;
+                dA += dy * y;
+              }
             }
             ddt += dx;
             store_f32<KDA_G_DT>(dg, ((tok0 + i) * HV + hv) * kdim + c, dx);

@@ -173,9 +173,9 @@ def backward_records(shape: Shape, heads: int | None, sms: int, **options) -> tu
     kda_bwd_reduce, with the tiles the full shape gets on a GPU of ``sms`` SMs."""
     from ..backward import validated as backward_validated
     from ..ops.backward.kernels import backward
-    from ..ops.forward.tuning import heuristic
+    from ..ops.backward.tiles import backward_tiles
 
-    tiles = heuristic(shape_problem(shape), sms)
+    tiles = backward_tiles(shape_problem(shape))
     part, hv = slice_shape(shape, shape.hv if heads is None else heads)
     arrays, _, opts = backward_inputs(part)
     opts.update(options)

@@ -68,13 +68,13 @@ def _kernels(p, a):
     from ..ops.alloc import empty
     from ..ops.backward.kernels import launch_chain, scratch_layout
     from ..ops.forward import kernels as fwd
-    from ..ops.forward.tuning import select_tiles
+    from ..ops.backward.tiles import backward_tiles
 
     xp = np
     if p.device:
         import cupy as xp
     run = loader("cuda" if p.device else "emulate")
-    tiles = select_tiles(p)
+    tiles = backward_tiles(p)
     nslots, per_seq = fwd.slots(p)
     lay = scratch_layout(p, nslots)
     if p.device:

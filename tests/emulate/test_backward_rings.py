@@ -2,7 +2,7 @@
 the precision model (docs/design.md section 9.3; which test wraps which ring: docs/test-coverage.md).
 
 kda_bwd_chain and kda_recurrence's chunk-state store stream one chunk a stage through a ring of
-``stages`` stages (2, or 3 from a tuning file); chunk p + stages refills chunk p's stage once
+``stages`` stages (3 by default, kdacupy/ops/backward/tiles.py; 2 too); chunk p + stages refills chunk p's stage once
 every warp is done with it, which the barrier that ends a chunk guarantees. Only a sequence of
 more chunks than stages refills a stage: 131 tokens are 9 chunks, every stage refilled at least
 twice in either ring, the last chunk ragged (3 rows), next to a zero-length sequence and one of
@@ -11,9 +11,9 @@ block of 64 value columns and per value head: three value heads of one query hea
 two blocks each (the barrier between them is that loop's first). Without these barriers
 racecheck reports the write-after-read, and eager copies (landing at issue) overwrite a stage a
 warp still reads: wrong gradients. The case is the checked suite's (test_backward_checked.py:
-its variants, no new build at 2 stages), longer, with channel 0 of chunk 1 of the long sequence
-decaying 20 nats a token more (the pair form); the 3-stage ring at V = 128 under racecheck alone
-(its checked builds only: the same code as the 2-stage ring, which eager copies run too)."""
+its variants, no new build at the default 3 stages), longer, with channel 0 of chunk 1 of the long sequence
+decaying 20 nats a token more (the pair form); the 2-stage ring at V = 128 under racecheck alone
+(its checked builds only: the same code as the 3-stage ring, which eager copies run too)."""
 import functools
 
 import pytest
@@ -33,8 +33,8 @@ LENS = [131, 0, 37]
 MODES = {"racecheck": {"KDACUPY_EMULATE_CHECK": "all"}, "eager": {"KDACUPY_EMULATE_CP_ASYNC": "eager"}}
 
 
-#: (stages, V, mode): the default ring with the checked suite's builds, the tuned one with two V-blocks
-RUNS = [(2, 64, "racecheck"), (2, 64, "eager"), (3, 128, "racecheck")]
+#: (stages, V, mode): the default ring with the checked suite's builds, the 2-stage one with two V-blocks
+RUNS = [(3, 64, "racecheck"), (3, 64, "eager"), (2, 128, "racecheck")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,14 +54,14 @@ def set_mode(monkeypatch, mode):
 
 
 def test_the_long_case_takes_the_pair_form_in_chunk_1():
-    x, opts = case(2, 64)[0][:2]
+    x, opts = case(3, 64)[0][:2]
     assert chunks_in_pair_form(x, opts)[0, :, 1].all()
 
 
 @pytest.mark.parametrize("stages, V, mode", RUNS, ids=[f"{s}-stages-V{v}-{m}" for s, v, m in RUNS])
 def test_long_sequences_wrap_the_rings(stages, V, mode, monkeypatch):
     (x, opts, do, ds), want = case(stages, V)
-    monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(32, stages))  # 32: the default's BV here
+    monkeypatch.setattr(kernels, "backward_tiles", lambda p: TileConfig(64, stages))  # 64: the default's BV
     set_mode(monkeypatch, mode)
     assert_bitwise(kdacupy.kda_backward(do, **x, dfinal_state=ds, **opts, backend="emulate"), want)
 

@@ -20,7 +20,8 @@ from ..alloc import empty
 from ..args import cu_args, lower_bound_log2, ptr, strides
 from ..forward import kernels as fwd
 from ..forward import layouts as fwd_layouts
-from ..forward.tuning import TileConfig, select_tiles
+from ..forward.tuning import TileConfig
+from .tiles import backward_tiles
 from ..inputs import InputVariant, input_options
 from . import layouts
 
@@ -140,7 +141,7 @@ def backward(p, a, tiles: TileConfig | None = None):
     else:
         xp = np
     run = loader("cuda" if p.device else "emulate")
-    tiles = tiles or select_tiles(p)
+    tiles = tiles or backward_tiles(p)
     nslots, per_seq = fwd.slots(p)
     lay = scratch_layout(p, nslots)
     cu = a["cu_seqlens"]

@@ -29,17 +29,16 @@ def chain_smem(K: int, BV: int, stages: int, elem_bytes: int) -> dict[str, int]:
 def chunk_smem(K: int) -> dict[str, int]:
     """kda_bwd_chunk: the chunk's rows, operands and the group's dq/dk sums for the whole call, then
     one region that holds, in turn, a V-block's tiles and the decay gradient's tiles (from the end of the
-    V-blocks). [B6]'s low parts of k_i, q_m, k_m take the tiles of k_i, q_m, k_m once read. Two tiles
-    share their bytes with one whose life has ended (K = 256 fits sm_80's 163 KB so): dLb (from [B5])
-    takes Lb's (read last in [8]), and the reference gr (from [4], read last in [B7]) takes the per
-    channel dA_log terms' (from [B8]). q_dec is not kept: [B7]'s state terms round it again from qn."""
+    V-blocks). [B6]'s low parts of k_i, q_m, k_m take the tiles of k_i, q_m, k_m once read. The reference
+    gr (from [4], read last in [B7]) takes the per channel dA_log terms' bytes (from [B8]); INV and Mqk
+    are copied from the workspace (no Lb tile). q_dec is not kept: [B7]'s state terms round it again from qn."""
     BVC = vblock(K)
     tile, small = CHUNK * (K + 8) * 2, CHUNK * 24 * 2
     rowsf, c2 = CHUNK * K * 4, CHUNK * CHUNK * 4
     vt, vf = CHUNK * (BVC + 8) * 2, CHUNK * BVC * 4
     fixed = [("QN", rowsf), ("KN", rowsf), ("G", rowsf), ("QM", tile), ("KD", tile), ("KM", tile), ("KI", tile),
-             ("KR", tile), ("L", c2), ("LB", c2), ("DM", c2), ("DL", c2), ("MQ", small), ("INV", small),
-             ("DL16", small), ("DM16", small), ("BETA", CHUNK * 4), ("GEXP", K * 4), ("RQ", CHUNK * 4),
+             ("KR", tile), ("L", c2), ("DLB", c2), ("DM", c2), ("DL", c2), ("MQ", small), ("INV", small),
+             ("DL16", small), ("DM16", small), ("BETA", CHUNK * 4), ("BETAD", CHUNK * 4), ("GEXP", K * 4), ("RQ", CHUNK * 4),
              ("RK", CHUNK * 4), ("COLA", K * 4), ("DQN", rowsf), ("DKN", rowsf), ("DOT", 2 * CHUNK * 4),
              ("REGION", 0)]
     off, base = _place(fixed)
@@ -48,7 +47,7 @@ def chunk_smem(K: int) -> dict[str, int]:
     boff, bsize = _place(block)
     gphase, gsize = _place([("DGAM", rowsf), ("KT", rowsf)])
     out = {f"CSM_{n}": v for n, v in off.items() if n != "REGION"}
-    out.update(CSM_DLB=off["LB"], CSM_REF=off["COLA"])
+    out.update(CSM_REF=off["COLA"])
     for table in (boff, gphase):
         out.update({f"CSM_{n}": base + v for n, v in table.items()})
     out.update(CSM_TOTAL=base + max(bsize, gsize), KDA_BVC=BVC)
