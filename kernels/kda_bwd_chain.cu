@@ -14,6 +14,10 @@
 // KDA_ANY_DIMS (1: KDA_K, KDA_V are the tiles and the true head dims come as k_true, v_true, as in
 // kda_recurrence: do and the states have their true extents, columns past v_true read as zero and are
 // never written, ceil(v_true / BV) CTAs per sequence and head; dstates keeps the tiles).
+// K = 256: shared addresses by the asm conversion (kernels/ptx.cuh's smem_addr says why)
+#if KDA_K == 256
+#define KDA_SMEM_ADDR_ASM 1
+#endif
 #include "common.cuh"
 #include "chunk_stream.cuh"
 #include "fragments.cuh"

@@ -143,8 +143,9 @@ __device__ __forceinline__ void store_out_rows(void* o, i64 o_row0, i64 o_st, co
 // A minimum-blocks figure that allows 256 registers per thread makes ptxas use what it needs; left
 // to itself it settles short and spills a few bytes: at 128 with the fp32 state (twice the
 // registers), at 80 for the state store on sm_100a and, since the whole-sector state I/O, for the
-// bf16 state at K = 64, BV = 64, 3 stages on sm_80.
-#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_CHECKPOINTS || KDA_K <= 64
+// bf16 state at K = 64, BV = 64, 3 stages on sm_80; and at 128 for one warp's BV = 16, 3 stages on sm_100a
+// (20 bytes, since the shared addresses are 32-bit arithmetic: kernels/ptx.cuh's smem_addr).
+#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_CHECKPOINTS || KDA_K <= 64 || KDA_BV == 16
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
 #else
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)

@@ -28,12 +28,20 @@
 #ifndef KDA_EMULATE
 
 namespace kda_ptx_detail {
-// 32-bit .shared address of a generic pointer into shared memory (what
-// ldmatrix / cp.async take); no CUDA headers, so no __cvta_generic_to_shared.
+// 32-bit .shared address of a generic pointer into shared memory (what ldmatrix / cp.async take).
+// NVRTC's builtin, not an asm cvta: the compiler then knows the conversion and does a tile's address
+// arithmetic in 32 bits, folding offsets (the asm kept every address a 64-bit generic one, converted at
+// each use: 10-13% of kda_bwd_chunk's, kda_bwd_chain's and the mma.sync recurrence's instructions).
+// A kernel that defines KDA_SMEM_ADDR_ASM keeps the asm (kda_bwd_chain at K = 256, whose 255-register
+// variants spilled 4-24 bytes more with the builtin).
 __device__ __forceinline__ u32 smem_addr(const void* p) {
+#if defined(KDA_SMEM_ADDR_ASM) && KDA_SMEM_ADDR_ASM
   u32 a;
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
   return a;
+#else
+  return static_cast<u32>(__cvta_generic_to_shared(p));
+#endif
 }
 }  // namespace kda_ptx_detail
 
