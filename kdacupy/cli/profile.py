@@ -57,12 +57,11 @@ from .shapes import (Shape, compulsory_backward_bytes, compulsory_bytes, make_in
 from .timing import git_commit, git_dirty
 
 #: FlashKDA's forward times to set next to the predictions, ms (docs/design.md section 11): on an H200
-#: the quoted H = 64, T = 8192, B = 1 figure; next to a B200 its repository's GB200 table
-FLASHKDA_MS = {
-    "h200": {"kimi-T8192-H64": 1.209},
-    "b200": {"kimi-T8192-H96": 1.0087, "kimi-varlen6-H96": 0.8597, "kimi-varlen8x1024-H96": 0.7064,
-             "kimi-T8192-H64": 0.9247, "kimi-varlen6-H64": 0.6553, "kimi-varlen8x1024-H64": 0.4811},
-}
+#: the quoted H = 64, T = 8192, B = 1 figure; its repository's GB200 table next to a GB200, and next to
+#: a B200 (the nearest part it has figures for)
+_FLASHKDA_GB200 = {"kimi-T8192-H96": 1.0087, "kimi-varlen6-H96": 0.8597, "kimi-varlen8x1024-H96": 0.7064,
+                   "kimi-T8192-H64": 0.9247, "kimi-varlen6-H64": 0.6553, "kimi-varlen8x1024-H64": 0.4811}
+FLASHKDA_MS = {"h200": {"kimi-T8192-H64": 1.209}, "b200": _FLASHKDA_GB200, "gb200": _FLASHKDA_GB200}
 DEFAULT_SHAPE = Shape("T256-H2", 256, 2)  # the small workloads: forward, split forward, backward
 DEFAULT_DECODE = dict(N=16, HV=4, T=1)
 DEFAULT_SEGMENTS = 2

@@ -72,11 +72,24 @@ class Gpu:
         return self.hbm_bytes_per_s / (busy_sms or self.sms) * self.cycles("dram") / (self.clock_ghz * 1e9)
 
 
+#: bf16 mma.sync FLOP per clock per SM: Hopper's assumed rate (half its dense 4096, section 11.1), and
+#: Blackwell's too: none read, so the legacy instruction is assumed no faster per SM and clock there
+#: (the datasheets' Blackwell rates are tcgen05's)
+MMA_SYNC_FLOP_PER_CLK = 2048
+
+
+def _mma_sync_tflops(sms: int, clock_ghz: float) -> float:
+    return round(MMA_SYNC_FLOP_PER_CLK * sms * clock_ghz / 1e3, 1)
+
+
 GPUS = {
-    "h100": Gpu("h100", "NVIDIA H100 SXM", "sm_90a", 132, 1.83, 3.35, 989.4, 494.7),
-    "h200": Gpu("h200", "NVIDIA H200 SXM", "sm_90a", 132, 1.83, 4.8, 989.4, 494.7),
-    # no mma.sync figure read for Blackwell: the datasheet's, as before (section 11.1)
-    "b200": Gpu("b200", "NVIDIA B200", "sm_100a", 148, 1.86, 8.0, 2250.0, 2250.0, tuple(BLACKWELL_LATENCY.items())),
+    "h100": Gpu("h100", "NVIDIA H100 SXM", "sm_90a", 132, 1.83, 3.35, 989.4, _mma_sync_tflops(132, 1.83)),
+    "h200": Gpu("h200", "NVIDIA H200 SXM", "sm_90a", 132, 1.83, 4.8, 989.4, _mma_sync_tflops(132, 1.83)),
+    "b200": Gpu("b200", "NVIDIA B200", "sm_100a", 148, 1.86, 8.0, 2250.0, _mma_sync_tflops(148, 1.86),
+                tuple(BLACKWELL_LATENCY.items())),
+    # one GPU of a GB200 superchip (its 1,200 W configuration): the B200's die at the clock its rate implies
+    "gb200": Gpu("gb200", "NVIDIA GB200 (one GPU)", "sm_100a", 148, 2.06, 8.0, 2500.0, _mma_sync_tflops(148, 2.06),
+                 tuple(BLACKWELL_LATENCY.items())),
 }
 
 

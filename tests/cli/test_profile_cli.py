@@ -62,7 +62,7 @@ def no_beta(arrays, options):
 
 # The backward's slices, with the variants tests/emulate/test_backward_emulate.py builds: its K = V = 128
 # case (log gate, no beta, no l2norm) and its grouped sigmoid case (K = V = 64, l2norm, beta logits with
-# allow_neg_eigval); tiles BV = 32, 2 stages there and here.
+# allow_neg_eigval); the backward's tiles, BV = 64, 3 stages, there and here.
 BWD_LOG = dict(LOG_NO_BETA, qk_l2norm=False)
 del BWD_LOG["beta"]  # an input: backward_without_beta drops it
 BWD_GVA = Shape("bwd-gva-H2-HV4", 40, 2, HV=4, K=128, V=128)
@@ -77,7 +77,7 @@ def backward_slice_and_full(shape, kernels, **options):
     full, info_full = profile.backward_records(shape, None, H200.sms, **options)
     part, info = profile.backward_records(shape, 2, H200.sms, **options)
     assert (info["heads_emulated"], info["scale"], info_full["scale"]) == (2, shape.hv // 2, 1)
-    assert info["tiles"] == info_full["tiles"] == dict(BV=32, stages=2)
+    assert info["tiles"] == info_full["tiles"] == dict(BV=64, stages=3)
     assert [r["kernel"] for r in part] == [r["kernel"] for r in full] == kernels
     return part, full
 
@@ -300,3 +300,19 @@ def test_the_default_segments_are_the_default_calls():
         assert profile.default_segments(shape, H200.sms) == want
     assert profile.default_segments(Shape("h12", 8192, 12), H200.sms) == 1
     assert profile.default_segments(Shape("h12-long", 65536, 12), H200.sms) > 1
+
+
+def test_blackwell_prices_mma_sync_at_the_assumed_per_sm_rate_not_tcgen05s():
+    """The datasheets' Blackwell rates are tcgen05's: mma.sync is priced at Hopper's assumed 2048 FLOP per
+    clock per SM (docs/design.md section 11.1), so its tensor term is four times the datasheet's there."""
+    for key in ("h100", "h200", "b200", "gb200"):
+        gpu = roofline.GPUS[key]
+        assert gpu.mma_sync_tflops == pytest.approx(2048 * gpu.sms * gpu.clock_ghz / 1e3, abs=0.05)
+    b200, gb200 = roofline.GPUS["b200"], roofline.GPUS["gb200"]
+    assert b200.mma_sync_tflops < b200.bf16_tflops / 3.9 and gb200.arch == b200.arch == "sm_100a"
+    assert gb200.bf16_tflops == 2500.0 and gb200.hbm_tb_s == 8.0 and gb200.sms == 148
+    # the clock each datasheet rate implies: 8192 dense bf16 FLOP per clock per SM
+    assert gb200.bf16_tflops * 1e12 / (gb200.sms * 8192) / 1e9 == pytest.approx(gb200.clock_ghz, abs=0.01)
+    rec = dict(kernel="kda_recurrence", mma=10 ** 6, ctas=b200.sms, dram_read_bytes=0, dram_write_bytes=0,
+               smem_wavefronts=0, sfu=0)
+    assert roofline.times(rec, b200, 1)["tensor"] == pytest.approx(10 ** 6 * roofline.MMA_FLOP / 563.8e12)
