@@ -425,7 +425,7 @@ def test_heuristic_on_sm_90a_picks_wgmma_for_the_forward():
     assert heuristic(problem(V=64, N=1000, B=1000), 132, "sm_90a") == w(64)  # BV never exceeds V
     k256 = problem(K=256, V=128)
     assert heuristic(k256, 132, "sm_90a") == heuristic(k256, 132) and heuristic(k256, 132).mma == "sync"
-    for arch in ("sm_80", "sm_100a", None):
+    for arch in ("sm_80", None):
         assert heuristic(kimi(96, "fixed"), 132, arch) == TileConfig(32, 2)
 
 
@@ -435,6 +435,11 @@ def test_the_sm_90a_heuristic_depends_only_on_the_bucket(V):
     for rows in range(1, 700):
         p = dataclasses.replace(base, N=rows, B=rows)
         seen.setdefault(tuning.bucket_key(bucket_of(p, 132)), set()).add(heuristic(p, 132, "sm_90a"))
+    assert all(len(v) == 1 for v in seen.values()), seen
+    seen = {}
+    for rows in range(1, 700):  # and sm_100a's, on its 148 SMs
+        p = dataclasses.replace(base, N=rows, B=rows)
+        seen.setdefault(tuning.bucket_key(bucket_of(p, 148)), set()).add(heuristic(p, 148, "sm_100a"))
     assert all(len(v) == 1 for v in seen.values()), seen
 
 
@@ -517,3 +522,15 @@ def test_a_tile_the_recurrence_cannot_run_is_refused_before_any_build(monkeypatc
                                          r"variant, 64 \(V=64\)"):
         kdacupy.kda_forward(**x, **opts, backend="emulate")
     assert not built
+
+
+@pytest.mark.parametrize("H, want", [(12, 64), (64, 64), (73, 64), (74, 128), (96, 128)])
+def test_sm100a_forward_fills_the_sms_once(H, want):
+    """sm_100a's forward (mma.sync): BV = 64 while N * HV * V / 64 CTAs are fewer than 148 SMs, else one CTA a
+    chain (BV = 128); three stages. sm_80 keeps the rule of two CTAs an SM; off the tiles, the same."""
+    p = kimi(H, "fixed")
+    assert heuristic(p, 148, "sm_100a") == TileConfig(want, 3)
+    assert heuristic(p, 148, "sm_80") == heuristic(p, 148) and heuristic(p, 148).stages == 2
+    assert heuristic(problem(K=64, V=64, T=8192, H=512, HV=512), 148, "sm_100a") == TileConfig(64, 3)  # BV <= V
+    off = problem(K=60, V=100, T=8192, H=64, HV=64)
+    assert heuristic(off, 148, "sm_100a") == heuristic(off, 148)

@@ -108,12 +108,21 @@ def heuristic(p, sm_count=DEFAULT_SM_COUNT, arch: str | None = None) -> TileConf
     warpgroup reads a chunk's B tiles from shared memory once and the bulk copies move the block
     without the threads, so the shared-memory term, which bound mma.sync, falls below the HBM
     one. sm_80 and sm_100a (no wgmma) keep mma.sync, as do head dims off the tiles (their any-size
-    variants are mma.sync's: kernels.recurrence_mma)."""
+    variants are mma.sync's: kernels.recurrence_mma).
+
+    On ``arch`` sm_100a (mma.sync) the forward takes the issue-aware profile's choice on the B200
+    (benchmarks/issue-term.md): the chains' CTAs fill the SMs once, each streaming its chunk blocks
+    with its lanes' cp.async, so four warps a CTA (BV = 64) issue the fewest instructions a chunk on
+    their schedulers, and a second CTA on an SM shares them: BV = 64 where N * HV * V / 64 CTAs are
+    fewer than the SMs (a bucket's bound: parallelism_class), else BV = 128 (one CTA a chain, V >= 128), 3 stages (kimi-T8192-H64 0.476 -> 0.368 ms,
+    H96 0.713 -> 0.629 ms against BV = 32, 2 stages). sm_80 keeps the rule above (no A100 model)."""
     from ...numerics.tiles import exact_dims
 
     if arch == "sm_90a" and exact_dims(p.K, p.V) and p.K <= 128 and p.V >= 64:
         BV = 128 if p.V >= 128 and 2 * p.N * p.HV * (p.V // 128) >= sm_count else 64
         return TileConfig(BV, 3, "wgmma")
+    if arch == "sm_100a" and exact_dims(p.K, p.V):
+        return TileConfig(64 if p.V < 128 or p.N * p.HV * (p.V // 64) < sm_count else 128, 3)
     for BV in (128, 64, 32):
         if BV <= p.V and p.N * p.HV * (p.V // BV) >= 2 * sm_count:
             return TileConfig(BV, 2)
