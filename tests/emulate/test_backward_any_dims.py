@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import kdacupy
+import kdacupy.ops.backward.kernels as bkernels
 from kdacupy.numerics.backward_model import kda_backward_model
 from kdacupy.numerics.backward_reference import kda_backward_reference
 from kdacupy.numerics.dtypes import BF16, F32
+from kdacupy.ops.forward.tuning import TileConfig
 
 from ..backward_cases import FD_CASES, problem
 from ..numerics.test_backward_model import BOUND, measured
@@ -65,8 +67,11 @@ def test_any_head_dims_are_the_padded_model_bit_for_bit(name):
 def test_checked_any_head_dims_read_nothing_unwritten(monkeypatch):
     """Under KDACUPY_EMULATE_CHECK=all the scratch starts as NaN bytes: V = 20 runs one recurrence and chain
     CTA of BV = 32 value rows, which leaves rows 32-63 of the 64-row value tile's states and gradient
-    states unwritten, and kda_bwd_chunk's one 64-column block must take them as zeros, not read them."""
+    states unwritten, and kda_bwd_chunk's one 64-column block must take them as zeros, not read them.
+    (The backward's own BV = 64 covers each block of kda_bwd_chunk whole: the launcher takes any tiles,
+    so the narrower ones are forced here.)"""
     monkeypatch.setenv("KDACUPY_EMULATE_CHECK", "all")
+    monkeypatch.setattr(bkernels, "backward_tiles", lambda p: TileConfig(32, 3))
     x, opts, do, ds = inputs("K60-V100-sigmoid-gva-l2norm-neg-eigval", V=20)
     checked = kdacupy.kda_backward(do, **x, dfinal_state=ds, **opts, backend="emulate")
     assert_no_unwritten_byte(checked)
