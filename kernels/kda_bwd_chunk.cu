@@ -385,7 +385,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       sL[sw(i, j)] = accl;
     }
     // (L's strictly lower part is all dbeta reads, after the value blocks' barriers; the barrier bounds
-    // what ptxas moves across: without it K = 256's variants spilled 12-20 bytes more)
+    // what ptxas moves across: without it the K = 256 variants sampled spilled 4-24 bytes more)
     __syncthreads();
 
     // the chains over the value columns
