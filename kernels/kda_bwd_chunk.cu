@@ -51,8 +51,8 @@ constexpr int NKT = KW / 8;      // their n-tiles
 // 4 JG elements; K = 256's 128 registers per thread take one at a time)
 constexpr int JG = K <= 128 ? NKT : 1;
 constexpr int NCOL = (K + NT - 1) / NT;  // channels per thread in the per-channel phases
-// [B8]'s raw gate inputs loaded before its row loop, which is unrolled (K = 256's 128 registers a thread
-// keep the rolled loop, a load a row: so, ptxas spilled 160 bytes more)
+// [B8]: its 16 rows' raw gates loaded before its row loop, which is unrolled; K = 256 keeps the rolled
+// loop with a load a row (unrolled in 128 registers a thread, ptxas spilled about 160 bytes more)
 constexpr bool B8_UNROLLED = K <= 128;
 constexpr float LN2_F = 0.6931471805599453f;
 
@@ -809,7 +809,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       } else if (c < K) {
         // the raw gate inputs first, every row's at once, in registers (K <= 128): in the row loop each
         // load would issue after the row before's stores, one latency a row (16 in a row)
-        float graw[B8_UNROLLED ? CHUNK : 1];
+        float graw[CHUNK];  // (unused at K = 256)
         const auto g_at = [&](int i) { return load_f32<KDA_G_DT>(g, b * g_sb + (t0 + i) * g_st + hv * g_sh + c); };
         if constexpr (B8_UNROLLED && KDA_GATE != KDA_GATE_LOG) {
 #pragma unroll
@@ -830,7 +830,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           if (i < rows) {
             float dx = dgn;
             if constexpr (KDA_GATE != KDA_GATE_LOG) {
-              const float graw_i = B8_UNROLLED ? graw[B8_UNROLLED ? i : 0] : g_at(i), x = graw_i + bias;
+              const float graw_i = B8_UNROLLED ? graw[i] : g_at(i), x = graw_i + bias;
               if constexpr (KDA_GATE == KDA_GATE_SOFTPLUS) {
                 const float s = x > 15.0f ? 1.0f : rcp_approx_ftz(1.0f + ex2_approx_ftz(-x * LOG2E_F));
                 dx = -((a * s) * dgn);

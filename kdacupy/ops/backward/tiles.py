@@ -21,5 +21,6 @@ CHAIN_TILES = TileConfig(64, 3)
 
 def backward_tiles(p) -> TileConfig:
     """The chains' tiles for a Problem."""
-    assert unfit(p, CHAIN_TILES) is None, unfit(p, CHAIN_TILES)
+    why = unfit(p, CHAIN_TILES)
+    assert why is None, why
     return CHAIN_TILES
