@@ -51,8 +51,14 @@ constexpr int NKT = KW / 8;      // their n-tiles
 // 4 JG elements; K = 256's 128 registers per thread take one at a time)
 constexpr int JG = K <= 128 ? NKT : 1;
 constexpr int NCOL = (K + NT - 1) / NT;  // channels per thread in the per-channel phases
-// [B8]: its 16 rows' raw gates loaded before its row loop, which is unrolled; K = 256 keeps the rolled
-// loop with a load a row (unrolled in 128 registers a thread, ptxas spilled about 160 bytes more)
+constexpr int NVE = (CHUNK * BVC + NT - 1) / NT;  // a value block's elements of v (and of do) per thread
+// [B4]'s dge = sum over v of dS S per channel: a thread's 4 channels over every 8th value row (K / 4 threads a
+// row group: 8 of them at any K), the 8 chains summed in order after the blocks (backward_model.py's DGE_CHAINS)
+constexpr int DGE_CHAINS = NT / (K / 4);
+static_assert(DGE_CHAINS == 8 && BVC % DGE_CHAINS == 0, "dge's row groups");
+// [B8]: its row loop unrolled, the raw gates and dt_bias read from the shared tiles [2] filled (CSM_GRAW,
+// CSM_BIAS: no global load on its path); K = 256 keeps the rolled loop with a global load a row (unrolled in
+// 128 registers a thread, ptxas spilled about 160 bytes more; its shared memory is near sm_80's limit)
 constexpr bool B8_UNROLLED = K <= 128;
 constexpr float LN2_F = 0.6931471805599453f;
 
@@ -116,7 +122,6 @@ __device__ __forceinline__ void negate(u32 (&a)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) a[i] ^= 0x80008000u;  // -x of each bf16: exact
 }
-__device__ __forceinline__ float bf16_at(const u16* tile, int idx) { return __uint_as_float(u32(tile[idx]) << 16); }
 
 // acc += A B over the K channels: A = the [16, K] tile a, B[k][n] = b[n0 + n][k] (rows of both TS apart).
 __device__ __forceinline__ void mma_channels(float (&acc)[2][4], const u16* a, const u16* b, int n0, int lane) {
@@ -238,6 +243,8 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sDQN = reinterpret_cast<float*>(sm + CSM_DQN);
   float* sDKN = reinterpret_cast<float*>(sm + CSM_DKN);
   float* sDOT = reinterpret_cast<float*>(sm + CSM_DOT);
+  float* sGRAW = reinterpret_cast<float*>(sm + CSM_GRAW);  // [2]'s raw gate rows and dt_bias row, for [B8] (K <= 128)
+  float* sBIAS = reinterpret_cast<float*>(sm + CSM_BIAS);
 
   // the row phases: row r = (warp) + 4 (lane / 8) of threads 0-127, its 8 threads s = lane % 8 (kernels/rows.cuh)
   const int s8 = tid & 7, r = (tid >> 5) + 4 * ((tid >> 3) & 3);
@@ -276,6 +283,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   // [B7] sums over the group's value heads, in shared memory (each element owned by one lane)
   for (int p = tid; p < CHUNK * K; p += NT) sDQN[p] = sDKN[p] = 0.f;
   const int n0w = warp * KW;  // this warp's first channel in the [16, K] chains
+  const int dq4 = 4 * (tid % (K / 4)), dgr = tid / (K / 4);  // dge's channels and row group
 
 #pragma unroll 1
   for (int gi = 0; gi < G; ++gi) {
@@ -283,6 +291,60 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     const i64 hs = static_cast<i64>(hv) * nslots + slot;
     const float a = gate_a<KDA_GATE>(A_log, hv);
     const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv, kdim);
+    // a value block's inputs: S_c (bf16: cp.async; fp32: rounded to bf16 by the threads) and dS_c rows into their
+    // padded tiles; v and do (strided) by element loads into registers, NVE a thread, then to shared memory
+    const auto issue_states = [&](int v0) {
+      const i64 sbase = (hs * V + v0) * K;
+      for (int p = tid; p < BVC * K / 8; p += NT) {
+        const int vr = p / (K / 8), c = (p % (K / 8)) * 8;
+        if constexpr (ANY) {
+          const bool row = v0 + vr < vdim;
+          if (!states_fp32) {
+            cp_async_16_zfill(sS + vr * TS + c, reinterpret_cast<const u16*>(states) + sbase + static_cast<i64>(vr) * K + c, row);
+          }
+          cp_async_16_zfill(sD + vr * TS + c, dstates + sbase + static_cast<i64>(vr) * K + c, row);
+        } else {
+          if (!states_fp32) {
+            cp_async_16(sS + vr * TS + c, reinterpret_cast<const u16*>(states) + sbase + static_cast<i64>(vr) * K + c);
+          }
+          cp_async_16(sD + vr * TS + c, dstates + sbase + static_cast<i64>(vr) * K + c);
+        }
+      }
+    };
+    const auto stage_fp32_states = [&](int v0) {  // 4 fp32 per thread: whole sectors, 8-byte shared stores
+      const i64 sbase = (hs * V + v0) * K;
+      for (int p = tid; p < BVC * K / 4; p += NT) {
+        const int vr = p / (K / 4), c = (p % (K / 4)) * 4;
+        const Vec16 x = !ANY || v0 + vr < vdim
+                            ? *reinterpret_cast<const Vec16*>(reinterpret_cast<const float*>(states) + sbase + static_cast<i64>(vr) * K + c)
+                            : Vec16{};
+        Vec8 w;
+        w.w[0] = pack_bf16x2(__uint_as_float(x.w[0]), __uint_as_float(x.w[1]));
+        w.w[1] = pack_bf16x2(__uint_as_float(x.w[2]), __uint_as_float(x.w[3]));
+        *reinterpret_cast<Vec8*>(sS + vr * TS + c) = w;
+      }
+    };
+    const auto load_vdo = [&](int v0, float (&vx)[NVE], float (&dx)[NVE]) {
+#pragma unroll
+      for (int j = 0; j < NVE; ++j) {
+        const int p = tid + NT * j, i = p / BVC, c = p % BVC;
+        vx[j] = dx[j] = 0.f;
+        if (p < CHUNK * BVC && i < rows && (!ANY || v0 + c < vdim)) {
+          vx[j] = load_f32<KDA_DT>(v, b * v_sb + (t0 + i) * v_st + hv * v_sh + v0 + c);
+          dx[j] = load_f32<KDA_DT>(dout, b * d_sb + (t0 + i) * d_st + hv * d_sh + v0 + c);
+        }
+      }
+    };
+    const auto store_vdo = [&](const float (&vx)[NVE], const float (&dx)[NVE]) {
+#pragma unroll
+      for (int j = 0; j < NVE; ++j) {
+        const int p = tid + NT * j, i = p / BVC, c = p % BVC;
+        if (p < CHUNK * BVC) {
+          sVV[fx<BVC>(i, c)] = vx[j];
+          sDO[i * YS + c] = f32_to_bf16(dx[j]);
+        }
+      }
+    };
     __syncthreads();  // the previous value head's last reads of the shared tiles are done
     // INV and Mqk as kda_prepare left them in the workspace block (bit-identical to its [6]-[8], which
     // this kernel need not run again: L alone it forms, for dbeta), their 32-byte rows by 16-byte
@@ -293,7 +355,11 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       const u16* src = reinterpret_cast<const u16*>(ws + hs * WS_STRIDE + (inv ? WS_INV : WS_MQK));
       cp_async_16((inv ? sINV : sMQ) + row * SR + 8 * half, src + row * CHUNK + 8 * half);
     }
+    // the first value block's inputs now, their latency under [2]-[6] (the region's tiles are free: the barrier)
+    issue_states(0);
     cp_async_commit();
+    float vpre[NVE], dpre[NVE];  // (K = 256: loaded at the block, its 128 registers a thread spilled more)
+    if constexpr (K <= 128) load_vdo(0, vpre, dpre);
     // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time, as kda_prepare's
     if (rowt) {
       const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
@@ -324,6 +390,11 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         for (int e = 0; e < 4; ++e) x[e] = live && (!ANY || c + e < kdim) ? gate_log2<KDA_GATE>(gq4[e], a, bq4[e], lb2) : 0.f;
         st2(sG + fx<K>(r, c), x[0], x[1]);
         st2(sG + fx<K>(r, c + 2), x[2], x[3]);
+        if constexpr (B8_UNROLLED && KDA_GATE != KDA_GATE_LOG) {  // [B8]'s inputs (zero on padded rows)
+          st2(sGRAW + fx<K>(r, c), gq4[0], gq4[1]);
+          st2(sGRAW + fx<K>(r, c + 2), gq4[2], gq4[3]);
+          if (r == 0) *reinterpret_cast<float4*>(sBIAS + c) = make_float4(bq4[0], bq4[1], bq4[2], bq4[3]);
+        }
       }
     }
     if (tid < CHUNK) {
@@ -391,53 +462,26 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     // the chains over the value columns
     float aQd[NKT][4] = {}, aKd[NKT][4] = {}, aKr[NKT][4] = {};
     float aSm[2][4] = {};  // warp 0: dLb~ = dY U^T; warp 1: dM = do U^T
-    float dbv = 0.f, dge[NCOL] = {};
+    float dbv = 0.f, dge[NCOL] = {}, dge4[4] = {};
     // the value blocks that hold a true column (ANY: the rows of S_c, dS_c past v_true are never written by
     // kda_recurrence and kda_bwd_chain, whose CTAs cover ceil(v_true / BV) slices: read below as zeros)
     const int vend = ANY ? (vdim + BVC - 1) / BVC * BVC : V;
 #pragma unroll 1
     for (int v0 = 0; v0 < vend; v0 += BVC) {
       __syncthreads();  // [8] done / the previous block's tiles are read
-      // the block's S_c, dS_c rows (bf16, padded), v and do
+      // the block's S_c, dS_c rows (bf16, padded), v and do (block 0's were issued at the head's start)
       {
-        const i64 sbase = (hs * V + v0) * K;
-        if (states_fp32) {  // 4 fp32 per thread: whole sectors, 8-byte shared stores
-          for (int p = tid; p < BVC * K / 4; p += NT) {
-            const int vr = p / (K / 4), c = (p % (K / 4)) * 4;
-            const Vec16 x = !ANY || v0 + vr < vdim
-                                ? *reinterpret_cast<const Vec16*>(reinterpret_cast<const float*>(states) + sbase + static_cast<i64>(vr) * K + c)
-                                : Vec16{};
-            Vec8 w;
-            w.w[0] = pack_bf16x2(__uint_as_float(x.w[0]), __uint_as_float(x.w[1]));
-            w.w[1] = pack_bf16x2(__uint_as_float(x.w[2]), __uint_as_float(x.w[3]));
-            *reinterpret_cast<Vec8*>(sS + vr * TS + c) = w;
-          }
+        if (states_fp32) stage_fp32_states(v0);
+        if (v0 > 0) {
+          issue_states(v0);
+          cp_async_commit();
         }
-        for (int p = tid; p < BVC * K / 8; p += NT) {
-          const int vr = p / (K / 8), c = (p % (K / 8)) * 8;
-          if constexpr (ANY) {
-            const bool row = v0 + vr < vdim;
-            if (!states_fp32) {
-              cp_async_16_zfill(sS + vr * TS + c, reinterpret_cast<const u16*>(states) + sbase + static_cast<i64>(vr) * K + c, row);
-            }
-            cp_async_16_zfill(sD + vr * TS + c, dstates + sbase + static_cast<i64>(vr) * K + c, row);
-          } else {
-            if (!states_fp32) {
-              cp_async_16(sS + vr * TS + c, reinterpret_cast<const u16*>(states) + sbase + static_cast<i64>(vr) * K + c);
-            }
-            cp_async_16(sD + vr * TS + c, dstates + sbase + static_cast<i64>(vr) * K + c);
-          }
-        }
-        cp_async_commit();
-        for (int p = tid; p < CHUNK * BVC; p += NT) {
-          const int i = p / BVC, c = p % BVC;
-          float vx = 0.f, dx = 0.f;
-          if (i < rows && (!ANY || v0 + c < vdim)) {
-            vx = load_f32<KDA_DT>(v, b * v_sb + (t0 + i) * v_st + hv * v_sh + v0 + c);
-            dx = load_f32<KDA_DT>(dout, b * d_sb + (t0 + i) * d_st + hv * d_sh + v0 + c);
-          }
-          sVV[fx<BVC>(i, c)] = vx;
-          sDO[i * YS + c] = f32_to_bf16(dx);
+        if (v0 > 0 || K > 128) {
+          float vx[NVE], dx[NVE];
+          load_vdo(v0, vx, dx);
+          store_vdo(vx, dx);
+        } else {
+          store_vdo(vpre, dpre);
         }
         cp_async_wait<0>();
       }
@@ -552,20 +596,38 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           dbv = fmaf(y.y, x.y, dbv);
         }
       }
+      // dge: this thread's 4 channels dq4 .. + 3 of the rows vr = dgr (mod 8), by 8-byte pieces (a warp reads
+      // whole rows), on every warp
+#pragma unroll 2
+      for (int vr = dgr; vr < BVC; vr += DGE_CHAINS) {
+        float sv[4], dv4[4];
+        if (states_fp32) {  // S_c as held: fp32 states unrounded
+          const Vec16 x = !ANY || v0 + vr < vdim
+                              ? *reinterpret_cast<const Vec16*>(reinterpret_cast<const float*>(states) + (hs * V + v0 + vr) * K + dq4)
+                              : Vec16{};
 #pragma unroll
-      for (int m = 0; m < NCOL; ++m) {
-        const int c = tid + NT * m;
-        if (c < K) {
-          for (int vr = 0; vr < BVC; ++vr) {
-            float sv;
-            if (states_fp32) {
-              sv = !ANY || v0 + vr < vdim ? reinterpret_cast<const float*>(states)[(hs * V + v0 + vr) * K + c] : 0.f;
-            } else {
-              sv = bf16_at(sS, vr * TS + c);
-            }
-            dge[m] = fmaf(bf16_at(sD, vr * TS + c), sv, dge[m]);
-          }
+          for (int e = 0; e < 4; ++e) sv[e] = __uint_as_float(x.w[e]);
+        } else {
+          const uint2 x = *reinterpret_cast<const uint2*>(sS + vr * TS + dq4);
+          sv[0] = bf16_lo(x.x), sv[1] = bf16_hi(x.x), sv[2] = bf16_lo(x.y), sv[3] = bf16_hi(x.y);
         }
+        const uint2 y = *reinterpret_cast<const uint2*>(sD + vr * TS + dq4);
+        dv4[0] = bf16_lo(y.x), dv4[1] = bf16_hi(y.x), dv4[2] = bf16_lo(y.y), dv4[3] = bf16_hi(y.y);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dge4[e] = fmaf(dv4[e], sv[e], dge4[e]);
+      }
+    }
+    // dge's 8 chains to one per channel, in order (in DGAM's bytes, before [B7] writes them)
+    __syncthreads();
+    *reinterpret_cast<float4*>(sDGAM + dgr * K + dq4) = make_float4(dge4[0], dge4[1], dge4[2], dge4[3]);
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < NCOL; ++m) {
+      const int c = tid + NT * m;
+      if (c < K) {
+        dge[m] = sDGAM[c];
+#pragma unroll
+        for (int rr = 1; rr < DGE_CHAINS; ++rr) dge[m] += sDGAM[rr * K + c];
       }
     }
     // [B7]'s state terms as soon as the chains end, so that their accumulators' registers are free for [B6]:
@@ -807,14 +869,10 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         if (part_ddt != nullptr) part_ddt[hs * K + c] = 0.f;
         sColA[c] = 0.f;
       } else if (c < K) {
-        // the raw gate inputs first, every row's at once, in registers (K <= 128): in the row loop each
-        // load would issue after the row before's stores, one latency a row (16 in a row)
-        float graw[CHUNK];  // (unused at K = 256)
-        const auto g_at = [&](int i) { return load_f32<KDA_G_DT>(g, b * g_sb + (t0 + i) * g_st + hv * g_sh + c); };
-        if constexpr (B8_UNROLLED && KDA_GATE != KDA_GATE_LOG) {
-#pragma unroll
-          for (int i = 0; i < CHUNK; ++i) graw[i] = i < rows ? g_at(i) : 0.f;
-        }
+        // the raw gate inputs: [2]'s shared copy (K <= 128), else a global load a row
+        const auto g_at = [&](int i) {
+          return B8_UNROLLED ? sGRAW[fx<K>(i, c)] : load_f32<KDA_G_DT>(g, b * g_sb + (t0 + i) * g_st + hv * g_sh + c);
+        };
         const float G8 = sGexp[c] * dge[m];
         float suf = 0.f;
         for (int i = CHUNK - 1; i >= 0; --i) {
@@ -822,7 +880,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           sDGAM[fx<K>(i, c)] = suf;
         }
         float pre = 0.f, ddt = 0.f, dA = 0.f;
-        const float bias = bias_row != nullptr ? bias_row[c] : 0.f;
+        const float bias = bias_row == nullptr ? 0.f : B8_UNROLLED ? sBIAS[c] : bias_row[c];
 #pragma unroll(B8_UNROLLED ? CHUNK : 1)
         for (int i = 0; i < CHUNK; ++i) {
           const float dgn = sDGAM[fx<K>(i, c)] + (pre + G8);
@@ -830,7 +888,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           if (i < rows) {
             float dx = dgn;
             if constexpr (KDA_GATE != KDA_GATE_LOG) {
-              const float graw_i = B8_UNROLLED ? graw[i] : g_at(i), x = graw_i + bias;
+              const float graw_i = g_at(i), x = graw_i + bias;
               if constexpr (KDA_GATE == KDA_GATE_SOFTPLUS) {
                 const float s = x > 15.0f ? 1.0f : rcp_approx_ftz(1.0f + ex2_approx_ftz(-x * LOG2E_F));
                 dx = -((a * s) * dgn);

@@ -33,8 +33,8 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
   B3. dY = mma(INV^T dU);  dX = r32(beta * dY): dv.
   B4. chains continued across blocks: dLb~ = mma(bf(dY) U^T), dM = mma(dO U^T),
       dQd = mma(dO S_op), dKd = mma(-bf(dX) S_op), dKr = mma(U dS_c);
-      dbeta_i = fma chain of dY_iv X_iv (v in order), dge_d = fma chain of dS_c S_c (v in order,
-      S_c as held).
+      dbeta_i = fma chain of dY_iv X_iv (v in order); dge_d = the fp32 sum over r = 0..7 in order
+      of fma chains of dS_c S_c over the values v = r (mod 8), in order (S_c as held).
   after the blocks:
   B5. dLb = -dLb~ strictly below the diagonal, dM on and below it; dbeta_i continues its fma
       chain with dLb_ij L_ij (j < i); dL = r32(beta_i dLb); dbeta through the beta sigmoid:
@@ -101,6 +101,10 @@ r32, bf = round_f32, round_bf16
 LN2_F32 = float(np.float32(math.log(2.0)))
 
 
+#: B4's dge: kda_bwd_chunk's threads hold 4 channels of every 8th value row each (8 row groups at any K)
+DGE_CHAINS = 8
+
+
 def vblock(K: int) -> int:
     """Value columns kda_bwd_chunk handles at a time (its shared memory holds one block of S and dS)."""
     return 64 if K <= 128 else 16
@@ -153,7 +157,7 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
     S_op = bf(S)
     dLb = dM = dQd = dKd = dKr = None
     dbv = np.zeros(beta.shape)
-    dge = np.zeros(S.shape[:-2] + (K,))
+    dge8 = np.zeros(S.shape[:-2] + (DGE_CHAINS, K))  # the chains over v = r (mod 8), r = 0..7
     dv = np.zeros(v.shape)
     bcol = beta[..., :, None]
     dOb = bf(dO)
@@ -174,7 +178,12 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
         dKd = mma(dKd, -bf(dX), Sb)
         dKr = mma(dKr, U, dSb)
         dbv = fma_chain(dY, X, axis=-1, start=dbv)
-        dge = fma_chain(dSb, Sv, axis=-2, start=dge)
+        for r in range(DGE_CHAINS):
+            dge8[..., r, :] = fma_chain(dSb[..., r::DGE_CHAINS, :], Sv[..., r::DGE_CHAINS, :], axis=-2,
+                                        start=dge8[..., r, :])
+    dge = dge8[..., 0, :]
+    for r in range(1, DGE_CHAINS):
+        dge = r32(dge + dge8[..., r, :])
     C = CHUNK
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]

@@ -31,7 +31,9 @@ def chunk_smem(K: int) -> dict[str, int]:
     one region that holds, in turn, a V-block's tiles and the decay gradient's tiles (from the end of the
     V-blocks). [B6]'s low parts of k_i, q_m, k_m take the tiles of k_i, q_m, k_m once read. The reference
     gr (from [4], read last in [B7]) takes the per channel dA_log terms' bytes (from [B8]); INV and Mqk
-    are copied from the workspace (no Lb tile). q_dec is not kept: [B7]'s state terms round it again from qn."""
+    are copied from the workspace (no Lb tile). q_dec is not kept: [B7]'s state terms round it again from qn.
+    At K <= 128 the gate rows [2] loads (GRAW) and dt_bias's row (BIAS) are kept for [B8] (K = 256: the
+    loads again, its shared memory near sm_80's limit)."""
     BVC = vblock(K)
     tile, small = CHUNK * (K + 8) * 2, CHUNK * 24 * 2
     rowsf, c2 = CHUNK * K * 4, CHUNK * CHUNK * 4
@@ -40,6 +42,7 @@ def chunk_smem(K: int) -> dict[str, int]:
              ("KR", tile), ("L", c2), ("DLB", c2), ("DM", c2), ("DL", c2), ("MQ", small), ("INV", small),
              ("DL16", small), ("DM16", small), ("BETA", CHUNK * 4), ("BETAD", CHUNK * 4), ("GEXP", K * 4), ("RQ", CHUNK * 4),
              ("RK", CHUNK * 4), ("COLA", K * 4), ("DQN", rowsf), ("DKN", rowsf), ("DOT", 2 * CHUNK * 4),
+             ("GRAW", rowsf if K <= 128 else 0), ("BIAS", K * 4 if K <= 128 else 0),
              ("REGION", 0)]
     off, base = _place(fixed)
     block = [("S", BVC * (K + 8) * 2), ("D", BVC * (K + 8) * 2), ("VV", vf), ("DO", vt), ("X", vf), ("Y", vt),
