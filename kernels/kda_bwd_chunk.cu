@@ -52,10 +52,9 @@ constexpr int NKT = KW / 8;      // their n-tiles
 constexpr int JG = K <= 128 ? NKT : 1;
 constexpr int NCOL = (K + NT - 1) / NT;  // channels per thread in the per-channel phases
 constexpr int NVE = (CHUNK * BVC + NT - 1) / NT;  // a value block's elements of v (and of do) per thread
-// [B4]'s dge = sum over v of dS S per channel: a thread's 4 channels over every 8th value row (K / 4 threads a
-// row group: 8 of them at any K), the 8 chains summed in order after the blocks (backward_model.py's DGE_CHAINS)
-constexpr int DGE_CHAINS = NT / (K / 4);
-static_assert(DGE_CHAINS == 8 && BVC % DGE_CHAINS == 0, "dge's row groups");
+// [B4]'s dge = sum over v of dS S per channel: from the chains' S and dS fragments, a lane's chain over the rows
+// v = 2t, 2t + 1, 2t + 8, 2t + 9 (mod 16) of its channels, the 4 lanes' chains summed as (t0 + t1) + (t2 + t3)
+// (backward_model.py's dge_chains)
 // [B8]: its row loop unrolled, the raw gates and dt_bias read from the shared tiles [2] filled (CSM_GRAW,
 // CSM_BIAS: no global load on its path); K = 256 keeps the rolled loop with a global load a row (unrolled in
 // 128 registers a thread, ptxas spilled about 160 bytes more; its shared memory is near sm_80's limit)
@@ -283,7 +282,6 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   // [B7] sums over the group's value heads, in shared memory (each element owned by one lane)
   for (int p = tid; p < CHUNK * K; p += NT) sDQN[p] = sDKN[p] = 0.f;
   const int n0w = warp * KW;  // this warp's first channel in the [16, K] chains
-  const int dq4 = 4 * (tid % (K / 4)), dgr = tid / (K / 4);  // dge's channels and row group
 
 #pragma unroll 1
   for (int gi = 0; gi < G; ++gi) {
@@ -462,7 +460,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     // the chains over the value columns
     float aQd[NKT][4] = {}, aKd[NKT][4] = {}, aKr[NKT][4] = {};
     float aSm[2][4] = {};  // warp 0: dLb~ = dY U^T; warp 1: dM = do U^T
-    float dbv = 0.f, dge[NCOL] = {}, dge4[4] = {};
+    float dbv = 0.f, dge[NCOL] = {}, dgl[NKT] = {};  // dgl: [B4]'s dge chain of this lane's channels
     // the value blocks that hold a true column (ANY: the rows of S_c, dS_c past v_true are never written by
     // kda_recurrence and kda_bwd_chain, whose CTAs cover ceil(v_true / BV) slices: read below as zeros)
     const int vend = ANY ? (vdim + BVC - 1) / BVC * BVC : V;
@@ -586,6 +584,34 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           mma2(aQd[2 * jp], aQd[2 * jp + 1], aO, bS);
           mma2(aKd[2 * jp], aKd[2 * jp + 1], aX, bS);
           mma2(aKr[2 * jp], aKr[2 * jp + 1], aU, bD);
+          // dge from the same fragments (bf16 states): B[k][n] = tile[16 s2 + k][n0w + 16 jp + n], this lane's
+          // k = 2t, 2t + 1, 2t + 8, 2t + 9 (in order), n = g of each n-tile
+          if (!states_fp32) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const u32 s01 = bS[2 * hf], s89 = bS[2 * hf + 1], d01 = bD[2 * hf], d89 = bD[2 * hf + 1];
+              float& acc = dgl[2 * jp + hf];
+              acc = fmaf(bf16_lo(d01), bf16_lo(s01), acc);
+              acc = fmaf(bf16_hi(d01), bf16_hi(s01), acc);
+              acc = fmaf(bf16_lo(d89), bf16_lo(s89), acc);
+              acc = fmaf(bf16_hi(d89), bf16_hi(s89), acc);
+            }
+          }
+        }
+      }
+      if (states_fp32) {  // dge in the same order from S_c as held: the fp32 states unrounded
+        for (int s2 = 0; s2 < BVC / 16; ++s2) {
+#pragma unroll
+          for (int nt = 0; nt < NKT; ++nt) {
+            const int c = n0w + 8 * nt + gq, vb = v0 + 16 * s2;
+            const float* srow = reinterpret_cast<const float*>(states) + (hs * V + vb) * K + c;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int vr = 2 * tq + (e & 1) + 8 * (e >> 1);
+              const float sv = !ANY || vb + vr < vdim ? srow[vr * K] : 0.f;
+              dgl[nt] = fmaf(__uint_as_float(u32(sD[(16 * s2 + vr) * TS + c]) << 16), sv, dgl[nt]);
+            }
+          }
         }
       }
       if (tid >= 64 && tid < 64 + CHUNK) {  // 16 rows, one column at a time: 8-byte pairs, in order
@@ -596,39 +622,24 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           dbv = fmaf(y.y, x.y, dbv);
         }
       }
-      // dge: this thread's 4 channels dq4 .. + 3 of the rows vr = dgr (mod 8), by 8-byte pieces (a warp reads
-      // whole rows), on every warp
-#pragma unroll 2
-      for (int vr = dgr; vr < BVC; vr += DGE_CHAINS) {
-        float sv[4], dv4[4];
-        if (states_fp32) {  // S_c as held: fp32 states unrounded
-          const Vec16 x = !ANY || v0 + vr < vdim
-                              ? *reinterpret_cast<const Vec16*>(reinterpret_cast<const float*>(states) + (hs * V + v0 + vr) * K + dq4)
-                              : Vec16{};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sv[e] = __uint_as_float(x.w[e]);
-        } else {
-          const uint2 x = *reinterpret_cast<const uint2*>(sS + vr * TS + dq4);
-          sv[0] = bf16_lo(x.x), sv[1] = bf16_hi(x.x), sv[2] = bf16_lo(x.y), sv[3] = bf16_hi(x.y);
-        }
-        const uint2 y = *reinterpret_cast<const uint2*>(sD + vr * TS + dq4);
-        dv4[0] = bf16_lo(y.x), dv4[1] = bf16_hi(y.x), dv4[2] = bf16_lo(y.y), dv4[3] = bf16_hi(y.y);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dge4[e] = fmaf(dv4[e], sv[e], dge4[e]);
-      }
     }
-    // dge's 8 chains to one per channel, in order (in DGAM's bytes, before [B7] writes them)
+    // dge's 4 chains (the lanes t) to one per channel: (t0 + t1) + (t2 + t3), through DGAM's bytes (before [B7]
+    // writes them) to the channel's thread
+#pragma unroll
+    for (int nt = 0; nt < NKT; ++nt) {
+      dgl[nt] += __shfl_xor_sync(0xffffffffu, dgl[nt], 1);
+      dgl[nt] += __shfl_xor_sync(0xffffffffu, dgl[nt], 2);
+    }
     __syncthreads();
-    *reinterpret_cast<float4*>(sDGAM + dgr * K + dq4) = make_float4(dge4[0], dge4[1], dge4[2], dge4[3]);
+    if (tq == 0) {
+#pragma unroll
+      for (int nt = 0; nt < NKT; ++nt) sDGAM[n0w + 8 * nt + gq] = dgl[nt];
+    }
     __syncthreads();
 #pragma unroll
     for (int m = 0; m < NCOL; ++m) {
       const int c = tid + NT * m;
-      if (c < K) {
-        dge[m] = sDGAM[c];
-#pragma unroll
-        for (int rr = 1; rr < DGE_CHAINS; ++rr) dge[m] += sDGAM[rr * K + c];
-      }
+      if (c < K) dge[m] = sDGAM[c];
     }
     // [B7]'s state terms as soon as the chains end, so that their accumulators' registers are free for [B6]:
     // dqn += dQd es, dkn += dKd e + dKr er, and to the region (the V-blocks' tiles read: the barrier) the

@@ -33,8 +33,9 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
   B3. dY = mma(INV^T dU);  dX = r32(beta * dY): dv.
   B4. chains continued across blocks: dLb~ = mma(bf(dY) U^T), dM = mma(dO U^T),
       dQd = mma(dO S_op), dKd = mma(-bf(dX) S_op), dKr = mma(U dS_c);
-      dbeta_i = fma chain of dY_iv X_iv (v in order); dge_d = the fp32 sum over r = 0..7 in order
-      of fma chains of dS_c S_c over the values v = r (mod 8), in order (S_c as held).
+      dbeta_i = fma chain of dY_iv X_iv (v in order); dge_d = (c_0 + c_1) + (c_2 + c_3) in fp32,
+      c_t the fma chain of dS_c S_c over the values v = 2t, 2t + 1, 2t + 8, 2t + 9 (mod 16), in order
+      (S_c as held; an mma fragment's rows of lane t).
   after the blocks:
   B5. dLb = -dLb~ strictly below the diagonal, dM on and below it; dbeta_i continues its fma
       chain with dLb_ij L_ij (j < i); dL = r32(beta_i dLb); dbeta through the beta sigmoid:
@@ -101,8 +102,11 @@ r32, bf = round_f32, round_bf16
 LN2_F32 = float(np.float32(math.log(2.0)))
 
 
-#: B4's dge: kda_bwd_chunk's threads hold 4 channels of every 8th value row each (8 row groups at any K)
-DGE_CHAINS = 8
+def dge_chains(n: int) -> list[list[int]]:
+    """B4's dge: the value rows (of a block's first n) of each lane t's chain, in order: kda_bwd_chunk
+    forms it from the mma fragments of S_c and dS_c, where lane t holds rows 2t, 2t + 1, 2t + 8, 2t + 9
+    of each 16."""
+    return [[v for v in range(n) if v % 16 in (2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9)] for t in range(4)]
 
 
 def vblock(K: int) -> int:
@@ -157,7 +161,7 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
     S_op = bf(S)
     dLb = dM = dQd = dKd = dKr = None
     dbv = np.zeros(beta.shape)
-    dge8 = np.zeros(S.shape[:-2] + (DGE_CHAINS, K))  # the chains over v = r (mod 8), r = 0..7
+    dge4 = np.zeros(S.shape[:-2] + (4, K))  # the chains c_t
     dv = np.zeros(v.shape)
     bcol = beta[..., :, None]
     dOb = bf(dO)
@@ -178,12 +182,9 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
         dKd = mma(dKd, -bf(dX), Sb)
         dKr = mma(dKr, U, dSb)
         dbv = fma_chain(dY, X, axis=-1, start=dbv)
-        for r in range(DGE_CHAINS):
-            dge8[..., r, :] = fma_chain(dSb[..., r::DGE_CHAINS, :], Sv[..., r::DGE_CHAINS, :], axis=-2,
-                                        start=dge8[..., r, :])
-    dge = dge8[..., 0, :]
-    for r in range(1, DGE_CHAINS):
-        dge = r32(dge + dge8[..., r, :])
+        for t, rows in enumerate(dge_chains(Sv.shape[-2])):
+            dge4[..., t, :] = fma_chain(dSb[..., rows, :], Sv[..., rows, :], axis=-2, start=dge4[..., t, :])
+    dge = r32(r32(dge4[..., 0, :] + dge4[..., 1, :]) + r32(dge4[..., 2, :] + dge4[..., 3, :]))
     C = CHUNK
     i = np.arange(C)
     strict, incl = i[:, None] > i[None, :], i[:, None] >= i[None, :]
