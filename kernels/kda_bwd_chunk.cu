@@ -921,17 +921,26 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         sColA[c] = dA;
       }
     }
-    __syncthreads();
-    if (part_dA != nullptr && tid == 0) {
+    __syncthreads();  // [B8]'s per-channel terms are in (and dq, dk's sums complete since [B7])
+    // dA_log's partial, channels in order, by the last warp's first lane: beside [B9]'s dot products (warp 0),
+    // or the next value head's first phases (their tiles' bytes are not sColA's until [4], past a barrier)
+    if (part_dA != nullptr && tid == NT - 32) {
       float acc = 0.f;
-      for (int c = 0; c < K; ++c) acc += sColA[c];
+#pragma unroll 4
+      for (int c = 0; c < K; c += 4) {
+        const float4 x = *reinterpret_cast<const float4*>(sColA + c);
+        acc += x.x;
+        acc += x.y;
+        acc += x.z;
+        acc += x.w;
+      }
       part_dA[hs] = acc;
     }
   }
 
   // [B9] dq, dk through the l2norm: the dot products one per thread (16 rows of q, 16 of k, a column
-  // at a time, 8-byte pairs, in order), then the rows by 16-byte pieces (whole sectors)
-  __syncthreads();
+  // at a time, 8-byte pairs, in order), then the rows by 16-byte pieces (whole sectors); the last value
+  // head's barrier after [B8] orders their reads after every [B7] sum
   if constexpr (KDA_L2NORM) {
     if (tid < 2 * CHUNK) {
       const int i = tid & (CHUNK - 1);
