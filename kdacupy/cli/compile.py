@@ -44,6 +44,13 @@ KERNELS = {"prepare": ("kda_prepare", "kda_prepare_core", "kda_prepare_any"),
                         "kda_recurrence_store_any", "kda_bwd_chain_any", "kda_bwd_chunk_any")}
 
 
+def _builds_for(v, target: str) -> bool:
+    """Whether a variant is built for ``target``: the wgmma recurrence for sm_90a only (``only_arch``),
+    kda_bwd_chunk's wide block where its shared memory fits (``only_arches``)."""
+    arches = getattr(v, "only_arches", None)
+    return getattr(v, "only_arch", None) in (None, target) and (arches is None or target in arches)
+
+
 def select(kernel: str, match: list) -> list:
     """The registered variants of ``kernel`` ("all": every kernel) whose label contains every TEXT."""
     names = registry.kernels() if kernel == "all" else KERNELS[kernel]
@@ -97,7 +104,7 @@ def main(argv=None):
         print(f"{ap.prog}: {NVDISASM_HINT}", file=sys.stderr)
         return 2
     # a variant that builds for one target only (the wgmma recurrence: sm_90a) is left out elsewhere
-    variants = [v for v in select(args.kernel, args.match) if getattr(v, "only_arch", None) in (None, _target(v, args))]
+    variants = [v for v in select(args.kernel, args.match) if _builds_for(v, _target(v, args))]
     if not variants:
         print(f"{ap.prog}: no variant matches {' and '.join(map(repr, args.match))} (--kernel {args.kernel})",
               file=sys.stderr)

@@ -166,10 +166,11 @@ def backward_inputs(shape: Shape):
     return loss_inputs(shape, np)
 
 
-def backward_records(shape: Shape, heads: int | None, sms: int, **options) -> tuple[list[dict], dict]:
+def backward_records(shape: Shape, heads: int | None, sms: int, arch: str | None = None,
+                     **options) -> tuple[list[dict], dict]:
     """Profile records of kda_backward at ``shape``, sliced and scaled as forward_records: the
     forward's prepare and its recurrence storing the chunk states, kda_bwd_chain, kda_bwd_chunk,
-    kda_bwd_reduce, with the tiles the full shape gets on a GPU of ``sms`` SMs."""
+    kda_bwd_reduce, with the tiles the full shape gets on a GPU of ``sms`` SMs and target ``arch``."""
     from ..backward import validated as backward_validated
     from ..ops.backward.kernels import backward
     from ..ops.backward.tiles import backward_tiles
@@ -180,7 +181,7 @@ def backward_records(shape: Shape, heads: int | None, sms: int, **options) -> tu
     opts.update(options)
     p, a = backward_validated(**arrays, **opts, backend="emulate")
     with counting() as recs:
-        backward(p, a, tiles)
+        backward(p, a, tiles, arch)
     factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
     info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages))
     return [scaled(r, factor) for r in recs], info
@@ -572,7 +573,7 @@ def workloads(args, gpu):
                      ("decode", decode_records, None, "decode"),
                      ("split forward", lambda: split_records(DEFAULT_SHAPE, DEFAULT_SEGMENTS), None, "split")]
         if bwd:
-            jobs.append(("backward", lambda: backward_records(DEFAULT_SHAPE, None, gpu.sms), DEFAULT_SHAPE,
+            jobs.append(("backward", lambda: backward_records(DEFAULT_SHAPE, None, gpu.sms, gpu.arch), DEFAULT_SHAPE,
                          "backward"))
     else:
         opts = {} if args.lower_bound is None else dict(lower_bound=args.lower_bound)
@@ -581,7 +582,7 @@ def workloads(args, gpu):
                 jobs.append((s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, gpu.arch, args.segments, **opts)),
                              s, "forward"))
             if bwd:
-                jobs.append((f"{s.name} backward", (lambda s=s: backward_records(s, args.heads, gpu.sms, **opts)), s,
+                jobs.append((f"{s.name} backward", (lambda s=s: backward_records(s, args.heads, gpu.sms, gpu.arch, **opts)), s,
                              "backward"))
     for i, (name, job, shape, kind) in enumerate(jobs):
         t0 = time.perf_counter()

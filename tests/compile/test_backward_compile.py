@@ -27,7 +27,11 @@ STORE = RecurrenceVariant(128, 128, BF16, False, TileConfig(32, 2), no_output=Tr
 # the per-chunk kernel is the one near the register limit (sm_100a's ptxas takes 240-250): every arch;
 # the chain (~220-245 registers) and the state store (the forward's recurrence plus one store) on sm_90a
 # here, every arch in the compile report (benchmarks/backward-compile.md)
-CASES = [(a, CHUNK) for a in ARCHS] + [("sm_90a", LIGHT), ("sm_90a", CHAIN), ("sm_90a", STORE)]
+# the wide value block (sm_90a and sm_100a's at K = 128: 200 KB of shared memory, 8 value-block rows a thread held
+# over the head's first phases)
+WIDE = ChunkVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", True, bvc=128)
+CASES = [(a, CHUNK) for a in ARCHS] + [("sm_90a", LIGHT), ("sm_90a", CHAIN), ("sm_90a", STORE), ("sm_90a", WIDE),
+                                       ("sm_100a", WIDE)]
 
 
 @pytest.mark.parametrize("arch,var", CASES, ids=[f"{a}-{v.label()}" for a, v in CASES])
@@ -50,8 +54,12 @@ def test_variants_cover_the_options():
     assert all(v.store_states and v.no_output for v in store) and {v.state_fp32 for v in store} == {False, True}
     every = chunk + chain + store + list(reduce_variants())
     assert len(set(map(registry.label, every))) == len(every)
-    for v in chunk:  # the largest shared memory fits every arch's limit (static smem is 0)
-        assert v.smem <= min(SMEM_LIMIT[a] for a in ARCHS), v.label()
+    for v in chunk:  # the shared memory fits every arch it builds for (static smem is 0): the wide block not sm_80
+        arches = v.only_arches or ARCHS
+        assert v.smem <= min(SMEM_LIMIT[a] for a in arches), v.label()
+    wide = [v for v in chunk if v.bvc]
+    assert {v.K for v in wide} == {128} and len(wide) == sum(v.K == 128 and not v.bvc for v in chunk)
+    assert all("sm_80" not in v.only_arches and {"sm_90a", "sm_100a"} <= set(v.only_arches) for v in wide)
 
 
 def test_cli_compiles_the_backward():

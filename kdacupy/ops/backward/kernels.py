@@ -21,7 +21,8 @@ from ..args import cu_args, lower_bound_log2, ptr, strides
 from ..forward import kernels as fwd
 from ..forward import layouts as fwd_layouts
 from ..forward.tuning import TileConfig
-from .tiles import backward_tiles
+from ...jit.nvrtc import SMEM_LIMIT
+from .tiles import backward_tiles, chunk_block
 from ..inputs import InputVariant, input_options
 from . import layouts
 
@@ -61,17 +62,24 @@ class ChainVariant:
 class ChunkVariant(InputVariant):
     kernel: ClassVar[str] = "kda_bwd_chunk"
     any_dims: bool = False  # K is the key tile, the true head dims launch arguments (KDA_ANY_DIMS)
+    bvc: int = 0  # value columns a block (0: the model's vblock(K), which every arch's shared memory holds)
 
     def layout_config(self) -> dict:
-        return (layouts.chunk_smem(self.K) | fwd_layouts.workspace(self.K)  # it reads R1's Mqk
+        return (layouts.chunk_smem(self.K, self.bvc) | fwd_layouts.workspace(self.K)  # it reads R1's Mqk
                 | (dict(KDA_ANY_DIMS=1) if self.any_dims else {}))
 
     def label(self) -> str:
-        return super().label().replace(f" K={self.K} ", f" K<={self.K} ") if self.any_dims else super().label()
+        text = super().label().replace(f" K={self.K} ", f" K<={self.K} ") if self.any_dims else super().label()
+        return text + (f" BVC={self.bvc}" if self.bvc else "")
 
     @property
     def smem(self) -> int:
-        return layouts.chunk_smem(self.K)["CSM_TOTAL"]
+        return layouts.chunk_smem(self.K, self.bvc)["CSM_TOTAL"]
+
+    @property
+    def only_arches(self) -> tuple[str, ...] | None:
+        """A wider block builds only where its shared memory fits (not sm_80's 163 KB)."""
+        return tuple(a for a, limit in SMEM_LIMIT.items() if self.smem <= limit) if self.bvc else None
 
     @property
     def threads(self) -> int:
@@ -96,9 +104,10 @@ def chain_variant(p, tiles: TileConfig) -> ChainVariant:
     return ChainVariant(KT, VT, p.dtype, tiles, any_dims)
 
 
-def chunk_variant(p) -> ChunkVariant:
-    KT, _, any_dims = fwd.tiles_of(p)
-    return ChunkVariant(KT, *input_options(p), any_dims=any_dims)
+def chunk_variant(p, arch: str | None = None) -> ChunkVariant:
+    """kda_bwd_chunk's variant for a Problem on target ``arch`` (None: one every arch builds)."""
+    KT, VT, any_dims = fwd.tiles_of(p)
+    return ChunkVariant(KT, *input_options(p), any_dims=any_dims, bvc=chunk_block(KT, VT, arch))
 
 
 def scratch_layout(p, nslots: int) -> dict:
@@ -134,10 +143,15 @@ def _out(xp, like, shape=None, dtype=None):
     return None if like is None else empty(xp, like.shape if shape is None else shape, dtype or like.dtype)
 
 
-def backward(p, a, tiles: TileConfig | None = None):
-    """Every launch of one kda_backward call; returns the eight gradients (None where not asked)."""
+def backward(p, a, tiles: TileConfig | None = None, arch: str | None = None):
+    """Every launch of one kda_backward call; returns the eight gradients (None where not asked). ``arch``:
+    the target whose kda_bwd_chunk variant runs (on a GPU, its own by default; the emulation: one every arch
+    builds, unless named)."""
     if p.device:
         import cupy as xp
+        if arch is None:
+            from ..forward.tuning import current_arch
+            arch = current_arch()
     else:
         xp = np
     run = loader("cuda" if p.device else "emulate")
@@ -161,7 +175,7 @@ def backward(p, a, tiles: TileConfig | None = None):
                               states=sc["states"])
     launch_chain(run, p, a, sc, grads["dinitial_state"], nslots, per_seq, tiles)
     if nslots:
-        launch_chunk(run, p, a, sc, grads, nslots, per_seq)
+        launch_chunk(run, p, a, sc, grads, nslots, per_seq, arch)
     if grads["dA_log"] is not None or grads["ddt_bias"] is not None:
         launch_reduce(run, p, sc, grads, nslots)
     return grads
@@ -179,8 +193,8 @@ def launch_chain(run, p, a, sc, dinit, nslots, per_seq, tiles):
     run.launch(fn, (p.N * -(-p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 
-def launch_chunk(run, p, a, sc, grads, nslots, per_seq):
-    var = chunk_variant(p)
+def launch_chunk(run, p, a, sc, grads, nslots, per_seq, arch=None):
+    var = chunk_variant(p, arch)
     fn = run.get("kda_bwd_chunk", var.config(), "kda_bwd_chunk")
     lb = np.float32(p.lower_bound) if p.lower_bound is not None else np.float32(0)
     args = [ptr(a[n]) for n in ("q", "k", "v", "g", "beta", "do")]

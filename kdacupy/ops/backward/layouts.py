@@ -26,15 +26,16 @@ def chain_smem(K: int, BV: int, stages: int, elem_bytes: int) -> dict[str, int]:
     return out
 
 
-def chunk_smem(K: int) -> dict[str, int]:
+def chunk_smem(K: int, BVC: int | None = None) -> dict[str, int]:
     """kda_bwd_chunk: the chunk's rows, operands and the group's dq/dk sums for the whole call, then
     one region that holds, in turn, a V-block's tiles and the decay gradient's tiles (from the end of the
     V-blocks). [B6]'s low parts of k_i, q_m, k_m take the tiles of k_i, q_m, k_m once read. The reference
     gr (from [4], read last in [B7]) takes the per channel dA_log terms' bytes (from [B8]); INV and Mqk
     are copied from the workspace (no Lb tile). q_dec is not kept: [B7]'s state terms round it again from qn.
     At K <= 128 the gate rows [2] loads (GRAW) and dt_bias's row (BIAS) are kept for [B8] (K = 256: the
-    loads again, its shared memory near sm_80's limit)."""
-    BVC = vblock(K)
+    loads again, its shared memory near sm_80's limit). ``BVC``: the value columns of a block (default the
+    backward model's ``vblock(K)``; kdacupy/ops/backward/tiles.py's ``chunk_block`` says when more)."""
+    BVC = BVC or vblock(K)
     tile, small = CHUNK * (K + 8) * 2, CHUNK * 24 * 2
     rowsf, c2 = CHUNK * K * 4, CHUNK * CHUNK * 4
     vt, vf = CHUNK * (BVC + 8) * 2, CHUNK * BVC * 4

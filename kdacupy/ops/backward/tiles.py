@@ -17,6 +17,24 @@ from ..forward.kernels import unfit
 from ..forward.tuning import TileConfig
 
 CHAIN_TILES = TileConfig(64, 3)
+#: kda_bwd_chunk's wider value block (K = 128): every one of its 8 warps takes 16 value columns in [B1]-[B3]
+WIDE_BLOCK = 128
+
+
+def chunk_block(K: int, V: int, arch: str | None) -> int:
+    """kda_bwd_chunk's value columns a block for key and value tiles K, V on target ``arch``: 0 (the
+    backward model's vblock(K), 64 at K <= 128, which sm_80's shared memory holds), or 128 at K = 128 where
+    the arch's shared memory holds its tiles (sm_90a, sm_100a: 200 KB) and V is a multiple of 128. One
+    block instead of two at V = 128: [B1]-[B3] on all 8 warps rather than 4 twice, one block's copies and
+    barriers (the issue-aware profile: the dependent path 8,362 -> 6,663 cycles a CTA at kimi-T8192-H64 on
+    the H200 model). The gradients are the same bits: the model's mma sums and fma chains run over the
+    value columns in order whatever the block (docs/design.md section 9.4)."""
+    from ...jit.nvrtc import SMEM_LIMIT
+    from .layouts import chunk_smem
+
+    if arch is None or K != 128 or V % WIDE_BLOCK:
+        return 0
+    return WIDE_BLOCK if chunk_smem(K, WIDE_BLOCK)["CSM_TOTAL"] <= SMEM_LIMIT.get(arch, 0) else 0
 
 
 def backward_tiles(p) -> TileConfig:

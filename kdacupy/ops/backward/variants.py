@@ -11,6 +11,7 @@ from ..forward.limits import DIMS
 from ..forward.tuning import candidates
 from ..inputs import DTYPES, input_option_space
 from .kernels import ChainVariant, ChunkVariant, ReduceVariant
+from .tiles import chunk_block
 
 
 def chain_variants(any_dims=False):
@@ -22,6 +23,8 @@ def chain_variants(any_dims=False):
 def chunk_variants(any_dims=False):
     for K, options in itertools.product(DIMS, input_option_space()):
         yield ChunkVariant(K, *options, any_dims=any_dims)
+        if chunk_block(K, 128, "sm_90a"):  # the wide block (ChunkVariant.only_arches: where it fits)
+            yield ChunkVariant(K, *options, any_dims=any_dims, bvc=chunk_block(K, 128, "sm_90a"))
 
 
 def state_store_variants(any_dims=False):

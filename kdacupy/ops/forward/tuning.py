@@ -494,5 +494,10 @@ def _arch(dev) -> str:
     return _arches[dev]
 
 
+def current_arch() -> str:
+    """The runtime's target on the current device (cached per device)."""
+    return _arch(device_facts()[0])
+
+
 def select_tiles(p, wgmma: bool = False) -> TileConfig:
     return describe_selection(p, wgmma)[0]
