@@ -59,6 +59,13 @@ constexpr int NVE = (CHUNK * BVC + NT - 1) / NT;  // a value block's elements of
 // CSM_BIAS: no global load on its path); K = 256 keeps the rolled loop with a global load a row (unrolled in
 // 128 registers a thread, ptxas spilled about 160 bytes more; its shared memory is near sm_80's limit)
 constexpr bool B8_UNROLLED = K <= 128;
+// [B6]'s low parts of k_i, q_m, k_m formed by [5] beside their high parts, in tiles of their own (CSM_QL, CSM_KML,
+// CSM_KIL; K <= 128: K = 256 forms them in [B6] into the high parts' tiles, its shared memory near sm_80's limit)
+constexpr bool LOWS_EARLY = K <= 128;
+// dbeta's sums, a row a thread: warp 2's first lanes (warp 0 forms L and dLb~, warp 1 dM, the last warp sums dA_log)
+constexpr int DBETA_T0 = 64;
+constexpr int DB_GROUPS = 16;  // [B3]'s dbeta sums per row: one a 16 value columns (V <= 256)
+constexpr int DB_ROW = DB_GROUPS + 1;  // (padded: the 8 rows a warp stores hit 8 banks)
 constexpr float LN2_F = 0.6931471805599453f;
 
 static_assert(KW % 16 == 0 && BVC % 16 == 0, "whole mma tiles");  // V: a multiple of BVC (64, 128, 256)
@@ -230,20 +237,21 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   u16* sD = reinterpret_cast<u16*>(sm + CSM_D);
   float* sVV = reinterpret_cast<float*>(sm + CSM_VV);
   u16* sDO = reinterpret_cast<u16*>(sm + CSM_DO);
-  float* sX = reinterpret_cast<float*>(sm + CSM_X);
   u16* sY = reinterpret_cast<u16*>(sm + CSM_Y);
   u16* sU = reinterpret_cast<u16*>(sm + CSM_U);
   u16* sDU = reinterpret_cast<u16*>(sm + CSM_DU);
   u16* sDYB = reinterpret_cast<u16*>(sm + CSM_DYB);
   u16* sDXB = reinterpret_cast<u16*>(sm + CSM_DXB);
-  float* sDYF = reinterpret_cast<float*>(sm + CSM_DYF);
+  float* sDBP = reinterpret_cast<float*>(sm + CSM_DBP);  // [B3]'s dbeta sums per row and column group
   float* sDGAM = reinterpret_cast<float*>(sm + CSM_DGAM);
   float* sKT = reinterpret_cast<float*>(sm + CSM_KT);
   float* sDQN = reinterpret_cast<float*>(sm + CSM_DQN);
   float* sDKN = reinterpret_cast<float*>(sm + CSM_DKN);
-  float* sDOT = reinterpret_cast<float*>(sm + CSM_DOT);
   float* sGRAW = reinterpret_cast<float*>(sm + CSM_GRAW);  // [2]'s raw gate rows and dt_bias row, for [B8] (K <= 128)
   float* sBIAS = reinterpret_cast<float*>(sm + CSM_BIAS);
+  u16* sQL = reinterpret_cast<u16*>(sm + CSM_QL);  // the low parts of q_m, k_m, k_i (LOWS_EARLY)
+  u16* sKML = reinterpret_cast<u16*>(sm + CSM_KML);
+  u16* sKIL = reinterpret_cast<u16*>(sm + CSM_KIL);
 
   // the row phases: row r = (warp) + 4 (lane / 8) of threads 0-127, its 8 threads s = lane % 8 (kernels/rows.cuh)
   const int s8 = tid & 7, r = (tid >> 5) + 4 * ((tid >> 3) & 3);
@@ -279,8 +287,8 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     }
   }
 
-  // [B7] sums over the group's value heads, in shared memory (each element owned by one lane)
-  for (int p = tid; p < CHUNK * K; p += NT) sDQN[p] = sDKN[p] = 0.f;
+  // [B7] sums over the group's value heads, in shared memory (each element owned by one lane), from 0: the first
+  // head's state terms store 0 + theirs (not read), the rest add
   const int n0w = warp * KW;  // this warp's first channel in the [16, K] chains
 
 #pragma unroll 1
@@ -415,7 +423,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
 #pragma unroll
       for (int v = 0; v < PPS; ++v) {
         const int c0 = (s8 + 8 * v) * E;
-        u32 wqm[E / 2], wk[E / 2], wkm[E / 2], wi[E / 2], wr[E / 2];
+        u32 wqm[E / 2], wk[E / 2], wkm[E / 2], wi[E / 2], wr[E / 2], lqm[E / 2], lkm[E / 2], li[E / 2];
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           const int c = c0 + 2 * w;
@@ -425,15 +433,22 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           const float m0 = ex2_approx_ftz(gc.x - gr.x), m1 = ex2_approx_ftz(gc.y - gr.y);
           wk[w] = pack_bf16x2(kn.x * e0, kn.y * e1);
           wr[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gt.x - gc.x), kn.y * ex2_approx_ftz(gt.y - gc.y));
-          wqm[w] = pack_bf16x2(qn.x * (m0 * scale), qn.y * (m1 * scale));
-          wkm[w] = pack_bf16x2(kn.x * m0, kn.y * m1);
-          wi[w] = pack_bf16x2(kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y));
+          const float fq[2] = {qn.x * (m0 * scale), qn.y * (m1 * scale)}, fk[2] = {kn.x * m0, kn.y * m1};
+          const float fi[2] = {kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y)};
+          split_bf16x2(fq, wqm[w], lqm[w]);  // (the low parts unused unless LOWS_EARLY)
+          split_bf16x2(fk, wkm[w], lkm[w]);
+          split_bf16x2(fi, wi[w], li[w]);
         }
         store_piece<E>(sQM + r * TS + c0, wqm);
         store_piece<E>(sKD + r * TS + c0, wk);
         store_piece<E>(sKM + r * TS + c0, wkm);
         store_piece<E>(sKI + r * TS + c0, wi);
         store_piece<E>(sKR + r * TS + c0, wr);
+        if constexpr (LOWS_EARLY) {
+          store_piece<E>(sQL + r * TS + c0, lqm);
+          store_piece<E>(sKML + r * TS + c0, lkm);
+          store_piece<E>(sKIL + r * TS + c0, li);
+        }
       }
     }
     __syncthreads();
@@ -460,7 +475,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     // the chains over the value columns
     float aQd[NKT][4] = {}, aKd[NKT][4] = {}, aKr[NKT][4] = {};
     float aSm[2][4] = {};  // warp 0: dLb~ = dY U^T; warp 1: dM = do U^T
-    float dbv = 0.f, dge[NCOL] = {}, dgl[NKT] = {};  // dgl: [B4]'s dge chain of this lane's channels
+    float dge[NCOL] = {}, dgl[NKT] = {};  // dgl: [B4]'s dge chain of this lane's channels
     // the value blocks that hold a true column (ANY: the rows of S_c, dS_c past v_true are never written by
     // kda_recurrence and kda_bwd_chain, whose CTAs cover ceil(v_true / BV) slices: read below as zeros)
     const int vend = ANY ? (vdim + BVC - 1) / BVC * BVC : V;
@@ -486,14 +501,15 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       __syncthreads();
       const int n0 = 16 * warp;  // this warp's 16 columns of the block in [B1]-[B3]
       const bool cols = n0 < BVC;
-      // [B1] W = k_dec S^T;  X = v - W;  Y = bf16(beta X)
+      // [B1] W = k_dec S^T;  X = v - W (held for [B3]'s dbeta terms);  Y = bf16(beta X)
+      float xr[2][4] = {};
       if (cols) {
         float acc[2][4] = {};
         mma_channels(acc, sKD, sS, n0, lane);
         each_pair(n0, lane, [&](int nt, int h2, int i, int c) {
           const float2 vv = ld2(sVV + fx<BVC>(i, c));
           const float x0 = vv.x - acc[nt][2 * h2], x1 = vv.y - acc[nt][2 * h2 + 1];
-          st2(sX + fx<BVC>(i, c), x0, x1);
+          xr[nt][2 * h2] = x0, xr[nt][2 * h2 + 1] = x1;
           *reinterpret_cast<u32*>(sY + i * YS + c) = pack_bf16x2(sBeta[i] * x0, sBeta[i] * x1);
         });
       }
@@ -523,10 +539,12 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         lda_t(af, sINV, SR, lane);
         ldb_kn(bf, sDU, YS, 0, n0, lane);
         mma2(acc, af, bf);
+        float db[2] = {0.f, 0.f};  // dbeta's terms dY X of rows g, g + 8 over this lane's columns, in order
         each_pair(n0, lane, [&](int nt, int h2, int i, int c) {
           const float y0 = acc[nt][2 * h2], y1 = acc[nt][2 * h2 + 1];
           const float x0 = sBeta[i] * y0, x1 = sBeta[i] * y1;
-          st2(sDYF + fx<BVC>(i, c), y0, y1);
+          db[h2] = fmaf(y0, xr[nt][2 * h2], db[h2]);
+          db[h2] = fmaf(y1, xr[nt][2 * h2 + 1], db[h2]);
           *reinterpret_cast<u32*>(sDYB + i * YS + c) = pack_bf16x2(y0, y1);
           *reinterpret_cast<u32*>(sDXB + i * YS + c) = pack_bf16x2(x0, x1);
           if constexpr (KDA_DT == KDA_F32 && ANY) {
@@ -539,6 +557,13 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
             *reinterpret_cast<u32*>(sY + i * YS + c) = pack2(x0, x1);
           }
         });
+        // the 16 columns' sum per row, (t0 + t1) + (t2 + t3), to its column group's slot
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          db[h2] += __shfl_xor_sync(0xffffffffu, db[h2], 1);
+          db[h2] += __shfl_xor_sync(0xffffffffu, db[h2], 2);
+          if (tq == 0) sDBP[(gq + 8 * h2) * DB_ROW + (v0 + n0) / 16] = db[h2];
+        }
       }
       __syncthreads();
       // [B4] the chains: dLb~ and dM (16x16), dQd, dKd, dKr ([16, K], this warp's channels); dbeta, dge;
@@ -614,14 +639,6 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           }
         }
       }
-      if (tid >= 64 && tid < 64 + CHUNK) {  // 16 rows, one column at a time: 8-byte pairs, in order
-        const int i = tid - 64;
-        for (int c = 0; c < BVC; c += 2) {
-          const float2 y = ld2(sDYF + fx<BVC>(i, c)), x = ld2(sX + fx<BVC>(i, c));
-          dbv = fmaf(y.x, x.x, dbv);
-          dbv = fmaf(y.y, x.y, dbv);
-        }
-      }
     }
     // dge's 4 chains (the lanes t) to one per channel: (t0 + t1) + (t2 + t3), through DGAM's bytes (before [B7]
     // writes them) to the channel's thread
@@ -668,7 +685,8 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           gs2[e1] = qd[e1] * dqd + kd[e1] * dkd;
           kt2[e1] = kr[e1] * dkr;
         }
-        const float2 oq = ld2(sDQN + fx<K>(i, d0)), ok = ld2(sDKN + fx<K>(i, d0));
+        const float2 oq = gi > 0 ? ld2(sDQN + fx<K>(i, d0)) : make_float2(0.f, 0.f);
+        const float2 ok = gi > 0 ? ld2(sDKN + fx<K>(i, d0)) : make_float2(0.f, 0.f);
         st2(sDQN + fx<K>(i, d0), oq.x + tq2[0], oq.y + tq2[1]);
         st2(sDKN + fx<K>(i, d0), ok.x + tk2[0], ok.y + tk2[1]);
         st2(sDGAM + fx<K>(i, d0), gs2[0], gs2[1]);
@@ -689,8 +707,10 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       }
     }
     __syncthreads();
-    if (tid >= 64 && tid < 64 + CHUNK) {
-      const int i = tid - 64;
+    if (tid >= DBETA_T0 && tid < DBETA_T0 + CHUNK) {
+      const int i = tid - DBETA_T0;
+      float dbv = 0.f;  // [B3]'s column groups in order, then the fma chain over dLb L
+      for (int q = 0; q < vend / 16; ++q) dbv += sDBP[i * DB_ROW + q];
       for (int j = 0; j < i; ++j) dbv = fmaf(sDLB[sw(i, j)], sL[sw(i, j)], dbv);
       if (KDA_BETA_MODE != KDA_BETA_NONE && i < rows) {
         float d = dbv;
@@ -713,7 +733,31 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     // factors are measured from gr, the state's from the chunk's start): the bf16 operands k_i, k_m, q_m,
     // then their low parts in the same tiles
     float aQm[NKT][4] = {}, aKm[NKT][4] = {}, aKi[NKT][4] = {};
-    if (!unsafe) {
+    if (LOWS_EARLY && !unsafe) {  // the high parts, then the low parts [5] kept, into each accumulator
+      u32 am[4], al[4], amt[4], alt[4];
+      lda(am, sDM16, SR, 0, lane);
+      lda(al, sDL16, SR, 0, lane);
+      lda_t(alt, sDL16, SR, lane);
+      lda_t(amt, sDM16, SR, lane);
+#pragma unroll
+      for (int jp = 0; jp < NKT / 2; ++jp) {
+        u32 bki[4], bkm[4], bqm[4];
+        ldb_kn(bki, sKI, TS, 0, n0w + 16 * jp, lane);
+        ldb_kn(bkm, sKM, TS, 0, n0w + 16 * jp, lane);
+        ldb_kn(bqm, sQM, TS, 0, n0w + 16 * jp, lane);
+        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
+        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
+        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkm);
+        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqm);
+        ldb_kn(bki, sKIL, TS, 0, n0w + 16 * jp, lane);
+        ldb_kn(bkm, sKML, TS, 0, n0w + 16 * jp, lane);
+        ldb_kn(bqm, sQL, TS, 0, n0w + 16 * jp, lane);
+        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
+        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
+        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkm);
+        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqm);
+      }
+    } else if (!unsafe) {
       u32 am[4], al[4], amt[4], alt[4];
       lda(am, sDM16, SR, 0, lane);
       lda(al, sDL16, SR, 0, lane);
@@ -791,8 +835,9 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           // the high parts rounded again, the low parts from [B6]'s tiles
           const u32 hq = pack_bf16x2(qn2.x * (em[0] * scale), qn2.y * (em[1] * scale));
           const u32 hk = pack_bf16x2(kn2.x * em[0], kn2.y * em[1]), hi = pack_bf16x2(kn2.x * ei[0], kn2.y * ei[1]);
-          const u32 lq = *reinterpret_cast<const u32*>(sQM + i * TS + d0), lk = *reinterpret_cast<const u32*>(sKM + i * TS + d0);
-          const u32 li = *reinterpret_cast<const u32*>(sKI + i * TS + d0);
+          const u32 lq = *reinterpret_cast<const u32*>((LOWS_EARLY ? sQL : sQM) + i * TS + d0);
+          const u32 lk = *reinterpret_cast<const u32*>((LOWS_EARLY ? sKML : sKM) + i * TS + d0);
+          const u32 li = *reinterpret_cast<const u32*>((LOWS_EARLY ? sKIL : sKI) + i * TS + d0);
           const float q16[2] = {bf16_lo(hq) + bf16_lo(lq), bf16_hi(hq) + bf16_hi(lq)};
           const float km16[2] = {bf16_lo(hk) + bf16_lo(lk), bf16_hi(hk) + bf16_hi(lk)};
           const float ki16[2] = {bf16_lo(hi) + bf16_lo(li), bf16_hi(hi) + bf16_hi(li)};
@@ -938,49 +983,55 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     }
   }
 
-  // [B9] dq, dk through the l2norm: the dot products one per thread (16 rows of q, 16 of k, a column
-  // at a time, 8-byte pairs, in order), then the rows by 16-byte pieces (whole sectors); the last value
-  // head's barrier after [B8] orders their reads after every [B7] sum
-  if constexpr (KDA_L2NORM) {
-    if (tid < 2 * CHUNK) {
-      const int i = tid & (CHUNK - 1);
-      const float* x = tid < CHUNK ? sQN : sKN;
-      const float* dx = tid < CHUNK ? sDQN : sDKN;
-      float acc = 0.f;
-      for (int c = 0; c < K; c += 2) {
-        const float2 a2 = ld2(x + fx<K>(i, c)), b2 = ld2(dx + fx<K>(i, c));
-        acc = fmaf(a2.x, b2.x, acc);
-        acc = fmaf(a2.y, b2.y, acc);
-      }
-      sDOT[tid] = acc;
-    }
-    __syncthreads();
-  }
-  if (live) {
+  // [B9] dq, dk through the l2norm, by the row phases' threads: each its channels' dot products (in order),
+  // the row's 8 sums by shuffles, ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)); then the rows by 16-byte
+  // pieces (whole sectors). The last value head's barrier after [B8] orders their reads after every [B7] sum.
+  if (rowt) {  // (whole warps: the shuffles)
+    float xq[SEG], xk[SEG], qs[SEG], ks[SEG], dotq = 0.f, dotk = 0.f;
 #pragma unroll
     for (int v = 0; v < PPS; ++v) {
-      const int c0 = (s8 + 8 * v) * E;
-      float xq[E], xk[E];
 #pragma unroll
       for (int e = 0; e < E; e += 2) {
-        const float2 dq2 = ld2(sDQN + fx<K>(r, c0 + e)), dk2 = ld2(sDKN + fx<K>(r, c0 + e));
-        xq[e] = dq2.x, xq[e + 1] = dq2.y, xk[e] = dk2.x, xk[e + 1] = dk2.y;
+        const int c = (s8 + 8 * v) * E + e, x = v * E + e;
+        const float2 dq2 = ld2(sDQN + fx<K>(r, c)), dk2 = ld2(sDKN + fx<K>(r, c));
+        xq[x] = dq2.x, xq[x + 1] = dq2.y, xk[x] = dk2.x, xk[x + 1] = dk2.y;
         if constexpr (KDA_L2NORM) {
-          const float2 qn2 = ld2(sQN + fx<K>(r, c0 + e)), kn2 = ld2(sKN + fx<K>(r, c0 + e));
-          xq[e] = sRQ[r] * fmaf(-qn2.x, sDOT[r], xq[e]);
-          xq[e + 1] = sRQ[r] * fmaf(-qn2.y, sDOT[r], xq[e + 1]);
-          xk[e] = sRK[r] * fmaf(-kn2.x, sDOT[CHUNK + r], xk[e]);
-          xk[e + 1] = sRK[r] * fmaf(-kn2.y, sDOT[CHUNK + r], xk[e + 1]);
+          const float2 qn2 = ld2(sQN + fx<K>(r, c)), kn2 = ld2(sKN + fx<K>(r, c));
+          qs[x] = qn2.x, qs[x + 1] = qn2.y, ks[x] = kn2.x, ks[x + 1] = kn2.y;
+          dotq = fmaf(qn2.x, dq2.x, dotq);
+          dotq = fmaf(qn2.y, dq2.y, dotq);
+          dotk = fmaf(kn2.x, dk2.x, dotk);
+          dotk = fmaf(kn2.y, dk2.y, dotk);
         }
       }
+    }
+    if constexpr (KDA_L2NORM) {
+#pragma unroll
+      for (int m = 1; m < 8; m <<= 1) {
+        dotq += __shfl_xor_sync(0xffffffffu, dotq, m);
+        dotk += __shfl_xor_sync(0xffffffffu, dotk, m);
+      }
+#pragma unroll
+      for (int x = 0; x < SEG; ++x) {
+        xq[x] = sRQ[r] * fmaf(-qs[x], dotq, xq[x]);
+        xk[x] = sRK[r] * fmaf(-ks[x], dotk, xk[x]);
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < PPS; ++v) {
+      if (!live) break;  // (a padded row: nothing to store)
+      const int c0 = (s8 + 8 * v) * E;
       const i64 o = ((tok0 + r) * H + h) * kdim + c0;
       Vec16 wq, wk;
       if constexpr (KDA_DT == KDA_F32) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) wq.w[e] = __float_as_uint(xq[e]), wk.w[e] = __float_as_uint(xk[e]);
+        for (int e = 0; e < 4; ++e) wq.w[e] = __float_as_uint(xq[v * E + e]), wk.w[e] = __float_as_uint(xk[v * E + e]);
       } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) wq.w[e] = pack2(xq[2 * e], xq[2 * e + 1]), wk.w[e] = pack2(xk[2 * e], xk[2 * e + 1]);
+        for (int e = 0; e < 4; ++e) {
+          wq.w[e] = pack2(xq[v * E + 2 * e], xq[v * E + 2 * e + 1]);
+          wk.w[e] = pack2(xk[v * E + 2 * e], xk[v * E + 2 * e + 1]);
+        }
       }
       if constexpr (ANY) {
         store_vec16_dims<ES>(static_cast<unsigned char*>(dq) + o * ES, wq, kdim - c0);

@@ -33,7 +33,8 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
   B3. dY = mma(INV^T dU);  dX = r32(beta * dY): dv.
   B4. chains continued across blocks: dLb~ = mma(bf(dY) U^T), dM = mma(dO U^T),
       dQd = mma(dO S_op), dKd = mma(-bf(dX) S_op), dKr = mma(U dS_c);
-      dbeta_i = fma chain of dY_iv X_iv (v in order); dge_d = (c_0 + c_1) + (c_2 + c_3) in fp32,
+      dbeta_i = the fp32 sum (from 0, in order) over the 16-column groups of (c_0 + c_1) + (c_2 + c_3), c_t the
+      fma chain of dY_iv X_iv over the group's columns 2t, 2t + 1, 2t + 8, 2t + 9, in order; dge_d = (c_0 + c_1) + (c_2 + c_3) in fp32,
       c_t the fma chain of dS_c S_c over the values v = 2t, 2t + 1, 2t + 8, 2t + 9 (mod 16), in order
       (S_c as held; an mma fragment's rows of lane t).
   after the blocks:
@@ -77,7 +78,9 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
       terms r32(dg r32(g2 ln2)); sigmoid: y = r32(a x), s as for y, dy = r32(r32(lb r32(s r32(1 - s))) dg),
       dx = r32(a dy), dA_log terms r32(dy y). Per chunk: ddt_bias partials (sum over rows in
       order), dA_log partials (rows in order per channel, then channels in order).
-  B9. dq = r32(rq fma(-qn, dot, dqn)), dot = fma chain of qn dqn over channels (l2norm; else dqn); dk alike.
+  B9. dq = r32(rq fma(-qn, dot, dqn)) (l2norm; else dqn), dot = ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7))
+      in fp32, t_s the fma chain of qn dqn over the channels c with (c // E) % 8 = s in order (kda_bwd_chunk's 8
+      threads a row, 16-byte pieces of E channels: E = 8 for 16-bit q, 4 for fp32); dk alike.
 kda_bwd_reduce: dA_log, ddt_bias = fp32 sums of the per-chunk partials, chunks in order.
 
 Head dims without variants of their own (K, V in [16, 256] outside {64, 128, 256}) run on the key
@@ -100,6 +103,16 @@ from .tiles import exact_dims, pad_to, tile_of
 
 r32, bf = round_f32, round_bf16
 LN2_F32 = float(np.float32(math.log(2.0)))
+
+
+def row_dot(x, y, E: int):
+    """B9's dot product of each row (last axis): 8 fma chains, chain s over the channels c with (c // E) % 8 = s
+    in order, summed ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)) (kda_bwd_chunk's shuffles)."""
+    K = x.shape[-1]
+    t = [fma_chain(x[..., cs], y[..., cs], axis=-1) for cs in ([c for c in range(K) if c // E % 8 == s] for s in range(8))]
+    t = [np.broadcast_to(a, x.shape[:-1]) for a in t]
+    p = [r32(t[2 * i] + t[2 * i + 1]) for i in range(4)]
+    return r32(r32(p[0] + p[1]) + r32(p[2] + p[3]))
 
 
 def dge_chains(n: int) -> list[list[int]]:
@@ -181,7 +194,10 @@ def chunk_grads(ops, qn, kn, v, dO, beta, S, dS, scale, state_precision):
         dQd = mma(dQd, dOb[..., sl], Sb)
         dKd = mma(dKd, -bf(dX), Sb)
         dKr = mma(dKr, U, dSb)
-        dbv = fma_chain(dY, X, axis=-1, start=dbv)
+        for g0 in range(0, X.shape[-1], 16):
+            c = [fma_chain(dY[..., g0 + np.array(cols)], X[..., g0 + np.array(cols)], axis=-1) if cols else 0.0
+                 for cols in dge_chains(min(16, X.shape[-1] - g0))]
+            dbv = r32(dbv + r32(r32(c[0] + c[1]) + r32(c[2] + c[3])))
         for t, rows in enumerate(dge_chains(Sv.shape[-2])):
             dge4[..., t, :] = fma_chain(dSb[..., rows, :], Sv[..., rows, :], axis=-2, start=dge4[..., t, :])
     dge = r32(r32(dge4[..., 0, :] + dge4[..., 1, :]) + r32(dge4[..., 2, :] + dge4[..., 3, :]))
@@ -365,8 +381,9 @@ def _model(do, q, k, v, g, beta=None, *, dfinal_state, scale, initial_state, cu_
     tq, dkc = grp(out["tq"]), grp(out["dkn"])  # per value head in order, its state part then its in-chunk part
     dqn, dkn = seq_sum(tq, axis=3), seq_sum(dkc, axis=3)
     if qk_l2norm:
-        dq = r32(rq * fma32(-qn, fma_chain(qn, dqn, axis=-1)[..., None], dqn))
-        dk = r32(rk * fma32(-kn, fma_chain(kn, dkn, axis=-1)[..., None], dkn))
+        E = 16 // np.dtype(q.dtype).itemsize
+        dq = r32(rq * fma32(-qn, row_dot(qn, dqn, E)[..., None], dqn))
+        dk = r32(rk * fma32(-kn, row_dot(kn, dkn, E)[..., None], dkn))
     else:
         dq, dk = dqn, dkn
 

@@ -33,7 +33,8 @@ def chunk_smem(K: int, BVC: int | None = None) -> dict[str, int]:
     gr (from [4], read last in [B7]) takes the per channel dA_log terms' bytes (from [B8]); INV and Mqk
     are copied from the workspace (no Lb tile). q_dec is not kept: [B7]'s state terms round it again from qn.
     At K <= 128 the gate rows [2] loads (GRAW) and dt_bias's row (BIAS) are kept for [B8] (K = 256: the
-    loads again, its shared memory near sm_80's limit). ``BVC``: the value columns of a block (default the
+    loads again, its shared memory near sm_80's limit), and [B6]'s low parts of q_m, k_m, k_i, formed in [5]
+    (QL, KML, KIL; K = 256: formed in [B6] into the high parts' tiles). ``BVC``: the value columns of a block (default the
     backward model's ``vblock(K)``; kdacupy/ops/backward/tiles.py's ``chunk_block`` says when more)."""
     BVC = BVC or vblock(K)
     tile, small = CHUNK * (K + 8) * 2, CHUNK * 24 * 2
@@ -42,12 +43,13 @@ def chunk_smem(K: int, BVC: int | None = None) -> dict[str, int]:
     fixed = [("QN", rowsf), ("KN", rowsf), ("G", rowsf), ("QM", tile), ("KD", tile), ("KM", tile), ("KI", tile),
              ("KR", tile), ("L", c2), ("DLB", c2), ("DM", c2), ("DL", c2), ("MQ", small), ("INV", small),
              ("DL16", small), ("DM16", small), ("BETA", CHUNK * 4), ("BETAD", CHUNK * 4), ("GEXP", K * 4), ("RQ", CHUNK * 4),
-             ("RK", CHUNK * 4), ("COLA", K * 4), ("DQN", rowsf), ("DKN", rowsf), ("DOT", 2 * CHUNK * 4),
+             ("RK", CHUNK * 4), ("COLA", K * 4), ("DQN", rowsf), ("DKN", rowsf), ("DBP", CHUNK * 17 * 4),
              ("GRAW", rowsf if K <= 128 else 0), ("BIAS", K * 4 if K <= 128 else 0),
+             ("QL", tile if K <= 128 else 0), ("KML", tile if K <= 128 else 0), ("KIL", tile if K <= 128 else 0),
              ("REGION", 0)]
     off, base = _place(fixed)
-    block = [("S", BVC * (K + 8) * 2), ("D", BVC * (K + 8) * 2), ("VV", vf), ("DO", vt), ("X", vf), ("Y", vt),
-             ("U", vt), ("DU", vt), ("DYB", vt), ("DXB", vt), ("DYF", vf)]
+    block = [("S", BVC * (K + 8) * 2), ("D", BVC * (K + 8) * 2), ("VV", vf), ("DO", vt), ("Y", vt),
+             ("U", vt), ("DU", vt), ("DYB", vt), ("DXB", vt)]
     boff, bsize = _place(block)
     gphase, gsize = _place([("DGAM", rowsf), ("KT", rowsf)])
     out = {f"CSM_{n}": v for n, v in off.items() if n != "REGION"}
