@@ -51,7 +51,8 @@ constexpr int NKT = KW / 8;      // their n-tiles
 // 4 JG elements; K = 256's 128 registers per thread take one at a time)
 constexpr int JG = K <= 128 ? NKT : 1;
 constexpr int NCOL = (K + NT - 1) / NT;  // channels per thread in the per-channel phases
-constexpr int NVE = (CHUNK * BVC + NT - 1) / NT;  // a value block's elements of v (and of do) per thread
+constexpr int PV = 16 / ES;                            // v and do elements per 16-byte piece
+constexpr int NVP = (CHUNK * BVC / PV + NT - 1) / NT;  // a value block's pieces of v (and of do) per thread
 // [B4]'s dge = sum over v of dS S per channel: from the chains' S and dS fragments, a lane's chain over the rows
 // v = 2t, 2t + 1, 2t + 8, 2t + 9 (mod 16) of its channels, the 4 lanes' chains summed as (t0 + t1) + (t2 + t3)
 // (backward_model.py's dge_chains)
@@ -235,7 +236,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sRef = reinterpret_cast<float*>(sm + CSM_REF);  // row 0 of fx<K>'s rotation (CSM_COLA's bytes: ops/backward/layouts.py)
   u16* sS = reinterpret_cast<u16*>(sm + CSM_S);
   u16* sD = reinterpret_cast<u16*>(sm + CSM_D);
-  float* sVV = reinterpret_cast<float*>(sm + CSM_VV);
+  unsigned char* sVR = sm + CSM_VR;  // a value block's v rows as stored (DT), rows YS elements apart
   u16* sDO = reinterpret_cast<u16*>(sm + CSM_DO);
   u16* sY = reinterpret_cast<u16*>(sm + CSM_Y);
   u16* sU = reinterpret_cast<u16*>(sm + CSM_U);
@@ -252,6 +253,23 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   u16* sQL = reinterpret_cast<u16*>(sm + CSM_QL);  // the low parts of q_m, k_m, k_i (LOWS_EARLY)
   u16* sKML = reinterpret_cast<u16*>(sm + CSM_KML);
   u16* sKIL = reinterpret_cast<u16*>(sm + CSM_KIL);
+
+  // v and do by 16-byte pieces where their base and strides keep every row's pieces aligned (any head dims:
+  // rows of v_true elements need not be)
+  const auto al16 = [](const void* ptr, i64 sb, i64 st, i64 sh) {
+    return (reinterpret_cast<u64>(ptr) & 15) == 0 && (sb * ES) % 16 == 0 && (st * ES) % 16 == 0 && (sh * ES) % 16 == 0;
+  };
+  const bool vec_vdo = al16(v, v_sb, v_st, v_sh) && al16(dout, d_sb, d_st, d_sh);
+  // two v elements of row i, columns c, c + 1 of the block, as fp32 (exact)
+  const auto v_pair = [&](int i, int c) {
+    if constexpr (ES == 4) {
+      return ld2(reinterpret_cast<const float*>(sVR) + i * YS + c);
+    } else {
+      const u32 w = *reinterpret_cast<const u32*>(sVR + (i * YS + c) * 2);
+      return KDA_DT == KDA_BF16 ? make_float2(bf16_lo(w), bf16_hi(w))
+                                : make_float2(f16_to_f32(static_cast<u16>(w & 0xffffu)), f16_to_f32(static_cast<u16>(w >> 16)));
+    }
+  };
 
   // the row phases: row r = (warp) + 4 (lane / 8) of threads 0-127, its 8 threads s = lane % 8 (kernels/rows.cuh)
   const int s8 = tid & 7, r = (tid >> 5) + 4 * ((tid >> 3) & 3);
@@ -301,8 +319,10 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     // padded tiles; v and do (strided) by element loads into registers, NVE a thread, then to shared memory
     const auto issue_states = [&](int v0) {
       const i64 sbase = (hs * V + v0) * K;
-      for (int p = tid; p < BVC * K / 8; p += NT) {
-        const int vr = p / (K / 8), c = (p % (K / 8)) * 8;
+      static_assert(BVC * K / 8 % NT == 0, "whole rounds of 16-byte copies");
+#pragma unroll  // (a fixed count a thread: the row steps fold into the copies' offsets)
+      for (int j = 0; j < BVC * K / 8 / NT; ++j) {
+        const int vr = tid / (K / 8) + j * (NT / (K / 8)), c = tid % (K / 8) * 8;
         if constexpr (ANY) {
           const bool row = v0 + vr < vdim;
           if (!states_fp32) {
@@ -330,24 +350,57 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         *reinterpret_cast<Vec8*>(sS + vr * TS + c) = w;
       }
     };
-    const auto load_vdo = [&](int v0, float (&vx)[NVE], float (&dx)[NVE]) {
+    // v and do by 16-byte pieces where aligned (vec_vdo) and whole, else element by element
+    const auto load_vdo = [&](int v0, Vec16 (&vx)[NVP], Vec16 (&dx)[NVP]) {
 #pragma unroll
-      for (int j = 0; j < NVE; ++j) {
-        const int p = tid + NT * j, i = p / BVC, c = p % BVC;
-        vx[j] = dx[j] = 0.f;
-        if (p < CHUNK * BVC && i < rows && (!ANY || v0 + c < vdim)) {
-          vx[j] = load_f32<KDA_DT>(v, b * v_sb + (t0 + i) * v_st + hv * v_sh + v0 + c);
-          dx[j] = load_f32<KDA_DT>(dout, b * d_sb + (t0 + i) * d_st + hv * d_sh + v0 + c);
+      for (int j = 0; j < NVP; ++j) {
+        const int p = tid + NT * j, i = p / (BVC / PV), c = p % (BVC / PV) * PV;
+        vx[j] = Vec16{}, dx[j] = Vec16{};
+        if (p < CHUNK * BVC / PV && i < rows) {
+          const int n = ANY && vdim - v0 - c < PV ? vdim - v0 - c : PV;  // the piece's true columns
+          const i64 ov = b * v_sb + (t0 + i) * v_st + hv * v_sh + v0 + c, od = b * d_sb + (t0 + i) * d_st + hv * d_sh + v0 + c;
+          if (vec_vdo && n == PV) {
+            vx[j] = *reinterpret_cast<const Vec16*>(static_cast<const unsigned char*>(v) + ov * ES);
+            dx[j] = *reinterpret_cast<const Vec16*>(static_cast<const unsigned char*>(dout) + od * ES);
+          } else {
+#pragma unroll
+            for (int e = 0; e < PV; ++e) {
+              if (e < n) {
+                if constexpr (ES == 4) {
+                  vx[j].w[e] = static_cast<const u32*>(v)[ov + e];
+                  dx[j].w[e] = static_cast<const u32*>(dout)[od + e];
+                } else {
+                  vx[j].w[e / 2] |= u32(static_cast<const u16*>(v)[ov + e]) << (16 * (e & 1));
+                  dx[j].w[e / 2] |= u32(static_cast<const u16*>(dout)[od + e]) << (16 * (e & 1));
+                }
+              }
+            }
+          }
         }
       }
     };
-    const auto store_vdo = [&](const float (&vx)[NVE], const float (&dx)[NVE]) {
+    // v as stored to sVR; do to bf16 (the operand: bf16 inputs as they are)
+    const auto store_vdo = [&](const Vec16 (&vx)[NVP], const Vec16 (&dx)[NVP]) {
 #pragma unroll
-      for (int j = 0; j < NVE; ++j) {
-        const int p = tid + NT * j, i = p / BVC, c = p % BVC;
-        if (p < CHUNK * BVC) {
-          sVV[fx<BVC>(i, c)] = vx[j];
-          sDO[i * YS + c] = f32_to_bf16(dx[j]);
+      for (int j = 0; j < NVP; ++j) {
+        const int p = tid + NT * j, i = p / (BVC / PV), c = p % (BVC / PV) * PV;
+        if (p < CHUNK * BVC / PV) {
+          *reinterpret_cast<Vec16*>(sVR + (i * YS + c) * ES) = vx[j];
+          if constexpr (KDA_DT == KDA_BF16) {
+            *reinterpret_cast<Vec16*>(sDO + i * YS + c) = dx[j];
+          } else if constexpr (KDA_DT == KDA_F16) {
+            Vec16 w;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              w.w[e] = pack_bf16x2(f16_to_f32(static_cast<u16>(dx[j].w[e] & 0xffffu)), f16_to_f32(static_cast<u16>(dx[j].w[e] >> 16)));
+            }
+            *reinterpret_cast<Vec16*>(sDO + i * YS + c) = w;
+          } else {
+            Vec8 w;
+            w.w[0] = pack_bf16x2(__uint_as_float(dx[j].w[0]), __uint_as_float(dx[j].w[1]));
+            w.w[1] = pack_bf16x2(__uint_as_float(dx[j].w[2]), __uint_as_float(dx[j].w[3]));
+            *reinterpret_cast<Vec8*>(sDO + i * YS + c) = w;
+          }
         }
       }
     };
@@ -364,7 +417,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     // the first value block's inputs now, their latency under [2]-[6] (the region's tiles are free: the barrier)
     issue_states(0);
     cp_async_commit();
-    float vpre[NVE], dpre[NVE];  // (K = 256: loaded at the block, its 128 registers a thread spilled more)
+    Vec16 vpre[NVP], dpre[NVP];  // (K = 256: loaded at the block, its 128 registers a thread spilled more)
     if constexpr (K <= 128) load_vdo(0, vpre, dpre);
     // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time, as kda_prepare's
     if (rowt) {
@@ -490,7 +543,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
           cp_async_commit();
         }
         if (v0 > 0 || K > 128) {
-          float vx[NVE], dx[NVE];
+          Vec16 vx[NVP], dx[NVP];
           load_vdo(v0, vx, dx);
           store_vdo(vx, dx);
         } else {
@@ -507,7 +560,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         float acc[2][4] = {};
         mma_channels(acc, sKD, sS, n0, lane);
         each_pair(n0, lane, [&](int nt, int h2, int i, int c) {
-          const float2 vv = ld2(sVV + fx<BVC>(i, c));
+          const float2 vv = v_pair(i, c);
           const float x0 = vv.x - acc[nt][2 * h2], x1 = vv.y - acc[nt][2 * h2 + 1];
           xr[nt][2 * h2] = x0, xr[nt][2 * h2 + 1] = x1;
           *reinterpret_cast<u32*>(sY + i * YS + c) = pack_bf16x2(sBeta[i] * x0, sBeta[i] * x1);

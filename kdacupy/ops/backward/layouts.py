@@ -39,7 +39,7 @@ def chunk_smem(K: int, BVC: int | None = None) -> dict[str, int]:
     BVC = BVC or vblock(K)
     tile, small = CHUNK * (K + 8) * 2, CHUNK * 24 * 2
     rowsf, c2 = CHUNK * K * 4, CHUNK * CHUNK * 4
-    vt, vf = CHUNK * (BVC + 8) * 2, CHUNK * BVC * 4
+    vt = CHUNK * (BVC + 8) * 2
     fixed = [("QN", rowsf), ("KN", rowsf), ("G", rowsf), ("QM", tile), ("KD", tile), ("KM", tile), ("KI", tile),
              ("KR", tile), ("L", c2), ("DLB", c2), ("DM", c2), ("DL", c2), ("MQ", small), ("INV", small),
              ("DL16", small), ("DM16", small), ("BETA", CHUNK * 4), ("BETAD", CHUNK * 4), ("GEXP", K * 4), ("RQ", CHUNK * 4),
@@ -48,7 +48,7 @@ def chunk_smem(K: int, BVC: int | None = None) -> dict[str, int]:
              ("QL", tile if K <= 128 else 0), ("KML", tile if K <= 128 else 0), ("KIL", tile if K <= 128 else 0),
              ("REGION", 0)]
     off, base = _place(fixed)
-    block = [("S", BVC * (K + 8) * 2), ("D", BVC * (K + 8) * 2), ("VV", vf), ("DO", vt), ("Y", vt),
+    block = [("S", BVC * (K + 8) * 2), ("D", BVC * (K + 8) * 2), ("VR", CHUNK * (BVC + 8) * 4), ("DO", vt), ("Y", vt),
              ("U", vt), ("DU", vt), ("DYB", vt), ("DXB", vt)]
     boff, bsize = _place(block)
     gphase, gsize = _place([("DGAM", rowsf), ("KT", rowsf)])
