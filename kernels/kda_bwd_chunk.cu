@@ -65,8 +65,10 @@ constexpr bool B8_UNROLLED = K <= 128;
 constexpr bool LOWS_EARLY = K <= 128;
 // dbeta's sums, a row a thread: warp 2's first lanes (warp 0 forms L and dLb~, warp 1 dM, the last warp sums dA_log)
 constexpr int DBETA_T0 = 64;
+constexpr bool B9_HOLD = K <= 128;  // [B9]: q and k rows held over the dot products' shuffles
+constexpr bool X_HELD = K <= 128;   // [B1]'s X held in registers for [B3] (K = 256: in CSM_X)
 constexpr int DB_GROUPS = 16;  // [B3]'s dbeta sums per row: one a 16 value columns (V <= 256)
-constexpr int DB_ROW = DB_GROUPS + 1;  // (padded: the 8 rows a warp stores hit 8 banks)
+constexpr int DB_ROW = DB_GROUPS;
 constexpr float LN2_F = 0.6931471805599453f;
 
 static_assert(KW % 16 == 0 && BVC % 16 == 0, "whole mma tiles");  // V: a multiple of BVC (64, 128, 256)
@@ -236,6 +238,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   float* sRef = reinterpret_cast<float*>(sm + CSM_REF);  // row 0 of fx<K>'s rotation (CSM_COLA's bytes: ops/backward/layouts.py)
   u16* sS = reinterpret_cast<u16*>(sm + CSM_S);
   u16* sD = reinterpret_cast<u16*>(sm + CSM_D);
+  float* sX = reinterpret_cast<float*>(sm + CSM_X);  // (K = 256)
   unsigned char* sVR = sm + CSM_VR;  // a value block's v rows as stored (DT), rows YS elements apart
   u16* sDO = reinterpret_cast<u16*>(sm + CSM_DO);
   u16* sY = reinterpret_cast<u16*>(sm + CSM_Y);
@@ -243,7 +246,9 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   u16* sDU = reinterpret_cast<u16*>(sm + CSM_DU);
   u16* sDYB = reinterpret_cast<u16*>(sm + CSM_DYB);
   u16* sDXB = reinterpret_cast<u16*>(sm + CSM_DXB);
-  float* sDBP = reinterpret_cast<float*>(sm + CSM_DBP);  // [B3]'s dbeta sums per row and column group
+  // [B3]'s dbeta sums per row and column group [16, 16], in dL's bytes (summed before [B5] writes dL)
+  float* sDBP = reinterpret_cast<float*>(sm + CSM_DL);
+  static_assert(CHUNK * DB_ROW <= CHUNK * CHUNK, "dL's tile holds them");
   float* sDGAM = reinterpret_cast<float*>(sm + CSM_DGAM);
   float* sKT = reinterpret_cast<float*>(sm + CSM_KT);
   float* sDQN = reinterpret_cast<float*>(sm + CSM_DQN);
@@ -554,15 +559,19 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       __syncthreads();
       const int n0 = 16 * warp;  // this warp's 16 columns of the block in [B1]-[B3]
       const bool cols = n0 < BVC;
-      // [B1] W = k_dec S^T;  X = v - W (held for [B3]'s dbeta terms);  Y = bf16(beta X)
-      float xr[2][4] = {};
+      // [B1] W = k_dec S^T;  X = v - W (held for [B3]'s dbeta terms: registers, or at K = 256 its tile);  Y = bf16(beta X)
+      float xr[2][4] = {};  // (unused at K = 256)
       if (cols) {
         float acc[2][4] = {};
         mma_channels(acc, sKD, sS, n0, lane);
         each_pair(n0, lane, [&](int nt, int h2, int i, int c) {
           const float2 vv = v_pair(i, c);
           const float x0 = vv.x - acc[nt][2 * h2], x1 = vv.y - acc[nt][2 * h2 + 1];
-          xr[nt][2 * h2] = x0, xr[nt][2 * h2 + 1] = x1;
+          if constexpr (X_HELD) {
+            xr[nt][2 * h2] = x0, xr[nt][2 * h2 + 1] = x1;
+          } else {
+            st2(sX + fx<BVC>(i, c), x0, x1);
+          }
           *reinterpret_cast<u32*>(sY + i * YS + c) = pack_bf16x2(sBeta[i] * x0, sBeta[i] * x1);
         });
       }
@@ -596,8 +605,9 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         each_pair(n0, lane, [&](int nt, int h2, int i, int c) {
           const float y0 = acc[nt][2 * h2], y1 = acc[nt][2 * h2 + 1];
           const float x0 = sBeta[i] * y0, x1 = sBeta[i] * y1;
-          db[h2] = fmaf(y0, xr[nt][2 * h2], db[h2]);
-          db[h2] = fmaf(y1, xr[nt][2 * h2 + 1], db[h2]);
+          const float2 xx = X_HELD ? make_float2(xr[nt][2 * h2], xr[nt][2 * h2 + 1]) : ld2(sX + fx<BVC>(i, c));
+          db[h2] = fmaf(y0, xx.x, db[h2]);
+          db[h2] = fmaf(y1, xx.y, db[h2]);
           *reinterpret_cast<u32*>(sDYB + i * YS + c) = pack_bf16x2(y0, y1);
           *reinterpret_cast<u32*>(sDXB + i * YS + c) = pack_bf16x2(x0, x1);
           if constexpr (KDA_DT == KDA_F32 && ANY) {
@@ -711,6 +721,10 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
       const int c = tid + NT * m;
       if (c < K) dge[m] = sDGAM[c];
     }
+    float dbv = 0.f;  // dbeta: [B3]'s column groups in order, then in [B5] the fma chain over dLb L
+    if (tid >= DBETA_T0 && tid < DBETA_T0 + CHUNK) {
+      for (int q = 0; q < vend / 16; ++q) dbv += sDBP[(tid - DBETA_T0) * DB_ROW + q];
+    }
     // [B7]'s state terms as soon as the chains end, so that their accumulators' registers are free for [B6]:
     // dqn += dQd es, dkn += dKd e + dKr er, and to the region (the V-blocks' tiles read: the barrier) the
     // decay's state part and kt; the lane's accumulator pairs, channels d, d + 1 together (8-byte accesses)
@@ -762,8 +776,6 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     __syncthreads();
     if (tid >= DBETA_T0 && tid < DBETA_T0 + CHUNK) {
       const int i = tid - DBETA_T0;
-      float dbv = 0.f;  // [B3]'s column groups in order, then the fma chain over dLb L
-      for (int q = 0; q < vend / 16; ++q) dbv += sDBP[i * DB_ROW + q];
       for (int j = 0; j < i; ++j) dbv = fmaf(sDLB[sw(i, j)], sL[sw(i, j)], dbv);
       if (KDA_BETA_MODE != KDA_BETA_NONE && i < rows) {
         float d = dbv;
@@ -1040,17 +1052,18 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   // the row's 8 sums by shuffles, ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)); then the rows by 16-byte
   // pieces (whole sectors). The last value head's barrier after [B8] orders their reads after every [B7] sum.
   if (rowt) {  // (whole warps: the shuffles)
-    float xq[SEG], xk[SEG], qs[SEG], ks[SEG], dotq = 0.f, dotk = 0.f;
+    // the row's values held in registers over the shuffles (K <= 128; K = 256's 128 registers read them again)
+    constexpr int HS = B9_HOLD ? SEG : 1;
+    float hq[HS], hk[HS], qs[HS], ks[HS], dotq = 0.f, dotk = 0.f;
+    const auto row_pair = [&](const float* t, int x) { return ld2(t + fx<K>(r, (s8 + 8 * (x / E)) * E + x % E)); };
+    if constexpr (KDA_L2NORM || B9_HOLD) {
 #pragma unroll
-    for (int v = 0; v < PPS; ++v) {
-#pragma unroll
-      for (int e = 0; e < E; e += 2) {
-        const int c = (s8 + 8 * v) * E + e, x = v * E + e;
-        const float2 dq2 = ld2(sDQN + fx<K>(r, c)), dk2 = ld2(sDKN + fx<K>(r, c));
-        xq[x] = dq2.x, xq[x + 1] = dq2.y, xk[x] = dk2.x, xk[x + 1] = dk2.y;
+      for (int x = 0; x < SEG; x += 2) {
+        const float2 dq2 = row_pair(sDQN, x), dk2 = row_pair(sDKN, x);
+        if constexpr (B9_HOLD) hq[x] = dq2.x, hq[x + 1] = dq2.y, hk[x] = dk2.x, hk[x + 1] = dk2.y;
         if constexpr (KDA_L2NORM) {
-          const float2 qn2 = ld2(sQN + fx<K>(r, c)), kn2 = ld2(sKN + fx<K>(r, c));
-          qs[x] = qn2.x, qs[x + 1] = qn2.y, ks[x] = kn2.x, ks[x + 1] = kn2.y;
+          const float2 qn2 = row_pair(sQN, x), kn2 = row_pair(sKN, x);
+          if constexpr (B9_HOLD) qs[x] = qn2.x, qs[x + 1] = qn2.y, ks[x] = kn2.x, ks[x + 1] = kn2.y;
           dotq = fmaf(qn2.x, dq2.x, dotq);
           dotq = fmaf(qn2.y, dq2.y, dotq);
           dotk = fmaf(kn2.x, dk2.x, dotk);
@@ -1064,27 +1077,35 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         dotq += __shfl_xor_sync(0xffffffffu, dotq, m);
         dotk += __shfl_xor_sync(0xffffffffu, dotk, m);
       }
-#pragma unroll
-      for (int x = 0; x < SEG; ++x) {
-        xq[x] = sRQ[r] * fmaf(-qs[x], dotq, xq[x]);
-        xk[x] = sRK[r] * fmaf(-ks[x], dotk, xk[x]);
-      }
     }
 #pragma unroll
     for (int v = 0; v < PPS; ++v) {
       if (!live) break;  // (a padded row: nothing to store)
       const int c0 = (s8 + 8 * v) * E;
+      float xq[E], xk[E];
+#pragma unroll
+      for (int e = 0; e < E; e += 2) {
+        const int x = v * E + e;
+        const float2 dq2 = B9_HOLD ? make_float2(hq[x % HS], hq[(x + 1) % HS]) : row_pair(sDQN, x);
+        const float2 dk2 = B9_HOLD ? make_float2(hk[x % HS], hk[(x + 1) % HS]) : row_pair(sDKN, x);
+        xq[e] = dq2.x, xq[e + 1] = dq2.y, xk[e] = dk2.x, xk[e + 1] = dk2.y;
+        if constexpr (KDA_L2NORM) {
+          const float2 qn2 = B9_HOLD ? make_float2(qs[x % HS], qs[(x + 1) % HS]) : row_pair(sQN, x);
+          const float2 kn2 = B9_HOLD ? make_float2(ks[x % HS], ks[(x + 1) % HS]) : row_pair(sKN, x);
+          xq[e] = sRQ[r] * fmaf(-qn2.x, dotq, xq[e]);
+          xq[e + 1] = sRQ[r] * fmaf(-qn2.y, dotq, xq[e + 1]);
+          xk[e] = sRK[r] * fmaf(-kn2.x, dotk, xk[e]);
+          xk[e + 1] = sRK[r] * fmaf(-kn2.y, dotk, xk[e + 1]);
+        }
+      }
       const i64 o = ((tok0 + r) * H + h) * kdim + c0;
       Vec16 wq, wk;
       if constexpr (KDA_DT == KDA_F32) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) wq.w[e] = __float_as_uint(xq[v * E + e]), wk.w[e] = __float_as_uint(xk[v * E + e]);
+        for (int e = 0; e < 4; ++e) wq.w[e] = __float_as_uint(xq[e]), wk.w[e] = __float_as_uint(xk[e]);
       } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          wq.w[e] = pack2(xq[v * E + 2 * e], xq[v * E + 2 * e + 1]);
-          wk.w[e] = pack2(xk[v * E + 2 * e], xk[v * E + 2 * e + 1]);
-        }
+        for (int e = 0; e < 4; ++e) wq.w[e] = pack2(xq[2 * e], xq[2 * e + 1]), wk.w[e] = pack2(xk[2 * e], xk[2 * e + 1]);
       }
       if constexpr (ANY) {
         store_vec16_dims<ES>(static_cast<unsigned char*>(dq) + o * ES, wq, kdim - c0);

@@ -43,12 +43,13 @@ def chunk_smem(K: int, BVC: int | None = None) -> dict[str, int]:
     fixed = [("QN", rowsf), ("KN", rowsf), ("G", rowsf), ("QM", tile), ("KD", tile), ("KM", tile), ("KI", tile),
              ("KR", tile), ("L", c2), ("DLB", c2), ("DM", c2), ("DL", c2), ("MQ", small), ("INV", small),
              ("DL16", small), ("DM16", small), ("BETA", CHUNK * 4), ("BETAD", CHUNK * 4), ("GEXP", K * 4), ("RQ", CHUNK * 4),
-             ("RK", CHUNK * 4), ("COLA", K * 4), ("DQN", rowsf), ("DKN", rowsf), ("DBP", CHUNK * 17 * 4),
+             ("RK", CHUNK * 4), ("COLA", K * 4), ("DQN", rowsf), ("DKN", rowsf),
              ("GRAW", rowsf if K <= 128 else 0), ("BIAS", K * 4 if K <= 128 else 0),
              ("QL", tile if K <= 128 else 0), ("KML", tile if K <= 128 else 0), ("KIL", tile if K <= 128 else 0),
              ("REGION", 0)]
     off, base = _place(fixed)
     block = [("S", BVC * (K + 8) * 2), ("D", BVC * (K + 8) * 2), ("VR", CHUNK * (BVC + 8) * 4), ("DO", vt), ("Y", vt),
+             ("X", CHUNK * BVC * 4 if K > 128 else 0),
              ("U", vt), ("DU", vt), ("DYB", vt), ("DXB", vt)]
     boff, bsize = _place(block)
     gphase, gsize = _place([("DGAM", rowsf), ("KT", rowsf)])
