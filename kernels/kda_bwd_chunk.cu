@@ -68,7 +68,6 @@ constexpr int DBETA_T0 = 64;
 constexpr bool B9_HOLD = K <= 128;  // [B9]: q and k rows held over the dot products' shuffles
 constexpr bool X_HELD = K <= 128;   // [B1]'s X held in registers for [B3] (K = 256: in CSM_X)
 constexpr int DB_GROUPS = 16;  // [B3]'s dbeta sums per row: one a 16 value columns (V <= 256)
-constexpr int DB_ROW = DB_GROUPS;
 constexpr float LN2_F = 0.6931471805599453f;
 
 static_assert(KW % 16 == 0 && BVC % 16 == 0, "whole mma tiles");  // V: a multiple of BVC (64, 128, 256)
@@ -248,7 +247,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   u16* sDXB = reinterpret_cast<u16*>(sm + CSM_DXB);
   // [B3]'s dbeta sums per row and column group [16, 16], in dL's bytes (summed before [B5] writes dL)
   float* sDBP = reinterpret_cast<float*>(sm + CSM_DL);
-  static_assert(CHUNK * DB_ROW <= CHUNK * CHUNK, "dL's tile holds them");
+  static_assert(DB_GROUPS * CHUNK <= CHUNK * CHUNK, "dL's tile holds them");
   float* sDGAM = reinterpret_cast<float*>(sm + CSM_DGAM);
   float* sKT = reinterpret_cast<float*>(sm + CSM_KT);
   float* sDQN = reinterpret_cast<float*>(sm + CSM_DQN);
@@ -625,7 +624,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         for (int h2 = 0; h2 < 2; ++h2) {
           db[h2] += __shfl_xor_sync(0xffffffffu, db[h2], 1);
           db[h2] += __shfl_xor_sync(0xffffffffu, db[h2], 2);
-          if (tq == 0) sDBP[(gq + 8 * h2) * DB_ROW + (v0 + n0) / 16] = db[h2];
+          if (tq == 0) sDBP[(v0 + n0) / 16 * CHUNK + gq + 8 * h2] = db[h2];  // [group][row]: 8 rows, 8 banks
         }
       }
       __syncthreads();
@@ -723,7 +722,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     }
     float dbv = 0.f;  // dbeta: [B3]'s column groups in order, then in [B5] the fma chain over dLb L
     if (tid >= DBETA_T0 && tid < DBETA_T0 + CHUNK) {
-      for (int q = 0; q < vend / 16; ++q) dbv += sDBP[(tid - DBETA_T0) * DB_ROW + q];
+      for (int q = 0; q < vend / 16; ++q) dbv += sDBP[q * CHUNK + tid - DBETA_T0];
     }
     // [B7]'s state terms as soon as the chains end, so that their accumulators' registers are free for [B6]:
     // dqn += dQd es, dkn += dKd e + dKr er, and to the region (the V-blocks' tiles read: the barrier) the
