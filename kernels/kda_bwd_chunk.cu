@@ -66,6 +66,13 @@ constexpr bool LOWS_EARLY = K <= 128;
 // dbeta's sums, a row a thread: warp 2's first lanes (warp 0 forms L and dLb~, warp 1 dM, the last warp sums dA_log)
 constexpr int DBETA_T0 = 64;
 constexpr bool B9_HOLD = K <= 128;  // [B9]: q and k rows held over the dot products' shuffles
+// [B9]'s pieces at K = 256, unrolled: sm_100a's ptxas spilled 48-80 bytes so (a piece at a time there), sm_80's and
+// sm_90a's 16-48 bytes a piece at a time
+#if !defined(KDA_EMULATE) && __CUDA_ARCH__ >= 1000
+#define B9_PIECES_UNROLLED 1
+#else
+#define B9_PIECES_UNROLLED PPS
+#endif
 constexpr bool X_HELD = K <= 128;   // [B1]'s X held in registers for [B3] (K = 256: in CSM_X)
 constexpr int DB_GROUPS = 16;  // [B3]'s dbeta sums per row: one a 16 value columns (V <= 256)
 constexpr float LN2_F = 0.6931471805599453f;
@@ -1077,7 +1084,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         dotk += __shfl_xor_sync(0xffffffffu, dotk, m);
       }
     }
-#pragma unroll
+#pragma unroll(B9_HOLD ? PPS : B9_PIECES_UNROLLED)
     for (int v = 0; v < PPS; ++v) {
       if (!live) break;  // (a padded row: nothing to store)
       const int c0 = (s8 + 8 * v) * E;
