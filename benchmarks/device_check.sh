@@ -347,11 +347,11 @@ fi
 # reads JSON only; the predictions alone when step 8 or 10 left no JSON)
 echo "predictions (the emulation profiler's, per kernel) next to the measured medians of step 8:" >> "$SUMMARY"
 echo "issue-aware (docs/design.md section 11.4; the wgmma recurrence, sm_90a's heuristic and tuned choice):" >> "$SUMMARY"
-$PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-backward1.json --measured "$OUT/bench.json" >> "$SUMMARY" 2>&1
+$PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-backward2.json --measured "$OUT/bench.json" >> "$SUMMARY" 2>&1
 echo "before the issue term (datasheet HBM, no schedulers; the wgmma recurrence):" >> "$SUMMARY"
 $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-step2.json --measured "$OUT/bench.json" >> "$SUMMARY" 2>&1
 echo "the backward and forward + backward next to step 10's (issue-aware):" >> "$SUMMARY"
-$PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-backward1.json --measured "$OUT/bench-backward.json" \
+$PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-backward2.json --measured "$OUT/bench-backward.json" \
   >> "$SUMMARY" 2>&1
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
 [ "$MODE" = cpu ] && rm -rf "$SITE"

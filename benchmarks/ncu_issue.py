@@ -6,7 +6,7 @@ section 11.4), its issue term and its predicted time.
 
     ncu --csv --metrics $(python benchmarks/ncu_issue.py --metrics) -k regex:kda_ -c 4 \\
         python -m kdacupy.bench --shapes kimi-T8192-H64 --no-fla --iters 1 --warmup 0 > ncu.csv
-    python benchmarks/ncu_issue.py ncu.csv --profile benchmarks/profile-kimi-h200-backward1.json --shape kimi-T8192-H64
+    python benchmarks/ncu_issue.py ncu.csv --profile benchmarks/profile-kimi-h200-backward2.json --shape kimi-T8192-H64
 
 Without the CSV it prints the predictions alone (the CPU rehearsal's form).
 """
@@ -71,7 +71,7 @@ def predicted(profile: Path, shape: str) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", nargs="?", help="ncu --csv output (absent: the predictions alone)")
-    ap.add_argument("--profile", default="benchmarks/profile-kimi-h200-backward1.json")
+    ap.add_argument("--profile", default="benchmarks/profile-kimi-h200-backward2.json")
     ap.add_argument("--shape", default="kimi-T8192-H64")
     ap.add_argument("--metrics", action="store_true", help="print the metrics for ncu --metrics and exit")
     args = ap.parse_args(argv)

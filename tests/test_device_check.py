@@ -213,7 +213,7 @@ def test_the_harness_logs_live_records_boxes_and_failures_and_goes_on(tmp_path):
     # one before the issue term (0.496 ms predicted, HBM floor 0.211)
     preds = summary.split("predictions (the emulation profiler's, per kernel) next to the measured")[1]
     aware, before = preds.split("issue-aware (docs/design.md section 11.4")[1].split("before the issue term")
-    doc = json.loads((ROOT / "benchmarks" / "profile-kimi-h200-backward1.json").read_text())
+    doc = json.loads((ROOT / "benchmarks" / "profile-kimi-h200-backward2.json").read_text())
     run = next(e for e in doc["runs"] if e["name"] == "kimi-T8192-H96" and e["kind"] == "forward")
     p_ms, floor_ms = run["predicted_s"] * 1e3, run["hbm_floor_s"] * 1e3
     for part, predicted, floor, ratio in ((aware, f"{p_ms:.3f}", f"{floor_ms:.3f}", f"{2.228 / p_ms:.2f}"),
