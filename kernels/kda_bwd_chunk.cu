@@ -327,7 +327,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     const float a = gate_a<KDA_GATE>(A_log, hv);
     const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv, kdim);
     // a value block's inputs: S_c (bf16: cp.async; fp32: rounded to bf16 by the threads) and dS_c rows into their
-    // padded tiles; v and do (strided) by element loads into registers, NVE a thread, then to shared memory
+    // padded tiles; v and do (strided) into registers, NVP 16-byte pieces a thread, then to shared memory
     const auto issue_states = [&](int v0) {
       const i64 sbase = (hs * V + v0) * K;
       static_assert(BVC * K / 8 % NT == 0, "whole rounds of 16-byte copies");
@@ -635,7 +635,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
         }
       }
       __syncthreads();
-      // [B4] the chains: dLb~ and dM (16x16), dQd, dKd, dKr ([16, K], this warp's channels); dbeta, dge;
+      // [B4] the chains: dLb~ and dM (16x16), dQd, dKd, dKr ([16, K], this warp's channels); dge;
       // first dv's staged rows, 16 bytes per thread
       if constexpr (KDA_DT != KDA_F32) {
         constexpr int PR = BVC * 2 / 16;  // pieces per row
