@@ -802,83 +802,57 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     __syncthreads();
     // [B6] the in-chunk terms on the tensor cores (factored chunks), apart from the state's (their
     // factors are measured from gr, the state's from the chunk's start): the bf16 operands k_i, k_m, q_m,
-    // then their low parts in the same tiles
+    // then their low parts (K <= 128: [5]'s tiles; K = 256: formed here, in the same tiles)
     float aQm[NKT][4] = {}, aKm[NKT][4] = {}, aKi[NKT][4] = {};
-    if (LOWS_EARLY && !unsafe) {  // the high parts, then the low parts [5] kept, into each accumulator
-      u32 am[4], al[4], amt[4], alt[4];
-      lda(am, sDM16, SR, 0, lane);
-      lda(al, sDL16, SR, 0, lane);
-      lda_t(alt, sDL16, SR, lane);
-      lda_t(amt, sDM16, SR, lane);
+    if (!unsafe) {
+      u32 am[4], al[4], amt[4], alt[4];  // bf16 dM, dL and their transposes
+      const auto load_dmdl = [&] {
+        lda(am, sDM16, SR, 0, lane);
+        lda(al, sDL16, SR, 0, lane);
+        lda_t(alt, sDL16, SR, lane);
+        lda_t(amt, sDM16, SR, lane);
+      };
+      // one pass of the products over operand tiles k_i, k_m, q_m (their high parts, or their low parts)
+      const auto products = [&](const u16* ki, const u16* km, const u16* qm) {
 #pragma unroll
-      for (int jp = 0; jp < NKT / 2; ++jp) {
-        u32 bki[4], bkm[4], bqm[4];
-        ldb_kn(bki, sKI, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bkm, sKM, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bqm, sQM, TS, 0, n0w + 16 * jp, lane);
-        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
-        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkm);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqm);
-        ldb_kn(bki, sKIL, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bkm, sKML, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bqm, sQL, TS, 0, n0w + 16 * jp, lane);
-        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
-        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkm);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqm);
-      }
-    } else if (!unsafe) {
-      u32 am[4], al[4], amt[4], alt[4];
-      lda(am, sDM16, SR, 0, lane);
-      lda(al, sDL16, SR, 0, lane);
-      lda_t(alt, sDL16, SR, lane);
-      lda_t(amt, sDM16, SR, lane);
-#pragma unroll
-      for (int jp = 0; jp < NKT / 2; ++jp) {
-        u32 bki[4], bkm[4], bqm[4];
-        ldb_kn(bki, sKI, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bkm, sKM, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bqm, sQM, TS, 0, n0w + 16 * jp, lane);
-        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
-        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkm);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqm);
-      }
-      __syncthreads();  // k_i, k_m, q_m read: their low parts take their tiles
-      // the low parts bf16(x - bf16(x)) of the fp32 products [5] rounded to k_i, q_m and k_m: the in-chunk
-      // terms take the three operands to 16 bits (kdacupy/numerics/backward_model.py [B6] says why)
+        for (int jp = 0; jp < NKT / 2; ++jp) {
+          u32 bki[4], bkm[4], bqm[4];
+          ldb_kn(bki, ki, TS, 0, n0w + 16 * jp, lane);
+          ldb_kn(bkm, km, TS, 0, n0w + 16 * jp, lane);
+          ldb_kn(bqm, qm, TS, 0, n0w + 16 * jp, lane);
+          mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bki);
+          mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bki);
+          mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkm);
+          mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bqm);
+        }
+      };
+      load_dmdl();
+      products(sKI, sKM, sQM);
+      if constexpr (LOWS_EARLY) {
+        products(sKIL, sKML, sQL);
+      } else {
+        __syncthreads();  // k_i, k_m, q_m read: their low parts take their tiles
+        // the low parts bf16(x - bf16(x)) of the fp32 products [5] rounded to k_i, q_m and k_m: the in-chunk
+        // terms take the three operands to 16 bits (kdacupy/numerics/backward_model.py [B6] says why)
 #pragma unroll 1  // two channels at a time, every thread: [B6]'s accumulators are held over this phase
-      for (int p = tid; p < CHUNK * K / 2; p += NT) {
-        const int i = p / (K / 2), c = 2 * (p % (K / 2));
-        const float2 gc = ld2(sG + fx<K>(i, c)), gr = ld2(sRef + fx<K>(0, c));
-        const float2 qn = ld2(sQN + fx<K>(i, c)), kn = ld2(sKN + fx<K>(i, c));
-        const float m0 = ex2_approx_ftz(gc.x - gr.x), m1 = ex2_approx_ftz(gc.y - gr.y);
-        const float fi[2] = {kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y)};
-        const float fq[2] = {qn.x * (m0 * scale), qn.y * (m1 * scale)}, fk[2] = {kn.x * m0, kn.y * m1};
-        u32 hi, lo;
-        split_bf16x2(fi, hi, lo);
-        *reinterpret_cast<u32*>(sKI + i * TS + c) = lo;
-        split_bf16x2(fq, hi, lo);
-        *reinterpret_cast<u32*>(sQM + i * TS + c) = lo;
-        split_bf16x2(fk, hi, lo);
-        *reinterpret_cast<u32*>(sKM + i * TS + c) = lo;
-      }
-      __syncthreads();
-      lda(am, sDM16, SR, 0, lane);  // loaded again: not held over the row phase
-      lda(al, sDL16, SR, 0, lane);
-      lda_t(alt, sDL16, SR, lane);
-      lda_t(amt, sDM16, SR, lane);
-#pragma unroll
-      for (int jp = 0; jp < NKT / 2; ++jp) {
-        u32 bil[4], bkl[4], bql[4];
-        ldb_kn(bil, sKI, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bkl, sKM, TS, 0, n0w + 16 * jp, lane);
-        ldb_kn(bql, sQM, TS, 0, n0w + 16 * jp, lane);
-        mma2(aQm[2 * jp], aQm[2 * jp + 1], am, bil);
-        mma2(aKm[2 * jp], aKm[2 * jp + 1], al, bil);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], alt, bkl);
-        mma2(aKi[2 * jp], aKi[2 * jp + 1], amt, bql);
+        for (int p = tid; p < CHUNK * K / 2; p += NT) {
+          const int i = p / (K / 2), c = 2 * (p % (K / 2));
+          const float2 gc = ld2(sG + fx<K>(i, c)), gr = ld2(sRef + fx<K>(0, c));
+          const float2 qn = ld2(sQN + fx<K>(i, c)), kn = ld2(sKN + fx<K>(i, c));
+          const float m0 = ex2_approx_ftz(gc.x - gr.x), m1 = ex2_approx_ftz(gc.y - gr.y);
+          const float fi[2] = {kn.x * ex2_approx_ftz(gr.x - gc.x), kn.y * ex2_approx_ftz(gr.y - gc.y)};
+          const float fq[2] = {qn.x * (m0 * scale), qn.y * (m1 * scale)}, fk[2] = {kn.x * m0, kn.y * m1};
+          u32 hi, lo;
+          split_bf16x2(fi, hi, lo);
+          *reinterpret_cast<u32*>(sKI + i * TS + c) = lo;
+          split_bf16x2(fq, hi, lo);
+          *reinterpret_cast<u32*>(sQM + i * TS + c) = lo;
+          split_bf16x2(fk, hi, lo);
+          *reinterpret_cast<u32*>(sKM + i * TS + c) = lo;
+        }
+        __syncthreads();
+        load_dmdl();  // loaded again: not held over the row phase
+        products(sKI, sKM, sQM);
       }
     }
     // [B7] per element, the in-chunk terms: to qn, kn (summed over the group) and to the decay (added to its
@@ -1055,7 +1029,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
   }
 
   // [B9] dq, dk through the l2norm, by the row phases' threads: each its channels' dot products (in order),
-  // the row's 8 sums by shuffles, ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)); then the rows by 16-byte
+  // the row's 8 sums by xor shuffles 4, 2, 1, ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)); then the rows by 16-byte
   // pieces (whole sectors). The last value head's barrier after [B8] orders their reads after every [B7] sum.
   if (rowt) {  // (whole warps: the shuffles)
     // the row's values held in registers over the shuffles (K <= 128; K = 256's 128 registers read them again)
@@ -1079,7 +1053,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     }
     if constexpr (KDA_L2NORM) {
 #pragma unroll
-      for (int m = 1; m < 8; m <<= 1) {
+      for (int m = 4; m >= 1; m >>= 1) {  // (as rows.cuh's sums of squares)
         dotq += __shfl_xor_sync(0xffffffffu, dotq, m);
         dotk += __shfl_xor_sync(0xffffffffu, dotk, m);
       }

@@ -76,3 +76,11 @@ def fma_chain(a, b, axis, start=0.0):
     for x, y in zip(a, b):
         acc = fma32(x, y, acc)
     return acc
+
+
+def xor_tree8(p):
+    """The fp32 sum of a row's 8 threads' values p[0..7] by xor shuffles 4, 2, 1 (the kernels' row phases):
+    ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))."""
+    r = lambda x: np.asarray(x, np.float64).astype(F32).astype(np.float64)  # noqa: E731
+    with np.errstate(over="ignore", invalid="ignore"):
+        return r(r(r(p[0] + p[4]) + r(p[2] + p[6])) + r(r(p[1] + p[5]) + r(p[3] + p[7])))

@@ -78,7 +78,7 @@ kda_bwd_chunk (token-parallel; one CTA per chunk and query head, its value heads
       terms r32(dg r32(g2 ln2)); sigmoid: y = r32(a x), s as for y, dy = r32(r32(lb r32(s r32(1 - s))) dg),
       dx = r32(a dy), dA_log terms r32(dy y). Per chunk: ddt_bias partials (sum over rows in
       order), dA_log partials (rows in order per channel, then channels in order).
-  B9. dq = r32(rq fma(-qn, dot, dqn)) (l2norm; else dqn), dot = ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7))
+  B9. dq = r32(rq fma(-qn, dot, dqn)) (l2norm; else dqn), dot = ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7))
       in fp32, t_s the fma chain of qn dqn over the channels c with (c // E) % 8 = s in order (kda_bwd_chunk's 8
       threads a row, 16-byte pieces of E channels: E = 8 for 16-bit q, 4 for fp32); dk alike.
 kda_bwd_reduce: dA_log, ddt_bias = fp32 sums of the per-chunk partials, chunks in order.
@@ -94,7 +94,7 @@ import math
 
 import numpy as np
 
-from .backward_arith import fma32, fma_chain, mma, seq_sum
+from .backward_arith import fma32, fma_chain, mma, seq_sum, xor_tree8
 from .backward_recompute import chunk_states, l2norm_exact, prepare_exact
 from .dtypes import ftz_f32, round_bf16, round_f32, round_to
 from .precision import CHUNK, LOG2E_F32, Chunks, beta_f32, ex2, gate_f32, scale_f32, sigmoid_f32
@@ -107,12 +107,10 @@ LN2_F32 = float(np.float32(math.log(2.0)))
 
 def row_dot(x, y, E: int):
     """B9's dot product of each row (last axis): 8 fma chains, chain s over the channels c with (c // E) % 8 = s
-    in order, summed ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)) (kda_bwd_chunk's shuffles)."""
+    in order, summed by kda_bwd_chunk's xor shuffles (xor_tree8)."""
     K = x.shape[-1]
     t = [fma_chain(x[..., cs], y[..., cs], axis=-1) for cs in ([c for c in range(K) if c // E % 8 == s] for s in range(8))]
-    t = [np.broadcast_to(a, x.shape[:-1]) for a in t]
-    p = [r32(t[2 * i] + t[2 * i + 1]) for i in range(4)]
-    return r32(r32(p[0] + p[1]) + r32(p[2] + p[3]))
+    return xor_tree8([np.broadcast_to(a, x.shape[:-1]) for a in t])
 
 
 def dge_chains(n: int) -> list[list[int]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backward_arith import fma32, mma
+from .backward_arith import fma32, mma, xor_tree8
 from .dtypes import round_bf16, round_f32
 from .precision import EPS_F32, chunk_decay, decayed_operands, ex2, pair_form_chunks
 
@@ -35,8 +35,7 @@ def l2norm_exact(x):
         for i in range(j * seg, (j + 1) * seg):
             acc = fma32(x[..., i], x[..., i], acc)
         parts.append(acc)
-    p = parts
-    ss = r32(r32(r32(p[0] + p[4]) + r32(p[2] + p[6])) + r32(r32(p[1] + p[5]) + r32(p[3] + p[7])))
+    ss = xor_tree8(parts)
     with np.errstate(divide="ignore"):
         r = r32(1.0 / np.sqrt(r32(ss + EPS_F32)))[..., None]
     return r32(x * r), r
