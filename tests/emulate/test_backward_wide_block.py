@@ -51,6 +51,16 @@ def test_the_wide_block_is_sm_90a_and_sm_100a_at_k_128():
     assert chunk_block(64, 128, "sm_90a") == 0 and chunk_block(128, 128, None) == 0
 
 
+def test_the_block_reaches_the_rendered_config_and_the_label():
+    """Two variants differing in the block alone render different sources (the JIT's key) and labels."""
+    from kdacupy.ops.backward.kernels import ChunkVariant
+
+    narrow, wide = (ChunkVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", True, bvc=b) for b in (0, WIDE_BLOCK))
+    assert (narrow.config()["KDA_BVC"], wide.config()["KDA_BVC"]) == (64, WIDE_BLOCK)
+    assert narrow.config()["CSM_TOTAL"] < wide.config()["CSM_TOTAL"] == wide.smem
+    assert narrow.label() != wide.label() and narrow.only_arches is None and "sm_80" not in wide.only_arches
+
+
 @pytest.mark.parametrize("V", [128, 256])
 def test_wide_blocks_are_the_model_bit_for_bit(wide, V):
     check(*case(V=V))
