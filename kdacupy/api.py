@@ -13,7 +13,7 @@ def kda_forward(
     cu_seqlens=None, qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log",
     A_log=None, dt_bias=None, lower_bound=None, state_layout=None, state_dtype=None, out=None,
     backend=None, state_precision="bf16", state_pool=None, state_indices=None, sequence_parallel=None,
-    checkpoint_every=None, checkpoints=None, checkpoint_indices=None, **unknown,
+    checkpoint_every=None, checkpoints=None, checkpoint_indices=None, save_for_backward=False, **unknown,
 ):
     """Kimi Delta Attention forward.
 
@@ -56,9 +56,19 @@ def kda_forward(
     on the device, without a host synchronisation (capturable); host rows are checked (< R,
     distinct, apart from the pool slots the call uses), device rows outside [0, R) are skipped.
     Excludes sequence_parallel > 1.
+    save_for_backward (training, docs/design.md section 9.5): True returns ``(o, final_state, saved)``,
+    ``saved`` a ``KDASaved`` holding the prepare's workspace and the state entering every 16-token
+    chunk (``saved.nbytes``: HV * ceil(T / 16) * (K * V * 2 + about 14 K) bytes a sequence at bf16
+    state precision), which ``kda_backward(..., saved=saved)`` reads instead of running the forward's
+    two launches again: the same gradients to the bit, less time, more memory (FLA's
+    ``disable_recompute``). The forward then runs serially on mma.sync (the recurrence that stores
+    states). Excludes state_pool, checkpoints and sequence_parallel > 1; the NumPy backends keep
+    nothing (``saved.nbytes == 0``: their backward recomputes).
     """
     if unknown:
         check_keywords(unknown)
+    from .validation.arrays import check_bool
+    save_for_backward = check_bool("save_for_backward", save_for_backward)
     from .seqpar import check_sequence_parallel, choose_segments
     sequence_parallel = check_sequence_parallel(sequence_parallel)
     pooled = state_pool is not None or state_indices is not None
@@ -72,6 +82,14 @@ def kda_forward(
     if state_dtype is not None and not pooled and problem.state_out_dtype is None:
         raise ValueError(f"state_dtype: expected None without output_final_state=True (it is the final state's "
                          f"dtype), got {state_dtype!r}")
+    if save_for_backward:
+        for name, given in (("state_pool", state_pool), ("checkpoints", checkpoints), ("checkpoint_every", checkpoint_every)):
+            if given is not None:
+                raise ValueError(f"{name}: expected None with save_for_backward=True (the backward starts from "
+                                 f"initial_state and keeps no pool or checkpoints), got a value")
+        if sequence_parallel not in (None, 1):
+            raise ValueError(f"sequence_parallel: expected None or 1 with save_for_backward=True (the kept chunk "
+                             f"states come from the serial recurrence), got {sequence_parallel}")
     if pooled and sequence_parallel not in (None, 1):
         raise ValueError(f"sequence_parallel: expected None or 1 with state_pool (the split forward does not "
                          f"read or write a pool yet), got {sequence_parallel}")
@@ -97,6 +115,11 @@ def kda_forward(
                                         out=out, backend=problem.backend, state_precision=state_precision,
                                         checkpoint_every=checkpoint_every, checkpoints=checkpoints,
                                         checkpoint_indices=checkpoint_indices)
+    if save_for_backward:
+        return _forward_saving(problem, a, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                                                cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias),
+                               output_final_state=output_final_state, beta_sigmoid=beta_sigmoid,
+                               allow_neg_eigval=allow_neg_eigval, gate=gate)
     segments = 1 if pooled or ck is not None else choose_segments(problem, sequence_parallel)
     if segments > 1:
         from .ops.seqpar.split import forward_split
@@ -107,6 +130,22 @@ def kda_forward(
 
     return _numpy_forward(problem, a, ck, output_final_state=output_final_state, beta_sigmoid=beta_sigmoid,
                           allow_neg_eigval=allow_neg_eigval, gate=gate)
+
+
+def _forward_saving(problem, a, given, **options):
+    """``kda_forward(save_for_backward=True)``: (o, final_state, KDASaved)."""
+    from .ops.backward.saved import KDASaved, fingerprint
+
+    key = fingerprint(problem, given)
+    if problem.backend not in ("cuda", "emulate"):
+        o, final = _numpy_forward(problem, a, None, **options)
+        return o, final, KDASaved(None, key)
+    from .ops.backward.saved import allocate
+    from .ops.forward.kernels import forward
+
+    buf, views = allocate(problem)
+    o, final = forward(problem, a, keep=views)
+    return o, final, KDASaved(buf, key)
 
 
 def _numpy_forward(problem, a, ck, *, output_final_state, beta_sigmoid, allow_neg_eigval, gate):

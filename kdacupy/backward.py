@@ -25,7 +25,7 @@ class KDAGradients(NamedTuple):
 def kda_backward(
     do, q, k, v, g, beta=None, *, dfinal_state=None, scale=None, initial_state=None, cu_seqlens=None,
     qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
-    lower_bound=None, state_layout="kv", state_precision="bf16", backend=None, **unknown,
+    lower_bound=None, state_layout="kv", state_precision="bf16", backend=None, saved=None, **unknown,
 ):
     """Kimi Delta Attention backward: the gradients of
     ``sum(o * do) + sum(final_state * dfinal_state)``, where ``o, final_state`` are what
@@ -46,6 +46,9 @@ def kda_backward(
     their argument's dtype); "model" the NumPy precision model of the backward kernels
     (kdacupy/numerics/backward_model.py), bit for bit what they compute on the CPU emulation.
     state_precision: the forward's (it decides the states the backward recomputes).
+    saved: None (recompute), or what ``kda_forward(..., save_for_backward=True)`` returned for these
+    same arguments (the same arrays, options and sizes; anything else raises before a launch): its
+    workspace and chunk states are read instead of recomputed (docs/design.md section 9.5).
     """
     if unknown:
         name = next(iter(unknown))
@@ -56,13 +59,33 @@ def kda_backward(
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
         state_precision=state_precision, backend=backend)
+    kept = _check_saved(saved, problem, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                                              cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias))
     if problem.backend == "reference":
         return _as_given(_reference(problem, a), A_log, dt_bias)
     if problem.backend == "model":
         return _as_given(_model(problem, a), A_log, dt_bias)
     from .ops.backward.kernels import backward  # launchers import the JIT machinery: load it only when used
-    grads = backward(problem, a)
+    grads = backward(problem, a, kept=kept)
     return _as_given(KDAGradients(**grads), A_log, dt_bias)
+
+
+def _check_saved(saved, problem, given):
+    """The kept buffer's views for the launchers (None: recompute), after checking ``saved`` is a
+    forward's of this very call."""
+    if saved is None:
+        return None
+    from .ops.backward.saved import KDASaved, difference, fingerprint, layout, views
+    if not isinstance(saved, KDASaved):
+        fail("saved", "None or the KDASaved that kda_forward(..., save_for_backward=True) returned",
+             type(saved).__name__, TypeError)
+    key = fingerprint(problem, given)
+    if key != saved.fingerprint:
+        fail("saved", "the KDASaved of a kda_forward with these same arrays and options",
+             f"one kept for another call ({difference(saved.fingerprint, key)})")
+    if saved.buffer is None or problem.backend not in ("cuda", "emulate"):
+        return None
+    return views(saved.buffer, layout(problem))
 
 
 def _as_given(grads, A_log, dt_bias):

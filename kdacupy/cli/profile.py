@@ -27,8 +27,9 @@ per-chunk partial sums of dA_log are not: the slice's DRAM bytes for them stay e
 are contiguous), its sectors per request for beta are fewer (16 tokens share a sector when
 HV = 1); arrays every head reads whole (cu_seqlens) are not scaled. The choice of the pair form
 (prepare's and kda_bwd_chunk's) depends on the data, and is sampled on the slice's heads.
---pass forward|backward|both says which passes run: default both without --shape, forward with
-it (--shape kimi --pass both: the forward, the backward and their sum per shape).
+--pass forward|backward|both|train says which passes run: default both without --shape, forward with
+it (--shape kimi --pass both: the forward, the backward and their sum per shape; train: the forward that
+keeps its workspace and chunk states, and the backward that reads them, docs/design.md section 9.5).
 
 --json FILE writes everything; --show FILE prints a saved file's summary without emulating, and
 with --measured BENCH_JSON (python -m kdacupy.bench's, same shapes; --shapes backward's for the
@@ -52,8 +53,8 @@ import numpy as np
 from ..emulate import counting
 from ..emulate.profile import MAX_COUNTERS
 from . import figures, roofline
-from .shapes import (Shape, compulsory_backward_bytes, compulsory_bytes, make_inputs, resolve_shapes, shape_arg,
-                     shape_problem, validated)
+from .shapes import (Shape, compulsory_backward_bytes, compulsory_bytes, compulsory_train_bytes, make_inputs,
+                     resolve_shapes, shape_arg, shape_problem, validated)
 from .timing import git_commit, git_dirty
 
 #: FlashKDA's forward times to set next to the predictions, ms (docs/design.md section 11): on an H200
@@ -81,7 +82,7 @@ def counts_of(rec: dict) -> list[str]:
 HEAD_SHARED = ("cu_seqlens", "pool_idx")
 #: the grid dimension that runs over heads, where it is not y (kda_bwd_reduce: one CTA per value head)
 HEAD_AXIS = {"kda_bwd_reduce": 0}
-PASSES = ("forward", "backward", "both")
+PASSES = ("forward", "backward", "both", "train")
 
 
 def scaled(rec: dict, factor) -> dict:
@@ -184,6 +185,38 @@ def backward_records(shape: Shape, heads: int | None, sms: int, arch: str | None
         backward(p, a, tiles, arch)
     factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
     info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=tiles.BV, stages=tiles.stages))
+    return [scaled(r, factor) for r in recs], info
+
+
+def train_records(shape: Shape, heads: int | None, sms: int, arch: str | None = None,
+                  **options) -> tuple[list[dict], dict]:
+    """Profile records of a training step's KDA at ``shape``, sliced and scaled as forward_records:
+    ``kda_forward(save_for_backward=True)`` (the prepare and the mma.sync recurrence with its output
+    and the chunk states) and ``kda_backward(saved=...)`` (kda_bwd_chain, kda_bwd_chunk,
+    kda_bwd_reduce), with the tiles the full shape gets on a GPU of ``sms`` SMs and target ``arch``."""
+    from ..backward import validated as backward_validated
+    from ..ops.backward import saved
+    from ..ops.backward.kernels import backward
+    from ..ops.backward.tiles import backward_tiles
+    from ..ops.forward import tuning
+    from ..ops.forward.kernels import forward
+
+    full = shape_problem(shape)
+    ftiles = dataclasses.replace(tuning.heuristic(full, sms, arch), mma="sync")  # the recurrence that stores states
+    btiles = backward_tiles(full)
+    part, hv = slice_shape(shape, shape.hv if heads is None else heads)
+    arrays, fopts, bopts = backward_inputs(part)
+    fopts.update(options)
+    bopts.update(options)
+    p, a = validated({n: x for n, x in arrays.items() if n != "do"}, fopts, "emulate")
+    pb, ab = backward_validated(**arrays, **bopts, backend="emulate")
+    with counting() as recs:
+        _, views = saved.allocate(p)
+        forward(p, a, ftiles, keep=views)
+        backward(pb, ab, btiles, arch, kept=views)
+    factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
+    info = dict(heads_emulated=hv, scale=factor, tiles=dict(BV=ftiles.BV, stages=ftiles.stages, mma=ftiles.mma),
+                saved_bytes=saved.layout(full)["total"])
     return [scaled(r, factor) for r in recs], info
 
 
@@ -366,7 +399,8 @@ def run_entry(name, shape, recs, info, gpu, hot, kind="forward") -> dict:
     entry = dict(name=name, kind=kind, shape=shape.to_dict() if shape else None, **info, kernels=rows,
                  predicted_s=sum(r["time_s"] for r in rows))
     if shape is not None:
-        floor = (compulsory_backward_bytes if kind == "backward" else compulsory_bytes)(shape)["total"]
+        floor = {"backward": compulsory_backward_bytes, "train": compulsory_train_bytes}.get(
+            kind, compulsory_bytes)(shape)["total"]
         entry["hbm_floor_bytes"] = floor
         entry["hbm_floor_s"] = floor / gpu.hbm_bytes_per_s
         entry["flashkda_ms"] = FLASHKDA_MS.get(gpu.key, {}).get(shape.name) if kind == "forward" else None
@@ -524,7 +558,8 @@ def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
     bwd = [e for e in runs if e.get("kind") == "backward"]
     head = (f"(lower bounds; kdacupy.profile, commit {doc['commit']}, gate lower bound {doc.get('lower_bound', -5.0):g})")
     extra = f" {'measured ms':>11} {'meas/pred':>9}" if bench is not None else ""
-    if fwd or not bwd:
+    train = [e for e in runs if e.get("kind") == "train"]
+    if fwd or not (bwd or train):
         print(f"\nPredicted forward times on {gpu['name']} {head}:", file=file)
         print(f"{'shape':26} {'predicted ms':>12} {'HBM floor ms':>12} {'FlashKDA ms':>11}{extra} {'latency ms':>10}  "
               f"per kernel (bound; latency ms, path per chunk, KB in flight per SM of the need, LOW below it)", file=file)
@@ -534,6 +569,8 @@ def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
         m = _ratio(measured.get(e["shape"]["name"], {}).get("forward"), e["predicted_s"]) if bench is not None else ""
         print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}{m} "
               f"{latency_ms(e):>10}  {parts}", file=file)
+    if train:
+        print_train(train, gpu, head, file)
     if not bwd:
         return
     forward_of = {e["shape"]["name"]: e for e in fwd}
@@ -559,6 +596,22 @@ def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
               f"{parts}", file=file)
 
 
+def print_train(runs: list[dict], gpu: dict, head: str, file) -> None:
+    """The training step with kept states: its forward (the launches up to the recurrence), its backward
+    and their sum, against the HBM floor of both passes, and the memory kept between them."""
+    print(f"\nPredicted training step, kda_forward(save_for_backward=True) then kda_backward(saved=...), on "
+          f"{gpu['name']} {head}:", file=file)
+    print(f"{'shape':26} {'fwd+bwd ms':>10} {'forward':>8} {'backward':>8} {'HBM floor':>9} {'kept GB':>8}  "
+          f"per kernel (bound; latency ms, path per chunk, KB in flight per SM of the need, LOW below it)", file=file)
+    for e in runs:
+        split = next((i + 1 for i, r in enumerate(e["kernels"]) if r["kernel"] == "kda_recurrence"), 0)
+        f = sum(r["time_s"] for r in e["kernels"][:split])
+        parts = ", ".join(kernel_part(r) for r in e["kernels"])
+        print(f"{e['shape']['name']:26} {e['predicted_s'] * 1e3:>10.3f} {f * 1e3:>8.3f} "
+              f"{(e['predicted_s'] - f) * 1e3:>8.3f} {e['hbm_floor_s'] * 1e3:>9.3f} {e.get('saved_bytes', 0) / 1e9:>8.2f}  "
+              f"{parts}", file=file)
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -575,6 +628,8 @@ def workloads(args, gpu):
         if bwd:
             jobs.append(("backward", lambda: backward_records(DEFAULT_SHAPE, None, gpu.sms, gpu.arch), DEFAULT_SHAPE,
                          "backward"))
+        if passes == "train":
+            jobs.append(("train", lambda: train_records(DEFAULT_SHAPE, None, gpu.sms, gpu.arch), DEFAULT_SHAPE, "train"))
     else:
         opts = {} if args.lower_bound is None else dict(lower_bound=args.lower_bound)
         for s in resolve_shapes(args.shape):
@@ -584,6 +639,9 @@ def workloads(args, gpu):
             if bwd:
                 jobs.append((f"{s.name} backward", (lambda s=s: backward_records(s, args.heads, gpu.sms, gpu.arch, **opts)), s,
                              "backward"))
+            if passes == "train":
+                jobs.append((f"{s.name} train", (lambda s=s: train_records(s, args.heads, gpu.sms, gpu.arch, **opts)), s,
+                             "train"))
     for i, (name, job, shape, kind) in enumerate(jobs):
         t0 = time.perf_counter()
         log(f"{i + 1}/{len(jobs)} {name}: emulating" + (f" {min(args.heads, shape.hv) if args.shape else shape.hv} "
@@ -600,7 +658,9 @@ def main(argv=None):
                     help="kimi, fewhead, all, or a spec like T=8192,H=96 (may repeat); default: the small workloads")
     ap.add_argument("--gpu", choices=sorted(roofline.GPUS), default="h200")
     ap.add_argument("--pass", dest="passes", choices=PASSES, default=None,
-                    help="the passes profiled: forward, backward or both (default: both without --shape, forward with it)")
+                    help="the passes profiled: forward, backward, both, or train (a training step with kept states: "
+                         "kda_forward(save_for_backward=True), then kda_backward(saved=...)); default: both without "
+                         "--shape, forward with it")
     ap.add_argument("--heads", type=int, default=1, help="value heads emulated per --shape (default 1)")
     ap.add_argument("--segments", type=int, default=None, metavar="N",
                     help="--shape forwards split in N segments a sequence (1: serial); default: what kda_forward's "
@@ -645,7 +705,7 @@ def main(argv=None):
                lower_bound=-5.0 if args.lower_bound is None else args.lower_bound,
                runs=[])
     for name, shape, recs, info, kind in workloads(args, gpu):
-        e = run_entry(name, shape, recs, info, gpu, args.hotspots, "backward" if kind == "backward" else "forward")
+        e = run_entry(name, shape, recs, info, gpu, args.hotspots, kind if kind in ("backward", "train") else "forward")
         doc["runs"].append(e)
         print_run(e, gpu)
     print_summary(doc)

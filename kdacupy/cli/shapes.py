@@ -268,6 +268,12 @@ def compulsory_bytes(shape: Shape) -> dict:
                 total=sum(reads.values()) + sum(writes.values()), parts={**reads, **writes})
 
 
+def compulsory_train_bytes(shape: Shape) -> dict:
+    """A training step's (the forward, then its backward): the two passes' compulsory traffic."""
+    f, b = compulsory_bytes(shape), compulsory_backward_bytes(shape)
+    return dict(read=f["read"] + b["read"], written=f["written"] + b["written"], total=f["total"] + b["total"])
+
+
 def compulsory_backward_bytes(shape: Shape) -> dict:
     """The backward's traffic no implementation can avoid: the forward's inputs, do and
     dfinal_state read once, each gradient written once (bf16 states; dA_log, ddt_bias fp32)."""

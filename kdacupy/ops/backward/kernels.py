@@ -110,15 +110,17 @@ def chunk_variant(p, arch: str | None = None) -> ChunkVariant:
     return ChunkVariant(KT, *input_options(p), any_dims=any_dims, bvc=chunk_block(KT, VT, arch))
 
 
-def scratch_layout(p, nslots: int) -> dict:
-    """Byte offsets in the backward's scratch buffer: the forward's workspace, the chunk states,
-    the chunk gradient states, the partial sums, and room for a strided cu_seqlens' copy (at the
-    key and value tiles: the kernels' own layouts)."""
+def scratch_layout(p, nslots: int, kept: bool = False) -> dict:
+    """Byte offsets in the backward's scratch buffer: the forward's workspace, the chunk states
+    (neither with ``kept``: the forward's kept buffer holds them), the chunk gradient states, the
+    partial sums, and room for a strided cu_seqlens' copy (at the key and value tiles: the kernels'
+    own layouts)."""
     KT, VT, _ = fwd.tiles_of(p)
     per_chunk = p.HV * nslots * VT * KT
     sb = 4 if p.state_precision == "fp32" else 2
-    parts = [("ws", p.HV * nslots * fwd_layouts.workspace(KT)["WS_STRIDE"]), ("states", per_chunk * sb),
-             ("dstates", per_chunk * 2), ("ddt", p.HV * nslots * KT * 4), ("dA", p.HV * nslots * 4)]
+    parts = [] if kept else [("ws", p.HV * nslots * fwd_layouts.workspace(KT)["WS_STRIDE"]),
+                             ("states", per_chunk * sb)]
+    parts += [("dstates", per_chunk * 2), ("ddt", p.HV * nslots * KT * 4), ("dA", p.HV * nslots * 4)]
     out, off = {}, 0
     for name, size in parts:
         out[name] = (off, size)
@@ -135,18 +137,19 @@ def _views(buf, lay, a):
         dense = buf[lay["total"]:lay["total"] + cu.nbytes].view(cu.dtype)
         dense[...] = cu
         a = dict(a, cu_seqlens=dense)
-    return dict(ws=part("ws"), states=part("states"), dstates=part("dstates"),
-                ddt=part("ddt").view(np.float32), dA=part("dA").view(np.float32)), a
+    return dict(ws=part("ws") if "ws" in lay else None, states=part("states") if "states" in lay else None,
+                dstates=part("dstates"), ddt=part("ddt").view(np.float32), dA=part("dA").view(np.float32)), a
 
 
 def _out(xp, like, shape=None, dtype=None):
     return None if like is None else empty(xp, like.shape if shape is None else shape, dtype or like.dtype)
 
 
-def backward(p, a, tiles: TileConfig | None = None, arch: str | None = None):
+def backward(p, a, tiles: TileConfig | None = None, arch: str | None = None, kept: dict | None = None):
     """Every launch of one kda_backward call; returns the eight gradients (None where not asked). ``arch``:
     the target whose kda_bwd_chunk variant runs (on a GPU, its own by default; the emulation: one every arch
-    builds, unless named)."""
+    builds, unless named). ``kept``: the views ``ws`` and ``states`` of a forward's kept buffer
+    (ops/backward/saved.py): the prepare and the recurrence are not run again."""
     if p.device:
         import cupy as xp
         if arch is None:
@@ -157,7 +160,7 @@ def backward(p, a, tiles: TileConfig | None = None, arch: str | None = None):
     run = loader("cuda" if p.device else "emulate")
     tiles = tiles or backward_tiles(p)
     nslots, per_seq = fwd.slots(p)
-    lay = scratch_layout(p, nslots)
+    lay = scratch_layout(p, nslots, kept is not None)
     cu = a["cu_seqlens"]
     total = lay["total"] + (cu.nbytes if cu is not None and not cu.flags.c_contiguous else 0)
     if p.device:
@@ -166,10 +169,12 @@ def backward(p, a, tiles: TileConfig | None = None, arch: str | None = None):
     else:
         buf = empty(xp, total, np.uint8)
     sc, a = _views(buf, lay, a)
+    if kept is not None:
+        sc.update(ws=kept["ws"], states=kept["states"])
     grads = dict(dq=_out(xp, a["q"]), dk=_out(xp, a["k"]), dv=_out(xp, a["v"]), dg=_out(xp, a["g"]),
                  dbeta=_out(xp, a["beta"]), dinitial_state=_out(xp, a["initial_state"]),
                  dA_log=_out(xp, a["A_log"], dtype=F32), ddt_bias=_out(xp, a["dt_bias"], dtype=F32))
-    if nslots:
+    if nslots and kept is None:
         fwd.launch_prepare(run, p, a, sc["ws"], nslots, per_seq)
         fwd.launch_recurrence(run, p, a, sc["ws"], None, None, nslots, per_seq, tiles, no_output=True,
                               states=sc["states"])

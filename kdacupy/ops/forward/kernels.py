@@ -203,13 +203,14 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
     run.launch(fn, (p.N * -(-p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
 
 
-def workspace(p, a, nslots, xp):
+def workspace(p, a, nslots, xp, kept=False):
     """The kernels' scratch memory, and ``a`` with a strided ``cu_seqlens``
     replaced by its copy at the workspace's end (a device copy kernel: capturable,
     and a graph's replay re-reads the caller's array). On the GPU the workspace
     persists per (device, stream) (ops/forward/workspace.py: a captured graph keeps its
-    pointer); the CPU emulation takes a fresh one."""
-    nbytes = p.HV * nslots * layouts.workspace(tiles_of(p)[0])["WS_STRIDE"]
+    pointer); the CPU emulation takes a fresh one. ``kept``: the prepare writes a kept
+    buffer instead (only the copy of cu_seqlens, if any, goes here)."""
+    nbytes = 0 if kept else p.HV * nslots * layouts.workspace(tiles_of(p)[0])["WS_STRIDE"]
     cu = a["cu_seqlens"]
     copy_cu = cu is not None and not cu.flags.c_contiguous
     cu_at = -(-nbytes // 8) * 8
@@ -226,8 +227,11 @@ def workspace(p, a, nslots, xp):
     return ws, a
 
 
-def forward(p, a, tiles: TileConfig | None = None):
-    """Both launches of one kda_forward call; returns (o, final_state)."""
+def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None):
+    """Both launches of one kda_forward call; returns (o, final_state). ``keep``: views ``ws`` and
+    ``states`` of a buffer the backward will read (kdacupy/ops/backward/saved.py): the prepare writes
+    its workspace there in the row-major layout and the mma.sync recurrence stores the state entering
+    each chunk, as the stateless backward's own launches do."""
     if p.device:
         import cupy as xp
     else:
@@ -242,10 +246,13 @@ def forward(p, a, tiles: TileConfig | None = None):
     if s_out is None and p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = empty(xp, shape, p.state_out_dtype)
-    ws, a = workspace(p, a, nslots, xp)
-    core = recurrence_mma(p, tiles) == "wgmma"  # its workspace layout, written by the prepare
+    ws, a = workspace(p, a, nslots, xp, kept=keep is not None)
+    core = keep is None and recurrence_mma(p, tiles) == "wgmma"  # its workspace layout, written by the prepare
+    if keep is not None:
+        ws = keep["ws"]
     if nslots:
         launch_prepare(run, p, a, ws, nslots, per_seq, core)
     if p.N:
-        launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, ws_core=core)
+        launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, ws_core=core,
+                          states=None if keep is None else keep["states"])
     return o, (None if a.get("state_pool") is not None else s_out)
