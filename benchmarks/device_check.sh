@@ -353,6 +353,9 @@ $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-step2.json --measured
 echo "the backward and forward + backward next to step 10's (issue-aware):" >> "$SUMMARY"
 $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-backward2.json --measured "$OUT/bench-backward.json" \
   >> "$SUMMARY" 2>&1
+echo "the training step with kept states (save_for_backward) next to step 10's kept f+b:" >> "$SUMMARY"
+$PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-train.json --measured "$OUT/bench-backward.json" \
+  >> "$SUMMARY" 2>&1
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
 [ "$MODE" = cpu ] && rm -rf "$SITE"
 

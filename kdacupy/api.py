@@ -56,7 +56,8 @@ def kda_forward(
     on the device, without a host synchronisation (capturable); host rows are checked (< R,
     distinct, apart from the pool slots the call uses), device rows outside [0, R) are skipped.
     Excludes sequence_parallel > 1.
-    save_for_backward (training, docs/design.md section 9.5): True returns ``(o, final_state, saved)``,
+    save_for_backward (training, docs/design.md section 9.5): True (or a C-contiguous 1-D uint8 buffer of
+    at least ``kdacupy.ops.backward.saved.nbytes(...)`` bytes to keep them in) returns ``(o, final_state, saved)``,
     ``saved`` a ``KDASaved`` holding the prepare's workspace and the state entering every 16-token
     chunk (``saved.nbytes``: HV * ceil(T / 16) * (K * V * 2 + about 14 K) bytes a sequence at bf16
     state precision), which ``kda_backward(..., saved=saved)`` reads instead of running the forward's
@@ -67,8 +68,12 @@ def kda_forward(
     """
     if unknown:
         check_keywords(unknown)
-    from .validation.arrays import check_bool
-    save_for_backward = check_bool("save_for_backward", save_for_backward)
+    keep_into = None  # a framework's buffer for the kept parts
+    if save_for_backward is None or isinstance(save_for_backward, (bool, np.bool_)):
+        save_for_backward = bool(save_for_backward)
+    else:
+        from .validation import as_array  # a buffer, or a TypeError naming the argument
+        keep_into, save_for_backward = as_array("save_for_backward", save_for_backward), True
     from .seqpar import check_sequence_parallel, choose_segments
     sequence_parallel = check_sequence_parallel(sequence_parallel)
     pooled = state_pool is not None or state_indices is not None
@@ -117,7 +122,7 @@ def kda_forward(
                                         checkpoint_indices=checkpoint_indices)
     if save_for_backward:
         return _forward_saving(problem, a, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
-                                                cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias),
+                                                cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias), keep_into,
                                output_final_state=output_final_state, beta_sigmoid=beta_sigmoid,
                                allow_neg_eigval=allow_neg_eigval, gate=gate)
     segments = 1 if pooled or ck is not None else choose_segments(problem, sequence_parallel)
@@ -132,18 +137,17 @@ def kda_forward(
                           allow_neg_eigval=allow_neg_eigval, gate=gate)
 
 
-def _forward_saving(problem, a, given, **options):
-    """``kda_forward(save_for_backward=True)``: (o, final_state, KDASaved)."""
-    from .ops.backward.saved import KDASaved, fingerprint
+def _forward_saving(problem, a, given, into, **options):
+    """``kda_forward(save_for_backward=True or a buffer)``: (o, final_state, KDASaved)."""
+    from .ops.backward.saved import KDASaved, allocate, fingerprint
 
     key = fingerprint(problem, given)
     if problem.backend not in ("cuda", "emulate"):
         o, final = _numpy_forward(problem, a, None, **options)
         return o, final, KDASaved(None, key)
-    from .ops.backward.saved import allocate
     from .ops.forward.kernels import forward
 
-    buf, views = allocate(problem)
+    buf, views = allocate(problem, into)  # a given buffer is checked before any launch
     o, final = forward(problem, a, keep=views)
     return o, final, KDASaved(buf, key)
 

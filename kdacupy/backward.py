@@ -80,12 +80,15 @@ def _check_saved(saved, problem, given):
         fail("saved", "None or the KDASaved that kda_forward(..., save_for_backward=True) returned",
              type(saved).__name__, TypeError)
     key = fingerprint(problem, given)
-    if key != saved.fingerprint:
+    if saved.fingerprint is not None and key != saved.fingerprint:  # None: an autograd context's, this call's by construction
         fail("saved", "the KDASaved of a kda_forward with these same arrays and options",
              f"one kept for another call ({difference(saved.fingerprint, key)})")
     if saved.buffer is None or problem.backend not in ("cuda", "emulate"):
         return None
-    return views(saved.buffer, layout(problem))
+    lay = layout(problem)
+    if saved.nbytes < lay["total"]:
+        fail("saved", f"a kept buffer of at least {lay['total']} bytes for these sizes", f"{saved.nbytes} bytes")
+    return views(saved.buffer, lay)
 
 
 def _as_given(grads, A_log, dt_bias):

@@ -125,6 +125,11 @@ def test_the_readme_quotes_the_recorded_figures():
             row = re.search(rf"^\| {what} \| ([\d.]+) ms \| ([\d.]+) ms \|$", text, flags=re.M)
             quoted = float(row.group(1 if h == 96 else 2))
             assert abs(quoted - seconds * 1e3) <= 0.0005 + 0.001 * seconds * 1e3, (what, h, quoted, seconds)
+    train = {r["name"]: r for r in _doc("profile-kimi-h200-train.json")["runs"]}
+    row = re.search(r"^\| training step with kept states \(forward \+ backward\) \| ([\d.]+) ms \| ([\d.]+) ms \|$", text,
+                    flags=re.M)
+    for i, h in ((1, 96), (2, 64)):
+        assert abs(float(row.group(i)) - train[f"kimi-T8192-H{h} train"]["predicted_s"] * 1e3) <= 0.0005, h
     rows = _doc("accuracy-model-T2048.json")["rows"]
     errs = sorted(r["o_rmse"] for r in rows)
     for value in (errs[0], errs[-1], errs[len(errs) // 2 - 1] / 2 + errs[len(errs) // 2] / 2,

@@ -8,7 +8,10 @@ dt_bias, qk_l2norm, beta logits, a bf16 initial state, "vk" layout), plus ``do``
 bf16 and ``dfinal_state`` ~ N(0, 1) like the final state.
 
 Per shape: kdacupy's forward, backward and forward + backward (median and min over ``--iters``
-after ``--warmup``), whether two backward runs agree to the bit (they must: no atomics), and
+after ``--warmup``), the same with kept states (``forward_saving``, ``backward_saved``,
+``train_saved``: kda_forward(save_for_backward=True) and kda_backward(saved=...), "kept f+b"),
+whether two backward runs agree to the bit (they must: no atomics) and the kept states' gradients
+with the stateless ones (they must too), and
 with torch and fla importable: FLA's forward + backward on the same arrays (zero-copy through
 DLPack, FLA_FLASH_KDA=0; ``torch.autograd.grad`` of (o, final state) with (do, dfinal_state),
 FLA's initial state in fp32 as it asserts), the ratio FLA / kdacupy, each gradient's RMS ratio
@@ -56,6 +59,26 @@ def kdacupy_calls(arrays, fwd_opts, bwd_opts):
     fwd = lambda: kda_forward(**ins, **fwd_opts, backend="cuda")  # noqa: E731
     bwd = lambda: kda_backward(**arrays, **bwd_opts, backend="cuda")  # noqa: E731
     return fwd, bwd, lambda: (fwd(), bwd())
+
+
+def kdacupy_saving_calls(arrays, fwd_opts, bwd_opts):
+    """The training step with kept states: kda_forward(save_for_backward=True), kda_backward(saved=...), both."""
+    from .. import kda_backward, kda_forward
+    ins = {n: a for n, a in arrays.items() if n != "do"}
+    kept = {}
+
+    def fwd():
+        kept["saved"] = kda_forward(**ins, **fwd_opts, backend="cuda", save_for_backward=True)[2]
+
+    def bwd():
+        return kda_backward(**arrays, **bwd_opts, backend="cuda", saved=kept["saved"])
+    return fwd, bwd, lambda: (fwd(), bwd())
+
+
+def same_gradients(a, b) -> bool:
+    import cupy
+
+    return all(x is None and y is None or bool(cupy.array_equal(x, y)) for x, y in zip(a, b))
 
 
 def bitwise_repeatable(bwd) -> bool:
@@ -123,8 +146,12 @@ def bench_shape(shape: Shape, args, fla: FLABackward | None, on_kdacupy=None) ->
     grads = bwd()  # compiles the variants
     finite = all(g is None or timing.finite(g) for g in grads)
     row = dict(shape=shape.to_dict(), finite=finite, repeatable=bitwise_repeatable(bwd))
+    sfwd, sbwd, sboth = kdacupy_saving_calls(arrays, fwd_opts, bwd_opts)
+    sfwd()
+    row["saved_same"] = same_gradients(sbwd(), grads)  # the kept states give the stateless gradients, to the bit
     row["kdacupy"] = {name: dict(zip(("median_ms", "min_ms"), timing.time_calls([call], args.warmup, args.iters)))
-                      for name, call in (("forward", fwd), ("backward", bwd), ("forward_backward", both))}
+                      for name, call in (("forward", fwd), ("backward", bwd), ("forward_backward", both),
+                                         ("forward_saving", sfwd), ("backward_saved", sbwd), ("train_saved", sboth))}
     row["fla"], row["ratio_fla_over_kdacupy"] = None, None
     if on_kdacupy is not None:
         on_kdacupy(row)
@@ -144,8 +171,8 @@ def bench_shape(shape: Shape, args, fla: FLABackward | None, on_kdacupy=None) ->
 
 
 def format_table(rows, gm=None) -> str:
-    head = (f"{'shape':<24} {'fwd ms':>8} {'bwd ms':>8} {'fwd+bwd':>8} {'bitwise':>7} {'FLA ms':>8} {'FLA/kda':>7} "
-            f"{'worst rms vs FLA':>22} {'FLA run-to-run':>14}")
+    head = (f"{'shape':<24} {'fwd ms':>8} {'bwd ms':>8} {'fwd+bwd':>8} {'kept f+b':>8} {'bitwise':>7} {'FLA ms':>8} "
+            f"{'FLA/kda':>7} {'worst rms vs FLA':>22} {'FLA run-to-run':>14}")
 
     def line(r):
         k, f = r["kdacupy"], r["fla"] or {}
@@ -153,8 +180,10 @@ def format_table(rows, gm=None) -> str:
         wtxt = f"{worst[0]:.1e} ({worst[1]})" if worst else "-"
         rtr = max((v for v in (f.get("run_to_run_max_abs") or {}).values() if v is not None), default=None)
         fms, ratio = fla_cells(r)
+        kept = f"{k['train_saved']['median_ms']:8.3f}" if "train_saved" in k else f"{'-':>8}"
+        bitwise = "yes" if r["repeatable"] and r.get("saved_same", True) else "NO"
         return (f"{r['shape']['name']:<24} {k['forward']['median_ms']:8.3f} {k['backward']['median_ms']:8.3f} "
-                f"{k['forward_backward']['median_ms']:8.3f} {'yes' if r['repeatable'] else 'NO':>7} {fms} "
+                f"{k['forward_backward']['median_ms']:8.3f} {kept} {bitwise:>7} {fms} "
                 f"{ratio} {wtxt:>22} {('-' if rtr is None else f'{rtr:.1e}'):>14}")
 
     lines = table_lines(head, rows, line)
@@ -166,14 +195,15 @@ def format_table(rows, gm=None) -> str:
 
 def dry_run(shapes) -> int:
     from ..ops.backward.kernels import chunk_variant, scratch_layout
+    from ..ops.backward.saved import layout
     from ..ops.forward.kernels import slots
-    print(f"{'shape':<24} {'slots':>6} {'scratch GB':>10} {'chunk grid':>12} {'threads':>7} {'smem KB':>8}")
+    print(f"{'shape':<24} {'slots':>6} {'scratch GB':>10} {'kept GB':>8} {'chunk grid':>12} {'threads':>7} {'smem KB':>8}")
     for shape in shapes:
         p = shape_problem(shape)
         nslots, _ = slots(p)
         var = chunk_variant(p)
         print(f"{shape.name:<24} {nslots:>6} {scratch_layout(p, nslots)['total'] / 1e9:10.2f} "
-              f"{f'{nslots}x{p.H}':>12} {var.threads:>7} {var.smem / 1024:8.1f}")
+              f"{layout(p)['total'] / 1e9:8.2f} {f'{nslots}x{p.H}':>12} {var.threads:>7} {var.smem / 1024:8.1f}")
     print(f"{len(shapes)} shapes; nothing was run (no GPU needed)")
     return 0
 
@@ -223,8 +253,9 @@ def run(args) -> int:
             print(format_table(rows[-1:]).splitlines()[2], flush=True)
     print(format_table(rows, geomean(kimi_ratios(rows))))
     print(f"wrote {path}")
-    bad = [r["shape"]["name"] for r in rows if r.get("error") or not r["finite"] or not r["repeatable"]]
+    bad = [r["shape"]["name"] for r in rows
+           if r.get("error") or not r["finite"] or not r["repeatable"] or not r.get("saved_same", True)]
     if bad:
-        print(f"kdacupy failed, gave non-finite gradients or differed between runs for {', '.join(bad)}",
-              file=sys.stderr)
+        print(f"kdacupy failed, gave non-finite gradients, differed between runs or with kept states for "
+              f"{', '.join(bad)}", file=sys.stderr)
     return 1 if bad else 0

@@ -570,7 +570,7 @@ def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
         print(f"{e['name']:26} {e['predicted_s'] * 1e3:>12.3f} {e['hbm_floor_s'] * 1e3:>12.3f} {fk:>11}{m} "
               f"{latency_ms(e):>10}  {parts}", file=file)
     if train:
-        print_train(train, gpu, head, file)
+        print_train(train, gpu, head, file, measured if bench is not None else None)
     if not bwd:
         return
     forward_of = {e["shape"]["name"]: e for e in fwd}
@@ -596,20 +596,24 @@ def print_summary(doc: dict, file=None, bench: dict | None = None) -> None:
               f"{parts}", file=file)
 
 
-def print_train(runs: list[dict], gpu: dict, head: str, file) -> None:
+def print_train(runs: list[dict], gpu: dict, head: str, file, measured: dict | None = None) -> None:
     """The training step with kept states: its forward (the launches up to the recurrence), its backward
-    and their sum, against the HBM floor of both passes, and the memory kept between them."""
+    and their sum, against the HBM floor of both passes, and the memory kept between them; with
+    ``measured`` (measured_times of a --shapes backward bench) the measured step and measured / predicted."""
     print(f"\nPredicted training step, kda_forward(save_for_backward=True) then kda_backward(saved=...), on "
           f"{gpu['name']} {head}:", file=file)
-    print(f"{'shape':26} {'fwd+bwd ms':>10} {'forward':>8} {'backward':>8} {'HBM floor':>9} {'kept GB':>8}  "
+    extra = f" {'measured ms':>11} {'meas/pred':>9}" if measured is not None else ""
+    print(f"{'shape':26} {'fwd+bwd ms':>10} {'forward':>8} {'backward':>8} {'HBM floor':>9} {'kept GB':>8}{extra}  "
           f"per kernel (bound; latency ms, path per chunk, KB in flight per SM of the need, LOW below it)", file=file)
     for e in runs:
         split = next((i + 1 for i, r in enumerate(e["kernels"]) if r["kernel"] == "kda_recurrence"), 0)
         f = sum(r["time_s"] for r in e["kernels"][:split])
         parts = ", ".join(kernel_part(r) for r in e["kernels"])
+        m = (_ratio(measured.get(e["shape"]["name"], {}).get("train_saved"), e["predicted_s"])
+             if measured is not None else "")
         print(f"{e['shape']['name']:26} {e['predicted_s'] * 1e3:>10.3f} {f * 1e3:>8.3f} "
-              f"{(e['predicted_s'] - f) * 1e3:>8.3f} {e['hbm_floor_s'] * 1e3:>9.3f} {e.get('saved_bytes', 0) / 1e9:>8.2f}  "
-              f"{parts}", file=file)
+              f"{(e['predicted_s'] - f) * 1e3:>8.3f} {e['hbm_floor_s'] * 1e3:>9.3f} {e.get('saved_bytes', 0) / 1e9:>8.2f}"
+              f"{m}  {parts}", file=file)
 
 
 # ---------------------------------------------------------------------------

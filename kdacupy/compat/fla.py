@@ -22,8 +22,9 @@ One departure on purpose: ``A_log``, ``dt_bias`` or ``lower_bound`` without
 ``use_gate_in_kernel=True`` raise, naming the flag (fla-core drops them silently, and a
 call that passes them meant the gate: read as a log decay, a raw gate is wrong by orders
 of magnitude).
+``disable_recompute=True`` keeps the forward's workspace and chunk states for the backward
+(``kdacupy.torch.kda(save_for_backward=True)``: the same results, a faster backward, more memory).
 Performance knobs that do not change results are accepted and have no effect:
-``disable_recompute`` (kdacupy's backward always recomputes from the saved inputs),
 ``cu_seqlens_cpu``, ``use_graph`` / ``max_num_seqs`` (kdacupy's forward is
 graph-capturable with device ``cu_seqlens`` as it is), ``chunk_size`` (32 or 64, as
 FLA checks) and ``safe_gate`` beyond its checks. ``A_log`` and ``dt_bias`` may be
@@ -100,15 +101,16 @@ def _options(fn, *, scale, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, 
                 **_gate(fn, use_gate_in_kernel, A_log, dt_bias, lower_bound))
 
 
-def _forward(fn, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, **fla):
+def _forward(fn, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, save_for_backward=False, **fla):
     """What chunk_kda and fused_recurrent_kda do after their own checks: refuse allow_neg_eigval
-    without sigmoid beta and a per-channel beta, as FLA does, then run with a float32 final state."""
+    without sigmoid beta and a per-channel beta, as FLA does, then run with a float32 final state
+    (``save_for_backward``: chunk_kda's disable_recompute, kdacupy.torch.kda's kept states)."""
     if fla["allow_neg_eigval"] and not fla["use_beta_sigmoid_in_kernel"]:
         raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
     _check_beta(beta, v)
     return _kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=output_final_state,
                 cu_seqlens=cu_seqlens, state_dtype=fp32_state_dtype(q) if output_final_state else None,
-                **_options(fn, **fla))
+                save_for_backward=save_for_backward, **_options(fn, **fla))
 
 
 def _check_varlen(q, initial_state, cu_seqlens):
@@ -153,8 +155,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
         if not (-5 <= lower_bound < 0):
             raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
+    if not isinstance(disable_recompute, bool):
+        raise TypeError(f"disable_recompute: expected a bool, got {disable_recompute!r}")
     forward = functools.partial(_forward_with_chunk_states, chunk_size=chunk_size) if return_intermediate_states \
-        else _forward
+        else functools.partial(_forward, save_for_backward=disable_recompute)
     if cp_context is not None:
         forward = forward_cp
     return forward("chunk_kda", q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, scale=scale,

@@ -90,7 +90,7 @@ def _unexpected(fn, unknown):
 def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
         qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
         lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", sequence_parallel=None,
-        state_pool=None, state_indices=None, backend=None, **unknown):
+        state_pool=None, state_indices=None, backend=None, save_for_backward=False, **unknown):
     """Kimi Delta Attention forward on torch tensors: ``(o, final_state)``, as ``kdacupy.kda_forward``.
 
     Differentiable with respect to q, k, v, g, beta, initial_state, A_log and dt_bias
@@ -100,7 +100,11 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
     to the inputs' dtype; ``"model"``, ``"emulate"`` as in kdacupy).
     ``state_dtype``: a torch dtype or None. With ``state_pool``/``state_indices``
     (chunked prefill, no autograd) the final states go to the pool in place and
-    ``final_state`` is None.
+    ``final_state`` is None. ``save_for_backward=True`` (training): the forward keeps its
+    workspace and chunk states for the backward in autograd's saved tensors (from torch's
+    allocator), so the backward skips recomputing them: faster, same gradients to the bit,
+    ``kdacupy.KDASaved``'s memory per call (docs/design.md section 9.5); kept only when
+    autograd will use it (grad mode on and an input that requires grad).
     """
     if unknown:
         _unexpected("kda", unknown)
@@ -136,6 +140,17 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
                              _name("backend", backend))
         return o, None
     output_final_state = _flag("output_final_state", output_final_state)
+    if _flag("save_for_backward", save_for_backward) and torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
+        if sequence_parallel not in (None, 1):
+            raise ValueError(f"sequence_parallel: expected None or 1 with save_for_backward=True (the kept chunk "
+                             f"states come from the serial recurrence), got {sequence_parallel}")
+        o, final, _ = ops.forward_saving(
+            q, k, v, g, beta, initial_state, cu, A_log, dt_bias, common["scale"], output_final_state,
+            common["qk_l2norm"], common["beta_sigmoid"], common["allow_neg_eigval"], common["gate"],
+            common["lower_bound"], common["state_layout"], state_dtype, _name("state_precision", state_precision),
+            _name("backend", backend))
+        return o, (final if output_final_state else None)
     o, final = ops.forward(q, k, v, g, beta, initial_state, cu, A_log, dt_bias, common["scale"], output_final_state,
                            common["qk_l2norm"], common["beta_sigmoid"], common["allow_neg_eigval"], common["gate"],
                            common["lower_bound"], common["state_layout"], state_dtype,

@@ -1,10 +1,13 @@
-"""Autograd for ``torch.ops.kdacupy.forward``: ``torch.library.register_autograd``.
+"""Autograd for ``torch.ops.kdacupy.forward`` and ``forward_saving``: ``torch.library.register_autograd``.
 
-The forward saves only its inputs (kdacupy's backward is stateless: it recomputes
-what it needs, docs/design.md section 9); the backward is the custom op
+``forward`` saves only its inputs (kdacupy's backward is stateless: it recomputes
+what it needs, docs/design.md section 9); its backward is the custom op
 ``torch.ops.kdacupy.backward``, so ``torch.compile`` traces it as one opaque call
-too. Second derivatives are not provided (the backward op has no autograd of its
-own: differentiating through it raises).
+too. ``forward_saving`` (``kdacupy.torch.kda(..., save_for_backward=True)``) saves its
+kept buffer beside them (the prepare's workspace and the chunk states, section 9.5),
+which ``torch.ops.kdacupy.backward_saved`` reads instead of recomputing.
+Second derivatives are not provided (the backward ops have no autograd of their
+own: differentiating through them raises).
 """
 from __future__ import annotations
 
@@ -41,3 +44,29 @@ def _backward(ctx, do, dfinal_state):
 
 
 torch.library.register_autograd("kdacupy::forward", _backward, setup_context=_setup_context)
+
+#: forward_saving's other arguments, in order (forward's without sequence_parallel: the kept states are the serial
+#: recurrence's)
+_SAVING_OPTIONS = tuple(n for n in _OPTIONS if n != "sequence_parallel")
+
+
+def _setup_saving(ctx, inputs, output):
+    tensors, options = inputs[:len(_TENSORS)], inputs[len(_TENSORS):]
+    ctx.save_for_backward(*tensors, output[2])
+    ctx.options = dict(zip(_SAVING_OPTIONS, options))
+
+
+def _backward_saving(ctx, do, dfinal_state, _kept_grad):
+    *tensors, kept = ctx.saved_tensors
+    q, k, v, g, beta, h0, cu, A_log, dt_bias = tensors
+    opts = ctx.options
+    dfinal = dfinal_state if opts["output_final_state"] else None
+    grads = torch.ops.kdacupy.backward_saved(
+        do.contiguous(), None if dfinal is None else dfinal.contiguous(), kept, q, k, v, g, beta, h0, cu, A_log,
+        dt_bias, *(opts[n] for n in _BACKWARD_OPTIONS))
+    dq, dk, dv, dg, dbeta, dh0, dA, ddt = (None if x is None else d
+                                          for x, d in zip((q, k, v, g, beta, h0, A_log, dt_bias), grads))
+    return (dq, dk, dv, dg, dbeta, dh0, None, dA, ddt) + (None,) * len(_SAVING_OPTIONS)
+
+
+torch.library.register_autograd("kdacupy::forward_saving", _backward_saving, setup_context=_setup_saving)

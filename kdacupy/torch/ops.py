@@ -1,5 +1,5 @@
-"""The ``torch.library`` custom ops: ``torch.ops.kdacupy.forward``, ``forward_pool``,
-``backward`` and ``decode``, each with a fake (meta) implementation, so
+"""The ``torch.library`` custom ops: ``torch.ops.kdacupy.forward``, ``forward_saving``, ``forward_pool``,
+``backward``, ``backward_saved`` and ``decode``, each with a fake (meta) implementation, so
 ``torch.compile(fullgraph=True)`` traces through them without running them.
 
 Each op converts its tensors with ``bridge.to_array`` (no copy), calls the public
@@ -81,6 +81,55 @@ def _forward_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, s
     return _forward_outputs_fake(q, v, initial_state, cu_seqlens, output_final_state, state_layout, state_dtype)
 
 
+def _runs_kernels(q, backend) -> bool:
+    """Whether a call runs the kernels (which keep a buffer for the backward) or a NumPy backend (which keeps
+    nothing): kdacupy's rule, CUDA tensors -> "cuda", CPU ones -> "reference", unless named."""
+    return backend in ("cuda", "emulate") or (backend is None and q.device.type == "cuda")
+
+
+def _kept_tensor(q, v, cu_seqlens, state_precision, backend):
+    """The buffer ``kdacupy::forward_saving`` keeps for the backward, from torch's allocator (uint8, 1-D;
+    empty where a NumPy backend keeps nothing): its fake and its real implementation alike."""
+    if not _runs_kernels(q, backend):
+        return q.new_empty((0,), dtype=torch.uint8)
+    from ..ops.backward.saved import nbytes
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return q.new_empty((nbytes(B, T, HV, K, V, N, cu_seqlens is not None, state_precision),), dtype=torch.uint8)
+
+
+@torch.library.custom_op("kdacupy::forward_saving", mutates_args=(), device_types=("cpu", "cuda"))
+def forward_saving(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor], initial_state: Optional[Tensor],
+                   cu_seqlens: Optional[Tensor], A_log: Optional[Tensor], dt_bias: Optional[Tensor],
+                   scale: Optional[float], output_final_state: bool, qk_l2norm: bool, beta_sigmoid: bool,
+                   allow_neg_eigval: bool, gate: str, lower_bound: Optional[float], state_layout: str,
+                   state_dtype: Optional[torch.dtype], state_precision: str,
+                   backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor]:
+    """``kdacupy.kda_forward(save_for_backward=...)``: returns (o, final_state or an empty tensor, the kept
+    buffer: the prepare's workspace and the chunk states, which ``kdacupy::backward_saved`` reads)."""
+    with on_torch_stream(q.device):
+        o = empty_like_rows(v)
+        kept = _kept_tensor(q, v, cu_seqlens, state_precision, backend)
+        _, final, _ = kdacupy.kda_forward(
+            to_array(q), to_array(k), to_array(v), to_array(g), to_array(beta), scale=scale,
+            initial_state=to_array(initial_state), output_final_state=output_final_state,
+            cu_seqlens=to_array(cu_seqlens), qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid,
+            allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=to_array(A_log), dt_bias=to_array(dt_bias),
+            lower_bound=lower_bound, state_layout=state_layout, state_dtype=numpy_dtype(state_dtype),
+            state_precision=state_precision, out=to_array(o), backend=backend,
+            save_for_backward=to_array(kept) if kept.numel() else True)
+        return o, (to_tensor(final).contiguous() if final is not None else _nothing(v)), kept
+
+
+@forward_saving.register_fake
+def _forward_saving_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
+                         qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_dtype,
+                         state_precision, backend):
+    o, final = _forward_outputs_fake(q, v, initial_state, cu_seqlens, output_final_state, state_layout, state_dtype)
+    return o, final, _kept_tensor(q, v, cu_seqlens, state_precision, backend)
+
+
 @torch.library.custom_op("kdacupy::forward_pool", mutates_args=("state_pool",), device_types=("cpu", "cuda"))
 def forward_pool(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Optional[Tensor], state_pool: Tensor,
                  state_indices: Tensor, cu_seqlens: Optional[Tensor], A_log: Optional[Tensor],
@@ -116,6 +165,27 @@ def backward(do: Tensor, dfinal_state: Optional[Tensor], q: Tensor, k: Tensor, v
              backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``kdacupy.kda_backward``: (dq, dk, dv, dg, dbeta, dinitial_state, dA_log, ddt_bias), each in its
     argument's dtype and shape; an empty tensor for an argument not given."""
+    return _backward(do, dfinal_state, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, qk_l2norm,
+                     beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_precision, backend, None)
+
+
+@torch.library.custom_op("kdacupy::backward_saved", mutates_args=(), device_types=("cpu", "cuda"))
+def backward_saved(do: Tensor, dfinal_state: Optional[Tensor], kept: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                   g: Tensor, beta: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                   A_log: Optional[Tensor], dt_bias: Optional[Tensor], scale: Optional[float], qk_l2norm: bool,
+                   beta_sigmoid: bool, allow_neg_eigval: bool, gate: str, lower_bound: Optional[float],
+                   state_layout: str, state_precision: str,
+                   backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``kdacupy.kda_backward(saved=...)`` reading ``kdacupy::forward_saving``'s kept buffer (the autograd
+    context hands over the forward's own tensors with it: the call is the forward's by construction)."""
+    from ..ops.backward.saved import KDASaved
+    saved = KDASaved(to_array(kept), None) if kept.numel() else None
+    return _backward(do, dfinal_state, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, qk_l2norm,
+                     beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_precision, backend, saved)
+
+
+def _backward(do, dfinal_state, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, qk_l2norm,
+              beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_precision, backend, saved):
     inputs = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     with on_torch_stream(q.device):
         grads = kdacupy.kda_backward(
@@ -123,7 +193,8 @@ def backward(do: Tensor, dfinal_state: Optional[Tensor], q: Tensor, k: Tensor, v
             dfinal_state=to_array(dfinal_state), scale=scale, initial_state=to_array(initial_state),
             cu_seqlens=to_array(cu_seqlens), qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid,
             allow_neg_eigval=allow_neg_eigval, gate=gate, A_log=to_array(A_log), dt_bias=to_array(dt_bias),
-            lower_bound=lower_bound, state_layout=state_layout, state_precision=state_precision, backend=backend)
+            lower_bound=lower_bound, state_layout=state_layout, state_precision=state_precision, backend=backend,
+            saved=saved)
         out = []
         for x, dx in zip(inputs, tuple(grads)):
             if x is None:
@@ -140,6 +211,15 @@ def _backward_fake(do, dfinal_state, q, k, v, g, beta, initial_state, cu_seqlens
                    beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_precision, backend):
     return tuple(_nothing(q) if x is None else x.new_empty(x.shape)
                  for x in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+
+
+@backward_saved.register_fake
+def _backward_saved_fake(do, dfinal_state, kept, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+                         qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_precision,
+                         backend):
+    return _backward_fake(do, dfinal_state, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+                          qk_l2norm, beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_precision,
+                          backend)
 
 
 @torch.library.custom_op("kdacupy::decode", mutates_args=("state_pool", "out"), device_types=("cpu", "cuda"))

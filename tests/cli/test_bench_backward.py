@@ -20,7 +20,8 @@ def test_dry_run_lists_the_kimi_shapes_and_their_scratch():
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("kimi-")]
     assert len(rows) == 6
     h96 = next(ln for ln in rows if ln.startswith("kimi-T8192-H96 "))
-    assert h96.split()[1:4] == ["512", "3.93", "512x96"]  # slots, scratch GB (docs/design.md section 9.3), grid
+    # slots, scratch GB (docs/design.md section 9.3), kept GB (section 9.5), grid
+    assert h96.split()[1:5] == ["512", "3.93", "2.29", "512x96"]
 
 
 @pytest.mark.skipif(missing("gpu") is None, reason="a GPU is present: the benchmark would run")
@@ -50,9 +51,13 @@ def test_table_names_the_shape_times_ratio_and_agreement():
                         run_to_run_max_abs=dict(dq=2e-6, dk=0.0)), ratio_fla_over_kdacupy=2.0)
     text = bench_backward.format_table([row], bench_backward.geomean([2.0, 2.0]))
     line = text.splitlines()[2]
-    assert line.split()[:6] == ["kimi-T8192-H96", "1.000", "3.000", "4.000", "yes", "8.000"]
+    assert line.split()[:7] == ["kimi-T8192-H96", "1.000", "3.000", "4.000", "-", "yes", "8.000"]
     assert "2.00" in line and "4.0e-03 (dk)" in line and "2.0e-06" in line
     assert text.splitlines()[-1].endswith("2.00 (goal 1.5)")
+    kept = dict(row, saved_same=True, kdacupy=dict(row["kdacupy"], train_saved=timing(3.5)))
+    assert bench_backward.format_table([kept]).splitlines()[2].split()[4:6] == ["3.500", "yes"]
+    differs = dict(kept, saved_same=False)  # the kept states' gradients must be the stateless ones
+    assert bench_backward.format_table([differs]).splitlines()[2].split()[5] == "NO"
 
 
 def test_kdacupys_times_are_written_before_fla_starts(tmp_path, monkeypatch):

@@ -119,3 +119,83 @@ def test_opcheck_backward():
             None, False, True, False, "softplus", None, "vk", "bf16", None)
     torch.library.opcheck(torch.ops.kdacupy.backward.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def _grads(case, dtype, backend, save):
+    """Every differentiable input's gradient of a loss over o and the final state, and the backward's launches."""
+    from kdacupy.emulate import counting
+
+    t, o = leaves(case, dtype)
+    out, final = kt.kda(*(t[n] for n in ARRAYS), output_final_state=True, backend=backend, save_for_backward=save,
+                        **o)
+    gen = torch.Generator().manual_seed(1)
+    loss = (out * torch.randn(out.shape, generator=gen, dtype=dtype)).sum() + final.square().sum()
+    with counting() as recs:
+        loss.backward()
+    given = dict(t, **{n: o[n] for n in DIFFERENTIABLE if n in o})
+    return [given[n].grad for n in DIFFERENTIABLE if n in given], [r["kernel"] for r in recs]
+
+
+@pytest.mark.parametrize("case", ["sigmoid-gva-l2norm", "softplus-varlen-vk"])
+def test_save_for_backward_keeps_the_states_and_gives_the_same_gradients(case):
+    """On the kernels (the emulation): the backward runs without the forward's two launches and gives the
+    stateless backward's gradients to the bit; on a NumPy backend nothing is kept, the gradients the same."""
+    want, launches = _grads(case, torch.float32, "emulate", False)
+    assert launches[:2] == ["kda_prepare", "kda_recurrence"]
+    got, launches = _grads(case, torch.float32, "emulate", True)
+    assert launches == ["kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce"]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for a, b in zip(_grads(case, torch.float64, None, True)[0], _grads(case, torch.float64, None, False)[0]):
+        assert torch.equal(a, b)
+
+
+def test_save_for_backward_without_grad_keeps_nothing():
+    t, o = leaves("sigmoid-gva-l2norm", torch.float32)
+    with torch.no_grad():
+        out, _ = kt.kda(*(t[n] for n in ARRAYS), backend="emulate", save_for_backward=True, **o)
+    want, _ = kt.kda(*(t[n].detach() for n in ARRAYS), backend="emulate", **{n: v.detach() if isinstance(
+        v, torch.Tensor) else v for n, v in o.items()})
+    assert out.grad_fn is None and torch.equal(out, want)
+    with pytest.raises(TypeError, match="save_for_backward: expected a bool"):
+        kt.kda(*(t[n] for n in ARRAYS), save_for_backward="yes", **o)
+    with pytest.raises(ValueError, match="sequence_parallel: expected None or 1 with save_for_backward"):
+        kt.kda(*(t[n] for n in ARRAYS), save_for_backward=True, sequence_parallel=2, **o)
+
+
+def test_opcheck_saving_ops():
+    """Schema, fake tensors (the kept buffer's size from the shapes alone) and AOT dispatch of forward_saving
+    and backward_saved, on the emulated kernels. forward_saving's AOT dispatch is test_compile_fullgraph_saving's:
+    opcheck's compares every output byte of two runs, and the kept buffer's bytes no kernel writes or reads
+    (alignment, varlen's spare slots) are left as allocated (zeroing them would cost a pass over the buffer)."""
+    t, o = leaves("softplus-varlen-vk", torch.float32)
+    ins = (*(t[n].detach() for n in ARRAYS), o["initial_state"].detach(), o["cu_seqlens"],
+           o["A_log"].detach().float(), o["dt_bias"].detach().float())
+    opts = (None, False, True, False, "softplus", None, "vk", "bf16", "emulate")
+    fwd_args = ins + (None, True) + opts[1:7] + (None,) + opts[7:]
+    torch.library.opcheck(torch.ops.kdacupy.forward_saving.default, fwd_args, test_utils=("test_schema", "test_faketensor"))
+    _, final, kept = torch.ops.kdacupy.forward_saving(*fwd_args)
+    assert kept.dtype == torch.uint8 and kept.numel() > 0
+    bwd_args = (torch.randn(t["v"].shape), torch.randn(final.shape), kept) + ins + opts
+    torch.library.opcheck(torch.ops.kdacupy.backward_saved.default, bwd_args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_compile_fullgraph_saving():
+    """torch.compile(fullgraph=True) traces forward_saving and backward_saved (AOTAutograd's joint graph, the
+    kept buffer a saved activation) and gives the eager gradients, which are the stateless backward's."""
+    grads = []
+    for compiled, save in ((False, False), (False, True), (True, True)):
+        t, o = leaves("sigmoid-gva-l2norm", torch.float32)
+        w = torch.linspace(-1, 1, 64 * 64).reshape(64, 64).requires_grad_()
+
+        def loss(q, k, v, g, beta):
+            out, final = kt.kda(q @ w, k, v, g, beta, output_final_state=True, backend="emulate",
+                                save_for_backward=save, **o)
+            return out.square().mean() + final.mean()
+
+        fn = torch.compile(loss, fullgraph=True, backend="aot_eager") if compiled else loss
+        fn(*(t[n] for n in ARRAYS)).backward()
+        grads.append([w.grad] + [t[n].grad for n in ARRAYS] + [o["A_log"].grad, o["dt_bias"].grad])
+    for a, b, c in zip(*grads):
+        assert torch.equal(a, b) and torch.equal(b, c)

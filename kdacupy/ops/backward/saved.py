@@ -14,6 +14,7 @@ on the host, so a buffer from other inputs is refused before anything runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,12 @@ def difference(expected: tuple, got: tuple) -> str:
     return "nothing"
 
 
+def nbytes(B: int, T: int, HV: int, K: int, V: int, N: int, varlen: bool, state_precision: str) -> int:
+    """The kept buffer's size for these sizes (what a framework allocates for ``save_for_backward``)."""
+    sizes = SimpleNamespace(B=B, T=T, HV=HV, K=K, V=V, N=N, varlen=varlen, state_precision=state_precision)
+    return layout(sizes)["total"]
+
+
 def layout(p) -> dict:
     """Byte offsets of the kept parts: the workspace [HV, slots] blocks, then the chunk states
     [HV, slots, V, K] (at the key and value tiles, the kernels' layouts) in the state precision."""
@@ -79,14 +86,32 @@ def layout(p) -> dict:
     return dict(ws=(0, ws), states=(states_at, states), total=states_at + states)
 
 
-def allocate(p) -> tuple[Any, dict]:
-    """A buffer for ``p``'s kept parts, and its views."""
+def allocate(p, into=None) -> tuple[Any, dict]:
+    """A buffer for ``p``'s kept parts, and its views. ``into``: the caller's buffer (a framework's
+    allocation: torch's or XLA's), checked to hold them."""
     lay = layout(p)
-    xp = np
-    if p.device:
-        import cupy as xp
-    buf = empty(xp, max(lay["total"], 1), np.uint8)
+    if into is None:
+        xp = np
+        if p.device:
+            import cupy as xp
+        buf = empty(xp, max(lay["total"], 1), np.uint8)
+        return buf, views(buf, lay)
+    from ...validation import as_array, fail, is_device
+
+    buf = as_array("save_for_backward", into)
+    where = "a CuPy (device) array" if p.device else "a NumPy (host) array"
+    if is_device(buf) != p.device or (p.device and buf.device.id != _device_id()):
+        fail("save_for_backward", f"True, False or {where} on q's device", "a buffer elsewhere")
+    if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous or buf.size < lay["total"]:
+        fail("save_for_backward", f"True, False or a C-contiguous 1-D uint8 buffer of at least {lay['total']} bytes",
+             f"shape {tuple(buf.shape)}, dtype {buf.dtype}")
     return buf, views(buf, lay)
+
+
+def _device_id() -> int:
+    import cupy
+
+    return cupy.cuda.Device().id
 
 
 def views(buf, lay: dict) -> dict:
