@@ -56,24 +56,16 @@ def kda_forward(
     on the device, without a host synchronisation (capturable); host rows are checked (< R,
     distinct, apart from the pool slots the call uses), device rows outside [0, R) are skipped.
     Excludes sequence_parallel > 1.
-    save_for_backward (training, docs/design.md section 9.5): True (or a C-contiguous 1-D uint8 buffer of
-    at least ``kdacupy.ops.backward.saved.nbytes(...)`` bytes to keep them in) returns ``(o, final_state, saved)``,
-    ``saved`` a ``KDASaved`` holding the prepare's workspace and the state entering every 16-token
-    chunk (``saved.nbytes``: HV * ceil(T / 16) * (K * V * 2 + about 14 K) bytes a sequence at bf16
-    state precision), which ``kda_backward(..., saved=saved)`` reads instead of running the forward's
-    two launches again: the same gradients to the bit, less time, more memory (FLA's
-    ``disable_recompute``). The forward then runs serially on mma.sync (the recurrence that stores
-    states). Excludes state_pool, checkpoints and sequence_parallel > 1; the NumPy backends keep
-    nothing (``saved.nbytes == 0``: their backward recomputes).
+    save_for_backward (training, docs/design.md section 9.5): True (or a 1-D uint8 buffer of
+    ``kdacupy.saved_nbytes(...)`` bytes) returns ``(o, final_state, saved)``: the workspace and the
+    state entering every chunk, which ``kda_backward(..., saved=saved)`` reads instead of recomputing
+    (the same gradients; ``saved.nbytes`` of memory). Excludes state_pool, checkpoints and
+    sequence_parallel > 1; the NumPy backends keep nothing.
     """
     if unknown:
         check_keywords(unknown)
-    keep_into = None  # a framework's buffer for the kept parts
-    if save_for_backward is None or isinstance(save_for_backward, (bool, np.bool_)):
-        save_for_backward = bool(save_for_backward)
-    else:
-        from .validation import as_array  # a buffer, or a TypeError naming the argument
-        keep_into, save_for_backward = as_array("save_for_backward", save_for_backward), True
+    from .saved import check_exclusions, save_option
+    save_for_backward, keep_into = save_option(save_for_backward)  # keep_into: a framework's buffer
     from .seqpar import check_sequence_parallel, choose_segments
     sequence_parallel = check_sequence_parallel(sequence_parallel)
     pooled = state_pool is not None or state_indices is not None
@@ -88,13 +80,8 @@ def kda_forward(
         raise ValueError(f"state_dtype: expected None without output_final_state=True (it is the final state's "
                          f"dtype), got {state_dtype!r}")
     if save_for_backward:
-        for name, given in (("state_pool", state_pool), ("checkpoints", checkpoints), ("checkpoint_every", checkpoint_every)):
-            if given is not None:
-                raise ValueError(f"{name}: expected None with save_for_backward=True (the backward starts from "
-                                 f"initial_state and keeps no pool or checkpoints), got a value")
-        if sequence_parallel not in (None, 1):
-            raise ValueError(f"sequence_parallel: expected None or 1 with save_for_backward=True (the kept chunk "
-                             f"states come from the serial recurrence), got {sequence_parallel}")
+        check_exclusions(state_pool=state_pool, checkpoints=checkpoints, checkpoint_every=checkpoint_every,
+                         sequence_parallel=sequence_parallel)
     if pooled and sequence_parallel not in (None, 1):
         raise ValueError(f"sequence_parallel: expected None or 1 with state_pool (the split forward does not "
                          f"read or write a pool yet), got {sequence_parallel}")
@@ -140,14 +127,15 @@ def kda_forward(
 def _forward_saving(problem, a, given, into, **options):
     """``kda_forward(save_for_backward=True or a buffer)``: (o, final_state, KDASaved)."""
     from .ops.backward.saved import KDASaved, allocate, fingerprint
+    from . import saved as checks
 
-    key = fingerprint(problem, given)
+    key = fingerprint(problem, checks.given(given))
     if problem.backend not in ("cuda", "emulate"):
         o, final = _numpy_forward(problem, a, None, **options)
         return o, final, KDASaved(None, key)
     from .ops.forward.kernels import forward
 
-    buf, views = allocate(problem, into)  # a given buffer is checked before any launch
+    buf, views = allocate(problem, None if into is None else checks.check_buffer(into, problem))  # before a launch
     o, final = forward(problem, a, keep=views)
     return o, final, KDASaved(buf, key)
 

@@ -59,8 +59,9 @@ def kda_backward(
         cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm, beta_sigmoid=beta_sigmoid, allow_neg_eigval=allow_neg_eigval,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, state_layout=state_layout,
         state_precision=state_precision, backend=backend)
-    kept = _check_saved(saved, problem, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
-                                              cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias))
+    from .saved import kept_views
+    kept = kept_views(saved, problem, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                                           cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias))
     if problem.backend == "reference":
         return _as_given(_reference(problem, a), A_log, dt_bias)
     if problem.backend == "model":
@@ -68,27 +69,6 @@ def kda_backward(
     from .ops.backward.kernels import backward  # launchers import the JIT machinery: load it only when used
     grads = backward(problem, a, kept=kept)
     return _as_given(KDAGradients(**grads), A_log, dt_bias)
-
-
-def _check_saved(saved, problem, given):
-    """The kept buffer's views for the launchers (None: recompute), after checking ``saved`` is a
-    forward's of this very call."""
-    if saved is None:
-        return None
-    from .ops.backward.saved import KDASaved, difference, fingerprint, layout, views
-    if not isinstance(saved, KDASaved):
-        fail("saved", "None or the KDASaved that kda_forward(..., save_for_backward=True) returned",
-             type(saved).__name__, TypeError)
-    key = fingerprint(problem, given)
-    if saved.fingerprint is not None and key != saved.fingerprint:  # None: an autograd context's, this call's by construction
-        fail("saved", "the KDASaved of a kda_forward with these same arrays and options",
-             f"one kept for another call ({difference(saved.fingerprint, key)})")
-    if saved.buffer is None or problem.backend not in ("cuda", "emulate"):
-        return None
-    lay = layout(problem)
-    if saved.nbytes < lay["total"]:
-        fail("saved", f"a kept buffer of at least {lay['total']} bytes for these sizes", f"{saved.nbytes} bytes")
-    return views(saved.buffer, lay)
 
 
 def _as_given(grads, A_log, dt_bias):

@@ -10,7 +10,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "kdacupy"
 ENTRY_POINTS = {"kdacupy.tune", "kdacupy.bench", "kdacupy.compile", "kdacupy.accuracy", "kdacupy.profile"}
 #: the top of the package: public faces only (everything else lives in the layer it serves)
-FACES = {"kdacupy", "kdacupy.api", "kdacupy.backward", "kdacupy.decode", "kdacupy.seqpar", "kdacupy.env", "kdacupy.paths"}
+FACES = {"kdacupy", "kdacupy.api", "kdacupy.backward", "kdacupy.decode", "kdacupy.seqpar", "kdacupy.saved", "kdacupy.env", "kdacupy.paths"}
 
 
 def module_name(path: Path) -> str:

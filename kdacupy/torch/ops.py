@@ -92,11 +92,8 @@ def _kept_tensor(q, v, cu_seqlens, state_precision, backend):
     empty where a NumPy backend keeps nothing): its fake and its real implementation alike."""
     if not _runs_kernels(q, backend):
         return q.new_empty((0,), dtype=torch.uint8)
-    from ..ops.backward.saved import nbytes
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return q.new_empty((nbytes(B, T, HV, K, V, N, cu_seqlens is not None, state_precision),), dtype=torch.uint8)
+    n_seqs = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return q.new_empty((kdacupy.saved_nbytes(q.shape, v.shape, n_seqs, state_precision),), dtype=torch.uint8)
 
 
 @torch.library.custom_op("kdacupy::forward_saving", mutates_args=(), device_types=("cpu", "cuda"))
@@ -178,8 +175,7 @@ def backward_saved(do: Tensor, dfinal_state: Optional[Tensor], kept: Tensor, q: 
                    backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``kdacupy.kda_backward(saved=...)`` reading ``kdacupy::forward_saving``'s kept buffer (the autograd
     context hands over the forward's own tensors with it: the call is the forward's by construction)."""
-    from ..ops.backward.saved import KDASaved
-    saved = KDASaved(to_array(kept), None) if kept.numel() else None
+    saved = kdacupy.KDASaved(to_array(kept), None) if kept.numel() else None
     return _backward(do, dfinal_state, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, qk_l2norm,
                      beta_sigmoid, allow_neg_eigval, gate, lower_bound, state_layout, state_precision, backend, saved)
 

@@ -77,11 +77,8 @@ def test_the_numpy_backends_keep_nothing_and_recompute():
 def test_a_callers_buffer_holds_the_kept_parts():
     """A framework's allocation (torch's, XLA's) of nbytes(...) bytes: the forward writes the kept parts
     there, the backward reads them there."""
-    from kdacupy.ops.backward.saved import nbytes
-
     x, opts, do, ds = inputs(CASES[1])
-    B, T, HV, V = x["v"].shape
-    n = nbytes(B, T, HV, x["q"].shape[-1], V, len(opts["cu_seqlens"]) - 1, True, "bf16")
+    n = kdacupy.saved_nbytes(x["q"].shape, x["v"].shape, len(opts["cu_seqlens"]) - 1)
     buf = np.full(n + 16, 0xFF, np.uint8)  # one byte more than asked for is allowed
     _, _, saved = forward(x, opts, save_for_backward=buf)
     assert saved.buffer is buf and saved.nbytes == n + 16

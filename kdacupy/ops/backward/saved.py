@@ -49,16 +49,11 @@ def _address(x) -> int:
 
 def fingerprint(p, arrays: dict) -> tuple:
     """The call's identity: ``p``'s result-changing fields and, per input, None or (address, shape,
-    strides, dtype) of the array the caller passed (``arrays``: name -> the argument as given, which
-    ``as_array`` views without a copy)."""
-    from ...validation import as_array
-
-    def one(n, x):
-        if x is None:
-            return None
-        x = as_array(n, x)
-        return (_address(x), tuple(x.shape), tuple(x.strides), np.dtype(x.dtype).str)
-    return tuple((n, getattr(p, n)) for n in _FIELDS) + tuple((n, one(n, arrays.get(n))) for n in INPUTS)
+    strides, dtype) of the array the caller passed (``arrays``: name -> the argument as given, as a
+    NumPy or CuPy view without a copy: kdacupy/saved.py)."""
+    def one(x):
+        return None if x is None else (_address(x), tuple(x.shape), tuple(x.strides), np.dtype(x.dtype).str)
+    return tuple((n, getattr(p, n)) for n in _FIELDS) + tuple((n, one(arrays.get(n))) for n in INPUTS)
 
 
 def difference(expected: tuple, got: tuple) -> str:
@@ -88,30 +83,15 @@ def layout(p) -> dict:
 
 def allocate(p, into=None) -> tuple[Any, dict]:
     """A buffer for ``p``'s kept parts, and its views. ``into``: the caller's buffer (a framework's
-    allocation: torch's or XLA's), checked to hold them."""
+    allocation: torch's or XLA's), already checked to hold them (kdacupy/saved.py)."""
     lay = layout(p)
-    if into is None:
+    buf = into
+    if buf is None:
         xp = np
         if p.device:
             import cupy as xp
         buf = empty(xp, max(lay["total"], 1), np.uint8)
-        return buf, views(buf, lay)
-    from ...validation import as_array, fail, is_device
-
-    buf = as_array("save_for_backward", into)
-    where = "a CuPy (device) array" if p.device else "a NumPy (host) array"
-    if is_device(buf) != p.device or (p.device and buf.device.id != _device_id()):
-        fail("save_for_backward", f"True, False or {where} on q's device", "a buffer elsewhere")
-    if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous or buf.size < lay["total"]:
-        fail("save_for_backward", f"True, False or a C-contiguous 1-D uint8 buffer of at least {lay['total']} bytes",
-             f"shape {tuple(buf.shape)}, dtype {buf.dtype}")
     return buf, views(buf, lay)
-
-
-def _device_id() -> int:
-    import cupy
-
-    return cupy.cuda.Device().id
 
 
 def views(buf, lay: dict) -> dict:
