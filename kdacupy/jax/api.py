@@ -45,6 +45,7 @@ class Options(NamedTuple):
     sequence_parallel: Optional[int]
     backend: Optional[str]
     ranks: tuple  # each input's rank as given (None when absent): vmap adds leading dims to these
+    save_for_backward: bool = False  # under jax.grad: the forward keeps its workspace and chunk states
 
     def forward_kwargs(self):
         return dict(scale=self.scale, qk_l2norm=self.qk_l2norm, beta_sigmoid=self.beta_sigmoid,
@@ -75,36 +76,39 @@ def _named_dtype(name):
 
 def _callback(body, opts, names, out_names, out_ranks):
     """A buffer_callback body: buffers -> arrays, then ``body`` over the vmap's leading dims."""
-    base = {n: r for n, r in zip(_INPUTS + ("do", "dfinal_state"), opts.ranks + (4, 4)) if r is not None}
+    base = {n: r for n, r in zip(_INPUTS + ("do", "dfinal_state", "kept"), opts.ranks + (4, 4, 1)) if r is not None}
 
     def callback(ctx, outs, *bufs):
         with arrays_of(ctx, tuple(bufs) + tuple(outs)) as array:
             inputs = dict.fromkeys(_INPUTS)
             inputs.update(zip(names, map(array, bufs)))
             outputs = dict(zip(out_names, map(array, outs)))
-            fold = inputs["cu_seqlens"] is None and not ("A_log" in out_names or "dt_bias" in out_names)
+            # the kept buffer is one call's: a folded call's would not be the per-index slices the backward reads
+            fold = inputs["cu_seqlens"] is None and not {"A_log", "dt_bias", "kept"} & set(out_names + names)
             batching.run(functools.partial(body, opts), inputs, base, outputs, dict(zip(out_names, out_ranks)),
                          _PER_SEQUENCE, fold=fold)
     return callback
 
 
 def _forward_body(opts, a, out):
-    _, final = kdacupy.kda_forward(
+    keep = {} if "kept" not in out else dict(save_for_backward=out["kept"] if out["kept"].size else True)
+    res = kdacupy.kda_forward(
         a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["initial_state"], A_log=a["A_log"],
         dt_bias=a["dt_bias"], cu_seqlens=a["cu_seqlens"], output_final_state=opts.output_final_state,
         state_dtype=None if opts.state_dtype is None else _named_dtype(opts.state_dtype),
-        sequence_parallel=opts.sequence_parallel, out=out["o"], **opts.forward_kwargs())
+        sequence_parallel=None if keep else opts.sequence_parallel, out=out["o"], **opts.forward_kwargs(), **keep)
     if "final_state" in out:
-        out["final_state"][...] = final
+        out["final_state"][...] = res[1]
 
 
 def _backward_body(opts, a, out):
     kw = opts.forward_kwargs()
     del kw["backend"]
+    kept = a.get("kept")  # the forward's, handed back by this very call's residuals: its own by construction
     grads = kdacupy.kda_backward(
         a["do"], a["q"], a["k"], a["v"], a["g"], a["beta"], dfinal_state=a.get("dfinal_state"),
         initial_state=a["initial_state"], cu_seqlens=a["cu_seqlens"], A_log=a["A_log"], dt_bias=a["dt_bias"],
-        backend=opts.backend, **kw)
+        backend=opts.backend, saved=kdacupy.KDASaved(kept, None) if kept is not None and kept.size else None, **kw)
     for name, grad in zip(_INPUTS[:8], tuple(grads)):
         if name in out:
             if grad is None:
@@ -113,7 +117,18 @@ def _backward_body(opts, a, out):
                 out[name][...] = grad.reshape(out[name].shape)
 
 
-def _forward(opts, args):
+def _kept_struct(opts, q, v, cu_seqlens):
+    """The kept buffer of one call (its vmap's leading dims are added by JAX): saved_nbytes on the kernels'
+    backends, nothing on the NumPy ones (which keep nothing)."""
+    kernels = opts.backend in ("cuda", "emulate") or (opts.backend is None and jax.default_backend() == "gpu")
+    n = kdacupy.saved_nbytes(q.shape[-4:], v.shape[-4:], None if cu_seqlens is None else cu_seqlens.shape[-1] - 1,
+                             opts.state_precision) if kernels else 0
+    return _struct((n,), np.uint8)
+
+
+def _forward(opts, args, keep=False):
+    """(o, final_state) and, with ``keep``, the kept buffer (one call per vmap index: never folded, so that
+    the backward's per-index slices are each call's own)."""
     q, _, v = args[:3]
     names = tuple(n for n, x in zip(_INPUTS, args) if x is not None)
     present = [x for x in args if x is not None]
@@ -122,15 +137,21 @@ def _forward(opts, args):
         outs.append(_final_state_struct(opts, q, v, args[5], args[8]))
         out_names.append("final_state")
         out_ranks.append(4)
+    if keep:
+        outs.append(_kept_struct(opts, q, v, args[8]))
+        out_names.append("kept")
+        out_ranks.append(1)
     call = buffer_callback(_callback(_forward_body, opts, names, tuple(out_names), tuple(out_ranks)), tuple(outs),
                            vmap_method="expand_dims")
     axes = manual.varying(*present)  # inside shard_map: the results vary as the inputs do
     results = [manual.to_varying(r, axes) for r in call(*present)]
-    return results[0], (results[1] if opts.output_final_state else None)
+    primal = results[0], (results[1] if opts.output_final_state else None)
+    return (primal, results[-1]) if keep else primal
 
 
-def _backward(opts, do, dfinal_state, args):
-    extra = (("do", do),) + ((("dfinal_state", dfinal_state),) if opts.output_final_state else ())
+def _backward(opts, do, dfinal_state, args, kept=None):
+    extra = (("do", do),) + ((("dfinal_state", dfinal_state),) if opts.output_final_state else ()) + (
+        (("kept", kept),) if kept is not None else ())
     names = tuple(n for n, x in zip(_INPUTS, args) if x is not None) + tuple(n for n, _ in extra)
     present = [x for x in args if x is not None] + [x for _, x in extra]
     wrt = [(n, x) for n, x in zip(_INPUTS[:8], args) if x is not None]
@@ -148,12 +169,16 @@ def _kda(opts, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens):
 
 
 def _kda_fwd(opts, *args):
-    return _forward(opts, args), args
+    if opts.save_for_backward:
+        primal, kept = _forward(opts, args, keep=True)
+        return primal, (args, kept)
+    return _forward(opts, args), (args, None)
 
 
-def _kda_bwd(opts, args, cotangents):
+def _kda_bwd(opts, residuals, cotangents):
+    args, kept = residuals
     do, dfinal_state = cotangents
-    return _backward(opts, do, dfinal_state, args) + (None,)
+    return _backward(opts, do, dfinal_state, args, kept) + (None,)
 
 
 _kda.defvjp(_kda_fwd, _kda_bwd)
@@ -192,7 +217,7 @@ def _gate_params(A_log, dt_bias):
 def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
         qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
         lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", sequence_parallel=None,
-        backend=None):
+        backend=None, save_for_backward=False):
     """Kimi Delta Attention forward on JAX arrays: ``(o, final_state)``, as ``kdacupy.kda_forward``.
 
     Differentiable (``jax.custom_vjp``; the backward is ``kdacupy.kda_backward``) with respect
@@ -200,6 +225,9 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
     ``jax.grad`` and ``jax.vmap``. On a GPU it runs kdacupy's CUDA kernels on XLA's device
     buffers and stream; on the CPU the NumPy backends (``backend=None``: the float64
     reference, rounded to the inputs' dtype). ``state_dtype``: a dtype or its name, or None.
+    ``save_for_backward=True``: under ``jax.grad`` the forward keeps its workspace and chunk states
+    as a residual (an XLA buffer of ``kdacupy.saved_nbytes`` bytes) and the backward reads them instead
+    of recomputing: the same gradients, more memory (docs/design.md section 9.5; serial forward).
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("initial_state", initial_state)):
         _rank(name, x, (4,))
@@ -219,7 +247,11 @@ def kda(q, k, v, g, beta=None, *, scale=None, initial_state=None, output_final_s
                    allow_neg_eigval=_flag("allow_neg_eigval", allow_neg_eigval), gate=gate,
                    lower_bound=_real("lower_bound", lower_bound), state_layout=state_layout, state_dtype=state_dtype,
                    state_precision=state_precision, sequence_parallel=sequence_parallel, backend=backend,
-                   ranks=tuple(None if x is None else x.ndim for x in args))
+                   ranks=tuple(None if x is None else x.ndim for x in args),
+                   save_for_backward=_flag("save_for_backward", save_for_backward))
+    if opts.save_for_backward and sequence_parallel not in (None, 1):
+        raise ValueError(f"sequence_parallel: expected None or 1 with save_for_backward=True (the kept chunk "
+                         f"states come from the serial recurrence), got {sequence_parallel}")
     return _kda(opts, *args)
 
 

@@ -263,3 +263,54 @@ def test_grad_inside_shard_map_passes_its_checks(x64):
     grads = jax.jit(jax.grad(loss, argnums=tuple(range(7))))(*args, put(jnp.asarray(do), P("b")))
     for n, got in zip(ARRAYS + ("A_log", "dt_bias"), grads):
         assert np.array_equal(np.asarray(got), getattr(ref, "d" + n)), n
+
+
+def _grads(case, dtype, vmapped=False, **kw):
+    """jax.grad (under jit) of a loss over o and the final state, every differentiable input; ``vmapped``: of
+    two examples at once, A_log shared (per-index calls)."""
+    x, opts, names, args, _ = _loss_parts(case, dtype)
+    jo = {n: a for n, a in to_jax(x, opts)[1].items() if n not in names}
+
+    def loss(*xs):
+        given = dict(zip(names, xs))
+        o, s = kj.kda(*(given[n] for n in ARRAYS), output_final_state=True, **jo,
+                      **{n: given[n] for n in names if n not in ARRAYS}, **kw)
+        return (o.astype(jnp.float32) * jnp.linspace(-1, 1, o.size).reshape(o.shape)).sum() + s.astype(
+            jnp.float32).sum()
+
+    if not vmapped:
+        return jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
+    axes = tuple(0 if n in ARRAYS else None for n in names)
+    stacked = [jnp.stack([a, 0.5 * a]) if n in ARRAYS else a for n, a in zip(names, args)]
+    return jax.jit(jax.vmap(jax.grad(loss, argnums=tuple(range(len(args)))), in_axes=axes))(*stacked)
+
+
+@pytest.mark.parametrize("vmapped", [False, True], ids=["grad", "vmap-of-grad"])
+def test_save_for_backward_gives_the_same_gradients(vmapped):
+    """The forward's kept buffer as a residual (emulated kernels: the backward reads it, one call per vmap
+    index) and on the NumPy reference (nothing kept): the gradients of the stateless backward, to the bit."""
+    from kdacupy.emulate import counting
+    for backend, dtype in (("emulate", np.float32), (None, np.float64)):
+        with jax.enable_x64(dtype == np.float64):
+            want = _grads("sigmoid-gva-l2norm", dtype, vmapped, backend=backend)
+            with counting() as recs:
+                got = jax.block_until_ready(_grads("sigmoid-gva-l2norm", dtype, vmapped, backend=backend,
+                                                   save_for_backward=True))
+        for a, b in zip(got, want):
+            assert np.array_equal(np.asarray(a), np.asarray(b)), backend
+        if backend == "emulate":  # per example: the kept forward's two launches, then the backward's three
+            assert [r["kernel"] for r in recs] == (1 + vmapped) * ["kda_prepare", "kda_recurrence"] + (1 + vmapped) * [
+                "kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce"]
+
+
+def test_save_for_backward_keeps_a_buffer_on_the_kernels():
+    """The residual is kdacupy.saved_nbytes of XLA's memory on the kernels' backends, empty on the NumPy ones."""
+    x, opts = cast(*numpy_case("sigmoid-gva-l2norm"), np.float32)
+    jx, jo = to_jax(x, opts)
+    args = [jx[n] for n in ARRAYS]
+    for backend, size in (("emulate", kdacupy.saved_nbytes(x["q"].shape, x["v"].shape)), ("reference", 0)):
+        _, vjp = jax.vjp(lambda *a: kj.kda(*a, **jo, backend=backend, save_for_backward=True)[0], *args)
+        kept = [leaf for leaf in jax.tree_util.tree_leaves(vjp) if getattr(leaf, "dtype", None) == np.uint8]
+        assert [k.shape for k in kept] == [(size,)], backend
+    with pytest.raises(ValueError, match="sequence_parallel: expected None or 1 with save_for_backward"):
+        kj.kda(*args, **jo, save_for_backward=True, sequence_parallel=2)
