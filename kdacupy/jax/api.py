@@ -84,7 +84,8 @@ def _callback(body, opts, names, out_names, out_ranks):
             inputs.update(zip(names, map(array, bufs)))
             outputs = dict(zip(out_names, map(array, outs)))
             # the kept buffer is one call's: a folded call's would not be the per-index slices the backward reads
-            fold = inputs["cu_seqlens"] is None and not {"A_log", "dt_bias", "kept"} & set(out_names + names)
+            fold = (inputs["cu_seqlens"] is None and not ("A_log" in out_names or "dt_bias" in out_names)
+                    and "kept" not in out_names + names)
             batching.run(functools.partial(body, opts), inputs, base, outputs, dict(zip(out_names, out_ranks)),
                          _PER_SEQUENCE, fold=fold)
     return callback

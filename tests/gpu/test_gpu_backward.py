@@ -129,3 +129,22 @@ def test_runs_on_the_current_stream():
     for field, a, b in zip(kdacupy.KDAGradients._fields, grads, want):
         if b is not None:
             assert mismatch(a, b, GPU) is None, field
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_kept_states_give_the_stateless_gradients(precision):
+    """kda_forward(save_for_backward=True) then kda_backward(saved=...): the forward's own output and the
+    stateless backward's gradients, to the bit (the same kernels write the same bytes: docs/design.md 9.5)."""
+    x, opts, do, ds = inputs("varlen-gva-softplus-vk-f32-gate-and-beta")
+    dev_x, dev_o = to_dev(x), to_dev(dict(opts, state_precision=precision))
+    o, final = kdacupy.kda_forward(**dev_x, **dev_o, output_final_state=True)
+    o_kept, final_kept, saved = kdacupy.kda_forward(**dev_x, **dev_o, output_final_state=True, save_for_backward=True)
+    assert bool(cp.array_equal(o, o_kept)) and bool(cp.array_equal(final, final_kept))
+    assert saved.nbytes == kdacupy.saved_nbytes(x["q"].shape, x["v"].shape, len(opts["cu_seqlens"]) - 1, precision)
+    dev_do, dev_ds = cp.asarray(do), cp.asarray(ds)  # the forward's own arrays: the fingerprint holds their addresses
+    want = host(kdacupy.kda_backward(dev_do, **dev_x, dfinal_state=dev_ds, **dev_o))
+    got = host(kdacupy.kda_backward(dev_do, **dev_x, dfinal_state=dev_ds, **dev_o, saved=saved))
+    for field, a, b in zip(kdacupy.KDAGradients._fields, got, want):
+        assert (a is None) == (b is None), field
+        if b is not None:
+            np.testing.assert_array_equal(a, b, err_msg=field)
