@@ -1,7 +1,7 @@
 // The ONE place with inline PTX. Every wrapper here has a CPU twin of the same
 // name and signature in kdacupy/emulate/ptx_twins.h (used when KDA_EMULATE is
 // defined) and a unit test in tests/emulate/test_ptx_twins.py (the Hopper ones:
-// tests/emulate/test_ptx_twins_async.py). Keep the two in step.
+// tests/emulate/test_ptx_twins_async.py, the Blackwell ones: test_ptx_twins_tcgen05.py). Keep them in step.
 // Fragment layouts (g = lane>>2, t = lane&3, lower index in the low 16 bits):
 //   mma m16n8k16 A: a0=(g, 2t..2t+1) a1=(g+8, 2t..) a2=(g, 2t+8..) a3=(g+8, 2t+8..)
 //                B: b0=(k 2t..2t+1, n g) b1=(k 2t+8..2t+9, n g)
@@ -394,6 +394,80 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], const u32 (&a)[4],
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// ---- Blackwell's fifth-generation tensor cores: tcgen05 and tensor memory (sm_100a only) -------
+// Tensor memory (TMEM): 128 lanes x 512 columns of 32 bits a CTA; an address is lane << 16 | column.
+// Allocated by columns (a power of 2 in [32, 512]) by one whole warp, which must free them before the
+// CTA exits. tcgen05.mma is issued by ONE thread: D (TMEM, fp32) = A (shared memory, umma_desc) x
+// B (shared memory) + (accumulate ? D : 0); it completes asynchronously, signalled by umma_commit's
+// arrival on an mbarrier (every earlier tcgen05.mma of the issuing thread). D's rows: M = 128, row i
+// in lane i; M = 64, row i in lane 32 (i / 16) + i % 16 (each warp's quarter, its first 16 lanes);
+// column j in column (d's column) + j. tcgen05.ld 32x32b.xN: warp w (of its warpgroup, w = warp % 4)
+// reads lanes 32w..32w+31, thread t lane 32w + t, N consecutive columns into r[0..N); r is undefined
+// until tmem_wait_ld. Across threads, tcgen05 work is ordered by tcgen05_fence_before_sync /
+// _after_sync around the barrier or mbarrier wait.
+#if defined(__CUDA_ARCH_FEAT_SM100_ALL)
+__device__ __forceinline__ void tmem_alloc(u32* slot, u32 ncols) {  // whole warp; *slot = the base address
+  asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], %1;" ::"r"(
+                   kda_ptx_detail::smem_addr(slot)), "r"(ncols)
+               : "memory");
+}
+__device__ __forceinline__ void tmem_relinquish() {  // whole warp: this CTA allocates no more
+  asm volatile("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void tmem_dealloc(u32 taddr, u32 ncols) {  // whole warp
+  asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, %1;" ::"r"(taddr), "r"(ncols) : "memory");
+}
+// One thread: D at d_tmem (+)= A x B, bf16 operands, fp32 D, shapes and majors in idesc (umma_idesc_bf16).
+__device__ __forceinline__ void umma_bf16(u32 d_tmem, u64 a_desc, u64 b_desc, u32 idesc, bool accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, p; }" ::"r"(d_tmem),
+      "l"(a_desc), "l"(b_desc), "r"(idesc), "r"(accumulate ? 1u : 0u)
+      : "memory");
+}
+// One thread: one arrival on bar once every earlier tcgen05.mma of this thread completed.
+__device__ __forceinline__ void umma_commit(u64* bar) {
+  asm volatile("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(
+                   kda_ptx_detail::smem_addr(bar))
+               : "memory");
+}
+namespace kda_ptx_detail {
+template <int N>
+struct TmemLd;
+template <>
+struct TmemLd<8> {
+  static __device__ __forceinline__ void run(u32 taddr, float (&r)[8]) {
+    asm volatile("tcgen05.ld.sync.aligned.32x32b.x8.b32 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8];"
+                 : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]), "=f"(r[4]), "=f"(r[5]), "=f"(r[6]), "=f"(r[7])
+                 : "r"(taddr));
+  }
+};
+template <>
+struct TmemLd<16> {
+  static __device__ __forceinline__ void run(u32 taddr, float (&r)[16]) {
+    asm volatile(
+        "tcgen05.ld.sync.aligned.32x32b.x16.b32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
+        "%15}, [%16];"
+        : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]), "=f"(r[4]), "=f"(r[5]), "=f"(r[6]), "=f"(r[7]), "=f"(r[8]),
+          "=f"(r[9]), "=f"(r[10]), "=f"(r[11]), "=f"(r[12]), "=f"(r[13]), "=f"(r[14]), "=f"(r[15])
+        : "r"(taddr));
+  }
+};
+}  // namespace kda_ptx_detail
+// Whole warp: thread t's N columns of lane 32 (warp % 4) + t from taddr (N = 8, 16); undefined until
+// tmem_wait_ld.
+template <int N>
+__device__ __forceinline__ void tmem_ld_32x32b(u32 taddr, float (&r)[N]) {
+  kda_ptx_detail::TmemLd<N>::run(taddr, r);
+}
+__device__ __forceinline__ void tmem_wait_ld() { asm volatile("tcgen05.wait::ld.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void tcgen05_fence_before_sync() {
+  asm volatile("tcgen05.fence::before_thread_sync;" ::: "memory");
+}
+__device__ __forceinline__ void tcgen05_fence_after_sync() {
+  asm volatile("tcgen05.fence::after_thread_sync;" ::: "memory");
+}
+#endif  // __CUDA_ARCH_FEAT_SM100_ALL
+
 #endif  // KDA_EMULATE
 
 // ---- shared by the GPU and the emulation (no PTX) ----------------------------------------------
@@ -412,6 +486,26 @@ __device__ __forceinline__ u64 wgmma_desc(const void* tile, u32 lead_bytes, u32 
 // descriptor iterator does, not rebuilt from a generic pointer for every wgmma.
 __device__ __forceinline__ u64 wgmma_desc_add(u64 desc, u32 bytes) {
   return (desc & 0xFFFFFFFF00000000ull) | (u64)((u32)desc + (bytes >> 4));
+}
+
+// The sm_100 shared-memory descriptor of a tcgen05.mma operand tile (the wgmma descriptor's fields, and
+// bits 46-48 = 0b001, the version; swizzle in bits 61-63: 0 none, 2 128B, 4 64B, 6 32B). No-swizzle
+// K-major tiles: 8-row x 16-byte core matrices, lead = the bytes between core matrices along K, stride =
+// along M or N (the layouts of the header's wgmma B, for A too).
+enum : int { UMMA_SWIZZLE_NONE = 0, UMMA_SWIZZLE_128B = 2, UMMA_SWIZZLE_64B = 4, UMMA_SWIZZLE_32B = 6 };
+__device__ __forceinline__ u64 umma_desc(const void* tile, u32 lead_bytes, u32 stride_bytes, int swizzle) {
+  return (u64)((smem_u32(tile) & 0x3FFFFu) >> 4) | (u64)((lead_bytes & 0x3FFFFu) >> 4) << 16 |
+         (u64)((stride_bytes & 0x3FFFFu) >> 4) << 32 | 1ull << 46 | (u64)(swizzle & 7) << 61;
+}
+// The instruction descriptor of tcgen05.mma.kind::f16 with bf16 A and B and an fp32 D: bits 4-5 D's
+// format (1 = f32), 7-9 A's and 10-12 B's (1 = bf16), 15 / 16 A / B major (0 K-major, 1 M / N-major),
+// 17-22 N >> 3, 24-28 M >> 4; the rest 0 (dense, no negation, no saturation).
+template <int M, int N, bool A_MN_MAJOR, bool B_MN_MAJOR>
+__device__ __forceinline__ constexpr u32 umma_idesc_bf16() {
+  static_assert((M == 64 && N % 8 == 0 && N >= 8 && N <= 256) || (M == 128 && N % 16 == 0 && N >= 16 && N <= 256),
+                "tcgen05.mma cta_group::1 shapes: M = 64 (N a multiple of 8) or 128 (of 16), N <= 256");
+  return 1u << 4 | 1u << 7 | 1u << 10 | (A_MN_MAJOR ? 1u : 0u) << 15 | (B_MN_MAJOR ? 1u : 0u) << 16 |
+         (u32)(N >> 3) << 17 | (u32)(M >> 4) << 24;
 }
 
 #if defined(KDA_EMULATE) || __CUDA_ARCH__ >= 900

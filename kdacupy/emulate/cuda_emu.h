@@ -250,6 +250,7 @@ struct Worker {
   WarpGroup* wgs;          // (nwarps + 3) / 4 of them
   Bulk* bulk;              // bulk copies not yet landed, in issue order (deferred mode)
   int nbulk, capbulk;
+  struct Tmem* tm;         // tensor memory and tcgen05's pending work (ptx_twins.h), made at first use
 #ifdef KDA_EMU_CHECK
   struct Checks* ck;
   struct Prof* pf;         // counters of this OS thread (KDACUPY_EMULATE_PROFILE), or null
@@ -484,6 +485,9 @@ KDA_EMU_RT inline void init_fiber_stack(Worker* w, Fiber* f) {
 #endif
 }
 
+KDA_EMU_RT inline void tmem_block_begin(Worker* w);  // ptx_twins.h
+KDA_EMU_RT inline void tmem_block_end(Worker* w);
+
 KDA_EMU_RT inline void run_block(Worker* w, long long b) {
   Launch* L = w->L;
   w->bid = {(unsigned)(b % L->grid.x), (unsigned)((b / L->grid.x) % L->grid.y),
@@ -508,6 +512,7 @@ KDA_EMU_RT inline void run_block(Worker* w, long long b) {
     g.what = "";
   }
   w->nbulk = 0;  // so do bulk copies never waited for
+  tmem_block_begin(w);
   for (int k = 0; k < w->n; k++) {
     Fiber* f = &w->fibers[L->reverse ? w->n - 1 - k : k];
     f->ncp = 0;
@@ -534,6 +539,7 @@ KDA_EMU_RT inline void run_block(Worker* w, long long b) {
   prof_block_end(w);
 #endif
   // Back here when no fiber can run: all exited, an error, or a deadlock.
+  if (w->live == 0 && !__atomic_load_n(&L->abort, __ATOMIC_RELAXED)) tmem_block_end(w);
   if (w->live == 0 || __atomic_load_n(&L->abort, __ATOMIC_RELAXED)) return;
   char msg[2048];
   int len = snprintf(msg, sizeof msg, "deadlock in block (%u,%u,%u):", w->bid.x, w->bid.y, w->bid.z);
@@ -654,6 +660,7 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
     }
     g_worker = saved;
   }
+  free(w.tm);
   if (w.fibers)
     for (int i = 0; i < w.n; i++) free(w.fibers[i].cp);
   if (w.wgs)

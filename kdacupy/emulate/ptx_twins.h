@@ -572,7 +572,9 @@ KDA_EMU_RT inline void mb_land(u64* bar) {
   }
   w->nbulk = k;
 }
+KDA_EMU_RT inline void tc_land(u64* bar);  // below: tcgen05.mma performed, their commits' arrivals made
 KDA_EMU_RT inline bool mb_test(u64* bar, unsigned parity, const char* what) {
+  tc_land(bar);
   MbState s = mb_load(bar, what);
 #ifdef KDA_EMU_CHECK
   bulk_settle(bar, s.phase);  // racecheck: the copies of completed phases have landed
@@ -631,6 +633,241 @@ KDA_EMU_RT inline void bulk_copy(void* dst, const void* src, unsigned bytes, u64
   }
   w->bulk[w->nbulk++] = Bulk{dst, src, bytes, bar};
   mb_wake(bar);
+}
+
+// ---- Blackwell: tcgen05 and tensor memory ------------------------------------------------------
+// TMEM: 128 lanes x 512 columns of 32 bits a block, allocated by 32-column units. An issued
+// tcgen05.mma reads its operands when performed (eager mode: at the issue) and is performed, in issue
+// order, when a wait finds the mbarrier its tcgen05.commit arrives on (eager: at the commit); until
+// then its D columns are pending, and a tcgen05.ld or dealloc of them fails (a missing wait). A
+// tcgen05.ld's registers read as NaN until the lane's tcgen05.wait::ld. Each D element is the exact
+// sum of its 16 products and C, rounded once (KDA_EMU_NUMERICS=1: the tensor cores' sum), as wgmma's.
+struct TcOp {
+  u32 d, idesc;
+  u64 a, b;
+  int acc, lin, m, n, a_mn, b_mn;  // lin: the issuing thread
+  u64* bar;                        // its commit's mbarrier (null: not committed yet)
+  uintptr_t pc;
+  int read;
+  u16 A[128][16], B[16][256];
+};
+struct TmLoad { float* dst; int n, pending; u32 v[16]; };
+struct Tmem {
+  u32 cell[128][512];
+  int pend[512];          // pending tcgen05.mma writing each column
+  unsigned units;         // allocated 32-column units (bit u: columns 32u..32u+31)
+  int relinquished;
+  TcOp* ops[64];          // issued, not performed, in issue order
+  int nops;
+  int commits[64];        // per pending commit: its mbarrier's index in bars, issuer in issuers
+  u64* bars[64];
+  int issuers[64], ncommits;
+  TmLoad ld[1024];        // per thread of the block: its tcgen05.ld not yet waited for
+};
+
+KDA_EMU_RT inline Tmem* tm_of(const char* what) {
+  Worker* w = g_worker;
+  if (!w->tm) {
+    w->tm = (Tmem*)calloc(1, sizeof(Tmem));
+    if (!w->tm) fail("%s: out of memory for the tensor memory", what);
+  }
+  if (w->n > 1024) fail("%s: blocks of more than 1024 threads", what);
+  return w->tm;
+}
+KDA_EMU_RT inline void tmem_block_begin(Worker* w) {
+  if (!w->tm) return;
+  for (int i = 0; i < w->tm->nops; i++) free(w->tm->ops[i]);
+  memset(w->tm, 0, sizeof(Tmem));
+  for (int l = 0; l < 128; l++)
+    for (int c = 0; c < 512; c++) w->tm->cell[l][c] = WG_POISON;  // unwritten tensor memory reads as NaN
+}
+// A CTA must free its tensor memory before it exits (the ISA: else undefined); the emulation says so.
+KDA_EMU_RT inline void tmem_block_end(Worker* w) {
+  if (!w->tm || !w->tm->units) return;
+  char msg[256];
+  snprintf(msg, sizeof msg, "block (%u,%u,%u): tcgen05: tensor memory columns (units 0x%x of 32) still allocated when "
+           "the block exited (a tcgen05.dealloc missing)", w->bid.x, w->bid.y, w->bid.z, w->tm->units);
+  record_error(w->L, msg);
+}
+KDA_EMU_RT inline void tm_columns(Tmem* t, u32 col, int n, const char* what) {
+  if (col + n > 512) fail("%s: columns [%u, %u) past the 512 of tensor memory", what, col, col + n);
+  for (u32 c = col; c < col + n; c += 32 - c % 32)
+    if (!(t->units >> (c / 32) & 1)) fail("%s: column %u is not allocated (tcgen05.alloc first)", what, c);
+}
+// Operand element (r, k) of an sm_100 shared-memory descriptor (r: the M or N index): the wgmma
+// layouts of kernels/ptx.cuh's header, the swizzle field re-coded (bits 61-63: 0, 2, 4, 6).
+KDA_EMU_RT inline const u16* tc_elem(u64 desc, int mn_major, int r, int k, const char* what) {
+  if (((desc >> 46) & 7) != 1) fail("%s: descriptor bits 46-48 are %d, not 0b001 (sm_100's version)", what, (int)((desc >> 46) & 7));
+  int swz = (int)(desc >> 61);
+  if (swz & 1 || swz > 6) fail("%s: descriptor swizzle mode %d (the emulation knows 0, 2, 4, 6)", what, swz);
+  u64 wg = (desc & ~(7ull << 61) & ~(7ull << 46)) | (u64)(swz == 0 ? 0 : swz == 2 ? 1 : swz == 4 ? 2 : 3) << 62;
+  return wg_b_elem(wg, mn_major, k, r);
+}
+KDA_EMU_RT inline void tc_read(TcOp* op) {
+  const char* what = "tcgen05.mma";
+  for (int k = 0; k < 16; k++) {
+    for (int i = 0; i < op->m; i++) op->A[i][k] = *tc_elem(op->a, op->a_mn, i, k, what);
+    for (int j = 0; j < op->n; j++) op->B[k][j] = *tc_elem(op->b, op->b_mn, j, k, what);
+  }
+  op->read = 1;
+}
+KDA_EMU_RT inline int tc_lane(int m, int i) { return m == 128 ? i : 32 * (i / 16) + i % 16; }
+KDA_EMU_RT inline void tc_perform(Tmem* t, TcOp* op) {
+  if (!op->read) tc_read(op);
+#ifdef KDA_EMU_CHECK
+  for (int k = 0; k < 16; k++) {  // racecheck: the operands are no longer read
+    for (int i = 0; i < op->m; i++) wgmma_b_operand(tc_elem(op->a, op->a_mn, i, k, "tcgen05.mma"), true, 0);
+    for (int j = 0; j < op->n; j++) wgmma_b_operand(tc_elem(op->b, op->b_mn, j, k, "tcgen05.mma"), true, 0);
+  }
+#endif
+  u32 lane0 = op->d >> 16, col = op->d & 0xFFFF;
+  for (int i = 0; i < op->m; i++) {
+    u32* row = t->cell[lane0 + tc_lane(op->m, i)];
+    for (int j = 0; j < op->n; j++) {
+      float c = op->acc ? __uint_as_float(row[col + j]) : 0.0f;
+#if KDA_EMU_NUMERICS == 1
+      double prod[16];
+      for (int k = 0; k < 16; k++) prod[k] = bf2d(op->A[i][k]) * bf2d(op->B[k][j]);
+      row[col + j] = __float_as_uint(hw::dot(c, prod, 16));
+#else
+      double sum = (double)c;
+      for (int k = 0; k < 16; k++) sum += bf2d(op->A[i][k]) * bf2d(op->B[k][j]);
+      row[col + j] = __float_as_uint((float)sum);
+#endif
+    }
+  }
+  for (int j = 0; j < op->n; j++) t->pend[col + j]--;
+}
+// Performs the committed tcgen05.mma of every commit on `bar` (in issue order) and makes the commits'
+// arrivals; the others stay pending.
+KDA_EMU_RT inline void tc_land(u64* bar) {
+  Tmem* t = g_worker->tm;
+  if (!t) return;
+  int arrivals = 0, k = 0;
+  for (int i = 0; i < t->ncommits; i++) {
+    if (t->bars[i] == bar) arrivals++;
+    else t->bars[k] = t->bars[i], t->issuers[k++] = t->issuers[i];
+  }
+  if (!arrivals) return;
+  t->ncommits = k;
+  k = 0;
+  for (int i = 0; i < t->nops; i++) {
+    TcOp* op = t->ops[i];
+    if (op->bar == bar) {
+      tc_perform(t, op);
+      free(op);
+    } else {
+      t->ops[k++] = op;
+    }
+  }
+  t->nops = k;
+  for (int i = 0; i < arrivals; i++) mb_arrive(bar, 0, "tcgen05.commit");
+}
+KDA_EMU_RT inline void tc_mma(u32 d, u64 a, u64 b, u32 idesc, bool acc, uintptr_t pc) {
+  const char* what = "tcgen05.mma";
+  Tmem* t = tm_of(what);
+  if ((idesc & 0x0F) || ((idesc >> 4) & 3) != 1 || ((idesc >> 7) & 7) != 1 || ((idesc >> 10) & 7) != 1 ||
+      (idesc >> 13 & 3) || (idesc >> 23 & 1) || (idesc >> 29))
+    fail("%s: instruction descriptor 0x%08x is not kind::f16's dense bf16 x bf16 -> f32 without negation (the "
+         "emulation knows that one)", what, idesc);
+  int m = (int)((idesc >> 24) & 31) << 4, n = (int)((idesc >> 17) & 63) << 3;
+  if (!((m == 64 && n >= 8 && n <= 256) || (m == 128 && n >= 16 && n <= 256 && n % 16 == 0)))
+    fail("%s: M = %d, N = %d is no cta_group::1 shape", what, m, n);
+  u32 lane0 = d >> 16, col = d & 0xFFFF;
+  if (lane0) fail("%s: D at lane %u (cta_group::1 D starts at lane 0)", what, lane0);
+  tm_columns(t, col, n, what);
+  if (t->nops == 64) fail("%s: more than 64 pending (commit and wait for them)", what);
+  TcOp* op = (TcOp*)malloc(sizeof(TcOp));
+  if (!op) fail("%s: out of memory", what);
+  *op = TcOp{d, idesc, a, b, acc ? 1 : 0, g_cur->lin, m, n, (int)(idesc >> 15 & 1), (int)(idesc >> 16 & 1), nullptr, pc, 0};
+#ifdef KDA_EMU_CHECK
+  for (int k = 0; k < 16; k++) {  // racecheck: the operands are read from now until performed
+    for (int i = 0; i < m; i++) wgmma_b_operand(tc_elem(a, op->a_mn, i, k, what), false, pc);
+    for (int j = 0; j < n; j++) wgmma_b_operand(tc_elem(b, op->b_mn, j, k, what), false, pc);
+  }
+#endif
+  (void)pc;
+  if (g_worker->L->cp_eager) tc_read(op);
+  for (int j = 0; j < n; j++) t->pend[col + j]++;
+  t->ops[t->nops++] = op;
+}
+KDA_EMU_RT inline void tc_commit(u64* bar) {
+  const char* what = "tcgen05.commit";
+  Tmem* t = tm_of(what);
+  mb_load(bar, what);
+  int me = g_cur->lin;
+  for (int i = 0; i < t->nops; i++)
+    if (t->ops[i]->lin == me && !t->ops[i]->bar) t->ops[i]->bar = bar;
+  if (t->ncommits == 64) fail("%s: more than 64 pending", what);
+  t->bars[t->ncommits] = bar, t->issuers[t->ncommits++] = me;
+  if (g_worker->L->cp_eager) tc_land(bar);
+  else mb_wake(bar);
+}
+KDA_EMU_RT inline void tm_alloc(u32* slot, u32 ncols) {
+  Fiber* f = g_cur;
+  const char* what = "tcgen05.alloc";
+  Tmem* t = tm_of(what);
+  smem_window(slot, what);
+  warp_barrier(f, what, [t, slot, ncols, what]() KDA_EMU_RT {
+    if (ncols < 32 || ncols > 512 || (ncols & (ncols - 1))) fail("%s: %u columns (a power of 2 in [32, 512])", what, ncols);
+    if (t->relinquished) fail("%s after tcgen05.relinquish_alloc_permit", what);
+    unsigned units = ncols / 32, mask = units == 16 ? 0xFFFFu : ((1u << units) - 1);
+    for (unsigned u = 0; u + units <= 16; u += units)
+      if (!(t->units & (mask << u))) {
+        t->units |= mask << u;
+        *slot = 32 * u;  // lane 0, the first column
+        return;
+      }
+    fail("%s: %u columns asked, not free in the 512 (this emulation does not wait for another CTA's)", what, ncols);
+  });
+}
+KDA_EMU_RT inline void tm_dealloc(u32 taddr, u32 ncols) {
+  Fiber* f = g_cur;
+  const char* what = "tcgen05.dealloc";
+  Tmem* t = tm_of(what);
+  warp_barrier(f, what, [t, taddr, ncols, what]() KDA_EMU_RT {
+    u32 col = taddr & 0xFFFF;
+    if ((taddr >> 16) || col % 32 || ncols < 32 || (ncols & (ncols - 1)))
+      fail("%s: address 0x%x, %u columns: not an allocation", what, taddr, ncols);
+    unsigned units = ncols / 32, mask = (units == 16 ? 0xFFFFu : ((1u << units) - 1)) << (col / 32);
+    if ((t->units & mask) != mask) fail("%s: columns [%u, %u) not all allocated", what, col, col + ncols);
+    for (u32 c = col; c < col + ncols; c++)
+      if (t->pend[c]) fail("%s: column %u is written by a tcgen05.mma not yet complete (a wait on its commit's "
+                           "mbarrier missing)", what, c);
+    t->units &= ~mask;
+  });
+}
+KDA_EMU_RT inline void tm_relinquish() {
+  Tmem* t = tm_of("tcgen05.relinquish_alloc_permit");
+  warp_barrier(g_cur, "tcgen05.relinquish_alloc_permit", [t]() KDA_EMU_RT { t->relinquished = 1; });
+}
+// tcgen05.ld.32x32b.xN by one thread of its warp: lane 32 (warp % 4) + thread's lane, N columns.
+KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
+  const char* what = "tcgen05.ld";
+  Tmem* t = tm_of(what);
+  Fiber* f = g_cur;
+  u32 base = taddr >> 16, col = taddr & 0xFFFF;
+  if (base != 32u * (f->warp % 4))
+    fail("%s: lane field %u of warp %d's address (a warp reads its own quarter: lanes %d..%d)", what, base, f->warp,
+         32 * (f->warp % 4), 32 * (f->warp % 4) + 31);
+  tm_columns(t, col, n, what);
+  TmLoad& l = t->ld[f->lin];
+  if (l.pending) fail("%s: a second tcgen05.ld before the tcgen05.wait::ld of the first (the emulation keeps one)", what);
+  for (int j = 0; j < n; j++) {
+    if (t->pend[col + j])
+      fail("%s: column %u is written by a tcgen05.mma not yet complete (a wait on its commit's mbarrier missing)",
+           what, col + j);
+    l.v[j] = t->cell[base + f->lane][col + j];
+    r[j] = __uint_as_float(WG_POISON);  // undefined until tcgen05.wait::ld
+  }
+  l.dst = r, l.n = n, l.pending = 1;
+}
+KDA_EMU_RT inline void tm_wait_ld() {
+  Tmem* t = tm_of("tcgen05.wait::ld");
+  TmLoad& l = t->ld[g_cur->lin];
+  if (!l.pending) return;
+  for (int j = 0; j < l.n; j++) l.dst[j] = __uint_as_float(l.v[j]);
+  l.pending = 0;
 }
 }  // namespace kda_emu
 
@@ -804,3 +1041,19 @@ KDA_EMU_RT inline void fence_proxy_async_smem() {
   ::kda_emu::proxy_fence();
 #endif
 }
+// ---- Blackwell (kernels/ptx.cuh: sm_100a there, always here) ------------------------------------
+KDA_EMU_RT inline void tmem_alloc(u32* slot, u32 ncols) { ::kda_emu::tm_alloc(slot, ncols); }
+KDA_EMU_RT inline void tmem_relinquish() { ::kda_emu::tm_relinquish(); }
+KDA_EMU_RT inline void tmem_dealloc(u32 taddr, u32 ncols) { ::kda_emu::tm_dealloc(taddr, ncols); }
+KDA_EMU_RT inline void umma_bf16(u32 d_tmem, u64 a_desc, u64 b_desc, u32 idesc, bool accumulate) {
+  ::kda_emu::tc_mma(d_tmem, a_desc, b_desc, idesc, accumulate, KDA_EMU_PC);
+}
+KDA_EMU_RT inline void umma_commit(u64* bar) { ::kda_emu::tc_commit(bar); }
+template <int N>
+KDA_EMU_RT inline void tmem_ld_32x32b(u32 taddr, float (&r)[N]) {
+  static_assert(N == 8 || N == 16, "tmem_ld_32x32b: N = 8 or 16");
+  ::kda_emu::tm_ld(taddr, r, N);
+}
+KDA_EMU_RT inline void tmem_wait_ld() { ::kda_emu::tm_wait_ld(); }
+KDA_EMU_RT inline void tcgen05_fence_before_sync() {}  // ordering only: the emulation's threads are ordered
+KDA_EMU_RT inline void tcgen05_fence_after_sync() {}

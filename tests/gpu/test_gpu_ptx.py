@@ -382,3 +382,46 @@ def test_bulk_copy_ring(hopper):
     out = hopper("k_bulk_ring", 1, 128, (g.view(np.uint8), np.zeros_like(g), np.int32(5), np.int32(1024),
                                          np.int32(0)), 128 + 2 * 1024)[1]
     np.testing.assert_array_equal(out, g)
+
+
+# ---- Blackwell (sm_100a): tcgen05, tensor memory -----------------------------------------------------
+class Blackwell(Gpu):
+    """tests/emulate/test_ptx_twins_tcgen05.py's kernels, built for sm_100a by the runtime's loader."""
+
+    def __init__(self):
+        from kdacupy.jit.loaders import cuda_module
+
+        from ..emulate import test_ptx_twins_tcgen05 as blackwell_twins
+        self.mod, _ = cuda_module(kernel_source(blackwell_twins.KERNELS), "sm_100a", "the sm_100a probes")
+
+
+@pytest.fixture(scope="module")
+def blackwell():
+    if cp.cuda.Device().compute_capability != "100":
+        pytest.skip("sm_100a probes: compute capability 10.0 only")
+    return Blackwell()
+
+
+@pytest.mark.parametrize("m, n", [(64, 8), (64, 64), (128, 16), (128, 128)])
+@pytest.mark.parametrize("b_mn", [0, 1], ids=["B K-major", "B N-major"])
+@pytest.mark.parametrize("bulk", [0, 16], ids=["stores", "bulk copy"])
+def test_umma_layouts_bit_exact(blackwell, m, n, b_mn, bulk):
+    """Integer-valued operands (every sum exact under any model): the sm_100 descriptors, the
+    instruction descriptor's M / N / majors, the data-path layouts of M = 64 and 128 and tcgen05.ld's
+    32x32b lanes are what the twins assume (tests/emulate/test_ptx_twins_tcgen05.py)."""
+    from ..emulate import test_ptx_twins_tcgen05 as blackwell_twins
+
+    A, B = blackwell_twins.operands(m, n, 2, np.random.default_rng(300 + m + n + b_mn))
+    want = (A.astype(np.float64) @ B.astype(np.float64)).astype(F32)
+    np.testing.assert_array_equal(blackwell_twins.run(blackwell, A, B, b_mn, flags=bulk), want)
+
+
+def test_umma_descriptor_words_and_allocation(blackwell):
+    """The wrappers' descriptors as built on the device, and tcgen05.alloc's addresses (lane 0, columns
+    0 and 64 for 64 then 32 columns in a fresh CTA: the twin's first fit)."""
+    out = blackwell("k_umma_desc", 1, 32, (np.zeros(4, np.uint32), np.int32(4096), np.int32(256), np.int32(2)),
+                    1024)[0]
+    assert int(out[1]) >> (46 - 32) & 7 == 1 and int(out[1]) >> (61 - 32) == 2
+    got = blackwell("k_tmem", 1, 32, (np.zeros(2, np.uint32), np.int32(0)), 64)[0]
+    print(f"tcgen05.alloc's addresses: {list(got)}")
+    assert got[0] >> 16 == 0 and got[1] >> 16 == 0 and got[0] != got[1]

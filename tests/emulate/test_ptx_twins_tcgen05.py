@@ -1,0 +1,237 @@
+"""Blackwell's tcgen05 wrappers of kernels/ptx.cuh against their CPU twins (kdacupy/emulate/ptx_twins.h):
+tensor memory's allocation, tcgen05.mma with its sm_100 shared-memory and instruction descriptors,
+tcgen05.commit to an mbarrier, tcgen05.ld and its wait (docs/design.md section 4).
+
+Operand images, descriptors and the accumulator's lanes are built here from the PTX ISA's text (the
+canonical shared-memory layouts, the descriptors' bit fields, the data-path layouts of M = 64 and 128
+for cta_group::1), never from the C++; each planted bug (a wait, a commit's mbarrier wait, a dealloc
+missing or early, an operand read before its copy landed) must fail the emulated run.
+"""
+import numpy as np
+import pytest
+
+from kdacupy.emulate import EmulatedModule, EmulationError
+
+from .test_ptx_twins import kernel_source
+from .test_ptx_twins_async import BF16, F32, image, step_model
+
+pytestmark = pytest.mark.emulate
+
+KERNELS = r"""
+// flags: 1 no wait on the commit's mbarrier; 2 d written from the registers before tcgen05.wait::ld;
+// 4 no dealloc; 8 dealloc right after the commit, before the wait; 16 B arrives by cp.async.bulk on a
+// second mbarrier, 32 and the MMA does not wait for it.
+template <int M, int N, bool BMN>
+__device__ void umma_case(const u8* aimg, int abytes, int astep, const u8* bimg, int bbytes, int bstep, const int* geo,
+                          float* d, int steps, int flags) {
+  unsigned char* s = dynamic_smem();
+  u64* bar = reinterpret_cast<u64*>(s);
+  u64* copied = reinterpret_cast<u64*>(s + 8);
+  u32* slot = reinterpret_cast<u32*>(s + 16);
+  unsigned char* at = s + 1024 - smem_u32(s) % 1024;  // the A image at a multiple of 1024, then B's
+  unsigned char* bt = at + (abytes + 1023) / 1024 * 1024;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  constexpr u32 NCOLS = N <= 32 ? 32 : N <= 64 ? 64 : N <= 128 ? 128 : 256;
+  for (int i = t; i < abytes; i += blockDim.x) at[i] = aimg[i];
+  if (!(flags & 16))
+    for (int i = t; i < bbytes; i += blockDim.x) bt[i] = bimg[i];
+  if (t == 0) {
+    mbarrier_init(bar, 1);
+    mbarrier_init(copied, 1);
+  }
+  fence_proxy_async_smem();  // the generic writes (tiles, barriers), before the async proxy reads them
+  __syncthreads();
+  if ((flags & 16) && t == 0) {
+    mbarrier_arrive_expect_tx(copied, bbytes);
+    cp_async_bulk_g2s(bt, bimg, bbytes, copied);
+  }
+  if (warp == 0) tmem_alloc(slot, NCOLS);
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  tcgen05_fence_after_sync();
+  const u32 taddr = *slot;
+  if (t == 0) {
+    if ((flags & 16) && !(flags & 32)) mbarrier_wait_parity(copied, 0);
+    constexpr u32 idesc = umma_idesc_bf16<M, N, false, BMN>();
+    for (int k = 0; k < steps; k++)
+      umma_bf16(taddr, umma_desc(at + k * astep, geo[0], geo[1], UMMA_SWIZZLE_NONE),
+                umma_desc(bt + k * bstep, geo[2], geo[3], UMMA_SWIZZLE_NONE), idesc, k > 0);
+    umma_commit(bar);
+  }
+  if ((flags & 8) && warp == 0) tmem_dealloc(taddr, NCOLS);
+  if (!(flags & 1)) mbarrier_wait_parity(bar, 0);
+  tcgen05_fence_after_sync();
+  const int row = M == 128 ? 32 * warp + lane : 16 * warp + lane;  // the row of D in this thread's lane
+  for (int c = 0; c < N; c += 8) {
+    float r[8];
+    tmem_ld_32x32b<8>(taddr + ((32u * warp) << 16) + c, r);
+    if (flags & 2)
+      for (int j = 0; j < 8; j++) if (M == 128 || lane < 16) d[row * N + c + j] = r[j];
+    tmem_wait_ld();
+    if (!(flags & 2))
+      for (int j = 0; j < 8; j++) if (M == 128 || lane < 16) d[row * N + c + j] = r[j];
+  }
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  if (warp == 0 && !(flags & 12)) tmem_dealloc(taddr, NCOLS);
+}
+
+extern "C" __global__ void k_umma(const u8* aimg, int abytes, int astep, const u8* bimg, int bbytes, int bstep,
+                                  const int* geo, float* d, int m, int n, int bmn, int steps, int flags) {
+#define KDA_CASE(M, N)                                                                              \
+  if (m == M && n == N && bmn) umma_case<M, N, true>(aimg, abytes, astep, bimg, bbytes, bstep, geo, d, steps, flags); \
+  if (m == M && n == N && !bmn) umma_case<M, N, false>(aimg, abytes, astep, bimg, bbytes, bstep, geo, d, steps, flags);
+  KDA_CASE(64, 8)
+  KDA_CASE(64, 64)
+  KDA_CASE(128, 16)
+  KDA_CASE(128, 128)
+#undef KDA_CASE
+}
+
+// The descriptors as the wrappers build them: out[0..1] umma_desc's words, out[2] umma_idesc_bf16's.
+extern "C" __global__ void k_umma_desc(u32* out, int lead, int stride, int swizzle) {
+  unsigned char* s = dynamic_smem();
+  u64 dsc = umma_desc(s + 256, lead, stride, swizzle);
+  out[0] = (u32)dsc;
+  out[1] = (u32)(dsc >> 32);
+  out[2] = umma_idesc_bf16<128, 64, false, true>();
+  out[3] = umma_idesc_bf16<64, 8, true, false>();
+}
+
+// Tensor memory's allocation rules: mode 0 alloc 64 then 32 columns (addresses to out), free both;
+// 1 alloc 48 columns; 2 alloc after relinquish; 3 tcgen05.ld of unallocated columns.
+extern "C" __global__ void k_tmem(u32* out, int mode) {
+  u32* slot = reinterpret_cast<u32*>(dynamic_smem());
+  if (mode == 0) {
+    tmem_alloc(slot, 64);
+    u32 a = *slot;
+    __syncwarp();
+    tmem_alloc(slot, 32);
+    u32 b = *slot;
+    if (threadIdx.x == 0) out[0] = a, out[1] = b;
+    tmem_dealloc(a, 64);
+    tmem_dealloc(b, 32);
+  } else if (mode == 1) {
+    tmem_alloc(slot, 48);
+  } else if (mode == 2) {
+    tmem_relinquish();
+    tmem_alloc(slot, 32);
+  } else {
+    float r[8];
+    tmem_ld_32x32b<8>(128, r);
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return EmulatedModule(kernel_source(KERNELS), ["k_umma", "k_umma_desc", "k_tmem"])
+
+
+def operands(m, n, steps, rng):
+    """A (m x 16 steps), B (16 steps x n): multiples of 1/64, so only the rounding points can differ."""
+    A = (rng.integers(-256, 257, (m, 16 * steps)) / 64.0).astype(BF16)
+    B = (rng.integers(-256, 257, (16 * steps, n)) / 64.0).astype(BF16)
+    return A, B
+
+
+def run(mod, A, B, b_mn, flags=0):
+    """D of the k_umma case: A K-major, B K- or N-major, both without swizzle (canonical layouts). ``mod``:
+    the emulated module, or tests/gpu/test_gpu_ptx.py's device one (called as mod(name, grid, block, args,
+    shared_mem), returning the arrays back)."""
+    m, n, steps = A.shape[0], B.shape[1], A.shape[1] // 16
+    aimg, albo, asbo, astep = image(A.T.copy().view(np.uint16), False, "none")  # A^T: k x m, K-major rows of m
+    bimg, blbo, bsbo, bstep = image(B.view(np.uint16), bool(b_mn), "none")
+    d = np.full((m, n), np.nan, F32)
+    geo = np.array([albo, asbo, blbo, bsbo], np.int32)
+    smem = 1024 + (aimg.size + 1023) // 1024 * 1024 + bimg.size + 1024
+    args = (aimg, np.int32(aimg.size), np.int32(astep), bimg, np.int32(bimg.size), np.int32(bstep), geo, d,
+            np.int32(m), np.int32(n), np.int32(b_mn), np.int32(steps), np.int32(flags))
+    if not hasattr(mod, "get_function"):  # the GPU's
+        return mod("k_umma", 1, 128, args, smem)[7]
+    mod.get_function("k_umma")(1, 128, args, shared_mem=smem)
+    return d
+
+
+@pytest.mark.parametrize("m, n", [(64, 8), (64, 64), (128, 16), (128, 128)])
+@pytest.mark.parametrize("b_mn", [0, 1], ids=["B K-major", "B N-major"])
+def test_umma_layouts_lanes_and_rounding(mod, m, n, b_mn):
+    """D = A B over three k16 instructions, each rounding once (as wgmma's twin), read back by every
+    warp's tcgen05.ld from its quarter of the lanes (M = 64: the first 16 of each)."""
+    A, B = operands(m, n, 3, np.random.default_rng(m + n + b_mn))
+    np.testing.assert_array_equal(run(mod, A, B, b_mn), step_model(A, B, np.zeros((m, n), F32), accumulate=False))
+
+
+def test_descriptor_bits(mod):
+    """umma_desc and umma_idesc_bf16 against the PTX ISA's fields: start >> 4 in bits 0-13, lead >> 4 in
+    16-29, stride >> 4 in 32-45, 0b001 in 46-48, swizzle in 61-63; the instruction descriptor's D format
+    (bits 4-5, f32 = 1), A and B formats (7-9, 10-12, bf16 = 1), majors (15, 16), N >> 3 (17-22), M >> 4 (24-28)."""
+    out = np.zeros(4, np.uint32)
+    mod.get_function("k_umma_desc")(1, 32, (out, np.int32(4096), np.int32(256), np.int32(2)), shared_mem=1024)
+    desc = int(out[0]) | int(out[1]) << 32
+    start = 0x80 + 256  # the emulation's shared window starts at 0x80 (ptx_twins.h)
+    assert desc == (start >> 4) | (4096 >> 4) << 16 | (256 >> 4) << 32 | 1 << 46 | 2 << 61
+    assert out[2] == 1 << 4 | 1 << 7 | 1 << 10 | 1 << 16 | (64 >> 3) << 17 | (128 >> 4) << 24
+    assert out[3] == 1 << 4 | 1 << 7 | 1 << 10 | 1 << 15 | (8 >> 3) << 17 | (64 >> 4) << 24
+
+
+def test_tensor_memory_allocation(mod):
+    out = np.zeros(2, np.uint32)
+    mod.get_function("k_tmem")(1, 32, (out, np.int32(0)), shared_mem=64)
+    assert list(out) == [0, 64]  # lane 0, first columns: 64 columns, then the next 32
+    for mode, message in ((1, r"48 columns \(a power of 2 in \[32, 512\]\)"),
+                          (2, r"tcgen05.alloc after tcgen05.relinquish_alloc_permit"),
+                          (3, r"tcgen05.ld: column 128 is not allocated")):
+        with pytest.raises(EmulationError, match=message):
+            mod.get_function("k_tmem")(1, 32, (out, np.int32(mode)), shared_mem=64)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (1, r"tcgen05.ld: column 0 is written by a tcgen05.mma not yet complete"),
+    (4, r"tensor memory columns .* still allocated when the block exited"),
+    (8, r"tcgen05.dealloc: column 0 is written by a tcgen05.mma not yet complete"),
+])
+def test_planted_bugs_fail(mod, flags, message):
+    A, B = operands(64, 8, 1, np.random.default_rng(1))
+    with pytest.raises(EmulationError, match=message):
+        run(mod, A, B, 0, flags)
+
+
+def test_registers_are_undefined_until_the_wait(mod):
+    A, B = operands(128, 16, 1, np.random.default_rng(2))
+    assert np.isnan(run(mod, A, B, 0, flags=2)).all()
+
+
+def test_operands_by_bulk_copy_and_a_missing_copy_wait(mod, monkeypatch):
+    """B by cp.async.bulk, waited for: the same D. Not waited for: the copy has not landed when the MMA
+    is performed, which the checks name (racecheck: a read of bytes a bulk copy still writes)."""
+    A, B = operands(64, 64, 2, np.random.default_rng(3))
+    want = step_model(A, B, np.zeros((64, 64), F32), accumulate=False)
+    np.testing.assert_array_equal(run(mod, A, B, 1, flags=16), want)
+    monkeypatch.setenv("KDACUPY_EMULATE_CHECK", "all")
+    checked = EmulatedModule(kernel_source(KERNELS), ["k_umma"])
+    np.testing.assert_array_equal(run(checked, A, B, 1, flags=16), want)
+    with pytest.raises(EmulationError, match=r"racecheck: cp.async.bulk hazard .* reads it at .*umma_bf16"):
+        run(checked, A, B, 1, flags=16 | 32)
+    monkeypatch.delenv("KDACUPY_EMULATE_CHECK")
+    assert np.isnan(run(mod, A, B, 1, flags=16 | 32)).all()  # unchecked: the tensor cores read unwritten bytes
+
+
+@pytest.mark.nvrtc
+def test_nvrtc_builds_them_for_sm_100a_only():
+    """sm_100a: the wrappers assemble to the tensor cores' own SASS (UTCHMMA, the commit's UTCBAR, LDTM,
+    the allocator's UTCATOMSWS); elsewhere they do not exist, so a kernel calling them fails to build
+    instead of running something else."""
+    from kdacupy.jit.nvrtc import nvrtc_compile
+    from kdacupy.jit.sass import disassemble, nvdisasm
+
+    src = kernel_source(KERNELS)
+    res = nvrtc_compile(src, "sm_100a")
+    assert res.ok, res.log
+    if nvdisasm() is not None:
+        sass = disassemble(res.cubin)
+        for op in ("UTCHMMA", "UTCBAR", "LDTM", "UTCATOMSWS"):
+            assert op in sass, op
+    other = nvrtc_compile(src, "sm_90a")
+    assert not other.ok and "tmem_alloc" in other.log
