@@ -149,3 +149,29 @@ def test_the_forward_refuses_a_pool():
     with pytest.raises(ValueError, match=r"state_pool: expected None with save_for_backward=True"):
         kdacupy.kda_forward(**x, **opts, state_pool=pool, state_indices=np.arange(B, dtype=np.int32),
                             backend="emulate", save_for_backward=True)
+
+
+def test_kept_states_at_any_head_dims_and_a_batch():
+    """Head dims off the tiles (K = 16, V = 96: the kept buffer at the tiles' sizes, as the launchers lay it
+    out) and a batch of two fixed-length sequences: the stateless gradients, to the bit."""
+    from .test_backward_any_dims import inputs as any_inputs
+
+    x, opts, do, ds = any_inputs("K16-V96-log-batched")
+    o, final = forward(x, opts)
+    o_kept, final_kept, saved = forward(x, opts, save_for_backward=True)
+    np.testing.assert_array_equal(o_kept, o)
+    np.testing.assert_array_equal(final_kept, final)
+    assert saved.nbytes == kdacupy.saved_nbytes(x["q"].shape, x["v"].shape)
+    assert_bitwise(backward(x, opts, do, ds, saved=saved), backward(x, opts, do, ds))
+
+
+def test_kept_states_with_a_strided_cu_seqlens():
+    """cu_seqlens a strided view (the launchers copy it into scratch, the forward's and the backward's own):
+    the same gradients; another array of the same values is another call."""
+    x, opts, do, ds = inputs(CASES[1])
+    cu = np.zeros(2 * len(opts["cu_seqlens"]), opts["cu_seqlens"].dtype)
+    cu[::2] = opts["cu_seqlens"]
+    strided = dict(opts, cu_seqlens=cu[::2])
+    _, _, saved = forward(x, strided, save_for_backward=True)
+    assert_bitwise(backward(x, strided, do, ds, saved=saved), backward(x, opts, do, ds))
+    refused(x, opts, do, ds, saved, r"saved: .*\(cu_seqlens is another array\)")

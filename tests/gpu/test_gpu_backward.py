@@ -148,3 +148,31 @@ def test_kept_states_give_the_stateless_gradients(precision):
         assert (a is None) == (b is None), field
         if b is not None:
             np.testing.assert_array_equal(a, b, err_msg=field)
+
+
+def test_kept_states_in_a_cuda_graph():
+    """The training step with kept states captured once (the kept buffer preallocated, as a framework's) and
+    replayed: the eager step's gradients."""
+    x, opts, do, ds = inputs("varlen-gva-softplus-vk-f32-gate-and-beta")
+    dev_x, dev_o = to_dev(x), to_dev(opts)
+    dev_do, dev_ds = cp.asarray(do), cp.asarray(ds)
+    buf = cp.empty(kdacupy.saved_nbytes(x["q"].shape, x["v"].shape, len(opts["cu_seqlens"]) - 1), cp.uint8)
+
+    def step():
+        _, _, saved = kdacupy.kda_forward(**dev_x, **dev_o, save_for_backward=buf)
+        return kdacupy.kda_backward(dev_do, **dev_x, dfinal_state=dev_ds, **dev_o, saved=saved)
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        eager = host(step())  # warm: compile, size the scratch
+        stream.begin_capture()
+        grads = step()
+        graph = stream.end_capture()
+        for g in grads:
+            if g is not None:
+                g.fill(0)
+        buf.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+    for field, a, b in zip(kdacupy.KDAGradients._fields, host(grads), eager):
+        np.testing.assert_array_equal(a, b, err_msg=field)
