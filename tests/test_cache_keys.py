@@ -135,8 +135,32 @@ def test_the_cubin_key_holds_the_arch_the_compiler_and_its_options():
     assert cubin_cache.key(src + "\n", "sm_90a") != cubin_cache.key(src, "sm_90a")
     assert '#include "' not in src  # the headers' text is in the source, so in the key
     body = inspect.getsource(cubin_cache.key)
-    for part in ("_nvrtc_version()", "arch", "NVRTC_OPTIONS", "CUPY_ADDED_OPTIONS", "source"):
+    for part in ("nvrtc_version()", "arch", "NVRTC_OPTIONS", "CUPY_ADDED_OPTIONS", "source"):
         assert part in body, part
+
+
+def test_the_nvrtc_report_cache_keys_every_input_of_a_build(tmp_path, monkeypatch):
+    """NVRTC's cached builds (the compile report, the SASS, the runtime's cubins): the same source, target and
+    options read the file back, identical; another target, option or source compiles apart."""
+    pytest.importorskip("cuda.pathfinder", reason="NVRTC (pip's nvidia-cuda-nvrtc) is not installed")
+    from kdacupy.jit import nvrtc
+    from kdacupy.jit.render import render
+    monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
+    src = render("kda_bwd_reduce", {"KDA_K": 64})
+    first = nvrtc.nvrtc_compile(src, "sm_80")
+    assert first.ok and len(list((tmp_path / "nvrtc").iterdir())) == 1
+    again = nvrtc.nvrtc_compile(src, "sm_80")
+    assert (again.cubin, again.log, again.regs, again.spill_stores, again.static_smem) == (
+        first.cubin, first.log, first.regs, first.spill_stores, first.static_smem)
+    nvrtc.nvrtc_compile(src, "sm_90a")
+    nvrtc.nvrtc_compile(src, "sm_80", ("-lineinfo",))
+    nvrtc.nvrtc_compile(src + "\n", "sm_80")
+    assert len(list((tmp_path / "nvrtc").iterdir())) == 4
+    body = inspect.getsource(nvrtc.nvrtc_compile)
+    for part in ("nvrtc_version()", "opts", "source"):
+        assert part in body, part
+    bad = nvrtc.nvrtc_compile(src.replace("extern", "extern_typo", 1), "sm_80")  # failures are not kept
+    assert not bad.ok and len(list((tmp_path / "nvrtc").iterdir())) == 4
 
 
 def test_the_emulation_build_key_holds_every_header_it_includes():

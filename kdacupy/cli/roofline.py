@@ -195,9 +195,9 @@ def chain_issue_cycles(rec: dict, gpu: Gpu, warps: list, ctas_per_sm: int, chunk
 def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None, issue: list | None = None, chunks: int = 0,
           mean_chunks: float = 0.0) -> dict:
     """Seconds each resource needs for one launch record's counts: HBM (bytes read and written
-    once, an ideal L2, at the sustained bandwidth), shared memory (wavefronts, and wgmma's B operand
-    and the bulk copies' writes at a wavefront per 128 bytes), tensor cores (wgmma at the datasheet
-    rate, mma.sync at its own), SFU (.approx warp instructions), per-SM resources over the SMs the
+    once, an ideal L2, at the sustained bandwidth), shared memory (wavefronts, and wgmma's B operand,
+    tcgen05.mma's A and B and the bulk copies' writes at a wavefront per 128 bytes), tensor cores (wgmma
+    and tcgen05.mma at the datasheet rate, mma.sync at its own), SFU (.approx warp instructions), per-SM resources over the SMs the
     CTAs occupy (a last partial wave counts whole); the dependent path (latency_cycles) at
     ``ctas_per_sm`` resident CTAs (default: default_ctas_per_sm); with ``issue`` (per warp of a
     CTA, the instructions it issues) the busiest scheduler's issue (issue_cycles), and a chunk
@@ -208,10 +208,11 @@ def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None, issue: list | Non
     per_sm = gpu.sms * gpu.clock_ghz * 1e9 / waves
     out = {
         "hbm": (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / gpu.hbm_bytes_per_s,
-        "smem": (rec["smem_wavefronts"] + (rec.get("wgmma_smem_bytes", 0) + rec.get("bulk_copy_bytes", 0))
-                 / gpu.smem_bytes_per_clk) / per_sm,
+        "smem": (rec["smem_wavefronts"] + (rec.get("wgmma_smem_bytes", 0) + rec.get("bulk_copy_bytes", 0)
+                                           + rec.get("tcgen05_smem_bytes", 0)) / gpu.smem_bytes_per_clk) / per_sm,
         "tensor": (rec["mma"] * MMA_FLOP / gpu.mma_sync_tflops
-                   + rec.get("wgmma_smem_bytes", 0) * WGMMA_FLOP_PER_B_BYTE / gpu.bf16_tflops) / (1e12 / waves),
+                   + (rec.get("wgmma_smem_bytes", 0) * WGMMA_FLOP_PER_B_BYTE + rec.get("tcgen05_flop", 0))
+                   / gpu.bf16_tflops) / (1e12 / waves),
         "sfu": rec["sfu"] * 32 / (per_sm * gpu.sfu_per_clk),
     }
     r = default_ctas_per_sm(rec, gpu) if ctas_per_sm is None else ctas_per_sm

@@ -785,6 +785,8 @@ KDA_EMU_RT inline void tc_mma(u32 d, u64 a, u64 b, u32 idesc, bool acc, uintptr_
     for (int i = 0; i < m; i++) wgmma_b_operand(tc_elem(a, op->a_mn, i, k, what), false, pc);
     for (int j = 0; j < n; j++) wgmma_b_operand(tc_elem(b, op->b_mn, j, k, what), false, pc);
   }
+  if (g_worker->pf)  // the tensor cores' work and their operands' shared-memory bytes, each read once
+    g_worker->pf->c[PR_tcgen05_flop] += 2ull * m * n * 16, g_worker->pf->c[PR_tcgen05_smem_bytes] += 32ull * (m + n);
 #endif
   (void)pc;
   if (g_worker->L->cp_eager) tc_read(op);
@@ -861,6 +863,9 @@ KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
     r[j] = __uint_as_float(WG_POISON);  // undefined until tcgen05.wait::ld
   }
   l.dst = r, l.n = n, l.pending = 1;
+#ifdef KDA_EMU_CHECK
+  if (g_worker->pf) g_worker->pf->c[PR_tmem_ld_bytes] += 4ull * n;  // per thread: its lane's columns
+#endif
 }
 KDA_EMU_RT inline void tm_wait_ld() {
   Tmem* t = tm_of("tcgen05.wait::ld");

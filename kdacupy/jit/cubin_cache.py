@@ -9,14 +9,12 @@ reader never sees half a file. ``CUPY_CACHE_IN_MEMORY=1`` keeps them to this pro
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
-from .nvrtc import CUPY_ADDED_OPTIONS, NVRTC_OPTIONS, CompileResult, nvrtc_compile
+from .nvrtc import CUPY_ADDED_OPTIONS, NVRTC_OPTIONS, CompileResult, nvrtc_compile, nvrtc_version
 
 _TMP = None  # CUPY_CACHE_IN_MEMORY=1: this process's directory, removed at exit
 
@@ -25,17 +23,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache"))
 
 
-@lru_cache(maxsize=None)
-def _nvrtc_version() -> str:
-    from .nvrtc import _nvrtc
-
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    _nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
-    return f"{major.value}.{minor.value}"
-
-
 def key(source: str, arch: str) -> str:
-    text = "\0".join((_nvrtc_version(), arch, *NVRTC_OPTIONS, *CUPY_ADDED_OPTIONS, source))
+    text = "\0".join((nvrtc_version(), arch, *NVRTC_OPTIONS, *CUPY_ADDED_OPTIONS, source))
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
 

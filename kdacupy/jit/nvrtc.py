@@ -8,9 +8,13 @@ one byte short, which the binary tools reject).
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 from .render import render
 
@@ -69,13 +73,56 @@ class CompileResult:
                 f"stack={self.stack}")
 
 
+@lru_cache(maxsize=None)
+def nvrtc_version() -> str:
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
+def report_cache_dir() -> Path:
+    """Where NVRTC's successful builds are kept (its log and cubin): ``$KDACUPY_CACHE_DIR/nvrtc``, default
+    ``~/.cache/kdacupy/nvrtc``. A build is a function of the source, the options, the target and NVRTC's
+    version, which the file's name hashes: the compile report, the SASS and the runtime's cubins of an
+    unchanged variant then cost a file read, not a ptxas run."""
+    from .. import env
+
+    root = env.get("KDACUPY_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "kdacupy") / "nvrtc"
+
+
 def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
+    """NVRTC's build of ``source`` for ``arch`` with ptxas' resource report (successful builds cached on
+    disk: report_cache_dir)."""
+    opts = (*NVRTC_OPTIONS, *CUPY_ADDED_OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v", *options)
+    key = hashlib.sha256("\0".join((nvrtc_version(), *opts, source)).encode()).hexdigest()
+    path = report_cache_dir() / f"{key}.bin"
+    try:
+        blob = path.read_bytes()
+        n = int.from_bytes(blob[:8], "little")
+        return _result(blob[8:8 + n].decode(), blob[8 + n:])
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    res = _compile(source, opts)
+    if res.ok:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            log = res.log.encode()
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kdacupy-", suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(len(log).to_bytes(8, "little") + log + res.cubin)
+            os.replace(tmp, path)  # a reader never sees half a file
+        except OSError:
+            pass  # a read-only cache: the build stands
+    return res
+
+
+def _compile(source: str, opts: tuple) -> CompileResult:
     lib = _nvrtc()
     prog = ctypes.c_void_p()
     check = lambda rc, what: rc == 0 or (_ for _ in ()).throw(  # noqa: E731
         RuntimeError(f"{what}: {lib.nvrtcGetErrorString(rc).decode()}"))
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None), "create")
-    opts = [*NVRTC_OPTIONS, *CUPY_ADDED_OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v", *options]
     argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     try:
         rc = lib.nvrtcCompileProgram(prog, len(opts), argv)
@@ -91,7 +138,12 @@ def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
         check(lib.nvrtcGetCUBIN(prog, cubin), "getCUBIN")
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    res = CompileResult(True, log, cubin.raw)
+    return _result(log, cubin.raw)
+
+
+def _result(log: str, cubin: bytes) -> CompileResult:
+    """A successful build's result: ptxas' report parsed from its log."""
+    res = CompileResult(True, log, cubin)
     m = re.search(r"Used (\d+) registers", log)
     res.regs = int(m.group(1)) if m else -1
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)

@@ -235,3 +235,25 @@ def test_nvrtc_builds_them_for_sm_100a_only():
             assert op in sass, op
     other = nvrtc_compile(src, "sm_90a")
     assert not other.ok and "tmem_alloc" in other.log
+
+
+def test_the_profile_counts_tcgen05():
+    """Counted launches: each tcgen05.mma's FLOP and its A and B bytes read once from shared memory, each
+    thread's tcgen05.ld bytes; the roofline prices the FLOP at the datasheet's dense rate."""
+    from kdacupy.cli import roofline
+    from kdacupy.emulate import counting
+
+    A, B = operands(128, 16, 3, np.random.default_rng(4))
+    with counting() as recs:
+        run(mod_counted(), A, B, 0)
+    (rec,) = recs
+    assert rec["tcgen05_flop"] == 3 * 2 * 128 * 16 * 16
+    assert rec["tcgen05_smem_bytes"] == 3 * 2 * 16 * (128 + 16)
+    assert rec["tmem_ld_bytes"] == 128 * 16 * 4
+    gpu = roofline.GPUS["b200"]
+    t = roofline.times(rec, gpu)
+    assert t["tensor"] == pytest.approx(3 * 2 * 128 * 16 * 16 / (gpu.bf16_tflops * 1e12) * gpu.sms)
+
+
+def mod_counted():
+    return EmulatedModule(kernel_source(KERNELS), ["k_umma"])
