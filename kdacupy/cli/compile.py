@@ -40,8 +40,9 @@ KERNELS = {"prepare": ("kda_prepare", "kda_prepare_core", "kda_prepare_any"),
            "recurrence": ("kda_recurrence", "kda_recurrence_wgmma", "kda_recurrence_any"),
            "decode": ("kda_decode",),
            "seqpar": ("kda_seqpar_maps", "kda_seqpar_scan", "kda_seqpar_maps_any", "kda_seqpar_scan_any"),
-           "backward": ("kda_recurrence_store", "kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce",
-                        "kda_recurrence_store_any", "kda_bwd_chain_any", "kda_bwd_chunk_any")}
+           "backward": ("kda_recurrence_store", "kda_recurrence_kept", "kda_bwd_chain", "kda_bwd_chunk",
+                        "kda_bwd_reduce", "kda_recurrence_store_any", "kda_recurrence_kept_any", "kda_bwd_chain_any",
+                        "kda_bwd_chunk_any")}
 
 
 def _builds_for(v, target: str) -> bool:

@@ -30,8 +30,10 @@ STORE = RecurrenceVariant(128, 128, BF16, False, TileConfig(32, 2), no_output=Tr
 # the wide value block (sm_90a and sm_100a's at K = 128: 200 KB of shared memory, 8 value-block rows a thread held
 # over the head's first phases)
 WIDE = ChunkVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", True, bvc=128)
+# kda_forward(save_for_backward=True)'s recurrence: the output and the chunk states, at the forward's Kimi tiles
+KEPT = RecurrenceVariant(128, 128, BF16, False, TileConfig(64, 3), no_output=False, store_states=True)
 CASES = [(a, CHUNK) for a in ARCHS] + [("sm_90a", LIGHT), ("sm_90a", CHAIN), ("sm_90a", STORE), ("sm_90a", WIDE),
-                                       ("sm_100a", WIDE)]
+                                       ("sm_100a", WIDE), ("sm_90a", KEPT)]
 
 
 @pytest.mark.parametrize("arch,var", CASES, ids=[f"{a}-{v.label()}" for a, v in CASES])
@@ -52,6 +54,9 @@ def test_variants_cover_the_options():
     assert {v.K for v in chunk} == {64, 128, 256} and {v.l2norm for v in chunk} == {False, True}
     assert {(v.K, v.V) for v in chain} == {(k, v) for k in (64, 128, 256) for v in (64, 128, 256)}
     assert all(v.store_states and v.no_output for v in store) and {v.state_fp32 for v in store} == {False, True}
+    kept = list(registry.variants("kda_recurrence_kept"))
+    assert all(v.store_states and not v.no_output and v.tiles.mma == "sync" for v in kept)
+    assert {(v.K, v.V, v.state_fp32) for v in kept} == {(v.K, v.V, v.state_fp32) for v in store}
     every = chunk + chain + store + list(reduce_variants())
     assert len(set(map(registry.label, every))) == len(every)
     for v in chunk:  # the shared memory fits every arch it builds for (static smem is 0): the wide block not sm_80
