@@ -403,8 +403,8 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], const u32 (&a)[4],
 // in lane i; M = 64, row i in lane 32 (i / 16) + i % 16 (each warp's quarter, its first 16 lanes);
 // column j in column (d's column) + j. tcgen05.ld 32x32b.xN: warp w (of its warpgroup, w = warp % 4)
 // reads lanes 32w..32w+31, thread t lane 32w + t, N consecutive columns into r[0..N); r is undefined
-// until tmem_wait_ld. Across threads, tcgen05 work is ordered by tcgen05_fence_before_sync /
-// _after_sync around the barrier or mbarrier wait.
+// until tmem_wait_ld (tcgen05.st's writes land by tmem_wait_st). Across threads, tcgen05 work is
+// ordered by tcgen05_fence_before_sync / _after_sync around the barrier or mbarrier wait.
 #if defined(__CUDA_ARCH_FEAT_SM100_ALL)
 __device__ __forceinline__ void tmem_alloc(u32* slot, u32 ncols) {  // whole warp; *slot = the base address
   asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], %1;" ::"r"(
@@ -460,6 +460,14 @@ __device__ __forceinline__ void tmem_ld_32x32b(u32 taddr, float (&r)[N]) {
   kda_ptx_detail::TmemLd<N>::run(taddr, r);
 }
 __device__ __forceinline__ void tmem_wait_ld() { asm volatile("tcgen05.wait::ld.sync.aligned;" ::: "memory"); }
+// Whole warp: thread t's 8 values to columns taddr.. of lane 32 (warp % 4) + t; complete (readable by a
+// tcgen05.ld or tcgen05.mma) after tmem_wait_st.
+__device__ __forceinline__ void tmem_st_32x32b_x8(u32 taddr, const float (&r)[8]) {
+  asm volatile("tcgen05.st.sync.aligned.32x32b.x8.b32 [%0], {%1, %2, %3, %4, %5, %6, %7, %8};" ::"r"(taddr),
+               "f"(r[0]), "f"(r[1]), "f"(r[2]), "f"(r[3]), "f"(r[4]), "f"(r[5]), "f"(r[6]), "f"(r[7])
+               : "memory");
+}
+__device__ __forceinline__ void tmem_wait_st() { asm volatile("tcgen05.wait::st.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void tcgen05_fence_before_sync() {
   asm volatile("tcgen05.fence::before_thread_sync;" ::: "memory");
 }

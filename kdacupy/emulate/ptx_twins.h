@@ -652,6 +652,7 @@ struct TcOp {
   u16 A[128][16], B[16][256];
 };
 struct TmLoad { float* dst; int n, pending; u32 v[16]; };
+struct TmStore { u32 col, lane; int n, pending; u32 v[8]; };
 struct Tmem {
   u32 cell[128][512];
   int pend[512];          // pending tcgen05.mma writing each column
@@ -663,6 +664,7 @@ struct Tmem {
   u64* bars[64];
   int issuers[64], ncommits;
   TmLoad ld[1024];        // per thread of the block: its tcgen05.ld not yet waited for
+  TmStore st[1024];       // per thread: its tcgen05.st not yet waited for (written to the cells at the wait)
 };
 
 KDA_EMU_RT inline Tmem* tm_of(const char* what) {
@@ -670,6 +672,8 @@ KDA_EMU_RT inline Tmem* tm_of(const char* what) {
   if (!w->tm) {
     w->tm = (Tmem*)calloc(1, sizeof(Tmem));
     if (!w->tm) fail("%s: out of memory for the tensor memory", what);
+    for (int l = 0; l < 128; l++)
+      for (int c = 0; c < 512; c++) w->tm->cell[l][c] = WG_POISON;  // unwritten tensor memory reads as NaN
   }
   if (w->n > 1024) fail("%s: blocks of more than 1024 threads", what);
   return w->tm;
@@ -867,6 +871,34 @@ KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
   if (g_worker->pf) g_worker->pf->c[PR_tmem_ld_bytes] += 4ull * n;  // per thread: its lane's columns
 #endif
 }
+// tcgen05.st.32x32b.x8 by one thread: its values reach the cells at its tcgen05.wait::st (an MMA or a
+// tcgen05.ld of them before that reads what was there: the missing wait shows).
+KDA_EMU_RT inline void tm_st(u32 taddr, const float* r, int n) {
+  const char* what = "tcgen05.st";
+  Tmem* t = tm_of(what);
+  Fiber* f = g_cur;
+  u32 base = taddr >> 16, col = taddr & 0xFFFF;
+  if (base != 32u * (f->warp % 4))
+    fail("%s: lane field %u of warp %d's address (a warp writes its own quarter: lanes %d..%d)", what, base, f->warp,
+         32 * (f->warp % 4), 32 * (f->warp % 4) + 31);
+  tm_columns(t, col, n, what);
+  TmStore& s = t->st[f->lin];
+  if (s.pending) fail("%s: a second tcgen05.st before the tcgen05.wait::st of the first (the emulation keeps one)", what);
+  for (int j = 0; j < n; j++) {
+    if (t->pend[col + j])
+      fail("%s: column %u is written by a tcgen05.mma not yet complete (a wait on its commit's mbarrier missing)",
+           what, col + j);
+    s.v[j] = __float_as_uint(r[j]);
+  }
+  s.col = col, s.lane = base + f->lane, s.n = n, s.pending = 1;
+}
+KDA_EMU_RT inline void tm_wait_st() {
+  Tmem* t = tm_of("tcgen05.wait::st");
+  TmStore& s = t->st[g_cur->lin];
+  if (!s.pending) return;
+  for (int j = 0; j < s.n; j++) t->cell[s.lane][s.col + j] = s.v[j];
+  s.pending = 0;
+}
 KDA_EMU_RT inline void tm_wait_ld() {
   Tmem* t = tm_of("tcgen05.wait::ld");
   TmLoad& l = t->ld[g_cur->lin];
@@ -1060,5 +1092,7 @@ KDA_EMU_RT inline void tmem_ld_32x32b(u32 taddr, float (&r)[N]) {
   ::kda_emu::tm_ld(taddr, r, N);
 }
 KDA_EMU_RT inline void tmem_wait_ld() { ::kda_emu::tm_wait_ld(); }
+KDA_EMU_RT inline void tmem_st_32x32b_x8(u32 taddr, const float (&r)[8]) { ::kda_emu::tm_st(taddr, r, 8); }
+KDA_EMU_RT inline void tmem_wait_st() { ::kda_emu::tm_wait_st(); }
 KDA_EMU_RT inline void tcgen05_fence_before_sync() {}  // ordering only: the emulation's threads are ordered
 KDA_EMU_RT inline void tcgen05_fence_after_sync() {}

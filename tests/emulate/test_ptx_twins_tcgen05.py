@@ -98,6 +98,28 @@ extern "C" __global__ void k_umma_desc(u32* out, int lead, int stride, int swizz
   out[3] = umma_idesc_bf16<64, 8, true, false>();
 }
 
+// tcgen05.st then tcgen05.ld of the same cells (each warp its quarter): out[t][j] = in[t][j] * 2 + 1 read
+// back; flags: 1 no tcgen05.wait::st before the load (planted).
+extern "C" __global__ void k_tmem_st(const float* in, float* out, int flags) {
+  u32* slot = reinterpret_cast<u32*>(dynamic_smem());
+  const int t = threadIdx.x, warp = t / 32;
+  if (warp == 0) tmem_alloc(slot, 32);
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  tcgen05_fence_after_sync();
+  const u32 taddr = *slot + ((32u * warp) << 16);
+  float w[8], r[8];
+  for (int j = 0; j < 8; j++) w[j] = in[t * 8 + j] * 2.f + 1.f;
+  tmem_st_32x32b_x8(taddr + 8, w);
+  if (!(flags & 1)) tmem_wait_st();
+  tmem_ld_32x32b<8>(taddr + 8, r);
+  tmem_wait_ld();
+  for (int j = 0; j < 8; j++) out[t * 8 + j] = r[j];
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  if (warp == 0) tmem_dealloc(*slot, 32);
+}
+
 // Tensor memory's allocation rules: mode 0 alloc 64 then 32 columns (addresses to out), free both;
 // 1 alloc 48 columns; 2 alloc after relinquish; 3 tcgen05.ld of unallocated columns.
 extern "C" __global__ void k_tmem(u32* out, int mode) {
@@ -126,7 +148,7 @@ extern "C" __global__ void k_tmem(u32* out, int mode) {
 
 @pytest.fixture(scope="module")
 def mod():
-    return EmulatedModule(kernel_source(KERNELS), ["k_umma", "k_umma_desc", "k_tmem"])
+    return EmulatedModule(kernel_source(KERNELS), ["k_umma", "k_umma_desc", "k_tmem", "k_tmem_st"])
 
 
 def operands(m, n, steps, rng):
@@ -220,7 +242,7 @@ def test_operands_by_bulk_copy_and_a_missing_copy_wait(mod, monkeypatch):
 
 @pytest.mark.nvrtc
 def test_nvrtc_builds_them_for_sm_100a_only():
-    """sm_100a: the wrappers assemble to the tensor cores' own SASS (UTCHMMA, the commit's UTCBAR, LDTM,
+    """sm_100a: the wrappers assemble to the tensor cores' own SASS (UTCHMMA, the commit's UTCBAR, LDTM, STTM,
     the allocator's UTCATOMSWS); elsewhere they do not exist, so a kernel calling them fails to build
     instead of running something else."""
     from kdacupy.jit.nvrtc import nvrtc_compile
@@ -231,7 +253,7 @@ def test_nvrtc_builds_them_for_sm_100a_only():
     assert res.ok, res.log
     if nvdisasm() is not None:
         sass = disassemble(res.cubin)
-        for op in ("UTCHMMA", "UTCBAR", "LDTM", "UTCATOMSWS"):
+        for op in ("UTCHMMA", "UTCBAR", "LDTM", "STTM", "UTCATOMSWS"):
             assert op in sass, op
     other = nvrtc_compile(src, "sm_90a")
     assert not other.ok and "tmem_alloc" in other.log
@@ -257,3 +279,14 @@ def test_the_profile_counts_tcgen05():
 
 def mod_counted():
     return EmulatedModule(kernel_source(KERNELS), ["k_umma"])
+
+
+def test_tensor_memory_stores_land_at_their_wait(mod):
+    """tcgen05.st's values reach the cells at the thread's tcgen05.wait::st: read back after it, they are the
+    values; without it the load reads what was there (NaN: tensor memory is NaN until written)."""
+    x = np.random.default_rng(5).standard_normal((128, 8)).astype(F32)
+    out = np.zeros_like(x)
+    mod.get_function("k_tmem_st")(1, 128, (x, out, np.int32(0)), shared_mem=64)
+    np.testing.assert_array_equal(out, x * 2 + 1)
+    mod.get_function("k_tmem_st")(1, 128, (x, out, np.int32(1)), shared_mem=64)
+    assert np.isnan(out).all()

@@ -425,3 +425,10 @@ def test_umma_descriptor_words_and_allocation(blackwell):
     got = blackwell("k_tmem", 1, 32, (np.zeros(2, np.uint32), np.int32(0)), 64)[0]
     print(f"tcgen05.alloc's addresses: {list(got)}")
     assert got[0] >> 16 == 0 and got[1] >> 16 == 0 and got[0] != got[1]
+
+
+def test_tensor_memory_store_and_load_round_trip(blackwell):
+    """tcgen05.st then (after wait::st) tcgen05.ld of each warp's quarter: the values written, bit for bit."""
+    x = np.random.default_rng(6).standard_normal((128, 8)).astype(F32)
+    out = blackwell("k_tmem_st", 1, 128, (x, np.zeros_like(x), np.int32(0)), 64)[1]
+    np.testing.assert_array_equal(out, x * 2 + 1)
