@@ -135,7 +135,7 @@ def _forward_saving(problem, a, given, into, **options):
         return o, final, KDASaved(None, key)
     from .ops.forward.kernels import forward
 
-    buf, views = allocate(problem, None if into is None else checks.check_buffer(into, problem))  # before a launch
+    buf, views = allocate(problem, None if into is None else checks.check_buffer(into, problem, a["q"]))  # before a launch
     o, final = forward(problem, a, keep=views)
     return o, final, KDASaved(buf, key)
 

@@ -43,22 +43,16 @@ def save_option(x):
     return True, as_array("save_for_backward", x)  # a buffer, or a TypeError naming the argument
 
 
-def check_buffer(buf, p):
+def check_buffer(buf, p, q):
     """A caller's buffer for the kept parts of ``p``: on q's device, 1-D uint8, C-contiguous, large enough."""
     need = layout(p)["total"]
     where = "a CuPy (device) array" if p.device else "a NumPy (host) array"
-    if is_device(buf) != p.device or (p.device and buf.device.id != _device_id()):
+    if is_device(buf) != p.device or (p.device and buf.device.id != q.device.id):
         fail("save_for_backward", f"True, False or {where} on q's device", "a buffer elsewhere")
     if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous or buf.size < need:
         fail("save_for_backward", f"True, False or a C-contiguous 1-D uint8 buffer of at least {need} bytes",
              f"shape {tuple(buf.shape)}, dtype {buf.dtype}")
     return buf
-
-
-def _device_id() -> int:
-    import cupy
-
-    return cupy.cuda.Device().id
 
 
 def kept_views(saved, problem, arrays: dict):

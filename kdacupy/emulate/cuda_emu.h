@@ -660,6 +660,7 @@ KDA_EMU_RT inline void* worker_main(void* arg) {
     }
     g_worker = saved;
   }
+  tmem_block_begin(&w);  // the last block's pending tcgen05.mma freed
   free(w.tm);
   if (w.fibers)
     for (int i = 0; i < w.n; i++) free(w.fibers[i].cp);

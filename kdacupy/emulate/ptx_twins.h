@@ -667,23 +667,26 @@ struct Tmem {
   TmStore st[1024];       // per thread: its tcgen05.st not yet waited for (written to the cells at the wait)
 };
 
+// A block's fresh tensor memory: NaN cells (unwritten tensor memory reads as NaN), nothing allocated or
+// pending (an earlier block's tcgen05.mma never waited for are dropped, as on the GPU).
+KDA_EMU_RT inline void tm_reset(Tmem* t) {
+  for (int i = 0; i < t->nops; i++) free(t->ops[i]);
+  memset(t, 0, sizeof(Tmem));
+  for (int l = 0; l < 128; l++)
+    for (int c = 0; c < 512; c++) t->cell[l][c] = WG_POISON;
+}
 KDA_EMU_RT inline Tmem* tm_of(const char* what) {
   Worker* w = g_worker;
   if (!w->tm) {
     w->tm = (Tmem*)calloc(1, sizeof(Tmem));
     if (!w->tm) fail("%s: out of memory for the tensor memory", what);
-    for (int l = 0; l < 128; l++)
-      for (int c = 0; c < 512; c++) w->tm->cell[l][c] = WG_POISON;  // unwritten tensor memory reads as NaN
+    tm_reset(w->tm);
   }
   if (w->n > 1024) fail("%s: blocks of more than 1024 threads", what);
   return w->tm;
 }
 KDA_EMU_RT inline void tmem_block_begin(Worker* w) {
-  if (!w->tm) return;
-  for (int i = 0; i < w->tm->nops; i++) free(w->tm->ops[i]);
-  memset(w->tm, 0, sizeof(Tmem));
-  for (int l = 0; l < 128; l++)
-    for (int c = 0; c < 512; c++) w->tm->cell[l][c] = WG_POISON;  // unwritten tensor memory reads as NaN
+  if (w->tm) tm_reset(w->tm);
 }
 // A CTA must free its tensor memory before it exits (the ISA: else undefined); the emulation says so.
 KDA_EMU_RT inline void tmem_block_end(Worker* w) {
@@ -697,6 +700,25 @@ KDA_EMU_RT inline void tm_columns(Tmem* t, u32 col, int n, const char* what) {
   if (col + n > 512) fail("%s: columns [%u, %u) past the 512 of tensor memory", what, col, col + n);
   for (u32 c = col; c < col + n; c += 32 - c % 32)
     if (!(t->units >> (c / 32) & 1)) fail("%s: column %u is not allocated (tcgen05.alloc first)", what, c);
+}
+// Columns [col, col + n) no tcgen05.mma still writes (else the wait on its commit's mbarrier is missing).
+KDA_EMU_RT inline void tm_settled(Tmem* t, u32 col, int n, const char* what) {
+  for (u32 c = col; c < col + n; c++)
+    if (t->pend[c])
+      fail("%s: column %u is written by a tcgen05.mma not yet complete (a wait on its commit's mbarrier missing)",
+           what, c);
+}
+// The cells one thread's tcgen05.ld / st.32x32b moves: its warp's quarter of the lanes (the address's lane
+// field), n allocated, settled columns; returns the thread's lane.
+KDA_EMU_RT inline u32 tm_thread_cells(Tmem* t, u32 taddr, int n, const char* what) {
+  Fiber* f = g_cur;
+  u32 base = taddr >> 16, col = taddr & 0xFFFF;
+  if (base != 32u * (f->warp % 4))
+    fail("%s: lane field %u of warp %d's address (a warp moves its own quarter: lanes %d..%d)", what, base, f->warp,
+         32 * (f->warp % 4), 32 * (f->warp % 4) + 31);
+  tm_columns(t, col, n, what);
+  tm_settled(t, col, n, what);
+  return base + f->lane;
 }
 // Operand element (r, k) of an sm_100 shared-memory descriptor (r: the M or N index): the wgmma
 // layouts of kernels/ptx.cuh's header, the swizzle field re-coded (bits 61-63: 0, 2, 4, 6).
@@ -837,9 +859,7 @@ KDA_EMU_RT inline void tm_dealloc(u32 taddr, u32 ncols) {
       fail("%s: address 0x%x, %u columns: not an allocation", what, taddr, ncols);
     unsigned units = ncols / 32, mask = (units == 16 ? 0xFFFFu : ((1u << units) - 1)) << (col / 32);
     if ((t->units & mask) != mask) fail("%s: columns [%u, %u) not all allocated", what, col, col + ncols);
-    for (u32 c = col; c < col + ncols; c++)
-      if (t->pend[c]) fail("%s: column %u is written by a tcgen05.mma not yet complete (a wait on its commit's "
-                           "mbarrier missing)", what, c);
+    tm_settled(t, col, ncols, what);
     t->units &= ~mask;
   });
 }
@@ -851,19 +871,11 @@ KDA_EMU_RT inline void tm_relinquish() {
 KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
   const char* what = "tcgen05.ld";
   Tmem* t = tm_of(what);
-  Fiber* f = g_cur;
-  u32 base = taddr >> 16, col = taddr & 0xFFFF;
-  if (base != 32u * (f->warp % 4))
-    fail("%s: lane field %u of warp %d's address (a warp reads its own quarter: lanes %d..%d)", what, base, f->warp,
-         32 * (f->warp % 4), 32 * (f->warp % 4) + 31);
-  tm_columns(t, col, n, what);
-  TmLoad& l = t->ld[f->lin];
+  TmLoad& l = t->ld[g_cur->lin];
   if (l.pending) fail("%s: a second tcgen05.ld before the tcgen05.wait::ld of the first (the emulation keeps one)", what);
+  const u32 lane = tm_thread_cells(t, taddr, n, what), col = taddr & 0xFFFF;
   for (int j = 0; j < n; j++) {
-    if (t->pend[col + j])
-      fail("%s: column %u is written by a tcgen05.mma not yet complete (a wait on its commit's mbarrier missing)",
-           what, col + j);
-    l.v[j] = t->cell[base + f->lane][col + j];
+    l.v[j] = t->cell[lane][col + j];
     r[j] = __uint_as_float(WG_POISON);  // undefined until tcgen05.wait::ld
   }
   l.dst = r, l.n = n, l.pending = 1;
@@ -876,21 +888,11 @@ KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
 KDA_EMU_RT inline void tm_st(u32 taddr, const float* r, int n) {
   const char* what = "tcgen05.st";
   Tmem* t = tm_of(what);
-  Fiber* f = g_cur;
-  u32 base = taddr >> 16, col = taddr & 0xFFFF;
-  if (base != 32u * (f->warp % 4))
-    fail("%s: lane field %u of warp %d's address (a warp writes its own quarter: lanes %d..%d)", what, base, f->warp,
-         32 * (f->warp % 4), 32 * (f->warp % 4) + 31);
-  tm_columns(t, col, n, what);
-  TmStore& s = t->st[f->lin];
+  TmStore& s = t->st[g_cur->lin];
   if (s.pending) fail("%s: a second tcgen05.st before the tcgen05.wait::st of the first (the emulation keeps one)", what);
-  for (int j = 0; j < n; j++) {
-    if (t->pend[col + j])
-      fail("%s: column %u is written by a tcgen05.mma not yet complete (a wait on its commit's mbarrier missing)",
-           what, col + j);
-    s.v[j] = __float_as_uint(r[j]);
-  }
-  s.col = col, s.lane = base + f->lane, s.n = n, s.pending = 1;
+  s.lane = tm_thread_cells(t, taddr, n, what), s.col = taddr & 0xFFFF;
+  for (int j = 0; j < n; j++) s.v[j] = __float_as_uint(r[j]);
+  s.n = n, s.pending = 1;
 }
 KDA_EMU_RT inline void tm_wait_st() {
   Tmem* t = tm_of("tcgen05.wait::st");

@@ -110,23 +110,33 @@ def chunk_variant(p, arch: str | None = None) -> ChunkVariant:
     return ChunkVariant(KT, *input_options(p), any_dims=any_dims, bvc=chunk_block(KT, VT, arch))
 
 
-def scratch_layout(p, nslots: int, kept: bool = False) -> dict:
-    """Byte offsets in the backward's scratch buffer: the forward's workspace, the chunk states
-    (neither with ``kept``: the forward's kept buffer holds them), the chunk gradient states, the
-    partial sums, and room for a strided cu_seqlens' copy (at the key and value tiles: the kernels'
-    own layouts)."""
+def forward_parts(p, nslots: int) -> list[tuple[str, int]]:
+    """(name, bytes) of what the forward's prepare and state-storing recurrence write for the backward: the
+    workspace and the chunk states (at the key and value tiles: the kernels' own layouts). The backward's
+    scratch holds them, or a forward keeps them (ops/backward/saved.py)."""
     KT, VT, _ = fwd.tiles_of(p)
-    per_chunk = p.HV * nslots * VT * KT
     sb = 4 if p.state_precision == "fp32" else 2
-    parts = [] if kept else [("ws", p.HV * nslots * fwd_layouts.workspace(KT)["WS_STRIDE"]),
-                             ("states", per_chunk * sb)]
-    parts += [("dstates", per_chunk * 2), ("ddt", p.HV * nslots * KT * 4), ("dA", p.HV * nslots * 4)]
+    return [("ws", p.HV * nslots * fwd_layouts.workspace(KT)["WS_STRIDE"]), ("states", p.HV * nslots * VT * KT * sb)]
+
+
+def place(parts: list[tuple[str, int]]) -> dict:
+    """Byte offsets of consecutive parts, each at a multiple of 256, and the total."""
     out, off = {}, 0
     for name, size in parts:
         out[name] = (off, size)
         off = -(-(off + size) // 256) * 256
     out["total"] = off
     return out
+
+
+def scratch_layout(p, nslots: int, kept: bool = False) -> dict:
+    """Byte offsets in the backward's scratch buffer: the forward's parts (not with ``kept``: the
+    forward's kept buffer holds them), the chunk gradient states, the partial sums, and room for a
+    strided cu_seqlens' copy."""
+    KT, VT, _ = fwd.tiles_of(p)
+    parts = [] if kept else forward_parts(p, nslots)
+    return place(parts + [("dstates", p.HV * nslots * VT * KT * 2), ("ddt", p.HV * nslots * KT * 4),
+                          ("dA", p.HV * nslots * 4)])
 
 
 def _views(buf, lay, a):

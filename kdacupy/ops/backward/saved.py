@@ -21,7 +21,7 @@ import numpy as np
 
 from ..alloc import empty
 from ..forward import kernels as fwd
-from ..forward import layouts as fwd_layouts
+from .kernels import forward_parts, place
 
 #: the Problem fields the kept buffer depends on (not the final state's dtype or the backend's name:
 #: "cuda" and "emulate" both read a buffer of their own kind, which the addresses tell apart)
@@ -71,14 +71,9 @@ def nbytes(B: int, T: int, HV: int, K: int, V: int, N: int, varlen: bool, state_
 
 
 def layout(p) -> dict:
-    """Byte offsets of the kept parts: the workspace [HV, slots] blocks, then the chunk states
-    [HV, slots, V, K] (at the key and value tiles, the kernels' layouts) in the state precision."""
-    KT, VT, _ = fwd.tiles_of(p)
-    nslots, _ = fwd.slots(p)
-    ws = p.HV * nslots * fwd_layouts.workspace(KT)["WS_STRIDE"]
-    states_at = -(-ws // 256) * 256
-    states = p.HV * nslots * VT * KT * (4 if p.state_precision == "fp32" else 2)
-    return dict(ws=(0, ws), states=(states_at, states), total=states_at + states)
+    """Byte offsets of the kept parts: the workspace and the chunk states, as the backward's scratch
+    lays them out when it recomputes them (kernels.forward_parts)."""
+    return place(forward_parts(p, fwd.slots(p)[0]))
 
 
 def allocate(p, into=None) -> tuple[Any, dict]:
