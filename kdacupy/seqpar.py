@@ -28,6 +28,7 @@ than ``n`` chunks gets empty segments, whose map is ``(I, 0)``).
 """
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 import warnings
@@ -140,9 +141,9 @@ def choose_segments(p, requested) -> int:
         return requested
     if not p.device:
         return 1
-    from .ops.forward.tuning import device_facts
+    from .ops.forward.tuning import current_arch, device_facts
 
-    n, why = auto_segments(p, device_facts()[2])
+    n, why = auto_segments(p, device_facts()[2], current_arch())
     if env.get("KDACUPY_JIT_VERBOSE"):
         key = (p.N, p.HV, p.T, p.K, p.V, p.varlen, p.state_precision)
         if key not in _announced:  # once per shape, not per call
@@ -160,8 +161,8 @@ def _capturing() -> bool:
     return capturing(cupy_module())
 
 
-#: the heuristic's constants: guesses from the kernels' resources, not measured on a GPU
-#: (``python -m kdacupy.bench --shapes fewhead`` measures serial against split)
+#: the heuristic's constants where the runs are mma.sync's: guesses from the kernels' resources, not
+#: measured on a GPU (``python -m kdacupy.bench --shapes fewhead`` measures serial against split)
 AUTO_MAX = 64              # segments per sequence at most
 AUTO_MIN_CHUNKS = 1024     # sequences shorter than 16K tokens stay serial until measured otherwise
 AUTO_SEG_CHUNKS = 64       # chunks per segment at least (1024 tokens)
@@ -169,12 +170,31 @@ WARPS_PER_SM = {"bf16": 12, "fp32": 8}  # recurrence warps an SM runs at the cha
 SCAN_STEP_CHUNKS = 5       # one scan step (a batched matmul and an add) in chunk latencies
 AUTO_MIN_GAIN = 1.5        # predicted speedup below which the split stays off
 
+#: where the runs are the wgmma recurrence's (sm_90a: the forward and, since they share its core-matrix
+#: workspace, the maps): calibrated on the issue-aware profile of T = 8192, H = 12 on the H200
+#: (benchmarks/seqpar-auto.md), where a chunk costs one warpgroup its issue, not its latency
+WGMMA_MIN_CHUNKS = 512     # 8K tokens
+WGMMA_MAP_CHUNK = 0.7      # a map run's chunk against the forward's (no output: 350 against 510 instructions)
+WGMMA_SCAN_STEP = 15       # one scan step in forward chunks (0.006, 0.016, 0.038 ms at 2, 4, 8 segments)
+WGMMA_MIN_GAIN = 1.2       # predicted speedup of the chains below which the split stays off
+
+
+def _wgmma_runs(p, arch) -> bool:
+    """Whether the split's runs take the wgmma recurrence (the tile heuristic's rule on sm_90a)."""
+    from .numerics.tiles import exact_dims
+
+    return arch == "sm_90a" and exact_dims(p.K, p.V) and p.K <= 128 and p.V >= 64
+
+
+def _chunks_per_seq(p) -> float:
+    return (p.T // max(1, p.N) if p.varlen else p.T) / CHUNK
+
 
 def _predicted_time(p, n, sm_count) -> float:
-    """Time in chunk latencies: a run of c chunks over w warps takes
+    """Time in chunk latencies (mma.sync's runs): a run of c chunks over w warps takes
     ``c * max(1, w / capacity)`` (latency-bound until the SMs are full); the
     split adds the two fp32 map runs (K and V value rows) and the scan."""
-    chunks = (p.T // max(1, p.N) if p.varlen else p.T) / CHUNK
+    chunks = _chunks_per_seq(p)
     rows = p.N * p.HV
 
     def run(c, warps, precision):
@@ -187,38 +207,63 @@ def _predicted_time(p, n, sm_count) -> float:
             + run(c, n * rows * p.V / 16, p.state_precision) + SCAN_STEP_CHUNKS * n)
 
 
-def auto_segments(p, sm_count) -> tuple[int, str]:
+def _predicted_time_wgmma(p, n, sm_count) -> float:
+    """Time in the forward's chunk times (the wgmma runs'): one warpgroup of 64 value rows issues a
+    chunk in about its whole SM's time, so a run of c chunks over g warpgroups takes
+    ``c * ceil(g / SMs)``; a map run's chunk costs WGMMA_MAP_CHUNK of one; a scan step
+    WGMMA_SCAN_STEP."""
+    chunks = _chunks_per_seq(p)
+    rows = p.N * p.HV
+
+    def run(c, value_rows):
+        return c * math.ceil(value_rows / 64 / sm_count)
+
+    if n == 1:
+        return run(chunks, rows * p.V)
+    c = chunks / n
+    return (WGMMA_MAP_CHUNK * (run(c, n * rows * p.K) + run(c, n * rows * p.V)) + run(c, n * rows * p.V)
+            + WGMMA_SCAN_STEP * n)
+
+
+def auto_segments(p, sm_count, arch: str | None = None) -> tuple[int, str]:
     """The choice for ``sequence_parallel=None`` on the GPU, and why.
 
-    A cost model in chunk latencies (``_predicted_time``): the recurrence is
-    latency-bound, so a run costs its chain length until its warps exceed what
-    the SMs hold (``WARPS_PER_SM``), then proportionally more. The candidates are
-    n = 2, 4, ..., AUTO_MAX with at least AUTO_SEG_CHUNKS chunks per segment; the
-    fastest is taken when it beats the serial run by AUTO_MIN_GAIN, else 1.
-    Sequences under AUTO_MIN_CHUNKS chunks always run serially (conservative
-    while the model is unmeasured). Shapes only: ``cu_seqlens`` values are never read (a varlen sequence counts
-    as T / N tokens)."""
+    A cost model per MMA family. Where the runs are mma.sync's (``arch`` not sm_90a, or sizes the wgmma
+    recurrence does not serve), in chunk latencies (``_predicted_time``): the recurrence is latency-bound,
+    so a run costs its chain length until its warps exceed what the SMs hold (``WARPS_PER_SM``), then
+    proportionally more; sequences under AUTO_MIN_CHUNKS chunks stay serial and a split needs
+    AUTO_MIN_GAIN. On sm_90a with the wgmma recurrence (``_predicted_time_wgmma``), calibrated on the
+    issue-aware profile: a run costs its chain length in whole waves of one warpgroup an SM; from
+    WGMMA_MIN_CHUNKS chunks, a split needs WGMMA_MIN_GAIN. The candidates are n = 2, 4, ..., AUTO_MAX
+    with at least AUTO_SEG_CHUNKS chunks per segment; the fastest is taken when it beats the serial run
+    by the gain, else 1. Shapes only: ``cu_seqlens`` values are never read (a varlen sequence counts as
+    T / N tokens)."""
+    wgmma = _wgmma_runs(p, arch)
+    predicted, min_chunks, min_gain = ((_predicted_time_wgmma, WGMMA_MIN_CHUNKS, WGMMA_MIN_GAIN) if wgmma
+                                       else (_predicted_time, AUTO_MIN_CHUNKS, AUTO_MIN_GAIN))
     chunks = (p.T // max(1, p.N) if p.varlen else p.T) // CHUNK
-    if chunks < AUTO_MIN_CHUNKS:
-        return 1, f"off: {chunks} chunks per sequence (< {AUTO_MIN_CHUNKS})"
-    serial = _predicted_time(p, 1, sm_count)
+    if chunks < min_chunks:
+        return 1, f"off: {chunks} chunks per sequence (< {min_chunks})"
+    serial = predicted(p, 1, sm_count)
     best, best_t = 1, serial
     n = 2
     while n <= AUTO_MAX and chunks // n >= AUTO_SEG_CHUNKS:
-        t = _predicted_time(p, n, sm_count)
+        t = predicted(p, n, sm_count)
         if t < best_t:
             best, best_t = n, t
         n *= 2
     gain = serial / best_t
-    if best == 1 or gain < AUTO_MIN_GAIN:
-        return 1, f"off: predicted gain {gain:.2f}x ({chunks} chunks per sequence, {p.N * p.HV} chains)"
-    return best, f"on: predicted gain {gain:.2f}x ({chunks} chunks per sequence, {p.N * p.HV} chains)"
+    family = "wgmma" if wgmma else "mma.sync"
+    if best == 1 or gain < min_gain:
+        return 1, f"off: predicted gain {gain:.2f}x ({chunks} chunks per sequence, {p.N * p.HV} chains, {family})"
+    return best, f"on: predicted gain {gain:.2f}x ({chunks} chunks per sequence, {p.N * p.HV} chains, {family})"
 
 
-def explain(q, k, v, g, beta=None, *, sequence_parallel=None, sm_count=None, **options) -> tuple[int, str]:
+def explain(q, k, v, g, beta=None, *, sequence_parallel=None, sm_count=None, arch=None, **options) -> tuple[int, str]:
     """The segment count ``kda_forward`` would use for these arguments (any of
-    ``kda_forward``'s), and why (a debug aid; nothing runs). ``sm_count`` stands
-    in for the device's (for NumPy arrays it makes the GPU's choice visible on the CPU)."""
+    ``kda_forward``'s), and why (a debug aid; nothing runs). ``sm_count`` and ``arch`` (the
+    runtime's target, e.g. "sm_90a") stand in for the device's (for NumPy arrays they make the
+    GPU's choice visible on the CPU)."""
     requested = check_sequence_parallel(sequence_parallel)
     pooled = any([options.pop(n, None) is not None for n in ("state_pool", "state_indices")])
     unknown = {n: x for n, x in options.items() if n not in _VALIDATE_DEFAULTS}
@@ -235,9 +280,10 @@ def explain(q, k, v, g, beta=None, *, sequence_parallel=None, sm_count=None, **o
     if sm_count is None:
         if not p.device:
             return 1, f"off: backend {p.backend!r} runs serially unless sequence_parallel is given"
-        from .ops.forward.tuning import device_facts
+        from .ops.forward.tuning import current_arch, device_facts
         sm_count = device_facts()[2]
-    return auto_segments(p, sm_count)
+        arch = arch or current_arch()
+    return auto_segments(p, sm_count, arch)
 
 
 #: kda_forward's defaults of the arguments ``validate`` checks

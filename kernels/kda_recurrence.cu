@@ -79,12 +79,15 @@ static_assert(RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
 static_assert(NW % 4 == 0, "wgmma: whole warpgroups of 64 value rows (BV = 64 or 128)");
 static_assert(K <= 128, "wgmma: dS in one m64nKk16 (K = 256 keeps mma.sync: its registers)");
 static_assert(!ANY, "wgmma: the head dims of the tiles (any other size keeps mma.sync)");
-static_assert(OUTPUT && !KDA_STORE_STATES, "wgmma: the forward with its output (the other callers keep mma.sync)");
+static_assert(!KDA_STORE_STATES, "wgmma: not the backward's forward (it reads the row-major workspace)");
 static_assert(STAGES >= 2, "wgmma: a ragged tail's zeros are ordered by the barrier that ends a chunk");
 static_assert(RSM_QDEC == WS_QDEC && RSM_KDEC == WS_KDEC && RSM_KRES == WS_KRES && RSM_INV == WS_INV &&
               RSM_MQK == WS_MQK && RSM_GEXP == WS_GEXP && RSM_VT >= WS_STRIDE && RSM_VT % 16 == 0 &&
               RSM_STAGE % 16 == 0 && RSM_VROW % 16 == 0 && RSM_BAR % 16 == 0, "the stage is the workspace block");
 constexpr u32 CORE_COLS = CHUNK * 16;  // bytes per 8 columns of a core-matrix tile
+static_assert(WS_MQK > WS_INV && WS_GEXP > WS_MQK && WS_KDEC > WS_QDEC && WS_KRES > WS_KDEC && WS_INV > WS_KRES,
+              "without the output, the block's k_dec .. INV and gexp .. end are two runs");
+constexpr u32 WS_BYTES_NO_OUTPUT = (WS_MQK - WS_KDEC) + (WS_STRIDE - WS_GEXP);
 // B = tile^T through a K-major descriptor (k = column: 8 columns CORE_COLS apart; n = row: 8 rows
 // 128 bytes apart), 16 columns from col0
 __device__ __forceinline__ u64 desc_t(const unsigned char* tile, int col0) {
@@ -209,8 +212,15 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     u64* bar = &bars[2 * (c % STAGES)];
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
     if (tid == 0) {
-      mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * BV * ES);
-      cp_async_bulk_g2s(stg, wsbase + static_cast<i64>(c) * WS_STRIDE, WS_STRIDE, bar);
+      const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
+      if constexpr (OUTPUT) {
+        mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * BV * ES);
+        cp_async_bulk_g2s(stg, blk, WS_STRIDE, bar);
+      } else {  // q_dec and Mqk are never read: the block's two other runs, k_dec to INV and gexp with beta
+        mbarrier_arrive_expect_tx(bar, WS_BYTES_NO_OUTPUT + rows * BV * ES);
+        cp_async_bulk_g2s(stg + WS_KDEC, blk + WS_KDEC, WS_MQK - WS_KDEC, bar);
+        cp_async_bulk_g2s(stg + WS_GEXP, blk + WS_GEXP, WS_STRIDE - WS_GEXP, bar);
+      }
     }
     const int row = warp * ROWS_PER_WARP + lane;
     if (lane < ROWS_PER_WARP && row < rows)
@@ -315,11 +325,15 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     for (int s = 0; s < KS; ++s)
       wgmma_bf16<16, false>(Wt, A[s], wgmma_desc_add(dstage, RSM_KDEC + 2 * s * CORE_COLS), s > 0);
     wgmma_commit();
+    if constexpr (OUTPUT) {
 #pragma unroll
-    for (int s = 0; s < KS; ++s)
-      wgmma_bf16<16, false>(Ot, A[s], wgmma_desc_add(dstage, RSM_QDEC + 2 * s * CORE_COLS), s > 0);
-    wgmma_commit();
-    wgmma_wait<1>();  // W^T final; o^T's group still in flight
+      for (int s = 0; s < KS; ++s)
+        wgmma_bf16<16, false>(Ot, A[s], wgmma_desc_add(dstage, RSM_QDEC + 2 * s * CORE_COLS), s > 0);
+      wgmma_commit();
+      wgmma_wait<1>();  // W^T final; o^T's group still in flight
+    } else {
+      wgmma_wait<0>();  // W^T final (no o^T: the segment maps)
+    }
     wgmma_fence_operand(Wt);
 
     // [12] vsub^T = bf16(beta * (v^T - W^T)), the values arriving as (row v, column token)
@@ -343,7 +357,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     wgmma_commit();
     wgmma_wait<0>();  // U^T and the state part of o^T final
     wgmma_fence_operand(Ut);
-    wgmma_fence_operand(Ot);
+    if constexpr (OUTPUT) wgmma_fence_operand(Ot);
     u32 ua[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) ua[e] = pack_bf16x2(Ut[2 * e], Ut[2 * e + 1]);  // to_a_frag's packing
@@ -351,25 +365,27 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     // [14] o^T += U^T Mqk^T; [15] dS = U^T k_res: B[k = token][n = key], N-major, all K keys at once
     float dS[K / 2];
     wgmma_fence();
-    wgmma_bf16<16, false>(Ot, ua, wgmma_desc_add(dstage, RSM_MQK), true);
+    if constexpr (OUTPUT) wgmma_bf16<16, false>(Ot, ua, wgmma_desc_add(dstage, RSM_MQK), true);
     wgmma_bf16<K, true>(dS, ua, desc_n(st + RSM_KRES), false);
     wgmma_commit();
     wgmma_wait<0>();  // o^T and dS final
-    wgmma_fence_operand(Ot);
+    if constexpr (OUTPUT) wgmma_fence_operand(Ot);
     wgmma_fence_operand(dS);
 
     // [14] o^T rounded once to the output dtype, staged per warp, stored by rows
+    if constexpr (OUTPUT) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        store_f32<KDA_DT>(ot, (8 * nt + 2 * t + (e & 1)) * (RSM_OROW / ES) + g + 8 * (e >> 1), Ot[4 * nt + e]);
+        for (int e = 0; e < 4; ++e) {
+          store_f32<KDA_DT>(ot, (8 * nt + 2 * t + (e & 1)) * (RSM_OROW / ES) + g + 8 * (e >> 1), Ot[4 * nt + e]);
+        }
       }
+      __syncwarp();
+      store_out_rows(o, b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vw, o_st, ot,
+                     seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK, vdim - vw, lane);
+      __syncwarp();
     }
-    __syncwarp();
-    store_out_rows(o, b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vw, o_st, ot,
-                   seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK, vdim - vw, lane);
-    __syncwarp();
 
     // [15] S = fp32(dS + S * gexp), one FMA per element (n-tile j of dS at [4 j + e])
 #pragma unroll

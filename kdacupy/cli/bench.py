@@ -176,7 +176,7 @@ def dry_run(shapes, gpu: str, sm_count: int, fla_on: bool) -> int:
     for shape in shapes:
         p = shape_problem(shape)
         tiles, source = tuning.describe_for(p, gpu, sm_count, arch, wgmma=True)
-        n, _ = auto_segments(p, sm_count)
+        n, _ = auto_segments(p, sm_count, arch)
         print(f"{shape.name:<24} {tiles_text(tuning_config(tiles)):>10} {source:<40} "
               f"{compulsory_bytes(shape)['total'] / 1e6:8.1f} {n:>6}")
     print(f"{len(shapes)} shapes; nothing was run (no GPU needed)")

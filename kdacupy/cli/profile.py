@@ -115,12 +115,12 @@ def slice_shape(shape: Shape, heads: int) -> tuple[Shape, int]:
     return dataclasses.replace(shape, name=f"{shape.name}-slice", H=h, HV=h * group if shape.HV else None), h * group
 
 
-def default_segments(shape: Shape, sms: int) -> int:
+def default_segments(shape: Shape, sms: int, arch: str | None = None) -> int:
     """The segments per sequence kda_forward's default (``sequence_parallel=None``) takes for ``shape``
-    on a GPU of ``sms`` SMs (kdacupy/seqpar.py, auto_segments)."""
+    on a GPU of ``sms`` SMs and target ``arch`` (kdacupy/seqpar.py, auto_segments)."""
     from ..seqpar import auto_segments
 
-    return auto_segments(shape_problem(shape), sms)[0]
+    return auto_segments(shape_problem(shape), sms, arch)[0]
 
 
 def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None = None, segments: int | None = None,
@@ -134,7 +134,7 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
     from ..ops.forward.kernels import forward, recurrence_mma
 
     full = shape_problem(shape)
-    n = default_segments(shape, sms) if segments is None else segments
+    n = default_segments(shape, sms, arch) if segments is None else segments
     tiles = tuning.heuristic(full, sms, arch)
     tiles = dataclasses.replace(tiles, mma=recurrence_mma(full, tiles))  # what the launch runs (sizes without wgmma: sync)
     part, hv = slice_shape(shape, shape.hv if heads is None else heads)

@@ -19,6 +19,11 @@ from .reports import HAVE_NVDISASM, SASS_ARCH, Source, compile_all, matrix, repo
 # per chunk and warp: W (2 x K/16), U (2), the state update (K/8); no o (2 x K/16) and no U Mqk (2)
 HMMA_PER_CHUNK = 2 * 128 // 16 + 2 + 128 // 8
 MAP_VARIANTS = [RecurrenceVariant(128, 128, BF16, True, TileConfig(bv, 2), no_output=True) for bv in (32, 128)]
+# the wgmma maps (sm_90a: the split forward's on Hopper), one warpgroup at 3 stages and two at 2
+WGMMA_MAPS = [RecurrenceVariant(128, 128, BF16, True, TileConfig(bv, st, "wgmma"), no_output=True)
+              for bv, st in ((64, 3), (128, 2))]
+# per chunk and warpgroup: W (K/16 m64n16k16), U (1), dS (one m64n128k16); no o and no U Mqk
+HGMMA_PER_CHUNK = 128 // 16 + 1 + 1
 
 
 def scan_source(K, V):
@@ -32,7 +37,8 @@ SCAN_SHAPES = [(64, 64), (128, 128), (256, 256)]
 @pytest.fixture(scope="module")
 def compiled():
     """Every report this module checks, compiled in one parallel batch (tests/compile/reports.py)."""
-    compile_all(matrix(MAP_VARIANTS, ARCHS) + [(scan_source(K, V), a, False) for K, V in SCAN_SHAPES for a in ARCHS])
+    compile_all(matrix(MAP_VARIANTS, ARCHS) + matrix(WGMMA_MAPS, ["sm_90a"])
+                + [(scan_source(K, V), a, False) for K, V in SCAN_SHAPES for a in ARCHS])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -48,6 +54,18 @@ def test_map_variant_budget(arch, var):
     if res.sass:
         assert res.sass["HMMA"] == HMMA_PER_CHUNK
         assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
+
+
+@pytest.mark.parametrize("var", WGMMA_MAPS, ids=lambda v: f"BV={v.tiles.BV}-stages={v.tiles.stages}")
+@pytest.mark.usefixtures("compiled")
+def test_wgmma_map_variant_budget(var):
+    res = report(var, "sm_90a")
+    assert res.ok, res.log
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
+    assert var.smem + res.static_smem <= SMEM_LIMIT["sm_90a"]
+    if res.sass:
+        assert res.sass["HGMMA"] == HGMMA_PER_CHUNK and res.sass["HMMA"] == 0
+        assert res.sass["LDL"] == 0 and res.sass["STL"] == 0 and res.sass["UBLKCP"] > 0
 
 
 def test_default_variant_config_is_unchanged():

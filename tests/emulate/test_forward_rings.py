@@ -89,3 +89,22 @@ def test_the_wgmma_ring_wraps_and_equals_mma_sync(plain, mode, stages, monkeypat
     monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, stages, "wgmma"))
     set_mode(monkeypatch, mode)
     identical(kdacupy.kda_forward(**x, **opts, output_final_state=True, backend="emulate"), plain)
+
+
+#: The split forward on the wgmma recurrence (sm_90a's choice): the prepare writes the core-matrix
+#: workspace once, the two map launches run the ring without the output (fp32 states, V = K and V; the
+#: block's q_dec and Mqk not copied) and the final launch with it. Bit for bit the mma.sync split: plain
+#: at 3 stages, and under racecheck at 2 (the bulk copies' phases, the wgmma operands, the proxy fences).
+SPLIT_WGMMA_RUNS = [(None, 3), ("racecheck", 2)]
+
+
+@pytest.mark.parametrize("mode, stages", SPLIT_WGMMA_RUNS, ids=[f"{m or 'plain'}-{s}-stages" for m, s in SPLIT_WGMMA_RUNS])
+def test_the_split_forward_on_wgmma_equals_mma_sync(mode, stages, monkeypatch):
+    plain_split = split_forward(monkeypatch, None)
+    launched = []
+    launch = kernels.launch_recurrence
+    monkeypatch.setattr(kernels, "launch_recurrence", lambda *a, **kw: launched.append(kw["ws_core"]) or launch(*a, **kw))
+    monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, stages, "wgmma"))
+    got = split_forward(monkeypatch, mode)
+    assert launched == [True, True, True]  # the maps and the forward, all on the core-matrix workspace
+    identical(got, plain_split)

@@ -12,6 +12,7 @@ and on the model is held to ``EMULATE``. Maps from the fp32-state runs against
 the float64 definition: 2^-7 relative (their operands are bf16, as in every
 state matmul of the kernels).
 """
+import dataclasses
 import itertools
 
 import numpy as np
@@ -293,7 +294,6 @@ def test_split_writes_into_a_fixed_length_out():
 
 def device_problem(N=1, HV=16, T=65536, V=128, varlen=False, precision="bf16"):
     """A validated GPU-shaped problem (faked on the CPU: only its shape fields matter here)."""
-    import dataclasses
     x, _ = make_inputs(T=16, H=1, K=64, V=64)
     p, _ = kdacupy.validation.validate(
         *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False,
@@ -343,6 +343,45 @@ def test_auto_choice_follows_its_rule_over_a_grid():
     assert all(seen.values()), seen  # every branch of the rule is exercised
 
 
+def test_auto_choice_on_wgmma_follows_its_rule_over_a_grid():
+    """On sm_90a with the wgmma runs, auto_segments takes _predicted_time_wgmma's fastest candidate from
+    WGMMA_MIN_CHUNKS chunks when it beats serial by WGMMA_MIN_GAIN; sizes the wgmma recurrence does not
+    serve (K > 128) keep mma.sync's rule; and a serial run whose warpgroups already fill the SMs is never
+    split (each of the split's runs then costs at least the serial time)."""
+    seen = {"short": 0, "on": 0, "off": 0, "full SMs": 0}
+    for sm, N, HV, per_seq, V in itertools.product((114, 132), (1, 2), (1, 8, 12, 16, 64, 96), (4096, 8192, 65536),
+                                                   (64, 128)):
+        p = device_problem(N=N, HV=HV, T=per_seq, V=V, varlen=False, precision="bf16")
+        n, why = seqpar.auto_segments(p, sm, "sm_90a")
+        assert why.endswith("wgmma)") or why.startswith("off: ") and "chunks per sequence (<" in why, why
+        chunks = per_seq // 16
+        if chunks < seqpar.WGMMA_MIN_CHUNKS:
+            assert n == 1, (p, n, why)
+            seen["short"] += 1
+            continue
+        cands = [c for c in (2 ** i for i in range(1, 11)) if c <= seqpar.AUTO_MAX and chunks // c >= seqpar.AUTO_SEG_CHUNKS]
+        t = {c: seqpar._predicted_time_wgmma(p, c, sm) for c in [1] + cands}
+        best = min([1] + cands, key=t.get)
+        gain = t[1] / t[best]
+        if gain >= seqpar.WGMMA_MIN_GAIN:
+            assert n == best > 1, (p, n, why)
+            seen["on"] += 1
+        else:
+            assert n == 1, (p, n, why)
+            seen["off"] += 1
+        if N * HV * V / 64 >= sm:
+            assert n == 1
+            seen["full SMs"] += 1
+    assert all(seen.values()), seen
+    # the serving shape: 4 segments (the profile's fastest: 0.139 ms against 0.180 serial, 0.163 at 8)
+    assert seqpar.auto_segments(device_problem(N=1, HV=12, T=8192, V=128, varlen=False, precision="bf16"), 132,
+                                "sm_90a")[0] == 4
+    # K = 256: mma.sync's runs, mma.sync's rule (serial under AUTO_MIN_CHUNKS)
+    wide = dataclasses.replace(device_problem(N=1, HV=12, T=8192, V=128, varlen=False, precision="bf16"), K=256)
+    assert seqpar.auto_segments(wide, 132, "sm_90a") == seqpar.auto_segments(wide, 132)
+    assert seqpar.auto_segments(wide, 132)[0] == 1
+
+
 def test_explain_shows_the_choice():
     x, opts = make_inputs(T=64, H=1, K=64, V=64)
     assert seqpar.explain(**x, **opts)[0] == 1  # NumPy arrays: serial unless asked
@@ -369,9 +408,9 @@ def test_split_on_adversarial_inputs_is_no_worse_than_serial(family):
 
 
 def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
-    import dataclasses
     import kdacupy.ops.forward.tuning as tuning
     monkeypatch.setattr(tuning, "device_facts", lambda: (0, "NVIDIA H200", 132))
+    monkeypatch.setattr(tuning, "current_arch", lambda: "sm_90a")
     monkeypatch.setenv("KDACUPY_JIT_VERBOSE", "1")
     monkeypatch.setattr(seqpar, "_announced", set())
     monkeypatch.setattr(seqpar, "_capturing", lambda: False)  # a device problem faked on the CPU
@@ -381,7 +420,7 @@ def test_verbose_prints_the_gpu_choice_once_per_shape(monkeypatch, capsys):
         qk_l2norm=False, beta_sigmoid=False, allow_neg_eigval=False, gate="log", A_log=None, dt_bias=None,
         lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend="model")
     p = dataclasses.replace(p, T=65536, HV=16, K=128, V=128, device=True, backend="cuda")
-    auto = seqpar.auto_segments(p, 132)[0]
+    auto = seqpar.auto_segments(p, 132, "sm_90a")[0]
     assert auto > 1  # few heads, a long sequence: the split is on
     assert seqpar.choose_segments(p, None) == auto
     assert seqpar.choose_segments(p, None) == auto
@@ -417,9 +456,9 @@ def test_split_of_empty_sequences_returns_the_initial_state(backend):
 def test_under_graph_capture_the_split_stays_off(monkeypatch):
     """The split's per-call temporaries cannot live in a CUDA graph: while the stream
     captures, the auto choice is serial and an explicit split is refused."""
-    import dataclasses
     import kdacupy.ops.forward.tuning as tuning
     monkeypatch.setattr(tuning, "device_facts", lambda: (0, "NVIDIA H200", 132))
+    monkeypatch.setattr(tuning, "current_arch", lambda: "sm_90a")
     x, _ = make_inputs(T=16, H=1, K=64, V=64)
     p, _ = kdacupy.validation.validate(
         *(x[n] for n in "qkvg"), None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -427,7 +466,7 @@ def test_under_graph_capture_the_split_stays_off(monkeypatch):
         lower_bound=None, state_layout="kv", state_dtype=None, state_precision="bf16", out=None, backend="model")
     p = dataclasses.replace(p, T=65536, HV=16, K=128, V=128, device=True, backend="cuda")
     monkeypatch.setattr(seqpar, "_capturing", lambda: False)
-    assert seqpar.choose_segments(p, None) == seqpar.auto_segments(p, 132)[0] > 1
+    assert seqpar.choose_segments(p, None) == seqpar.auto_segments(p, 132, "sm_90a")[0] > 1
     monkeypatch.setattr(seqpar, "_capturing", lambda: True)
     assert seqpar.choose_segments(p, None) == 1
     assert seqpar.choose_segments(p, 1) == 1

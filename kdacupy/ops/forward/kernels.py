@@ -119,10 +119,10 @@ def prepare_variant(p, ws_core: bool = False) -> PrepareVariant:
 
 def wgmma_supported(K: int, V: int, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> bool:
     """Whether the wgmma recurrence serves this variant: K <= 128 (dS in one m64nKk16 next to the
-    state's registers), whole warpgroups (BV = 64 or 128, TileConfig checks) and the forward with
-    its output; the segment maps (no output) and the backward's forward (store_states: the backward
-    reads the row-major workspace) keep mma.sync, as does every other caller of launch_recurrence."""
-    return tiles.BV <= V and K <= 128 and not no_output and not store_states
+    state's registers), whole warpgroups (BV = 64 or 128, TileConfig checks); the forward with its
+    output and the segment maps (no output) of the split forward. The backward's forward
+    (store_states: the backward reads the row-major workspace) keeps mma.sync."""
+    return tiles.BV <= V and K <= 128 and not store_states
 
 
 def unfit(p, tiles: TileConfig) -> str | None:

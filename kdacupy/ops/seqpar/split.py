@@ -129,38 +129,44 @@ class KernelRun:
 
     def __init__(self, p, a):
         from ...jit.loaders import loader
-        from ..forward.kernels import launch_prepare, slots, workspace
+        from ..forward import kernels
 
         self.p, self.xp = p, _xp(p)
         self.run = loader("cuda" if p.device else "emulate")
-        self.nslots, self.per_seq = slots(p)
+        self.nslots, self.per_seq = kernels.slots(p)
+        # the three recurrence launches (the M and B maps, then the forward), their tiles chosen as
+        # the forward's (kernels.select_tiles: wgmma on sm_90a where it serves): the prepare writes the
+        # core-matrix workspace when every one of them runs wgmma, else the row-major one for mma.sync
+        fp32 = dict(state_precision="fp32", state_layout="kv", state_out_dtype=F32)
+        self.launches = {"M": (dataclasses.replace(p, V=p.K, state_in_dtype=F32, **fp32), True),
+                         "B": (dataclasses.replace(p, state_in_dtype=None, **fp32), True),
+                         "forward": (dataclasses.replace(p, state_in_dtype=F32), False)}
+        self.tiles = {n: kernels.select_tiles(q) for n, (q, _) in self.launches.items()}
+        self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) == "wgmma"
+                           for n, (q, no_output) in self.launches.items())
         # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
         # allocation), a strided cu_seqlens copied to its end; the emulation takes a fresh one
-        self.ws, self.a = workspace(p, a, self.nslots, self.xp)
-        a = self.a
+        self.ws, self.a = kernels.workspace(p, a, self.nslots, self.xp)
         if self.nslots:
-            launch_prepare(self.run, p, a, self.ws, self.nslots, self.per_seq)
+            kernels.launch_prepare(self.run, p, self.a, self.ws, self.nslots, self.per_seq, self.ws_core)
 
-    def _recurrence(self, p, a, o, s_out, no_output):
+    def _recurrence(self, name, a, o, s_out):
         from ..forward.kernels import launch_recurrence
-        from ..forward.tuning import select_tiles
 
-        launch_recurrence(self.run, p, a, self.ws, o, s_out, self.nslots, self.per_seq, select_tiles(p),
-                          no_output=no_output)
+        q, no_output = self.launches[name]
+        launch_recurrence(self.run, q, a, self.ws, o, s_out, self.nslots, self.per_seq, self.tiles[name],
+                          no_output=no_output, ws_core=self.ws_core)
 
     def maps(self):
         p, a, xp = self.p, self.a, self.xp
         K = p.K
-        fp32 = dict(state_precision="fp32", state_layout="kv", state_out_dtype=F32)
         M = xp.zeros((p.N, p.HV, K, K), dtype=F32)
         M.reshape(-1, K * K)[:, ::K + 1] = 1  # the identity in place: no temporary
         Bm = empty(xp, (p.N, p.HV, K, p.V), F32)
         # M: value columns = the K columns of I, v = 0 (a zero-stride view), the state updated in place
         zero_v = xp.broadcast_to(xp.zeros((1, 1, 1, K), dtype=p.dtype), a["v"].shape[:3] + (K,))
-        pm = dataclasses.replace(p, V=K, state_in_dtype=F32, **fp32)
-        self._recurrence(pm, dict(a, v=zero_v, initial_state=M), None, M, True)
-        pb = dataclasses.replace(p, state_in_dtype=None, **fp32)
-        self._recurrence(pb, dict(a, initial_state=None), None, Bm, True)
+        self._recurrence("M", dict(a, v=zero_v, initial_state=M), None, M)
+        self._recurrence("B", dict(a, initial_state=None), None, Bm)
         return M, Bm
 
     def scan(self, M, Bm, s0, s0_dtype, n):
@@ -175,8 +181,7 @@ class KernelRun:
         s_out = None
         if p.state_out_dtype is not None:
             s_out = empty(xp, starts.shape, p.state_out_dtype)
-        pf = dataclasses.replace(p, state_in_dtype=F32)
-        self._recurrence(pf, dict(a, initial_state=starts), o, s_out, False)
+        self._recurrence("forward", dict(a, initial_state=starts), o, s_out)
         return o, s_out
 
 

@@ -1,6 +1,6 @@
 """Sequence parallelism's kernel variants, registered with ``kdacupy.jit.registry``
 (``python -m kdacupy.compile --kernel seqpar``): the recurrence's map variants
-(fp32 state, no output) and the scan kernel."""
+(fp32 state, no output; mma.sync, and wgmma on sm_90a) and the scan kernel."""
 from __future__ import annotations
 
 import itertools
@@ -14,8 +14,10 @@ from .split import ScanVariant
 
 
 def map_variants(any_dims=False):
+    """Every tile of mma.sync, and of wgmma (sm_90a alone: ``RecurrenceVariant.only_arch``) at the
+    sizes it serves (K <= 128, the tiles' head dims)."""
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
-        for tiles in candidates(V):
+        for tiles in candidates(V, None if any_dims else "sm_90a", K):
             yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True, any_dims=any_dims)
 
 
