@@ -235,8 +235,8 @@ def auto_segments(p, sm_count, arch: str | None = None) -> tuple[int, str]:
     AUTO_MIN_GAIN. On sm_90a with the wgmma recurrence (``_predicted_time_wgmma``), calibrated on the
     issue-aware profile: a run costs its chain length in whole waves of one warpgroup an SM; from
     WGMMA_MIN_CHUNKS chunks, a split needs WGMMA_MIN_GAIN. The candidates are n = 2, 4, ..., AUTO_MAX
-    with at least AUTO_SEG_CHUNKS chunks per segment; the fastest is taken when it beats the serial run
-    by the gain, else 1. Shapes only: ``cu_seqlens`` values are never read (a varlen sequence counts as
+    (on wgmma every n from 2: the count that fills the SMs in one wave) with at least AUTO_SEG_CHUNKS
+    chunks per segment; the fastest is taken when it beats the serial run by the gain, else 1. Shapes only: ``cu_seqlens`` values are never read (a varlen sequence counts as
     T / N tokens)."""
     wgmma = _wgmma_runs(p, arch)
     predicted, min_chunks, min_gain = ((_predicted_time_wgmma, WGMMA_MIN_CHUNKS, WGMMA_MIN_GAIN) if wgmma
@@ -251,7 +251,7 @@ def auto_segments(p, sm_count, arch: str | None = None) -> tuple[int, str]:
         t = predicted(p, n, sm_count)
         if t < best_t:
             best, best_t = n, t
-        n *= 2
+        n = n + 1 if wgmma else 2 * n  # wgmma: any count (the one that fills the SMs in one wave)
     gain = serial / best_t
     family = "wgmma" if wgmma else "mma.sync"
     if best == 1 or gain < min_gain:
