@@ -189,7 +189,7 @@ add "adversarial accuracy" 15 \
   '$PY -m kdacupy.accuracy --backend model --adversarial --H 1 --T 64 --K 64 --V 64'
 add "frameworks on the GPU" 60 '$PYTEST --durations=10 tests/frameworks/test_gpu_frameworks.py'
 add "few heads: serial vs split" 30 \
-  '$PY -m kdacupy.bench --shapes fewhead --no-fla --split 4 16 --iters 5 --warmup 1 --json "$OUT/bench-fewhead.json"' \
+  '$PY -m kdacupy.bench --shapes fewhead --no-fla --split 4 5 16 --iters 5 --warmup 1 --json "$OUT/bench-fewhead.json"' \
   '$PY -m kdacupy.bench --shapes fewhead --no-fla --dry-run'
 add "Nsight Compute: instructions per kernel" 30 \
   'NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1); if [ -z "$NCU" ]; then echo "ncu: not found on this machine (the issue term stays unchecked); the predictions:"; $PY benchmarks/ncu_issue.py; exit 0; fi; "$NCU" --csv --metrics "$($PY benchmarks/ncu_issue.py --metrics)" -k regex:kda_ -c 4 $PY -m kdacupy.bench --shapes kimi-T8192-H64 --no-fla --no-split --iters 1 --warmup 0 > /tmp/kdacupy-ncu.csv 2>&1; rc=$?; $PY benchmarks/ncu_issue.py /tmp/kdacupy-ncu.csv; exit $rc' \
@@ -355,6 +355,9 @@ $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-backward2.json --meas
   >> "$SUMMARY" 2>&1
 echo "the training step with kept states (save_for_backward) next to step 10's kept f+b:" >> "$SUMMARY"
 $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-train.json --measured "$OUT/bench-backward.json" \
+  >> "$SUMMARY" 2>&1
+echo "few heads: the default call (sm_90a: the split on wgmma) next to step 19's:" >> "$SUMMARY"
+$PY -m kdacupy.profile --show benchmarks/profile-fewhead-h200-step3.json --measured "$OUT/bench-fewhead.json" \
   >> "$SUMMARY" 2>&1
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
 [ "$MODE" = cpu ] && rm -rf "$SITE"

@@ -67,8 +67,9 @@ FEWHEAD_VARLEN4 = (30011, 17003, 9525, 8997)
 
 def fewhead_shapes():
     """Few heads, long sequences: where the chunk chain bounds the serial run
-    (sequence parallelism, docs/design.md section 7.2)."""
-    out = []
+    (sequence parallelism, docs/design.md section 7.2); first the serving shape, Kimi-K3's 96 heads
+    at tensor parallelism 8 over 8K tokens."""
+    out = [Shape("fewhead-T8192-H12", 8192, 12)]
     for H in (12, 16):
         out += [Shape(f"fewhead-T{T}-H{H}", T, H) for T in (16384, 32768, 65536, 131072)]
         out += [Shape(f"fewhead-varlen2-H{H}", sum(FEWHEAD_VARLEN2), H, lens=FEWHEAD_VARLEN2),

@@ -60,7 +60,7 @@ def test_fewhead_shapes_get_serial_and_split_columns(fake_split, tmp_path, capsy
     path = tmp_path / "r.json"
     assert bench.main(["--shapes", "fewhead", "--no-fla", "--json", str(path), "--iters", "2"]) == 0
     doc = json.loads(path.read_text())
-    assert len(doc["shapes"]) == 12
+    assert len(doc["shapes"]) == 13
     serial = split_times(1, 10, 2)
     for r in doc["shapes"]:
         sp = r["seqpar"]
@@ -76,7 +76,7 @@ def test_fewhead_shapes_get_serial_and_split_columns(fake_split, tmp_path, capsy
         assert sp["best"] == dict(segments=8, speedup=pytest.approx(SPLIT_MS[1] / SPLIT_MS[8]))
     out = capsys.readouterr().out
     assert "sequence parallelism: serial vs split" in out and "8@4.00x" in out and "fewhead-varlen4-H16" in out
-    assert fake_split["seen"].count(1) == 12 * (1 + 10 + 2)
+    assert fake_split["seen"].count(1) == 13 * (1 + 10 + 2)
 
 
 def test_a_non_finite_split_is_flagged(fake_split, tmp_path):

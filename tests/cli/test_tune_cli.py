@@ -110,7 +110,7 @@ def test_bad_spec_is_a_usage_error(capsys):
 
 
 def test_named_sets_and_duplicates():
-    assert len(resolve_shapes(["kimi"])) == 6 and len(resolve_shapes(["fewhead"])) == 12
+    assert len(resolve_shapes(["kimi"])) == 6 and len(resolve_shapes(["fewhead"])) == 13
     assert resolve_shapes(["all"]) == resolve_shapes(["kimi", "fewhead", "kimi"])
     assert len(resolve_shapes(["T=64,H=2", "T=64,H=2"])) == 1
     # one shape of a set by its name (the Kimi names keep the benchmarks' geometric mean)
