@@ -4,18 +4,21 @@
 //   S[s + 1] = M_s S[s] + B_s      (M_s: [K, K], B_s: [K, V], kv orientation)
 // One CTA per (sequence, value head, slice of SC value columns): the columns of
 // the state evolve independently, so the slice stays in shared memory for the
-// whole chain and only M and B stream in. Each thread owns one column and K/RG
-// rows; every product is a chain of fp32 FMAs in key order, B first: the key
-// blocks of TI staged in ascending order into the same accumulators, no partial
-// sums (the rounding points, bit for bit: kdacupy/numerics/scan_model.py).
+// whole chain and only M and B stream in. Each thread owns a register tile of
+// CPT columns and K/RG rows: per key, K/RG words of M and CPT of the slice feed
+// (K/RG) CPT FMAs, each load one wavefront for the warp (broadcasts, no bank
+// conflicts); every product is a chain of fp32 FMAs in key order, B first: the
+// key blocks of TI staged in ascending order into the same accumulators, no
+// partial sums (the rounding points, bit for bit: kdacupy/numerics/scan_model.py).
 // The starts are written in the call's state layout, ready for the forward; the
 // initial state is read and the starts written through the slice in shared
 // memory, the CTA's lanes walking the layout's contiguous dimension (in "vk" a
 // column's K keys are adjacent in memory, so lanes owning columns would touch
 // one sector each).
 //
-// Rendered configuration: KDA_K, KDA_V, SCAN_SC (columns per CTA), SCAN_TI
-// (columns of M staged per pass); SCAN_THREADS = SCAN_SC * SCAN_RG threads; optional KDA_ANY_DIMS
+// Rendered configuration: KDA_K, KDA_V, SCAN_SC (columns per CTA), SCAN_CPT (columns per thread),
+// SCAN_RG (row groups), SCAN_TI (columns of M staged per pass); SCAN_SC / SCAN_CPT * SCAN_RG threads;
+// optional KDA_ANY_DIMS
 // (1: KDA_K, KDA_V are the key and value tiles, the true head dims come as k_true, v_true: M, B, the
 // initial state and the starts have their true extents, keys and columns past them are zeros in the
 // slice and never written, ceil(v_true / SC) slices; a padded key adds fmaf(0, 0, acc) = acc to each
@@ -34,11 +37,18 @@ constexpr int V = KDA_V;
 constexpr bool ANY = KDA_ANY_DIMS;
 constexpr int SC = SCAN_SC;
 constexpr int TI = SCAN_TI;
-constexpr int RG = SCAN_RG;           // row groups: thread t owns column t % SC, rows t / SC + RG r
-constexpr int NT = SC * RG;
+constexpr int CPT = SCAN_CPT;         // columns per thread
+constexpr int CG = SC / CPT;          // column groups
+constexpr int RG = SCAN_RG;           // row groups: thread t owns columns (t % CG) CPT + q, rows t / CG + RG r
+constexpr int NT = CG * RG;
 constexpr int ROWS = K / RG;
-static_assert(V % SC == 0 && K % RG == 0 && K % TI == 0 && NT <= 1024, "scan tiling");
-static_assert((SC & (SC - 1)) == 0 && SC <= 32 && NT % 32 == 0, "the slice's swizzle");
+// a staged row of M, padded to 16-byte rows (the copies) that put a warp's 8 consecutive rows in 8 banks
+// (TI = 16: 20 words apart, TI = 8: 12)
+constexpr int MS = TI + 4;
+static_assert(TI % 4 == 0 && (TI == 16 || TI == 8), "16-byte copies; MS's banks");
+constexpr int NBLK = K / TI;          // staged blocks of M per step
+static_assert(V % SC == 0 && SC % CPT == 0 && K % RG == 0 && K % TI == 0 && NT <= 1024, "scan tiling");
+static_assert((SC & (SC - 1)) == 0 && SC <= 32 && NT % 32 == 0 && 32 % CG == 0, "the slice's swizzle");
 
 // (dk, dv: the true extents, the tiles without ANY)
 __device__ __forceinline__ i64 state_at(int layout_vk, i64 nh, int k, int v, int dk, int dv) {
@@ -56,15 +66,35 @@ __device__ __forceinline__ int elem_key(int layout_vk, int e) { return layout_vk
 __device__ __forceinline__ int elem_col(int layout_vk, int e) { return layout_vk ? e / K : e % SC; }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT) kda_seqpar_scan(
+// up to 128 registers a thread (4 CTAs an SM): with a bare bound ptxas settled at 40 and spilled (sm_80, K = 64)
+extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
     const float* M, const float* B, const void* s0, int s0_dtype, int layout_vk, float* starts, int HV,
     int nseg, int k_true, int v_true) {
   const int kdim = ANY ? k_true : K, vdim = ANY ? v_true : V;  // the true head dims (constants without ANY)
   const int VB = ANY ? (vdim + SC - 1) / SC : V / SC;
   const int n = blockIdx.x / VB, c0 = (blockIdx.x % VB) * SC, hv = blockIdx.y;
-  const int tid = threadIdx.x, j = tid % SC, rg = tid / SC;
+  const int tid = threadIdx.x, j0 = (tid % CG) * CPT, rg = tid / CG;
   float* S = reinterpret_cast<float*>(dynamic_smem());  // [K][SC]
-  float* Mt = S + K * SC;                               // [K][TI]: a column block of M_s
+  float* Mt = S + K * SC;                               // [2][K][MS]: column blocks of M_s, two in turn
+
+  // Block b of the chain (step b / NBLK, keys from (b % NBLK) TI) into buffer b % 2 by cp.async, one group
+  // a block (empty past the last step): with the tiles' head dims, the next block is in flight while this
+  // one is read. The padded variants (ANY) stage each block with plain loads, zeros past kdim, in turn.
+  const auto stage = [&](int b) {
+    if constexpr (!ANY) {
+      const int s = b / NBLK, i0 = (b % NBLK) * TI;
+      if (s < nseg - 1) {
+        const float* Ms = M + ((static_cast<i64>(n) * nseg + s) * HV + hv) * K * K + i0;
+        float* dst = Mt + (b % 2) * K * MS;
+        for (int e = tid; e < K * TI / 4; e += NT) {
+          const int k = e / (TI / 4), i = 4 * (e % (TI / 4));
+          cp_async_16(dst + k * MS + i, Ms + static_cast<i64>(k) * K + i);
+        }
+      }
+      cp_async_commit();
+    }
+  };
+  stage(0);
 
   const i64 nh0 = static_cast<i64>(n) * HV + hv;  // the sequence's initial state
   if (s0_dtype != KDA_STATE_NONE) {
@@ -77,14 +107,20 @@ extern "C" __global__ void __launch_bounds__(NT) kda_seqpar_scan(
     }
     __syncthreads();
   }
-  float acc[ROWS];
+  float acc[ROWS][CPT];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) acc[r] = s0_dtype == KDA_STATE_NONE ? 0.f : S[slice_at(rg + RG * r, j)];
+  for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+    for (int q = 0; q < CPT; ++q) acc[r][q] = s0_dtype == KDA_STATE_NONE ? 0.f : S[slice_at(rg + RG * r, j0 + q)];
+  }
 #pragma unroll 1
   for (int s = 0;; ++s) {
     const i64 nh = (static_cast<i64>(n) * nseg + s) * HV + hv;  // segment s of sequence n
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) S[slice_at(rg + RG * r, j)] = acc[r];  // each thread its own words
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int q = 0; q < CPT; ++q) S[slice_at(rg + RG * r, j0 + q)] = acc[r][q];  // each thread its own words
+    }
     __syncthreads();
 #pragma unroll 2
     for (int e = tid; e < K * SC; e += NT) {
@@ -92,26 +128,43 @@ extern "C" __global__ void __launch_bounds__(NT) kda_seqpar_scan(
       if (!ANY || (k < kdim && c0 + v < vdim)) starts[state_at(layout_vk, nh, k, c0 + v, kdim, vdim)] = S[slice_at(k, v)];
     }
     if (s == nseg - 1) break;
-    const float* Ms = M + nh * kdim * kdim;
+    [[maybe_unused]] const float* Ms = M + nh * kdim * kdim;
     const float* Bs = B + nh * kdim * vdim;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int k = rg + RG * r;
-      acc[r] = !ANY || (k < kdim && c0 + j < vdim) ? Bs[static_cast<i64>(k) * vdim + c0 + j] : 0.f;
+#pragma unroll
+      for (int q = 0; q < CPT; ++q) {
+        const int j = j0 + q;
+        acc[r][q] = !ANY || (k < kdim && c0 + j < vdim) ? Bs[static_cast<i64>(k) * vdim + c0 + j] : 0.f;
+      }
     }
 #pragma unroll 1
     for (int i0 = 0; i0 < K; i0 += TI) {
-      __syncthreads();  // S written / the previous block of M read
-      for (int e = tid; e < K * TI; e += NT) {
-        const int k = e / TI, i = i0 + e % TI;
-        Mt[e] = !ANY || (k < kdim && i < kdim) ? Ms[static_cast<i64>(k) * kdim + i] : 0.f;
+      const int blk = s * NBLK + i0 / TI;
+      const float* Mb = ANY ? Mt : Mt + (blk % 2) * K * MS;  // the padded variants: one buffer
+      __syncthreads();  // S written / the block before this one read (its buffer is the next one's)
+      if constexpr (ANY) {
+        for (int e = tid; e < K * TI; e += NT) {
+          const int k = e / TI, i = i0 + e % TI;
+          Mt[k * MS + e % TI] = k < kdim && i < kdim ? Ms[static_cast<i64>(k) * kdim + i] : 0.f;
+        }
+      } else {
+        stage(blk + 1);
+        cp_async_wait<1>();  // this thread's copies of this block have landed
       }
-      __syncthreads();
+      __syncthreads();  // everyone's
 #pragma unroll 4
       for (int ii = 0; ii < TI; ++ii) {
-        const float sv = S[slice_at(i0 + ii, j)];
+        float sv[CPT];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(Mt[(rg + RG * r) * TI + ii], sv, acc[r]);
+        for (int q = 0; q < CPT; ++q) sv[q] = S[slice_at(i0 + ii, j0 + q)];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const float m = Mb[(rg + RG * r) * MS + ii];
+#pragma unroll
+          for (int q = 0; q < CPT; ++q) acc[r][q] = fmaf(m, sv[q], acc[r][q]);
+        }
       }
     }
     __syncthreads();  // every thread has read S before it is overwritten

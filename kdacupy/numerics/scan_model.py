@@ -7,7 +7,7 @@ model follows exactly:
 * ``S[0]``: the initial state converted to fp32 (exact from bf16), or zeros;
 * each element ``S[s + 1][k, v]`` is one ``fmaf`` chain that starts at ``B_s[k, v]`` and runs
   over the keys ``i = 0, 1, ..., K - 1`` in order: ``acc = fmaf(M_s[k, i], S[s][i, v], acc)``.
-  The kernel stages M in blocks of SCAN_TI keys and walks the blocks in ascending order, each
+  The kernel stages M in blocks of ``split.scan_ti(K)`` keys and walks the blocks in ascending order, each
   block's keys ascending, into the same accumulator: no partial sums, no reassociation.
 
 Rounding points: each ``fmaf`` (one rounding of the exact ``a * b + c``, ``backward_arith.fma32``);

@@ -185,18 +185,25 @@ class KernelRun:
         return o, s_out
 
 
-#: the scan kernel's tiling: SC value columns per CTA, RG row groups (SC * RG threads), TI columns of M per pass
-SCAN_SC, SCAN_RG, SCAN_TI = 16, 16, 16
+#: the scan kernel's tiling: SC value columns per CTA, CPT of them per thread, RG row groups (SC / CPT * RG
+#: threads); scan_ti(K) columns of M per staged block
+SCAN_SC, SCAN_CPT, SCAN_RG = 16, 4, 32
+SCAN_THREADS = SCAN_SC // SCAN_CPT * SCAN_RG
+
+
+def scan_ti(K) -> int:
+    """Keys of M per staged block: 16, or 8 at K = 256 (two blocks in flight stay within 48 KB)."""
+    return 16 if K <= 128 else 8
 
 
 def scan_config(K, V, any_dims=False) -> dict:
     """The scan's defines for tiles K, V (``any_dims``: the true sizes launch arguments)."""
-    return dict(KDA_K=int(K), KDA_V=int(V), SCAN_SC=SCAN_SC, SCAN_RG=SCAN_RG, SCAN_TI=SCAN_TI,
+    return dict(KDA_K=int(K), KDA_V=int(V), SCAN_SC=SCAN_SC, SCAN_CPT=SCAN_CPT, SCAN_RG=SCAN_RG, SCAN_TI=scan_ti(K),
                 **(dict(KDA_ANY_DIMS=1) if any_dims else {}))
 
 
 def scan_smem(K) -> int:
-    return (K * SCAN_SC + K * SCAN_TI) * 4
+    return (K * SCAN_SC + 2 * K * (scan_ti(K) + 4)) * 4  # the slice, and two staged blocks of M in padded rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +243,7 @@ def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     fn = run.get("kda_seqpar_scan", scan_config(KT, VT, any_dims), "kda_seqpar_scan")
     args = (ptr(M), ptr(Bm), ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
             np.int32(state_layout == "vk"), ptr(starts), np.int32(HV), np.int32(n), np.int32(K), np.int32(V))
-    run.launch(fn, (NS // n * -(-V // SCAN_SC), HV), (SCAN_SC * SCAN_RG,), args, scan_smem(KT))
+    run.launch(fn, (NS // n * -(-V // SCAN_SC), HV), (SCAN_THREADS,), args, scan_smem(KT))
     return starts
 
 
