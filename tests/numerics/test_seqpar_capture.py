@@ -63,6 +63,7 @@ def test_the_map_launches_take_the_persistent_workspace(monkeypatch, tmp_path):
 
     device_problem(monkeypatch)
     monkeypatch.setattr(tuning, "device_facts", lambda: (0, "NVIDIA H200", 132))
+    monkeypatch.setattr(tuning, "_arches", {0: "sm_90a"})  # its target: the maps take wgmma there
     monkeypatch.setenv("KDACUPY_TUNING_DIR", str(tmp_path))
     monkeypatch.setattr(seqpar, "_capturing", lambda: False)
     monkeypatch.setattr(split, "_xp", lambda p: np)  # the "device" arrays are NumPy here
