@@ -175,7 +175,7 @@ AUTO_MIN_GAIN = 1.5        # predicted speedup below which the split stays off
 #: (benchmarks/seqpar-auto.md), where a chunk costs one warpgroup its issue, not its latency
 WGMMA_MIN_CHUNKS = 512     # 8K tokens
 WGMMA_MAP_CHUNK = 0.7      # a map run's chunk against the forward's (no output: 350 against 510 instructions)
-WGMMA_SCAN_STEP = 15       # one scan step in forward chunks (0.006, 0.016, 0.038 ms at 2, 4, 8 segments)
+WGMMA_SCAN_STEP = 12       # one scan step in forward chunks (0.010, 0.014, 0.023 ms at 4, 5, 8 segments)
 WGMMA_MIN_GAIN = 1.2       # predicted speedup of the chains below which the split stays off
 
 
