@@ -120,10 +120,11 @@ extern "C" __global__ void __launch_bounds__(NT) kda_decode(
     int sidx_i64, int update_pool, i64 null_slot, const void* cu_seqlens, int cu_i64, int K_true, int V_true) {
   const Dims d{K_true, V_true};
   const int VB = ANY ? (V_true + BV - 1) / BV : KDA_V / BV;  // CTAs per (sequence, head)
-  const int n = blockIdx.x / VB, hv = blockIdx.y;
+  // grid (N x VB, HV / H, H): value head hv of q / k head h, with no integer division (two of
+  // them, with their corrections, were a tenth of a decode step's instructions)
+  const int n = blockIdx.x / VB, h = blockIdx.z, hv = h * gridDim.y + blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int v0 = (blockIdx.x % VB) * BV + warp * RV;  // first value row of this warp
-  const int h = hv / (HV / H);
   if (cu_seqlens != nullptr && (index_at(cu_seqlens, cu_i64, n) != static_cast<i64>(n) * T ||
                                 index_at(cu_seqlens, cu_i64, n + 1) != static_cast<i64>(n + 1) * T)) {
     __trap();  // unequal lengths: not one launch's rows of T tokens

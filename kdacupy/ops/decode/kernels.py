@@ -90,7 +90,8 @@ def launch_plan(p, pool, device: bool, tiles: DecodeTiles | None = None):
     tiles = tiles or select_decode_tiles(p, pool)
     var = decode_variant(p, pool, tiles)
     fn = loader("cuda" if device else "emulate").get("kda_decode", var.config(), "kda_decode")
-    return fn, (p.N * -(-p.V // tiles.BV), p.HV), (var.threads,)
+    # grid.z the q / k heads, grid.y the value heads of each (the kernel's hv and h without a division)
+    return fn, (p.N * -(-p.V // tiles.BV), p.HV // p.H, p.H), (var.threads,)
 
 
 def stride_args(arrays):
