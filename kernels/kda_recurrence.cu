@@ -29,7 +29,8 @@
 // KDA_ANY_DIMS (1: KDA_K, KDA_V are the key and value tiles and the true head dims come as the
 // arguments k_true <= KDA_K, v_true <= KDA_V: v, o and the states have their true extents, value
 // columns past v_true read as zero and are never written, ceil(v_true / BV) CTAs per sequence and
-// head; the workspace is the key tile's, zero past k_true. mma.sync only).
+// head; the workspace is the key tile's, zero past k_true. mma.sync only); optional KDA_V_ZERO (1: v is
+// zero, never read: the M map of the sequence-parallel forward; each stage's value rows are zeroed once).
 #include "common.cuh"
 #include "chunk_stream.cuh"
 #include "fragments.cuh"
@@ -50,6 +51,9 @@
 #ifndef KDA_ANY_DIMS
 #define KDA_ANY_DIMS 0
 #endif
+#ifndef KDA_V_ZERO
+#define KDA_V_ZERO 0
+#endif
 #define KDA_WGMMA_PATH (KDA_MMA == KDA_MMA_WGMMA)
 
 namespace {
@@ -64,6 +68,8 @@ constexpr int STAGES = KDA_STAGES;
 constexpr bool FP32_STATE = KDA_STATE_FP32;
 constexpr bool OUTPUT = !KDA_NO_OUTPUT;
 constexpr bool ANY = KDA_ANY_DIMS;
+constexpr bool V_ZERO = KDA_V_ZERO;
+static_assert(!V_ZERO || !KDA_ANY_DIMS, "v = 0: the maps of the tiles' head dims");
 constexpr int KS = K / 16;            // k-steps of the state matmuls
 constexpr int TS = K + 8;             // padded bf16 row of a [16, K] tile (elements)
 constexpr int SR = 24;                // padded row of a 16x16 tile (elements)
@@ -107,10 +113,23 @@ static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CH
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
                                            const unsigned char* vrow0, i64 v_row_bytes, int rows, int vcols, int tid) {
   copy_ws_block<K, NT, RSM_QDEC, RSM_INV, RSM_MQK, RSM_GEXP, OUTPUT>(stage, blk, tid);
-  if constexpr (ANY) {
+  if constexpr (V_ZERO) {
+    // the value rows stay the zeros written once (zero_value_rows)
+  } else if constexpr (ANY) {
     fill_rows_dims<NT, VCH, RSM_VROW, ES>(stage + RSM_VT, vrow0, v_row_bytes, rows, vcols, tid);
   } else {
     copy_rows_zfill<NT, VCH, RSM_VROW>(stage + RSM_VT, vrow0, v_row_bytes, rows, tid);
+  }
+}
+
+// KDA_V_ZERO: every stage's [16, BV] value rows zero, once, before the first copy: no chunk writes them.
+__device__ __forceinline__ void zero_value_rows(unsigned char* sm, int tid) {
+  if constexpr (V_ZERO) {
+#pragma unroll 1
+    for (int p = tid; p < STAGES * CHUNK * VCH; p += NT) {
+      const int st = p / (CHUNK * VCH), r = p / VCH % CHUNK;
+      reinterpret_cast<Vec16*>(sm + st * RSM_STAGE + RSM_VT + r * RSM_VROW)[p % VCH] = Vec16{};
+    }
   }
 }
 
@@ -213,22 +232,26 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
     if (tid == 0) {
       const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
+      constexpr int VBYTES = V_ZERO ? 0 : BV * ES;  // v's rows a chunk (none copied when v = 0)
       if constexpr (OUTPUT) {
-        mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * BV * ES);
+        mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * VBYTES);
         cp_async_bulk_g2s(stg, blk, WS_STRIDE, bar);
       } else {  // q_dec and Mqk are never read: the block's two other runs, k_dec to INV and gexp with beta
-        mbarrier_arrive_expect_tx(bar, WS_BYTES_NO_OUTPUT + rows * BV * ES);
+        mbarrier_arrive_expect_tx(bar, WS_BYTES_NO_OUTPUT + rows * VBYTES);
         cp_async_bulk_g2s(stg + WS_KDEC, blk + WS_KDEC, WS_MQK - WS_KDEC, bar);
         cp_async_bulk_g2s(stg + WS_GEXP, blk + WS_GEXP, WS_STRIDE - WS_GEXP, bar);
       }
     }
-    const int row = warp * ROWS_PER_WARP + lane;
-    if (lane < ROWS_PER_WARP && row < rows)
-      cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
-                        BV * ES, bar);
-    for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
-      reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
+    if constexpr (!V_ZERO) {
+      const int row = warp * ROWS_PER_WARP + lane;
+      if (lane < ROWS_PER_WARP && row < rows)
+        cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
+                          BV * ES, bar);
+      for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
+        reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
+    }
   };
+  zero_value_rows(sm, tid);
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
   __syncthreads();  // chunk 0's zeroed tail, before its reads
@@ -241,6 +264,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     }
     cp_async_commit();  // always, so the group count stays uniform
   };
+  zero_value_rows(sm, tid);  // (ordered before any read by the barrier that opens each chunk)
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
 #endif

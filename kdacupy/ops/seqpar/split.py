@@ -141,6 +141,7 @@ class KernelRun:
         self.launches = {"M": (dataclasses.replace(p, V=p.K, state_in_dtype=F32, **fp32), True),
                          "B": (dataclasses.replace(p, state_in_dtype=None, **fp32), True),
                          "forward": (dataclasses.replace(p, state_in_dtype=F32), False)}
+        self.v_zero = {"M": True}  # M's run has v = 0: its variant reads no value rows
         self.tiles = {n: kernels.select_tiles(q) for n, (q, _) in self.launches.items()}
         self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) == "wgmma"
                            for n, (q, no_output) in self.launches.items())
@@ -155,7 +156,7 @@ class KernelRun:
 
         q, no_output = self.launches[name]
         launch_recurrence(self.run, q, a, self.ws, o, s_out, self.nslots, self.per_seq, self.tiles[name],
-                          no_output=no_output, ws_core=self.ws_core)
+                          no_output=no_output, ws_core=self.ws_core, v_zero=self.v_zero.get(name, False))
 
     def maps(self):
         p, a, xp = self.p, self.a, self.xp
