@@ -29,8 +29,9 @@
 // KDA_ANY_DIMS (1: KDA_K, KDA_V are the key and value tiles and the true head dims come as the
 // arguments k_true <= KDA_K, v_true <= KDA_V: v, o and the states have their true extents, value
 // columns past v_true read as zero and are never written, ceil(v_true / BV) CTAs per sequence and
-// head; the workspace is the key tile's, zero past k_true. mma.sync only); optional KDA_V_ZERO (1: v is
-// zero, never read: the M map of the sequence-parallel forward; each stage's value rows are zeroed once).
+// head; the workspace is the key tile's, zero past k_true. mma.sync only). Without the output and
+// KDA_ANY_DIMS, v may be null: v is zero and never read (the M map of the sequence-parallel forward; each stage's value rows
+// are zeroed once), a runtime choice, so the M and B maps share one build.
 #include "common.cuh"
 #include "chunk_stream.cuh"
 #include "fragments.cuh"
@@ -51,9 +52,6 @@
 #ifndef KDA_ANY_DIMS
 #define KDA_ANY_DIMS 0
 #endif
-#ifndef KDA_V_ZERO
-#define KDA_V_ZERO 0
-#endif
 #define KDA_WGMMA_PATH (KDA_MMA == KDA_MMA_WGMMA)
 
 namespace {
@@ -68,8 +66,6 @@ constexpr int STAGES = KDA_STAGES;
 constexpr bool FP32_STATE = KDA_STATE_FP32;
 constexpr bool OUTPUT = !KDA_NO_OUTPUT;
 constexpr bool ANY = KDA_ANY_DIMS;
-constexpr bool V_ZERO = KDA_V_ZERO;
-static_assert(!V_ZERO || !KDA_ANY_DIMS, "v = 0: the maps of the tiles' head dims");
 constexpr int KS = K / 16;            // k-steps of the state matmuls
 constexpr int TS = K + 8;             // padded bf16 row of a [16, K] tile (elements)
 constexpr int SR = 24;                // padded row of a 16x16 tile (elements)
@@ -111,9 +107,10 @@ static_assert(RSM_KDEC == RSM_QDEC + CHUNK * TS * 2 && RSM_KRES == RSM_KDEC + CH
 // q_dec and Mqk are never read: not copied.
 // ``vcols``: the value columns from the slice's first that exist (ANY; at least BV otherwise).
 __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned char* blk,
-                                           const unsigned char* vrow0, i64 v_row_bytes, int rows, int vcols, int tid) {
+                                           const unsigned char* vrow0, i64 v_row_bytes, int rows, int vcols, int tid,
+                                           bool v_zero) {
   copy_ws_block<K, NT, RSM_QDEC, RSM_INV, RSM_MQK, RSM_GEXP, OUTPUT>(stage, blk, tid);
-  if constexpr (V_ZERO) {
+  if (v_zero) {
     // the value rows stay the zeros written once (zero_value_rows)
   } else if constexpr (ANY) {
     fill_rows_dims<NT, VCH, RSM_VROW, ES>(stage + RSM_VT, vrow0, v_row_bytes, rows, vcols, tid);
@@ -122,14 +119,13 @@ __device__ __forceinline__ void load_chunk(unsigned char* stage, const unsigned 
   }
 }
 
-// KDA_V_ZERO: every stage's [16, BV] value rows zero, once, before the first copy: no chunk writes them.
+// v = 0 (no output, v null): every stage's [16, BV] value rows zero, once, before the first copy: no
+// chunk writes them.
 __device__ __forceinline__ void zero_value_rows(unsigned char* sm, int tid) {
-  if constexpr (V_ZERO) {
 #pragma unroll 1
-    for (int p = tid; p < STAGES * CHUNK * VCH; p += NT) {
-      const int st = p / (CHUNK * VCH), r = p / VCH % CHUNK;
-      reinterpret_cast<Vec16*>(sm + st * RSM_STAGE + RSM_VT + r * RSM_VROW)[p % VCH] = Vec16{};
-    }
+  for (int p = tid; p < STAGES * CHUNK * VCH; p += NT) {
+    const int st = p / (CHUNK * VCH), r = p / VCH % CHUNK;
+    reinterpret_cast<Vec16*>(sm + st * RSM_STAGE + RSM_VT + r * RSM_VROW)[p % VCH] = Vec16{};
   }
 }
 
@@ -203,8 +199,11 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   unsigned char* sm = dynamic_smem();
   const int b = cu_seqlens == nullptr ? n : 0;
   const i64 tok0 = cu_seqlens == nullptr ? 0 : seq.bos;
-  const unsigned char* vbase = static_cast<const unsigned char*>(v) +
-                               (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
+  // v null: zero, never read (the maps without output, at the tiles' head dims: the any-size variants,
+  // at the register limit already, always read v; the forward's v is always given)
+  const bool v_zero = !OUTPUT && !ANY && v == nullptr;
+  const unsigned char* vbase = v_zero ? nullptr
+                                      : static_cast<const unsigned char*>(v) + (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
   const unsigned char* wsbase = ws + (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * WS_STRIDE;
   const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
 #if KDA_WGMMA_PATH
@@ -232,7 +231,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
     if (tid == 0) {
       const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
-      constexpr int VBYTES = V_ZERO ? 0 : BV * ES;  // v's rows a chunk (none copied when v = 0)
+      const int VBYTES = v_zero ? 0 : BV * ES;  // v's rows a chunk (none copied when v = 0)
       if constexpr (OUTPUT) {
         mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * VBYTES);
         cp_async_bulk_g2s(stg, blk, WS_STRIDE, bar);
@@ -242,7 +241,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
         cp_async_bulk_g2s(stg + WS_GEXP, blk + WS_GEXP, WS_STRIDE - WS_GEXP, bar);
       }
     }
-    if constexpr (!V_ZERO) {
+    if (!v_zero) {
       const int row = warp * ROWS_PER_WARP + lane;
       if (lane < ROWS_PER_WARP && row < rows)
         cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
@@ -251,7 +250,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
         reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
     }
   };
-  zero_value_rows(sm, tid);
+  if (v_zero) zero_value_rows(sm, tid);
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
   __syncthreads();  // chunk 0's zeroed tail, before its reads
@@ -260,11 +259,11 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     if (c < nchunks) {
       const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
       load_chunk(sm + (c % STAGES) * RSM_STAGE, wsbase + static_cast<i64>(c) * WS_STRIDE,
-                 vbase + static_cast<i64>(c) * CHUNK * v_st * ES, v_st * ES, rows, vdim - v0, tid);
+                 vbase + static_cast<i64>(c) * CHUNK * v_st * ES, v_st * ES, rows, vdim - v0, tid, v_zero);
     }
     cp_async_commit();  // always, so the group count stays uniform
   };
-  zero_value_rows(sm, tid);  // (ordered before any read by the barrier that opens each chunk)
+  if (v_zero) zero_value_rows(sm, tid);  // (ordered before any read by the barrier that opens each chunk)
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
 #endif

@@ -62,12 +62,9 @@ class RecurrenceVariant:
     store_states: bool = False  # the state at each chunk's start to ``states`` (the backward)
     checkpoints: bool = False  # the state at every checkpoint boundary to ``ckpt`` (kda_forward's checkpoints)
     any_dims: bool = False  # K, V are the tiles, the true head dims launch arguments (KDA_ANY_DIMS)
-    v_zero: bool = False  # v is zero and never read (the M map of the split forward, KDA_V_ZERO)
 
     def config(self) -> dict:
         extra = dict(KDA_NO_OUTPUT=1) if self.no_output else {}
-        if self.v_zero:
-            extra["KDA_V_ZERO"] = 1
         if self.any_dims:
             extra["KDA_ANY_DIMS"] = 1
         if self.store_states:
@@ -102,8 +99,7 @@ class RecurrenceVariant:
         return (f"kda_recurrence {sizes} dt={dtype_name(self.dtype)} "
                 f"state={'fp32' if self.state_fp32 else 'bf16'} BV={self.tiles.BV} stages={self.tiles.stages}"
                 + (" no_output" if self.no_output else "") + (" store_states" if self.store_states else "")
-                + (" checkpoints" if self.checkpoints else "") + (" v_zero" if self.v_zero else "")
-                + (" wgmma" if self.tiles.mma == "wgmma" else ""))
+                + (" checkpoints" if self.checkpoints else "") + (" wgmma" if self.tiles.mma == "wgmma" else ""))
 
 
 def select_tiles(p) -> TileConfig:
@@ -149,14 +145,12 @@ def recurrence_mma(p, tiles: TileConfig, no_output: bool = False, store_states: 
 
 
 def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False,
-                       checkpoints: bool = False, v_zero: bool = False) -> RecurrenceVariant:
-    """``v_zero``: v is known to be zero (the M map's runs), so the variant never reads it; the
-    any-size variants read it anyway (their v is a zero view too)."""
+                       checkpoints: bool = False) -> RecurrenceVariant:
     if tiles.mma != recurrence_mma(p, tiles, no_output, store_states):
         tiles = replace(tiles, mma="sync")
     KT, VT, any_dims = tiles_of(p)
     return RecurrenceVariant(KT, VT, p.dtype, p.state_precision == "fp32", tiles, no_output, store_states,
-                             checkpoints, any_dims, v_zero and not any_dims)
+                             checkpoints, any_dims)
 
 
 def slots(p) -> tuple[int, int]:
@@ -191,7 +185,8 @@ def checkpoint_args(ck):
 def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False, states=None, ws_core=False,
                       v_zero=False):
     """``states``: with it, the variant that stores each chunk's start state there ([HV, slots, V, K]);
-    ``v_zero``: ``a["v"]`` is zero (a zero view), which the variant may then never read;
+    ``v_zero`` (without the output only): ``a["v"]`` is zero (a zero view: its strides are passed and,
+    but for the any-size variants, which read it, its pointer as null), so the kernel reads no value rows;
     ``a["checkpoints"]``: with it, the variant that stores the state at each checkpoint boundary.
     ``ws_core``: the prepare wrote the core-matrix workspace, which the wgmma recurrence reads and
     needs (without it the launch is mma.sync whatever the tiles say)."""
@@ -200,10 +195,11 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
         raise ValueError(f"tiles: {tiles} cannot run the recurrence of K={p.K}, V={p.V}: {why}")
     if not ws_core:
         tiles = replace(tiles, mma="sync")
-    var = recurrence_variant(p, tiles, no_output, states is not None, ck is not None, v_zero)
+    assert not v_zero or no_output, "v = 0 is the maps' (the forward always reads v)"
+    var = recurrence_variant(p, tiles, no_output, states is not None, ck is not None)
     assert (var.tiles.mma == "wgmma") == ws_core, "the workspace layout is the wgmma recurrence's"
     fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
-    args = [ptr(ws), ptr(a["v"]), *strides(a["v"]), ptr(o), *strides(o),
+    args = [ptr(ws), ptr(None if v_zero and not var.any_dims else a["v"]), *strides(a["v"]), ptr(o), *strides(o),
             ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
             *cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),

@@ -1,7 +1,6 @@
 """Sequence parallelism's kernel variants, registered with ``kdacupy.jit.registry``
 (``python -m kdacupy.compile --kernel seqpar``): the recurrence's map variants
-(fp32 state, no output; mma.sync, and wgmma on sm_90a; the M map's with v = 0, never read) and
-the scan kernel."""
+(fp32 state, no output; mma.sync, and wgmma on sm_90a) and the scan kernel."""
 from __future__ import annotations
 
 import itertools
@@ -20,8 +19,6 @@ def map_variants(any_dims=False):
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
         for tiles in candidates(V, None if any_dims else "sm_90a", K):
             yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True, any_dims=any_dims)
-            if V == K and not any_dims:  # the M map's run (v = 0, never read)
-                yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True, v_zero=True)
 
 
 def scan_variants(any_dims=False):
