@@ -29,8 +29,8 @@
 // KDA_ANY_DIMS (1: KDA_K, KDA_V are the key and value tiles and the true head dims come as the
 // arguments k_true <= KDA_K, v_true <= KDA_V: v, o and the states have their true extents, value
 // columns past v_true read as zero and are never written, ceil(v_true / BV) CTAs per sequence and
-// head; the workspace is the key tile's, zero past k_true. mma.sync only). Without the output and
-// KDA_ANY_DIMS, v may be null: v is zero and never read (the M map of the sequence-parallel forward; each stage's value rows
+// head; the workspace is the key tile's, zero past k_true. mma.sync only). Without the output, the
+// any-size dims and the stored states (the segment maps), v may be null: v is zero and never read (the M map of the sequence-parallel forward; each stage's value rows
 // are zeroed once), a runtime choice, so the M and B maps share one build.
 #include "common.cuh"
 #include "chunk_stream.cuh"
@@ -199,9 +199,9 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   unsigned char* sm = dynamic_smem();
   const int b = cu_seqlens == nullptr ? n : 0;
   const i64 tok0 = cu_seqlens == nullptr ? 0 : seq.bos;
-  // v null: zero, never read (the maps without output, at the tiles' head dims: the any-size variants,
-  // at the register limit already, always read v; the forward's v is always given)
-  const bool v_zero = !OUTPUT && !ANY && v == nullptr;
+  // v null: zero, never read (the maps without output, at the tiles' head dims: the any-size variants
+  // and the backward's forward, at the register limit already, always read v, as the forward does)
+  const bool v_zero = !OUTPUT && !ANY && !KDA_STORE_STATES && v == nullptr;
   const unsigned char* vbase = v_zero ? nullptr
                                       : static_cast<const unsigned char*>(v) + (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
   const unsigned char* wsbase = ws + (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * WS_STRIDE;

@@ -195,7 +195,7 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
         raise ValueError(f"tiles: {tiles} cannot run the recurrence of K={p.K}, V={p.V}: {why}")
     if not ws_core:
         tiles = replace(tiles, mma="sync")
-    assert not v_zero or no_output, "v = 0 is the maps' (the forward always reads v)"
+    assert not v_zero or (no_output and states is None), "v = 0 is the maps' (the forwards always read v)"
     var = recurrence_variant(p, tiles, no_output, states is not None, ck is not None)
     assert (var.tiles.mma == "wgmma") == ws_core, "the workspace layout is the wgmma recurrence's"
     fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
