@@ -179,11 +179,11 @@ WGMMA_SCAN_STEP = 12       # one scan step in forward chunks (0.010, 0.014, 0.02
 WGMMA_MIN_GAIN = 1.2       # predicted speedup of the chains below which the split stays off
 
 
-def _wgmma_runs(p, arch) -> bool:
-    """Whether the split's runs take the wgmma recurrence (the tile heuristic's rule on sm_90a)."""
-    from .numerics.tiles import exact_dims
+def _wgmma_runs(p, sm_count, arch) -> bool:
+    """Whether the split's runs take the wgmma recurrence: the forward's untuned tiles on ``arch``."""
+    from .ops.forward.tuning import heuristic
 
-    return arch == "sm_90a" and exact_dims(p.K, p.V) and p.K <= 128 and p.V >= 64
+    return heuristic(p, sm_count, arch).mma == "wgmma"
 
 
 def _chunks_per_seq(p) -> float:
@@ -236,12 +236,12 @@ def auto_segments(p, sm_count, arch: str | None = None) -> tuple[int, str]:
     issue-aware profile: a run costs its chain length in whole waves of one warpgroup an SM; from
     WGMMA_MIN_CHUNKS chunks, a split needs WGMMA_MIN_GAIN. The candidates are n = 2, 4, ..., AUTO_MAX
     (on wgmma every n from 2: the count that fills the SMs in one wave) with at least AUTO_SEG_CHUNKS
-    chunks per segment; the fastest is taken when it beats the serial run by the gain, else 1. Shapes only: ``cu_seqlens`` values are never read (a varlen sequence counts as
-    T / N tokens)."""
-    wgmma = _wgmma_runs(p, arch)
+    chunks per segment; the fastest is taken when it beats the serial run by the gain, else 1. Shapes
+    only: ``cu_seqlens`` values are never read (a varlen sequence counts as T / N tokens)."""
+    wgmma = _wgmma_runs(p, sm_count, arch)
     predicted, min_chunks, min_gain = ((_predicted_time_wgmma, WGMMA_MIN_CHUNKS, WGMMA_MIN_GAIN) if wgmma
                                        else (_predicted_time, AUTO_MIN_CHUNKS, AUTO_MIN_GAIN))
-    chunks = (p.T // max(1, p.N) if p.varlen else p.T) // CHUNK
+    chunks = int(_chunks_per_seq(p))
     if chunks < min_chunks:
         return 1, f"off: {chunks} chunks per sequence (< {min_chunks})"
     serial = predicted(p, 1, sm_count)

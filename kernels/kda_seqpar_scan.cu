@@ -128,7 +128,6 @@ extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
       if (!ANY || (k < kdim && c0 + v < vdim)) starts[state_at(layout_vk, nh, k, c0 + v, kdim, vdim)] = S[slice_at(k, v)];
     }
     if (s == nseg - 1) break;
-    [[maybe_unused]] const float* Ms = M + nh * kdim * kdim;
     const float* Bs = B + nh * kdim * vdim;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -145,6 +144,7 @@ extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
       const float* Mb = ANY ? Mt : Mt + (blk % 2) * K * MS;  // the padded variants: one buffer
       __syncthreads();  // S written / the block before this one read (its buffer is the next one's)
       if constexpr (ANY) {
+        const float* Ms = M + nh * kdim * kdim;
         for (int e = tid; e < K * TI; e += NT) {
           const int k = e / TI, i = i0 + e % TI;
           Mt[k * MS + e % TI] = k < kdim && i < kdim ? Ms[static_cast<i64>(k) * kdim + i] : 0.f;

@@ -138,13 +138,13 @@ class KernelRun:
         # the forward's (kernels.select_tiles: wgmma on sm_90a where it serves): the prepare writes the
         # core-matrix workspace when every one of them runs wgmma, else the row-major one for mma.sync
         fp32 = dict(state_precision="fp32", state_layout="kv", state_out_dtype=F32)
-        self.launches = {"M": (dataclasses.replace(p, V=p.K, state_in_dtype=F32, **fp32), True),
-                         "B": (dataclasses.replace(p, state_in_dtype=None, **fp32), True),
-                         "forward": (dataclasses.replace(p, state_in_dtype=F32), False)}
-        self.v_zero = {"M": True}  # M's run has v = 0: its variant reads no value rows
-        self.tiles = {n: kernels.select_tiles(q) for n, (q, _) in self.launches.items()}
+        # name -> (problem, no output, v = 0: M's run reads no value rows)
+        self.launches = {"M": (dataclasses.replace(p, V=p.K, state_in_dtype=F32, **fp32), True, True),
+                         "B": (dataclasses.replace(p, state_in_dtype=None, **fp32), True, False),
+                         "forward": (dataclasses.replace(p, state_in_dtype=F32), False, False)}
+        self.tiles = {n: kernels.select_tiles(q) for n, (q, _, _) in self.launches.items()}
         self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) == "wgmma"
-                           for n, (q, no_output) in self.launches.items())
+                           for n, (q, no_output, _) in self.launches.items())
         # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
         # allocation), a strided cu_seqlens copied to its end; the emulation takes a fresh one
         self.ws, self.a = kernels.workspace(p, a, self.nslots, self.xp)
@@ -154,9 +154,9 @@ class KernelRun:
     def _recurrence(self, name, a, o, s_out):
         from ..forward.kernels import launch_recurrence
 
-        q, no_output = self.launches[name]
+        q, no_output, v_zero = self.launches[name]
         launch_recurrence(self.run, q, a, self.ws, o, s_out, self.nslots, self.per_seq, self.tiles[name],
-                          no_output=no_output, ws_core=self.ws_core, v_zero=self.v_zero.get(name, False))
+                          no_output=no_output, ws_core=self.ws_core, v_zero=v_zero)
 
     def maps(self):
         p, a, xp = self.p, self.a, self.xp
