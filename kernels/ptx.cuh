@@ -398,9 +398,10 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], const u32 (&a)[4],
 // Tensor memory (TMEM): 128 lanes x 512 columns of 32 bits a CTA; an address is lane << 16 | column.
 // Allocated by columns (a power of 2 in [32, 512]) by one whole warp, which must free them before the
 // CTA exits. tcgen05.mma is issued by ONE thread: D (TMEM, fp32) = A (shared memory, umma_desc) x
-// B (shared memory) + (accumulate ? D : 0); it completes asynchronously, signalled by umma_commit's
-// arrival on an mbarrier (every earlier tcgen05.mma of the issuing thread). D's rows: M = 128, row i
-// in lane i; M = 64, row i in lane 32 (i / 16) + i % 16 (each warp's quarter, its first 16 lanes);
+// B (shared memory) + (accumulate ? D : 0) (umma_bf16_ts: A from tensor memory); it completes
+// asynchronously, signalled by umma_commit's arrival on an mbarrier (every earlier tcgen05.mma of the
+// issuing thread). D's rows: M = 128, row i in lane i; M = 64, row i in lane 32 (i / 16) + i % 16 +
+// (D's lane field: 0 or 16, each warp's quarter's first or last 16 lanes);
 // column j in column (d's column) + j. tcgen05.ld 32x32b.xN: warp w (of its warpgroup, w = warp % 4)
 // reads lanes 32w..32w+31, thread t lane 32w + t, N consecutive columns into r[0..N); r is undefined
 // until tmem_wait_ld (tcgen05.st's writes land by tmem_wait_st). Across threads, tcgen05 work is
@@ -422,6 +423,16 @@ __device__ __forceinline__ void umma_bf16(u32 d_tmem, u64 a_desc, u64 b_desc, u3
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, p; }" ::"r"(d_tmem),
       "l"(a_desc), "l"(b_desc), "r"(idesc), "r"(accumulate ? 1u : 0u)
+      : "memory");
+}
+// One thread: the same with A from tensor memory (a_tmem: A's first column, its lane field D's), K-major:
+// row i in the lane D's row i takes, k16 step's 16 bf16 in 8 columns, k even in a column's low half
+// (the ISA packs sub-word A elements contiguously in a 32-bit column). M = 64 (layout F, half the
+// lanes): A and D at lane field 0 or 16, the same for both; M = 128: 0. No transposed A from here.
+__device__ __forceinline__ void umma_bf16_ts(u32 d_tmem, u32 a_tmem, u64 b_desc, u32 idesc, bool accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %4, 0; tcgen05.mma.cta_group::1.kind::f16 [%0], [%1], %2, %3, p; }" ::"r"(d_tmem),
+      "r"(a_tmem), "l"(b_desc), "r"(idesc), "r"(accumulate ? 1u : 0u)
       : "memory");
 }
 // One thread: one arrival on bar once every earlier tcgen05.mma of this thread completed.

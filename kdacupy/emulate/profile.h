@@ -155,6 +155,8 @@ struct PPath {         // one warp's clocks and what it waits for
   int na, anext;
   PT wgres;            // the results as of the warpgroup's last wgmma.fence (what a new A is made of)
   PT wgfree;           // when the tensor cores are done streaming the warpgroup's wgmma issued so far
+  PT tcfree;           // ... the tcgen05.mma this warp's thread issued so far (one thread issues them)
+  PT tcdone;           // when the last of those is complete (what its tcgen05.commit's arrival waits for)
 };
 struct PIv { long long from, to, bytes; };   // a global load in flight: reference cycles, bytes
 struct Prof {
@@ -677,6 +679,41 @@ KDA_EMU_RT inline void path_bulk(const u64* bar, const void* src, long long byte
   if (i >= P->nland) return;
   P->land[i] = pt_add(s, PK_dram);  // a phase's copies issue in order: the last lands last
   P->pending[i] = 0;
+}
+// tcgen05.mma (M x N x 16, by the current thread): it issues in order after its warp's loads before it (its
+// operands were written before the barrier or mbarrier wait that let it issue); the tensor cores
+// stream the thread's tcgen05.mma one after another at the datasheet's dense rate, B200's 4096 bf16
+// FMA a clock an SM (M N / 256 cycles), and each is complete an mma latency after its streaming ends,
+// as wgmma's (assumed: no tcgen05 latency read; docs/design.md section 11.1).
+KDA_EMU_RT inline void prof_flush_warp(Worker* w, int warp);
+KDA_EMU_RT inline void path_tcgen05_mma(int m, int n) {
+  if (!g_worker->pf) return;
+  prof_flush_warp(g_worker, g_cur->warp);  // a synchronising point of its warp: the loads it follows are costed
+  PPath& p = path_of(g_cur->warp);
+  PT s = use_issue(p, PT{});
+  pt_max(s, p.tcfree);
+  p.tcfree = pt_add(s, PK_issue, m * n / 256);
+  p.tcdone = pt_add(p.tcfree, PK_mma);
+}
+// tcgen05.commit to bar (by the thread that issued the MMAs): the barrier's arrival lands when they are
+// complete, so a wait on it (prof_cp_land) waits for them.
+KDA_EMU_RT inline void path_tcgen05_commit(const u64* bar) {
+  if (!g_worker->pf) return;
+  Prof* P = prof();
+  PPath& p = path_of(g_cur->warp);
+  p.t = pt_add(p.t, PK_issue);
+  size_t i = land_index((uintptr_t)bar);
+  if (i >= P->nland) return;
+  pt_max(P->land[i], p.tcdone);
+  P->pending[i] = 0;
+}
+// tcgen05.ld / st (by the warp, counted at its lane 0): a shared load's latency and a shared store
+// (assumed: no tensor-memory latency read); what uses the registers waits for the load.
+KDA_EMU_RT inline void path_tmem(bool store) {
+  if (!g_worker->pf || g_cur->lane != 0) return;
+  PPath& p = path_of(g_cur->warp);
+  if (store) path_store(p, PK_smem, 0);
+  else path_load(p, PK_smem, 0);
 }
 KDA_EMU_RT inline void path_shuffle() {
   PPath& p = path_of(g_cur->warp);

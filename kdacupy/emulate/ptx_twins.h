@@ -593,7 +593,7 @@ KDA_EMU_RT inline bool mb_wait(u64* bar, unsigned parity) {
 #ifdef KDA_EMU_CHECK
   if (g_worker->pf) {
     g_worker->pf->c[PR_mbarrier_waits]++;  // per thread that waits
-    prof_cp_land(bar, KDA_EMU_PC);  // the dependent path: it waits for the copies the barrier completes
+    prof_cp_land(bar, KDA_EMU_PC);  // the dependent path: it waits for what the barrier completes (copies, MMAs)
   }
 #endif
   while (!mb_test(bar, parity, "mbarrier.try_wait.parity")) {  // suspended until an arrival or a copy
@@ -644,8 +644,9 @@ KDA_EMU_RT inline void bulk_copy(void* dst, const void* src, unsigned bytes, u64
 // sum of its 16 products and C, rounded once (KDA_EMU_NUMERICS=1: the tensor cores' sum), as wgmma's.
 struct TcOp {
   u32 d, idesc;
-  u64 a, b;
+  u64 a, b;                        // a: A's shared-memory descriptor, or (a_tm) its tensor-memory address
   int acc, lin, m, n, a_mn, b_mn;  // lin: the issuing thread
+  int a_tm;                        // A from tensor memory (umma_bf16_ts)
   u64* bar;                        // its commit's mbarrier (null: not committed yet)
   uintptr_t pc;
   int read;
@@ -729,10 +730,17 @@ KDA_EMU_RT inline const u16* tc_elem(u64 desc, int mn_major, int r, int k, const
   u64 wg = (desc & ~(7ull << 61) & ~(7ull << 46)) | (u64)(swz == 0 ? 0 : swz == 2 ? 1 : swz == 4 ? 2 : 3) << 62;
   return wg_b_elem(wg, mn_major, k, r);
 }
+KDA_EMU_RT inline int tc_lane(int m, int i);
+// Element (i, k) of an A in tensor memory at taddr: row i in the lane D's row i takes, k in column k / 2,
+// even k in the low half (kernels/ptx.cuh, umma_bf16_ts).
+KDA_EMU_RT inline u16 tc_tmem_a(Tmem* t, u32 taddr, int m, int i, int k) {
+  return (u16)(t->cell[(taddr >> 16) + tc_lane(m, i)][(taddr & 0xFFFF) + k / 2] >> (16 * (k & 1)));
+}
 KDA_EMU_RT inline void tc_read(TcOp* op) {
   const char* what = "tcgen05.mma";
   for (int k = 0; k < 16; k++) {
-    for (int i = 0; i < op->m; i++) op->A[i][k] = *tc_elem(op->a, op->a_mn, i, k, what);
+    for (int i = 0; i < op->m; i++)
+      op->A[i][k] = op->a_tm ? tc_tmem_a(g_worker->tm, (u32)op->a, op->m, i, k) : *tc_elem(op->a, op->a_mn, i, k, what);
     for (int j = 0; j < op->n; j++) op->B[k][j] = *tc_elem(op->b, op->b_mn, j, k, what);
   }
   op->read = 1;
@@ -742,7 +750,7 @@ KDA_EMU_RT inline void tc_perform(Tmem* t, TcOp* op) {
   if (!op->read) tc_read(op);
 #ifdef KDA_EMU_CHECK
   for (int k = 0; k < 16; k++) {  // racecheck: the operands are no longer read
-    for (int i = 0; i < op->m; i++) wgmma_b_operand(tc_elem(op->a, op->a_mn, i, k, "tcgen05.mma"), true, 0);
+    for (int i = 0; i < op->m && !op->a_tm; i++) wgmma_b_operand(tc_elem(op->a, op->a_mn, i, k, "tcgen05.mma"), true, 0);
     for (int j = 0; j < op->n; j++) wgmma_b_operand(tc_elem(op->b, op->b_mn, j, k, "tcgen05.mma"), true, 0);
   }
 #endif
@@ -789,7 +797,8 @@ KDA_EMU_RT inline void tc_land(u64* bar) {
   t->nops = k;
   for (int i = 0; i < arrivals; i++) mb_arrive(bar, 0, "tcgen05.commit");
 }
-KDA_EMU_RT inline void tc_mma(u32 d, u64 a, u64 b, u32 idesc, bool acc, uintptr_t pc) {
+// a_tm: A from tensor memory at the address a (umma_bf16_ts), else a is A's shared-memory descriptor.
+KDA_EMU_RT inline void tc_mma(u32 d, u64 a, u64 b, u32 idesc, bool acc, uintptr_t pc, bool a_tm = false) {
   const char* what = "tcgen05.mma";
   Tmem* t = tm_of(what);
   if ((idesc & 0x0F) || ((idesc >> 4) & 3) != 1 || ((idesc >> 7) & 7) != 1 || ((idesc >> 10) & 7) != 1 ||
@@ -800,19 +809,29 @@ KDA_EMU_RT inline void tc_mma(u32 d, u64 a, u64 b, u32 idesc, bool acc, uintptr_
   if (!((m == 64 && n >= 8 && n <= 256) || (m == 128 && n >= 16 && n <= 256 && n % 16 == 0)))
     fail("%s: M = %d, N = %d is no cta_group::1 shape", what, m, n);
   u32 lane0 = d >> 16, col = d & 0xFFFF;
-  if (lane0) fail("%s: D at lane %u (cta_group::1 D starts at lane 0)", what, lane0);
+  if (lane0 && !(m == 64 && lane0 == 16))
+    fail("%s: D at lane %u (cta_group::1: lane 0, or 16 for M = 64's half of the data path)", what, lane0);
   tm_columns(t, col, n, what);
+  if (a_tm) {  // A's 16 k of each row: 8 columns of D's lanes, settled (no tcgen05.mma still writing them)
+    if ((u32)(a >> 16) != lane0) fail("%s: A at lane %u, D at lane %u (the same alignment, the ISA says)", what, (u32)(a >> 16), lane0);
+    if (idesc >> 15 & 1) fail("%s: A from tensor memory is K-major (instruction descriptor bit 15 set)", what);
+    tm_columns(t, (u32)(a & 0xFFFF), 8, what);
+    tm_settled(t, (u32)(a & 0xFFFF), 8, what);
+  }
   if (t->nops == 64) fail("%s: more than 64 pending (commit and wait for them)", what);
   TcOp* op = (TcOp*)malloc(sizeof(TcOp));
   if (!op) fail("%s: out of memory", what);
-  *op = TcOp{d, idesc, a, b, acc ? 1 : 0, g_cur->lin, m, n, (int)(idesc >> 15 & 1), (int)(idesc >> 16 & 1), nullptr, pc, 0};
+  *op = TcOp{d, idesc, a, b, acc ? 1 : 0, g_cur->lin, m, n, (int)(idesc >> 15 & 1), (int)(idesc >> 16 & 1), a_tm ? 1 : 0,
+              nullptr, pc, 0};
 #ifdef KDA_EMU_CHECK
   for (int k = 0; k < 16; k++) {  // racecheck: the operands are read from now until performed
-    for (int i = 0; i < m; i++) wgmma_b_operand(tc_elem(a, op->a_mn, i, k, what), false, pc);
+    for (int i = 0; i < m && !a_tm; i++) wgmma_b_operand(tc_elem(a, op->a_mn, i, k, what), false, pc);
     for (int j = 0; j < n; j++) wgmma_b_operand(tc_elem(b, op->b_mn, j, k, what), false, pc);
   }
   if (g_worker->pf)  // the tensor cores' work and their operands' shared-memory bytes, each read once
-    g_worker->pf->c[PR_tcgen05_flop] += 2ull * m * n * 16, g_worker->pf->c[PR_tcgen05_smem_bytes] += 32ull * (m + n);
+    g_worker->pf->c[PR_tcgen05_flop] += 2ull * m * n * 16,
+        g_worker->pf->c[PR_tcgen05_smem_bytes] += 32ull * ((a_tm ? 0 : m) + n);
+  path_tcgen05_mma(m, n);
 #endif
   (void)pc;
   if (g_worker->L->cp_eager) tc_read(op);
@@ -828,6 +847,9 @@ KDA_EMU_RT inline void tc_commit(u64* bar) {
     if (t->ops[i]->lin == me && !t->ops[i]->bar) t->ops[i]->bar = bar;
   if (t->ncommits == 64) fail("%s: more than 64 pending", what);
   t->bars[t->ncommits] = bar, t->issuers[t->ncommits++] = me;
+#ifdef KDA_EMU_CHECK
+  path_tcgen05_commit(bar);
+#endif
   if (g_worker->L->cp_eager) tc_land(bar);
   else mb_wake(bar);
 }
@@ -881,6 +903,7 @@ KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
   l.dst = r, l.n = n, l.pending = 1;
 #ifdef KDA_EMU_CHECK
   if (g_worker->pf) g_worker->pf->c[PR_tmem_ld_bytes] += 4ull * n;  // per thread: its lane's columns
+  path_tmem(false);
 #endif
 }
 // tcgen05.st.32x32b.x8 by one thread: its values reach the cells at its tcgen05.wait::st (an MMA or a
@@ -893,6 +916,9 @@ KDA_EMU_RT inline void tm_st(u32 taddr, const float* r, int n) {
   s.lane = tm_thread_cells(t, taddr, n, what), s.col = taddr & 0xFFFF;
   for (int j = 0; j < n; j++) s.v[j] = __float_as_uint(r[j]);
   s.n = n, s.pending = 1;
+#ifdef KDA_EMU_CHECK
+  path_tmem(true);
+#endif
 }
 KDA_EMU_RT inline void tm_wait_st() {
   Tmem* t = tm_of("tcgen05.wait::st");
@@ -1086,6 +1112,9 @@ KDA_EMU_RT inline void tmem_relinquish() { ::kda_emu::tm_relinquish(); }
 KDA_EMU_RT inline void tmem_dealloc(u32 taddr, u32 ncols) { ::kda_emu::tm_dealloc(taddr, ncols); }
 KDA_EMU_RT inline void umma_bf16(u32 d_tmem, u64 a_desc, u64 b_desc, u32 idesc, bool accumulate) {
   ::kda_emu::tc_mma(d_tmem, a_desc, b_desc, idesc, accumulate, KDA_EMU_PC);
+}
+KDA_EMU_RT inline void umma_bf16_ts(u32 d_tmem, u32 a_tmem, u64 b_desc, u32 idesc, bool accumulate) {
+  ::kda_emu::tc_mma(d_tmem, a_tmem, b_desc, idesc, accumulate, KDA_EMU_PC, true);
 }
 KDA_EMU_RT inline void umma_commit(u64* bar) { ::kda_emu::tc_commit(bar); }
 template <int N>

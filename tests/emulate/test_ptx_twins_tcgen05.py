@@ -1,11 +1,13 @@
 """Blackwell's tcgen05 wrappers of kernels/ptx.cuh against their CPU twins (kdacupy/emulate/ptx_twins.h):
-tensor memory's allocation, tcgen05.mma with its sm_100 shared-memory and instruction descriptors,
-tcgen05.commit to an mbarrier, tcgen05.ld and its wait (docs/design.md section 4).
+tensor memory's allocation, tcgen05.mma with its sm_100 shared-memory and instruction descriptors (A from
+shared or tensor memory), tcgen05.commit to an mbarrier, tcgen05.ld / st and their waits, and the
+profile's counts and dependent path of them (docs/design.md section 4).
 
 Operand images, descriptors and the accumulator's lanes are built here from the PTX ISA's text (the
 canonical shared-memory layouts, the descriptors' bit fields, the data-path layouts of M = 64 and 128
-for cta_group::1), never from the C++; each planted bug (a wait, a commit's mbarrier wait, a dealloc
-missing or early, an operand read before its copy landed) must fail the emulated run.
+for cta_group::1, M = 64 in either half of the lanes), never from the C++; each planted bug (a wait, a
+commit's mbarrier wait, a dealloc missing or early, an operand read before its copy or its tensor-memory
+store landed) must fail the emulated run.
 """
 import numpy as np
 import pytest
@@ -88,6 +90,77 @@ extern "C" __global__ void k_umma(const u8* aimg, int abytes, int astep, const u
 #undef KDA_CASE
 }
 
+// D = A B with A from tensor memory (umma_bf16_ts): each thread stores its lane's row of A (A's k16 step s:
+// 8 columns from ACOL + 8 s, two bf16 a column, even k low) by tcgen05.st, waits, and one thread issues the
+// MMAs after the barrier; lane0 places A and D (M = 64: 0 or 16). flags: 1 no tcgen05.wait::st after the last
+// step's store (planted);
+// 2 A and D at different lanes (planted); 4 the MMA issued before the stores' barrier (planted: warps 1-3's
+// rows may not be there yet).
+template <int M, int N, bool BMN>
+__device__ void umma_ts_case(const u16* a, const u8* bimg, int bbytes, int bstep, const int* geo, float* d, int steps,
+                             int lane0, int flags) {
+  constexpr u32 ACOL = 128;  // A's columns after D's (N <= 128)
+  unsigned char* s = dynamic_smem();
+  u64* bar = reinterpret_cast<u64*>(s);
+  u32* slot = reinterpret_cast<u32*>(s + 16);
+  unsigned char* bt = s + 1024 - smem_u32(s) % 1024;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  for (int i = t; i < bbytes; i += blockDim.x) bt[i] = bimg[i];
+  if (t == 0) mbarrier_init(bar, 1);
+  fence_proxy_async_smem();
+  if (warp == 0) tmem_alloc(slot, 256);
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  tcgen05_fence_after_sync();
+  const u32 base = *slot;
+  // the row of A and D in this thread's lane (-1: a lane M = 64 leaves out)
+  const int row = M == 128 ? 32 * warp + lane : (lane >= lane0 && lane < lane0 + 16 ? 16 * warp + lane - lane0 : -1);
+  for (int st = 0; st < steps; st++) {
+    float w[8];
+    for (int j = 0; j < 8; j++) {
+      const u32 lo = row < 0 ? 0u : a[row * 16 * steps + 16 * st + 2 * j], hi = row < 0 ? 0u : a[row * 16 * steps + 16 * st + 2 * j + 1];
+      w[j] = __uint_as_float(lo | hi << 16);
+    }
+    tmem_st_32x32b_x8(base + ((32u * warp) << 16) + ACOL + 8 * st, w);
+    if (!(flags & 1) || st + 1 < steps) tmem_wait_st();
+  }
+  tcgen05_fence_before_sync();
+  if (!(flags & 4)) __syncthreads();
+  tcgen05_fence_after_sync();
+  if (t == 0) {
+    constexpr u32 idesc = umma_idesc_bf16<M, N, false, BMN>();
+    const u32 dl = (u32)lane0 << 16, al = (u32)(flags & 2 ? 16 - lane0 : lane0) << 16;
+    for (int k = 0; k < steps; k++)
+      umma_bf16_ts(base + dl, base + al + ACOL + 8 * k, umma_desc(bt + k * bstep, geo[2], geo[3], UMMA_SWIZZLE_NONE),
+                   idesc, k > 0);
+    umma_commit(bar);
+  }
+  if (flags & 4) __syncthreads();
+  mbarrier_wait_parity(bar, 0);
+  tcgen05_fence_after_sync();
+  for (int c = 0; c < N; c += 8) {
+    float r[8];
+    tmem_ld_32x32b<8>(base + ((32u * warp) << 16) + c, r);
+    tmem_wait_ld();
+    if (row >= 0)
+      for (int j = 0; j < 8; j++) d[row * N + c + j] = r[j];
+  }
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  if (warp == 0) tmem_dealloc(base, 256);
+}
+
+extern "C" __global__ void k_umma_ts(const u16* a, const u8* bimg, int bbytes, int bstep, const int* geo, float* d,
+                                     int m, int n, int bmn, int steps, int lane0, int flags) {
+#define KDA_CASE(M, N)                                                                                       \
+  if (m == M && n == N && bmn) umma_ts_case<M, N, true>(a, bimg, bbytes, bstep, geo, d, steps, lane0, flags); \
+  if (m == M && n == N && !bmn) umma_ts_case<M, N, false>(a, bimg, bbytes, bstep, geo, d, steps, lane0, flags);
+  KDA_CASE(64, 16)
+  KDA_CASE(128, 16)
+  KDA_CASE(128, 128)
+#undef KDA_CASE
+}
+
 // The descriptors as the wrappers build them: out[0..1] umma_desc's words, out[2] umma_idesc_bf16's.
 extern "C" __global__ void k_umma_desc(u32* out, int lead, int stride, int swizzle) {
   unsigned char* s = dynamic_smem();
@@ -148,7 +221,7 @@ extern "C" __global__ void k_tmem(u32* out, int mode) {
 
 @pytest.fixture(scope="module")
 def mod():
-    return EmulatedModule(kernel_source(KERNELS), ["k_umma", "k_umma_desc", "k_tmem", "k_tmem_st"])
+    return EmulatedModule(kernel_source(KERNELS), ["k_umma", "k_umma_desc", "k_tmem", "k_tmem_st", "k_umma_ts"])
 
 
 def operands(m, n, steps, rng):
@@ -183,6 +256,52 @@ def test_umma_layouts_lanes_and_rounding(mod, m, n, b_mn):
     warp's tcgen05.ld from its quarter of the lanes (M = 64: the first 16 of each)."""
     A, B = operands(m, n, 3, np.random.default_rng(m + n + b_mn))
     np.testing.assert_array_equal(run(mod, A, B, b_mn), step_model(A, B, np.zeros((m, n), F32), accumulate=False))
+
+
+def run_ts(mod, A, B, b_mn, lane0=0, flags=0):
+    """D of the k_umma_ts case: A (m x 16 steps, row-major bf16) from tensor memory, B K- or N-major in
+    shared memory; ``mod`` as run's."""
+    m, n, steps = A.shape[0], B.shape[1], A.shape[1] // 16
+    bimg, blbo, bsbo, bstep = image(B.view(np.uint16), bool(b_mn), "none")
+    d = np.full((m, n), np.nan, F32)
+    geo = np.array([0, 0, blbo, bsbo], np.int32)
+    args = (A.view(np.uint16).copy(), bimg, np.int32(bimg.size), np.int32(bstep), geo, d, np.int32(m), np.int32(n),
+            np.int32(b_mn), np.int32(steps), np.int32(lane0), np.int32(flags))
+    smem = 1024 + bimg.size + 1024
+    if not hasattr(mod, "get_function"):
+        return mod("k_umma_ts", 1, 128, args, smem)[5]
+    mod.get_function("k_umma_ts")(1, 128, args, shared_mem=smem)
+    return d
+
+
+#: (M, N, B N-major, lane field of A and D): both majors of B, M = 64 in either half of the data path
+TS_CASES = [(128, 16, 0, 0), (128, 128, 1, 0), (64, 16, 0, 0), (64, 16, 1, 16)]
+
+
+@pytest.mark.parametrize("m, n, b_mn, lane0", TS_CASES)
+def test_umma_with_a_from_tensor_memory(mod, m, n, b_mn, lane0):
+    """A written to tensor memory by tcgen05.st (two bf16 a column, even k low; M = 64 at lane 0 or 16 of
+    each quarter) and read by tcgen05.mma from there: the same D as from shared memory, each k16 step
+    rounded once."""
+    A, B = operands(m, n, 3, np.random.default_rng(10 * m + n + lane0))
+    np.testing.assert_array_equal(run_ts(mod, A, B, b_mn, lane0), step_model(A, B, np.zeros((m, n), F32), accumulate=False))
+
+
+def test_a_from_tensor_memory_needs_the_stores_wait_and_the_barrier(mod, monkeypatch):
+    """The planted bugs of an A in tensor memory: no tcgen05.wait::st (the MMA reads the cells as they were:
+    NaN), the MMA issued before the other warps' stores (with the operands read at the issue, as eager mode
+    does: their rows still NaN), A and D at different lanes."""
+    A, B = operands(128, 16, 2, np.random.default_rng(11))
+    assert np.isnan(run_ts(mod, A, B, 0, flags=1)).all()
+    want = step_model(A, B, np.zeros((128, 16), F32), accumulate=False)
+    monkeypatch.setenv("KDACUPY_EMULATE_CP_ASYNC", "eager")
+    np.testing.assert_array_equal(run_ts(mod, A, B, 0), want)
+    got = run_ts(mod, A, B, 0, flags=4)
+    unwritten = np.isnan(got).all(axis=1)  # rows whose threads had not stored (and waited) when thread 0 issued it
+    assert unwritten.sum() >= 32
+    np.testing.assert_array_equal(got[~unwritten], want[~unwritten])
+    with pytest.raises(EmulationError, match=r"A at lane 16, D at lane 0 \(the same alignment"):
+        run_ts(mod, *operands(64, 16, 1, np.random.default_rng(12)), 0, lane0=0, flags=2)
 
 
 def test_descriptor_bits(mod):
@@ -275,6 +394,22 @@ def test_the_profile_counts_tcgen05():
     gpu = roofline.GPUS["b200"]
     t = roofline.times(rec, gpu)
     assert t["tensor"] == pytest.approx(3 * 2 * 128 * 16 * 16 / (gpu.bf16_tflops * 1e12) * gpu.sms)
+
+
+def test_the_dependent_path_prices_tcgen05():
+    """The issuing thread's tcgen05.mma stream at the dense rate (M N / 256 cycles each) and are complete an
+    mma latency later; the waiters on the commit's mbarrier take that on their path, then tcgen05.ld's."""
+    from kdacupy.emulate import counting
+
+    paths = {}
+    for n in (16, 128):
+        A, B = operands(128, n, 3, np.random.default_rng(4))
+        with counting() as recs:
+            run(mod_counted(), A, B, 0)
+        paths[n] = recs[0]
+    assert paths[16]["path_max_mma"] == paths[128]["path_max_mma"] == 1  # the last MMA's completion
+    streaming = 3 * (128 * 128 - 128 * 16) // 256  # three k16 steps a launch
+    assert paths[128]["path_max_issue"] - paths[16]["path_max_issue"] >= streaming
 
 
 def mod_counted():

@@ -416,6 +416,18 @@ def test_umma_layouts_bit_exact(blackwell, m, n, b_mn, bulk):
     np.testing.assert_array_equal(blackwell_twins.run(blackwell, A, B, b_mn, flags=bulk), want)
 
 
+@pytest.mark.parametrize("m, n, b_mn, lane0", [(128, 16, 0, 0), (128, 128, 1, 0), (64, 16, 0, 0), (64, 16, 1, 16)])
+def test_umma_with_a_from_tensor_memory_bit_exact(blackwell, m, n, b_mn, lane0):
+    """A stored to tensor memory by tcgen05.st and read by tcgen05.mma from there: what the twin assumes
+    (two bf16 a 32-bit column, even k in the low half; M = 64's rows in the first or last 16 lanes of each
+    quarter, A and D at the same lane field)."""
+    from ..emulate import test_ptx_twins_tcgen05 as blackwell_twins
+
+    A, B = blackwell_twins.operands(m, n, 3, np.random.default_rng(400 + m + n + lane0))
+    want = (A.astype(np.float64) @ B.astype(np.float64)).astype(F32)
+    np.testing.assert_array_equal(blackwell_twins.run_ts(blackwell, A, B, b_mn, lane0), want)
+
+
 def test_umma_descriptor_words_and_allocation(blackwell):
     """The wrappers' descriptors as built on the device, and tcgen05.alloc's addresses (lane 0, columns
     0 and 64 for 64 then 32 columns in a fresh CTA: the twin's first fit)."""
