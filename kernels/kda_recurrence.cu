@@ -53,6 +53,7 @@
 #define KDA_ANY_DIMS 0
 #endif
 #define KDA_WGMMA_PATH (KDA_MMA == KDA_MMA_WGMMA)
+#define KDA_TCGEN05_PATH (KDA_MMA == KDA_MMA_TCGEN05)
 
 namespace {
 using namespace kda;
@@ -61,7 +62,7 @@ constexpr int K = KDA_K;
 constexpr int V = KDA_V;
 constexpr int BV = KDA_BV;
 constexpr int NW = BV / 16;
-constexpr int NT = NW * 32;
+constexpr int NT = KDA_TCGEN05_PATH ? BV : NW * 32;  // tcgen05: a thread a value row
 constexpr int STAGES = KDA_STAGES;
 constexpr bool FP32_STATE = KDA_STATE_FP32;
 constexpr bool OUTPUT = !KDA_NO_OUTPUT;
@@ -74,11 +75,11 @@ constexpr int VCH = BV * ES / 16;     // 16-byte pieces per value-tile row
 
 static_assert(V % BV == 0 && BV % 16 == 0, "value slices are whole warps");
 static_assert(RSM_BETA == RSM_GEXP + K * 4, "gexp and beta travel together");
-#if KDA_WGMMA_PATH
+#if KDA_WGMMA_PATH || KDA_TCGEN05_PATH
 // A stage holds the workspace block as the prepare wrote it (core-matrix tiles: element (r, c) of a
 // [16, C] 16-bit tile at byte (c / 8) * 256 + 16 r + 2 (c % 8); kda_prepare, KDA_WS_CORE), then the
-// [16, BV] value rows; one mbarrier per stage at RSM_BAR.
-static_assert(NW % 4 == 0, "wgmma: whole warpgroups of 64 value rows (BV = 64 or 128)");
+// [16, BV] value rows; one mbarrier per stage at RSM_BAR (tcgen05: and the products' at RSM_MMABAR).
+static_assert(KDA_TCGEN05_PATH || NW % 4 == 0, "wgmma: whole warpgroups of 64 value rows (BV = 64 or 128)");
 static_assert(K <= 128, "wgmma: dS in one m64nKk16 (K = 256 keeps mma.sync: its registers)");
 static_assert(!ANY, "wgmma: the head dims of the tiles (any other size keeps mma.sync)");
 static_assert(!KDA_STORE_STATES, "wgmma: not the backward's forward (it reads the row-major workspace)");
@@ -137,6 +138,7 @@ __device__ __forceinline__ i64 state_slot(int n, int hv, int HV, const void* poo
   return slot < 0 || slot >= pool_slots ? -1 : slot * HV + hv;
 }
 
+#if !KDA_TCGEN05_PATH
 // A warp's o^T tile, staged in ot (CHUNK rows of its 16 value columns, RSM_OROW bytes apart), to o
 // in 16-byte pieces: o_row0 is the tile's first element in o, rows the chunk's valid rows, ``cols``
 // the warp's value columns that exist (ANY; 16 otherwise).
@@ -155,15 +157,20 @@ __device__ __forceinline__ void store_out_rows(void* o, i64 o_row0, i64 o_st, co
     }
   }
 }
+#endif
 
+#if KDA_TCGEN05_PATH
+#include "recurrence_tcgen05.cuh"
+#endif
 }  // namespace
 
 // A minimum-blocks figure that allows 256 registers per thread makes ptxas use what it needs; left
 // to itself it settles short and spills a few bytes: at 128 with the fp32 state (twice the
 // registers), at 80 for the state store on sm_100a and, since the whole-sector state I/O, for the
 // bf16 state at K = 64, BV = 64, 3 stages on sm_80; and at 128 for one warp's BV = 16, 3 stages on sm_100a
-// (20 bytes, since the shared addresses are 32-bit arithmetic: kernels/ptx.cuh's smem_addr).
-#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_CHECKPOINTS || KDA_K <= 64 || KDA_BV == 16
+// (20 bytes, since the shared addresses are 32-bit arithmetic: kernels/ptx.cuh's smem_addr); and at 48 for
+// tcgen05's fp32 inputs with the bf16 state (4 bytes).
+#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_CHECKPOINTS || KDA_K <= 64 || KDA_BV == 16 || KDA_TCGEN05_PATH
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
 #else
 #define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)
@@ -183,6 +190,12 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
   const i64 nh = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
   if (nh < 0) s_in_dtype = KDA_STATE_NONE;
+#if KDA_TCGEN05_PATH
+  tc_recurrence(ws, v, v_sb, v_st, v_sh, o, o_sb, o_st, o_sh, s_in, s_in_dtype, s_out, s_out_dtype, layout_vk, cu_seqlens,
+                cu_is_i64, T, HV, nslots, chunks_per_seq, n, hv, v0, nh, ckpt, ckpt_dtype, ckpt_idx, ckpt_i64, ckpt_rows,
+                ckpt_per_seq, ckpt_every);
+  (void)states, (void)k_true, (void)v_true, (void)kdim, (void)vdim, (void)lane, (void)g, (void)t, (void)vw;
+#else
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
 
   if (seq.len == 0) {  // [16] the final state is the initial state, converted only
@@ -579,4 +592,5 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   // held across the chunk loop (at the register limit, K = 256 in fp32, holding it cost spills)
   const i64 nh_out = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
   if (s_out != nullptr && nh_out >= 0) store_held(s_out, s_out_dtype, nh_out);
+#endif
 }

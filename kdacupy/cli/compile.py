@@ -13,8 +13,10 @@ first and last lines (stderr) name the target and which runtime builds it. With
 instruction mix that matters is added: tensor-core MMAs (HMMA; Hopper's warpgroup
 HGMMA and its WARPGROUP fences / waits), LDSM, local memory (LDL/STL), global
 loads/stores (LDG/STG), cp.async (LDGSTS), bulk copies (UBLKCP, UTMALDG) and
-mbarrier operations (SYNCS). The recurrence's wgmma variants (label ``wgmma``) and the prepare's
-core-matrix ones (``ws_core``) are sm_90a's alone: listed for that target only.
+mbarrier operations (SYNCS), Blackwell's tcgen05 MMAs and tensor-memory loads / stores (UTCHMMA, LDTM,
+STTM). The recurrence's wgmma variants (label ``wgmma``) are sm_90a's alone, its tcgen05 ones
+(``tcgen05``) sm_100a's, and the prepare's core-matrix ones (``ws_core``), which both read, are built
+for those two: listed for those targets only.
 Exit status 1 if any variant fails to compile, 2 if ``--match`` selects nothing
 or ``--sass`` finds no disassembler.
 """
@@ -37,7 +39,7 @@ from ..ops.seqpar import variants as _seqpar  # noqa: F401  (registers the split
 from .args import at_least
 
 KERNELS = {"prepare": ("kda_prepare", "kda_prepare_core", "kda_prepare_any"),
-           "recurrence": ("kda_recurrence", "kda_recurrence_wgmma", "kda_recurrence_any"),
+           "recurrence": ("kda_recurrence", "kda_recurrence_wgmma", "kda_recurrence_tcgen05", "kda_recurrence_any"),
            "decode": ("kda_decode",),
            "seqpar": ("kda_seqpar_maps", "kda_seqpar_scan", "kda_seqpar_maps_any", "kda_seqpar_scan_any"),
            "backward": ("kda_recurrence_store", "kda_recurrence_kept", "kda_bwd_chain", "kda_bwd_chunk",
@@ -46,8 +48,9 @@ KERNELS = {"prepare": ("kda_prepare", "kda_prepare_core", "kda_prepare_any"),
 
 
 def _builds_for(v, target: str) -> bool:
-    """Whether a variant is built for ``target``: the wgmma recurrence for sm_90a only (``only_arch``),
-    kda_bwd_chunk's wide block where its shared memory fits (``only_arches``)."""
+    """Whether a variant is built for ``target``: the wgmma recurrence for sm_90a only, the tcgen05 one
+    for sm_100a only (``only_arch``), kda_bwd_chunk's wide block where its shared memory fits and the
+    prepare's core-matrix workspace for sm_90a and sm_100a (``only_arches``)."""
     arches = getattr(v, "only_arches", None)
     return getattr(v, "only_arch", None) in (None, target) and (arches is None or target in arches)
 

@@ -14,7 +14,7 @@ TABLE = {
     "KDA_GATE": (("log", 0), ("softplus", 1), ("sigmoid", 2)),
     "KDA_BETA": (("none", 0), ("raw", 1), ("sigmoid", 2), ("sigmoid2", 3)),  # sigmoid2: 2 * sigmoid
     "KDA_STATE": (("none", 0), ("bf16", 1), ("f32", 2)),  # state arrays passed at run time
-    "KDA_MMA": (("sync", 0), ("wgmma", 1)),  # the recurrence's MMA family (TileConfig.mma)
+    "KDA_MMA": (("sync", 0), ("wgmma", 1), ("tcgen05", 2)),  # the recurrence's MMA family (TileConfig.mma)
 }
 
 

@@ -7,9 +7,10 @@ import tempfile
 
 #: mnemonics counted (before the first dot): mma.sync's HMMA and wgmma's HGMMA (WARPGROUP: its
 #: fence / wait), ldmatrix, local memory, global loads / stores, cp.async, bulk copies (UBLKCP,
-#: and TMA tensor loads UTMALDG), mbarrier operations (SYNCS) and the SFU
+#: and TMA tensor loads UTMALDG), mbarrier operations (SYNCS), the SFU, and Blackwell's tcgen05.mma
+#: (UTCHMMA) and tensor-memory loads / stores (LDTM, STTM)
 SASS_OPS = ("HMMA", "HGMMA", "WARPGROUP", "LDSM", "LDL", "STL", "LDG", "STG", "LDGSTS", "UBLKCP", "UTMALDG",
-            "SYNCS", "MUFU")
+            "SYNCS", "MUFU", "UTCHMMA", "LDTM", "STTM")
 NVDISASM_HINT = 'the SASS mix needs nvdisasm: pip install "kdacupy[test]" (or nvidia-cuda-nvdisasm)'
 
 

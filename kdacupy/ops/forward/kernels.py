@@ -20,7 +20,7 @@ from ..alloc import empty
 from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
 from ..inputs import InputVariant, input_options
 from . import tuning
-from .tuning import TileConfig
+from .tuning import CORE_FAMILIES, TileConfig
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,9 @@ class PrepareVariant(InputVariant):
             " ws_core" if self.ws_core else "")
 
     @property
-    def only_arch(self) -> str | None:
-        """The core-matrix workspace is the wgmma recurrence's: built for sm_90a only."""
-        return "sm_90a" if self.ws_core else None
+    def only_arches(self) -> tuple[str, ...] | None:
+        """The core-matrix workspace is the wgmma and tcgen05 recurrences': built for sm_90a and sm_100a."""
+        return ("sm_90a", "sm_100a") if self.ws_core else None
 
 
 @dataclass(frozen=True)
@@ -87,19 +87,20 @@ class RecurrenceVariant:
 
     @property
     def threads(self) -> int:
-        return self.tiles.BV // 16 * 32
+        """A warp per 16 value rows; tcgen05: a thread per value row."""
+        return self.tiles.BV if self.tiles.mma == "tcgen05" else self.tiles.BV // 16 * 32
 
     @property
     def only_arch(self) -> str | None:
-        """The one target a variant builds for (wgmma: sm_90a), or None (every target)."""
-        return "sm_90a" if self.tiles.mma == "wgmma" else None
+        """The one target a variant builds for (wgmma: sm_90a; tcgen05: sm_100a), or None (every target)."""
+        return {"wgmma": "sm_90a", "tcgen05": "sm_100a"}.get(self.tiles.mma)
 
     def label(self) -> str:
         sizes = f"K<={self.K} V<={self.V}" if self.any_dims else f"K={self.K} V={self.V}"
         return (f"kda_recurrence {sizes} dt={dtype_name(self.dtype)} "
                 f"state={'fp32' if self.state_fp32 else 'bf16'} BV={self.tiles.BV} stages={self.tiles.stages}"
                 + (" no_output" if self.no_output else "") + (" store_states" if self.store_states else "")
-                + (" checkpoints" if self.checkpoints else "") + (" wgmma" if self.tiles.mma == "wgmma" else ""))
+                + (" checkpoints" if self.checkpoints else "") + (f" {self.tiles.mma}" if self.tiles.mma != "sync" else ""))
 
 
 def select_tiles(p) -> TileConfig:
@@ -137,10 +138,10 @@ def unfit(p, tiles: TileConfig) -> str | None:
 
 
 def recurrence_mma(p, tiles: TileConfig, no_output: bool = False, store_states: bool = False) -> str:
-    """The MMA family a launch gets: the tiles' wgmma where it serves the variant, else mma.sync
-    (which the any-size variants keep)."""
-    if tiles.mma == "wgmma" and exact_dims(p.K, p.V) and wgmma_supported(p.K, p.V, tiles, no_output, store_states):
-        return "wgmma"
+    """The MMA family a launch gets: the tiles' wgmma or tcgen05 where it serves the variant (the same
+    rule: K <= 128, BV <= V, not the backward's forward), else mma.sync (which the any-size variants keep)."""
+    if tiles.mma in CORE_FAMILIES and exact_dims(p.K, p.V) and wgmma_supported(p.K, p.V, tiles, no_output, store_states):
+        return tiles.mma
     return "sync"
 
 
@@ -197,7 +198,7 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
         tiles = replace(tiles, mma="sync")
     assert not v_zero or (no_output and states is None), "v = 0 is the maps' (the forwards always read v)"
     var = recurrence_variant(p, tiles, no_output, states is not None, ck is not None)
-    assert (var.tiles.mma == "wgmma") == ws_core, "the workspace layout is the wgmma recurrence's"
+    assert (var.tiles.mma in CORE_FAMILIES) == ws_core, "the core-matrix workspace is the wgmma / tcgen05 recurrence's"
     fn = run.get("kda_recurrence", var.config(), "kda_recurrence")
     args = [ptr(ws), ptr(None if v_zero and not var.any_dims else a["v"]), *strides(a["v"]), ptr(o), *strides(o),
             ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
@@ -251,7 +252,7 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None):
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = empty(xp, shape, p.state_out_dtype)
     ws, a = workspace(p, a, nslots, xp, kept=keep is not None)
-    core = keep is None and recurrence_mma(p, tiles) == "wgmma"  # its workspace layout, written by the prepare
+    core = keep is None and recurrence_mma(p, tiles) in CORE_FAMILIES  # its workspace layout, written by the prepare
     if keep is not None:
         ws = keep["ws"]
     if nslots:

@@ -54,20 +54,24 @@ from pathlib import Path
 from ... import env
 
 
-MMA_FAMILIES = ("sync", "wgmma")
+MMA_FAMILIES = ("sync", "wgmma", "tcgen05")
+#: the families that read the core-matrix workspace through descriptors (the prepare's KDA_WS_CORE)
+CORE_FAMILIES = ("wgmma", "tcgen05")
 
 
 @dataclass(frozen=True)
 class TileConfig:
     BV: int = 64  # value rows per CTA of the recurrence (16 per warp): the value-split factor is V / BV
     stages: int = 2  # cp.async pipeline depth of the recurrence
-    mma: str = "sync"  # the recurrence's MMA family: mma.sync, or wgmma (sm_90a, BV = 64 or 128)
+    mma: str = "sync"  # the recurrence's MMA family: mma.sync, wgmma (sm_90a, BV = 64 or 128), tcgen05 (sm_100a, BV = 128)
 
     def __post_init__(self):
         if self.BV not in (16, 32, 64, 128) or self.stages not in (1, 2, 3):
             raise ValueError(f"tiles: BV in (16, 32, 64, 128) and stages in (1, 2, 3), got {self}")
-        if self.mma not in MMA_FAMILIES or (self.mma == "wgmma" and (self.BV < 64 or self.stages < 2)):
-            raise ValueError(f"tiles: mma in {MMA_FAMILIES}, wgmma with BV in (64, 128) and 2 or 3 stages, got {self}")
+        if self.mma not in MMA_FAMILIES or (self.mma == "wgmma" and (self.BV < 64 or self.stages < 2)) or (
+                self.mma == "tcgen05" and (self.BV != 128 or self.stages < 2)):
+            raise ValueError(f"tiles: mma in {MMA_FAMILIES}, wgmma with BV in (64, 128), tcgen05 with BV = 128, both "
+                             f"with 2 or 3 stages, got {self}")
 
 
 DEFAULT_SM_COUNT = 132  # an H100 / H200, when no device is at hand (emulation)
@@ -76,6 +80,8 @@ DEFAULT_SM_COUNT = 132  # an H100 / H200, when no device is at hand (emulation)
 TILE_SPACE = tuple(TileConfig(bv, st) for bv in (16, 32, 64, 128) for st in (2, 3))
 #: the wgmma recurrence's (sm_90a; K <= 128): one or two warpgroups a CTA
 WGMMA_SPACE = tuple(TileConfig(bv, st, "wgmma") for bv in (64, 128) for st in (2, 3))
+#: the tcgen05 recurrence's (sm_100a; K <= 128): M = 128, a value row a thread
+TCGEN05_SPACE = tuple(TileConfig(128, st, "tcgen05") for st in (2, 3))
 
 SCHEMA = 1
 HEURISTIC_SOURCE = "heuristic (untuned)"
@@ -83,10 +89,13 @@ HEURISTIC_SOURCE = "heuristic (untuned)"
 
 def candidates(V: int, arch: str | None = None, K: int | None = None) -> list[TileConfig]:
     """The configurations the tuner tries for value head dim V (BV <= V); on ``arch`` sm_90a
-    also the wgmma ones for key dim K <= 128 (the tuner times both families there)."""
+    also the wgmma ones for key dim K <= 128, on sm_100a the tcgen05 ones (the tuner times both
+    families there)."""
     out = [t for t in TILE_SPACE if t.BV <= V]
     if arch == "sm_90a" and (K is None or K <= 128):
         out += [t for t in WGMMA_SPACE if t.BV <= V]
+    if arch == "sm_100a" and (K is None or K <= 128):
+        out += [t for t in TCGEN05_SPACE if t.BV <= V]
     return out
 
 
@@ -115,14 +124,21 @@ def heuristic(p, sm_count=DEFAULT_SM_COUNT, arch: str | None = None) -> TileConf
     with its lanes' cp.async, so four warps a CTA (BV = 64) issue the fewest instructions a chunk on
     their schedulers, and a second CTA on an SM shares them: BV = 64 where N * HV * V / 64 CTAs are
     fewer than the SMs (a bucket's bound: parallelism_class), else BV = 128 (one CTA a chain, V >= 128), 3 stages (kimi-T8192-H64 0.476 -> 0.368 ms,
-    H96 0.713 -> 0.629 ms against BV = 32, 2 stages). sm_80 keeps the rule above (no A100 model)."""
+    H96 0.713 -> 0.629 ms against BV = 32, 2 stages). Where that gives BV = 128 and K <= 128 the
+    tcgen05 recurrence runs instead (one CTA a chain, a value row a thread, the products on the tensor
+    cores from tensor memory): the B200 model's kimi-T8192-H96 recurrence 0.402 -> 0.243 ms, forward
+    0.629 -> 0.469 (benchmarks/blackwell.md); below that (kimi-T8192-H64: 64 chains on 148 SMs)
+    mma.sync's BV = 64 spreads the chains' work over twice the SMs and stays ahead (0.217 against
+    0.243 ms). sm_80 keeps the rule above (no A100 model)."""
     from ...numerics.tiles import exact_dims
 
     if arch == "sm_90a" and exact_dims(p.K, p.V) and p.K <= 128 and p.V >= 64:
         BV = 128 if p.V >= 128 and 2 * p.N * p.HV * (p.V // 128) >= sm_count else 64
         return TileConfig(BV, 3, "wgmma")
     if arch == "sm_100a" and exact_dims(p.K, p.V):
-        return TileConfig(64 if p.V < 128 or p.N * p.HV * (p.V // 64) < sm_count else 128, 3)
+        if p.V < 128 or p.N * p.HV * (p.V // 64) < sm_count:
+            return TileConfig(64, 3)
+        return TileConfig(128, 3, "tcgen05" if p.K <= 128 else "sync")
     for BV in (128, 64, 32):
         if BV <= p.V and p.N * p.HV * (p.V // BV) >= 2 * sm_count:
             return TileConfig(BV, 2)
@@ -257,15 +273,16 @@ def _config(where, d, V, K=None) -> TileConfig:
     mma = d.get("mma", "sync")
     if mma not in MMA_FAMILIES:
         raise TuningFileError(f"{where}: mma must be one of {MMA_FAMILIES}, got {mma!r}")
-    space = TILE_SPACE if mma == "sync" else WGMMA_SPACE
+    space = {"sync": TILE_SPACE, "wgmma": WGMMA_SPACE, "tcgen05": TCGEN05_SPACE}[mma]
     if not any(t.BV == d["BV"] and t.stages == d["stages"] for t in space):
         raise TuningFileError(f"{where}: {d!r} is not in the tile space "
-                              + ("(BV in 16, 32, 64, 128; stages in 2, 3)" if mma == "sync"
-                                 else "(wgmma: BV in 64, 128; stages in 2, 3)"))
+                              + {"sync": "(BV in 16, 32, 64, 128; stages in 2, 3)",
+                                 "wgmma": "(wgmma: BV in 64, 128; stages in 2, 3)",
+                                 "tcgen05": "(tcgen05: BV = 128; stages in 2, 3)"}[mma])
     if d["BV"] > V:
         raise TuningFileError(f"{where}: BV={d['BV']} exceeds V={V}")
-    if mma == "wgmma" and K is not None and K > 128:
-        raise TuningFileError(f"{where}: wgmma serves K <= 128, the bucket has K={K}")
+    if mma != "sync" and K is not None and K > 128:
+        raise TuningFileError(f"{where}: {mma} serves K <= 128, the bucket has K={K}")
     return TileConfig(d["BV"], d["stages"], mma)
 
 
@@ -445,7 +462,7 @@ def _family(hit, wgmma: bool, p=None):
         return TileConfig(hit[0].BV, hit[0].stages), hit[1]
     from ...numerics.tiles import exact_dims
     if p is not None and not (exact_dims(p.K, p.V) and p.K <= 128 and hit[0].BV <= p.V):
-        return TileConfig(hit[0].BV, hit[0].stages), (f"{hit[1]} (its wgmma tile on mma.sync: K={p.K}, V={p.V} "
+        return TileConfig(hit[0].BV, hit[0].stages), (f"{hit[1]} (its {hit[0].mma} tile on mma.sync: K={p.K}, V={p.V} "
                                                       f"run the variants of mma.sync)")
     return hit
 

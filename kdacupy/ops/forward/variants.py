@@ -39,8 +39,19 @@ def recurrence_wgmma_variants():
         yield RecurrenceVariant(128, 128, BF16, fp32, TileConfig(64, 3, "wgmma"), checkpoints=True)
 
 
+def recurrence_tcgen05_variants():
+    """The tcgen05 recurrence's variants (sm_100a only: ``RecurrenceVariant.only_arch``): K <= 128,
+    V >= 128 (BV = 128), every dtype, state precision and tcgen05 tile; the checkpoints' at K = V = 128."""
+    for K, V, dt, fp32 in itertools.product((64, 128), (128, 256), DTYPES, (False, True)):
+        for tiles in candidates(V, "sm_100a", K):
+            if tiles.mma == "tcgen05":
+                yield RecurrenceVariant(K, V, dt, fp32, tiles)
+    for fp32 in (False, True):
+        yield RecurrenceVariant(128, 128, BF16, fp32, TileConfig(128, 3, "tcgen05"), checkpoints=True)
+
+
 def prepare_core_variants():
-    """kda_prepare writing the core-matrix workspace the wgmma recurrence reads (K <= 128)."""
+    """kda_prepare writing the core-matrix workspace the wgmma and tcgen05 recurrences read (K <= 128)."""
     for K, options in itertools.product((64, 128), input_option_space()):
         yield PrepareVariant(K, *options, ws_core=True)
 
@@ -65,6 +76,7 @@ def recurrence_any_variants():
 registry.register("kda_prepare", prepare_variants)
 registry.register("kda_recurrence", recurrence_variants)
 registry.register("kda_recurrence_wgmma", recurrence_wgmma_variants)
+registry.register("kda_recurrence_tcgen05", recurrence_tcgen05_variants)
 registry.register("kda_prepare_core", prepare_core_variants)
 registry.register("kda_prepare_any", prepare_any_variants)
 registry.register("kda_recurrence_any", recurrence_any_variants)

@@ -130,6 +130,7 @@ class KernelRun:
     def __init__(self, p, a):
         from ...jit.loaders import loader
         from ..forward import kernels
+        from ..forward.tuning import CORE_FAMILIES
 
         self.p, self.xp = p, _xp(p)
         self.run = loader("cuda" if p.device else "emulate")
@@ -143,7 +144,7 @@ class KernelRun:
                          "B": (dataclasses.replace(p, state_in_dtype=None, **fp32), True, False),
                          "forward": (dataclasses.replace(p, state_in_dtype=F32), False, False)}
         self.tiles = {n: kernels.select_tiles(q) for n, (q, _, _) in self.launches.items()}
-        self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) == "wgmma"
+        self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) in CORE_FAMILIES
                            for n, (q, no_output, _) in self.launches.items())
         # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
         # allocation), a strided cu_seqlens copied to its end; the emulation takes a fresh one

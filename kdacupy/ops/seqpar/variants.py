@@ -1,6 +1,6 @@
 """Sequence parallelism's kernel variants, registered with ``kdacupy.jit.registry``
 (``python -m kdacupy.compile --kernel seqpar``): the recurrence's map variants
-(fp32 state, no output; mma.sync, and wgmma on sm_90a) and the scan kernel."""
+(fp32 state, no output; mma.sync, wgmma on sm_90a, tcgen05 on sm_100a) and the scan kernel."""
 from __future__ import annotations
 
 import itertools
@@ -14,11 +14,14 @@ from .split import ScanVariant
 
 
 def map_variants(any_dims=False):
-    """Every tile of mma.sync, and of wgmma (sm_90a alone: ``RecurrenceVariant.only_arch``) at the
-    sizes it serves (K <= 128, the tiles' head dims)."""
+    """Every tile of mma.sync, and of wgmma (sm_90a alone: ``RecurrenceVariant.only_arch``) and tcgen05
+    (sm_100a alone) at the sizes they serve (K <= 128, the tiles' head dims)."""
     for K, V, dt in itertools.product(DIMS, DIMS, DTYPES):
-        for tiles in candidates(V, None if any_dims else "sm_90a", K):
-            yield RecurrenceVariant(K, V, dt, True, tiles, no_output=True, any_dims=any_dims)
+        tiles = candidates(V, None if any_dims else "sm_90a", K)
+        if not any_dims:
+            tiles += [t for t in candidates(V, "sm_100a", K) if t.mma == "tcgen05"]
+        for t in tiles:
+            yield RecurrenceVariant(K, V, dt, True, t, no_output=True, any_dims=any_dims)
 
 
 def scan_variants(any_dims=False):

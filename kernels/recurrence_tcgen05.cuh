@@ -1,0 +1,284 @@
+// kda_recurrence on Blackwell's tensor cores (KDA_MMA = KDA_MMA_TCGEN05, sm_100a; docs/design.md
+// section 5): included by kda_recurrence.cu inside its namespace, after its constants.
+//
+// A CTA of BV = 128 threads owns BV value rows; thread t is tensor-memory lane t and works on value row
+// v0 + t. The state lives in tensor memory (the bf16 state as the A operand itself; the fp32 state in
+// K columns of its own beside its bf16 copy), so every chunk product is one M = 128 tcgen05.mma with
+// A from tensor memory, the chunk tiles as B from the core-matrix workspace in shared memory (the
+// wgmma path's stage, by the same bulk-copy ring), fp32 accumulators in tensor memory, issued by
+// thread 0 and completed through one mbarrier. Per chunk, the same products and rounding points as
+// the mma.sync and wgmma paths, in the same k order:
+//   W^T, o^T = S k_dec^T, S q_dec^T (A: the state)      -> tcgen05.ld W^T
+//   vsub^T = bf16(beta (v^T - W^T)) -> tensor memory      U^T = vsub^T INV^T -> tcgen05.ld
+//   bf16(U^T) -> tensor memory; o^T += U^T Mqk^T; dS = U^T k_res -> tcgen05.ld, 16 keys at a time:
+//   S = fma(S, gexp, dS) (one fp32 FMA each), and its bf16 copy, the next A, back to tensor memory.
+
+static_assert(BV == 128 && NT == 128, "tcgen05: M = 128, a value row a thread and a tensor-memory lane");
+static_assert(K <= 128, "tcgen05: dS in one N = K product (K = 256 keeps mma.sync)");
+static_assert(!ANY && !KDA_STORE_STATES, "tcgen05: the head dims of the tiles and the forward's variants");
+static_assert(STAGES >= 2, "tcgen05: the bulk-copy ring of the wgmma path");
+// Tensor-memory columns: the accumulators, then the A operands (two bf16 a column), then the fp32 state.
+// The state lives here, not in registers: with the bf16 state its A copy is the state itself; the fp32
+// state keeps K columns of its own beside it.
+constexpr u32 TC_DS = 0, TC_W = K, TC_O = K + 16, TC_U = K + 32, TC_AS = K + 48, TC_AV = TC_AS + K / 2,
+              TC_AU = TC_AV + 8, TC_SF = TC_AU + 8, TC_USED = TC_SF + (FP32_STATE ? K : 0);
+constexpr u32 TC_COLS = TC_USED <= 256 ? 256 : 512;  // one allocation, a power of 2
+static_assert(TC_USED <= 512, "tensor memory: 512 columns");
+
+// Keys 16 s .. 16 s + 15 of this thread's state row, as held, to fp32 (fp32: its columns; bf16: the A
+// copy's 8); waited for.
+__device__ __forceinline__ void tc_state_load16(u32 lane_addr, int s, float (&x)[16]) {
+  if constexpr (FP32_STATE) {
+    tmem_ld_32x32b<16>(lane_addr + TC_SF + 16 * s, x);
+    tmem_wait_ld();
+  } else {
+    float w[8];
+    tmem_ld_32x32b<8>(lane_addr + TC_AS + 8 * s, w);
+    tmem_wait_ld();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[2 * j] = bf16_lo(__float_as_uint(w[j])), x[2 * j + 1] = bf16_hi(__float_as_uint(w[j]));
+  }
+}
+// ... and back: the fp32 state as is, and every state's bf16 copy (rounded once: for the bf16 state that
+// rounding is the state's own) as the A of the next products.
+__device__ __forceinline__ void tc_state_store16(u32 lane_addr, int s, const float (&x)[16]) {
+  float w[8];
+  if constexpr (FP32_STATE) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j] = x[8 * h + j];
+      tmem_st_32x32b_x8(lane_addr + TC_SF + 16 * s + 8 * h, w);
+      tmem_wait_st();
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w[j] = __uint_as_float(pack_bf16x2(x[2 * j], x[2 * j + 1]));
+  tmem_st_32x32b_x8(lane_addr + TC_AS + 8 * s, w);
+  tmem_wait_st();
+}
+// Keys 16 s .. of value row v of state nh of a global state array (load_state / store_state's
+// precisions and layouts), as fp32.
+__device__ __forceinline__ void tc_global_load16(const void* src, int dtype, int layout_vk, i64 nh, int v, int s,
+                                                 float (&x)[16]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) x[j] = load_state(src, dtype, state_index<V, K>(layout_vk, nh, v, 16 * s + j));
+}
+__device__ __forceinline__ void tc_global_store16(void* dst, int dtype, int layout_vk, i64 nh, int v, int s,
+                                                  const float (&x)[16]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) store_state(dst, dtype, state_index<V, K>(layout_vk, nh, v, 16 * s + j), x[j]);
+}
+// [16] the state as held, from tensor memory to state nh of dst (the final state, a checkpoint).
+__device__ __forceinline__ void tc_store_held(u32 lane_addr, void* dst, int dtype, int layout_vk, i64 nh, int v) {
+#pragma unroll 1
+  for (int s = 0; s < KS; ++s) {
+    float x[16];
+    tc_state_load16(lane_addr, s, x);
+    tc_global_store16(dst, dtype, layout_vk, nh, v, s, x);
+  }
+}
+// 16 fp32 values rounded to bf16 pairs (even index low), to 8 columns of this thread's lane.
+__device__ __forceinline__ void tc_store_bf16_16(const float (&x)[16], u32 taddr) {
+  float w[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w[j] = __uint_as_float(pack_bf16x2(x[2 * j], x[2 * j + 1]));
+  tmem_st_32x32b_x8(taddr, w);
+  tmem_wait_st();
+}
+// Every thread's tensor-memory stores, before thread 0's next tcgen05.mma reads them (and every read
+// of the stage before its refill).
+__device__ __forceinline__ void tc_sync() {
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  tcgen05_fence_after_sync();
+}
+// Thread 0's products of this step complete: each thread waits for the commit's phase.
+__device__ __forceinline__ void tc_wait(u64* done, u32& phase) {
+  mbarrier_wait_parity(done, phase);
+  phase ^= 1u;
+  tcgen05_fence_after_sync();
+}
+// B = a [16, C] core-matrix tile^T (K-major), 16 of its columns from col0; B = the tile (N-major).
+__device__ __forceinline__ u64 tc_desc_t(const unsigned char* tile, int col0) {
+  return umma_desc(tile + (col0 / 8) * CORE_COLS, CORE_COLS, 128, UMMA_SWIZZLE_NONE);
+}
+__device__ __forceinline__ u64 tc_desc_n(const unsigned char* tile) {
+  return umma_desc(tile, 128, CORE_COLS, UMMA_SWIZZLE_NONE);
+}
+
+// One chunk of the chain on the stage st: products by thread 0, the rest by every thread on its row.
+// ``vrow``: the value rows (null: v = 0); o at o_row0 + token * o_st (null without the output).
+__device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 lane_addr, u64* done,
+                                         u32& phase, int tid, bool v_zero, void* o, i64 o_row0, i64 o_st, int rows) {
+  constexpr u32 IDESC_16 = umma_idesc_bf16<128, 16, false, false>();  // B = a tile^T (K-major), N = 16 tokens
+  constexpr u32 IDESC_KEYS = umma_idesc_bf16<128, K, false, true>();  // B = k_res (N-major), N = K keys
+  const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
+  const float* bet = reinterpret_cast<const float*>(st + RSM_BETA);
+  // [11]-[12] W^T and the state part of o^T: A = the state, one k16 step per 16 keys, in key order
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < KS; ++s) umma_bf16_ts(tm + TC_W, tm + TC_AS + 8 * s, tc_desc_t(st + RSM_KDEC, 16 * s), IDESC_16, s > 0);
+    if constexpr (OUTPUT) {
+#pragma unroll
+      for (int s = 0; s < KS; ++s) umma_bf16_ts(tm + TC_O, tm + TC_AS + 8 * s, tc_desc_t(st + RSM_QDEC, 16 * s), IDESC_16, s > 0);
+    }
+    umma_commit(done);
+  }
+  tc_wait(done, phase);
+  // [12] vsub^T = bf16(beta (v^T - W^T)): this thread's value row against the 16 tokens
+  float x[16];
+  tmem_ld_32x32b<16>(lane_addr + TC_W, x);
+  tmem_wait_ld();
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float vj = v_zero ? 0.f : load_f32<KDA_DT>(st + RSM_VT + j * RSM_VROW, tid);
+    x[j] = bet[j] * (vj - x[j]);
+  }
+  tc_store_bf16_16(x, lane_addr + TC_AV);
+  tc_sync();
+  // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j]
+  if (tid == 0) {
+    umma_bf16_ts(tm + TC_U, tm + TC_AV, tc_desc_t(st + RSM_INV, 0), IDESC_16, false);
+    umma_commit(done);
+  }
+  tc_wait(done, phase);
+  tmem_ld_32x32b<16>(lane_addr + TC_U, x);
+  tmem_wait_ld();
+  tc_store_bf16_16(x, lane_addr + TC_AU);
+  tc_sync();
+  // [14] o^T += U^T Mqk^T; [15] dS = U^T k_res (B[k = token][n = key], N-major, all K keys at once)
+  if (tid == 0) {
+    if constexpr (OUTPUT) umma_bf16_ts(tm + TC_O, tm + TC_AU, tc_desc_t(st + RSM_MQK, 0), IDESC_16, true);
+    umma_bf16_ts(tm + TC_DS, tm + TC_AU, tc_desc_n(st + RSM_KRES), IDESC_KEYS, false);
+    umma_commit(done);
+  }
+  tc_wait(done, phase);
+  if constexpr (OUTPUT) {  // [14] o^T rounded once to the output dtype: this thread's value column
+    tmem_ld_32x32b<16>(lane_addr + TC_O, x);
+    tmem_wait_ld();
+    for (int j = 0; j < rows; ++j) store_f32<KDA_DT>(o, o_row0 + j * o_st, x[j]);
+  }
+  // [15] S = fp32(dS + S * gexp), one FMA per element, 16 keys at a time; the bf16 copy as the next A
+#pragma unroll 1
+  for (int s = 0; s < KS; ++s) {
+    float S[16];
+    tc_state_load16(lane_addr, s, S);
+    tmem_ld_32x32b<16>(lane_addr + TC_DS + 16 * s, x);
+    tmem_wait_ld();
+#pragma unroll
+    for (int j = 0; j < 16; j += 4) {
+      const float4 ge = *reinterpret_cast<const float4*>(gexp + 16 * s + j);
+      S[j] = fmaf(S[j], ge.x, x[j]), S[j + 1] = fmaf(S[j + 1], ge.y, x[j + 1]);
+      S[j + 2] = fmaf(S[j + 2], ge.z, x[j + 2]), S[j + 3] = fmaf(S[j + 3], ge.w, x[j + 3]);
+    }
+    tc_state_store16(lane_addr, s, S);
+  }
+}
+
+// The kernel's body on tcgen05 (kda_recurrence's arguments; n, hv, v0 and the state slot nh found).
+__device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh,
+                                              void* o, i64 o_sb, i64 o_st, i64 o_sh, const void* s_in, int s_in_dtype,
+                                              void* s_out, int s_out_dtype, int layout_vk, const void* cu_seqlens,
+                                              int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq, int n,
+                                              int hv, int v0, i64 nh, void* ckpt, int ckpt_dtype, const void* ckpt_idx,
+                                              int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, vr = v0 + tid;
+  const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
+  if (seq.len == 0) {  // [16] the final state is the initial state, converted only
+    if (s_out != nullptr && nh >= 0) {
+#pragma unroll 1
+      for (int s = 0; s < KS; ++s) {
+        float x[16];
+        tc_global_load16(s_in, s_in_dtype, layout_vk, nh, vr, s, x);
+        tc_global_store16(s_out, s_out_dtype, layout_vk, nh, vr, s, x);
+      }
+    }
+    return;
+  }
+  unsigned char* sm = dynamic_smem();
+  const int b = cu_seqlens == nullptr ? n : 0;
+  const i64 tok0 = cu_seqlens == nullptr ? 0 : seq.bos;
+  const bool v_zero = !OUTPUT && v == nullptr;  // the M map: v = 0, never read
+  const unsigned char* vbase = v_zero ? nullptr
+                                      : static_cast<const unsigned char*>(v) + (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
+  const unsigned char* wsbase = ws + (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * WS_STRIDE;
+  const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
+  u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);  // stage s's copies at bars[2 s]
+  u64* done = reinterpret_cast<u64*>(sm + RSM_MMABAR);  // thread 0's products complete
+  u32* slot = reinterpret_cast<u32*>(sm + RSM_TMEM);
+  if (tid == 0) {
+#pragma unroll 1
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(&bars[2 * s], 1);
+    mbarrier_init(done, 1);
+    fence_proxy_async_smem();  // the initialised barriers, before the bulk copies and commits complete on them
+  }
+  if (warp == 0) {
+    tmem_alloc(slot, TC_COLS);
+    tmem_relinquish();
+  }
+  tc_sync();
+  const u32 tm = *slot, lane_addr = tm + ((32u * warp) << 16);
+  // Chunk c's copies into stage c % STAGES, as the wgmma path's: thread 0 arms the barrier and copies the
+  // workspace block, the value rows a lane each (4 a warp); a ragged tail's rows zeroed by the threads
+  auto issue = [&](int c) {
+    if (c >= nchunks) return;
+    unsigned char* stg = sm + (c % STAGES) * RSM_STAGE;
+    u64* bar = &bars[2 * (c % STAGES)];
+    const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
+    if (tid == 0) {
+      const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
+      const int VBYTES = v_zero ? 0 : BV * ES;
+      if constexpr (OUTPUT) {
+        mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * VBYTES);
+        cp_async_bulk_g2s(stg, blk, WS_STRIDE, bar);
+      } else {  // q_dec and Mqk are never read: the block's two other runs
+        mbarrier_arrive_expect_tx(bar, WS_BYTES_NO_OUTPUT + rows * VBYTES);
+        cp_async_bulk_g2s(stg + WS_KDEC, blk + WS_KDEC, WS_MQK - WS_KDEC, bar);
+        cp_async_bulk_g2s(stg + WS_GEXP, blk + WS_GEXP, WS_STRIDE - WS_GEXP, bar);
+      }
+    }
+    if (!v_zero) {
+      constexpr int ROWS_PER_WARP = CHUNK / (NT / 32);
+      const int row = warp * ROWS_PER_WARP + lane;
+      if (lane < ROWS_PER_WARP && row < rows)
+        cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
+                          BV * ES, bar);
+      for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
+        reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
+    }
+  };
+#pragma unroll 1
+  for (int c = 0; c < STAGES - 1; ++c) issue(c);
+  // [10] this thread's row of the state, as held (a bf16 state rounded once, as the other paths'
+  // loads do), into tensor memory with its bf16 copy as the first A
+#pragma unroll 1
+  for (int s = 0; s < KS; ++s) {
+    float x[16];
+    tc_global_load16(s_in, s_in_dtype, layout_vk, nh < 0 ? 0 : nh, vr, s, x);
+    tc_state_store16(lane_addr, s, x);
+  }
+  tc_sync();  // every row's A, and chunk 0's zeroed tail, before the first products
+  u32 phase = 0;
+#pragma unroll 1
+  for (int c = 0; c < nchunks; ++c) {
+    issue(c + STAGES - 1);
+    mbarrier_wait_parity(&bars[2 * (c % STAGES)], (c / STAGES) & 1);
+    const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
+    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, v_zero, o,
+             b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vr, o_st, rows);
+#if KDA_CHECKPOINTS
+    if ((c + 1) % ckpt_every == 0 && (c + 1) * CHUNK <= seq.len && (c + 1) / ckpt_every <= ckpt_per_seq) {
+      const i64 e = static_cast<i64>(n) * ckpt_per_seq + (c + 1) / ckpt_every - 1;
+      const i64 row = ckpt_idx == nullptr ? e
+                      : ckpt_i64 ? static_cast<const i64*>(ckpt_idx)[e] : static_cast<const i32*>(ckpt_idx)[e];
+      if (row >= 0 && row < ckpt_rows) tc_store_held(lane_addr, ckpt, ckpt_dtype, layout_vk, row * HV + hv, vr);
+    }
+#endif
+    tc_sync();  // every read of the stage and every A store, before the refill and the next products
+  }
+  // [16] the final state, as held
+  if (s_out != nullptr && nh >= 0) tc_store_held(lane_addr, s_out, s_out_dtype, layout_vk, nh, vr);
+  tc_sync();  // every thread's last tensor-memory load, before the columns are freed
+  if (warp == 0) tmem_dealloc(tm, TC_COLS);
+}
