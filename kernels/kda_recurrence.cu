@@ -15,6 +15,8 @@
 // descriptors over the core-matrix workspace, KDA_WS_CORE in kda_prepare); each chunk's
 // workspace block and value rows arrive by cp.async.bulk in a ring of KDA_STAGES stages, each
 // completed through its mbarrier (expect_tx, try_wait.parity). Every rounding point is the same.
+// KDA_MMA = KDA_MMA_TCGEN05 (sm_100a): the same ring and products on Blackwell's tensor cores, a
+// thread a value row, the state in tensor memory (kernels/recurrence_tcgen05.cuh).
 //
 // Rendered configuration: KDA_K, KDA_V, KDA_DT (v and o), KDA_BV, KDA_STAGES,
 // KDA_STATE_FP32, WS_* and RSM_* layouts; optional KDA_MMA; optional KDA_NO_OUTPUT (1: o is
