@@ -347,7 +347,7 @@ def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, 
                 row["compile"] = dict(arch=gpu.arch, regs=rep.regs, spill_stores=rep.spill_stores,
                                       spill_loads=rep.spill_loads, static_smem=rep.static_smem)
                 row["occupancy"] = roofline.occupancy(gpu, int(np.prod(r["block"])), rep.regs,
-                                                      r["shared_mem"] + rep.static_smem)
+                                                      r["shared_mem"] + rep.static_smem, roofline.tmem_cols_per_cta(r))
         # resident CTAs per SM: the compile report's occupancy, else threads and shared memory alone
         resident = row["occupancy"]["ctas_per_sm"] if "occupancy" in row else roofline.default_ctas_per_sm(r, gpu)
         row["launches"] += 1

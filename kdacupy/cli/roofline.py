@@ -93,11 +93,18 @@ GPUS = {
 }
 
 
-def occupancy(gpu: Gpu, threads: int, regs: int, smem: int) -> dict:
+#: tensor memory's columns an SM holds (Blackwell: 512 of 128 lanes); a CTA waits in tcgen05.alloc for its own
+TMEM_COLUMNS = 512
+
+
+def occupancy(gpu: Gpu, threads: int, regs: int, smem: int, tmem_cols: int = 0) -> dict:
     """CTAs and warps per SM that registers (allocated per warp in units of 256), shared
-    memory (plus the per-CTA reservation), threads and the CTA limit allow."""
+    memory (plus the per-CTA reservation), tensor memory (``tmem_cols`` a CTA), threads and the
+    CTA limit allow."""
     warps = -(-threads // 32)
     limits = {"warps": gpu.max_warps_per_sm // warps, "ctas": gpu.max_ctas_per_sm}
+    if tmem_cols > 0:
+        limits["tensor memory"] = TMEM_COLUMNS // tmem_cols
     if regs > 0:
         per_warp = -(-regs * 32 // 256) * 256
         limits["registers"] = gpu.regs_per_sm // (per_warp * warps)
@@ -163,7 +170,12 @@ def path_info(rec: dict, gpu: Gpu, ctas_per_sm: int, chunks: int = 0) -> dict:
 def default_ctas_per_sm(rec: dict, gpu: Gpu) -> int:
     """Occupancy without a compile report: threads and dynamic shared memory only (an upper bound)."""
     threads = math.prod(rec.get("block", [32]))
-    return occupancy(gpu, threads, 0, rec.get("shared_mem", 0))["ctas_per_sm"]
+    return occupancy(gpu, threads, 0, rec.get("shared_mem", 0), tmem_cols_per_cta(rec))["ctas_per_sm"]
+
+
+def tmem_cols_per_cta(rec: dict) -> int:
+    """Tensor-memory columns a CTA of the launch allocates (the counter sums them over CTAs)."""
+    return -(-rec.get("tmem_cols", 0) // max(1, rec.get("ctas", 1)))
 
 
 def schedulers(warps: list, n: int = 4) -> list:

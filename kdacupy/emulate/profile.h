@@ -55,7 +55,7 @@ namespace kda_emu {
   X(path_sum_issue) X(path_sum_dram) X(path_sum_smem) X(path_sum_ldmatrix)                          \
   X(path_sum_mma) X(path_sum_sfu) X(path_sum_shuffle) X(path_sum_barrier)                           \
   X(inflight_peak_bytes) X(wgmma) X(wgmma_smem_bytes) X(bulk_copy_bytes) X(mbarrier_waits)            \
-  X(tcgen05_flop) X(tcgen05_smem_bytes) X(tmem_ld_bytes)
+  X(tcgen05_flop) X(tcgen05_smem_bytes) X(tmem_ld_bytes) X(tmem_cols)
 #define KDA_EMU_PROFILE_ENUM(n) PR_##n,
 enum : int { KDA_EMU_PROFILE_COUNTERS(KDA_EMU_PROFILE_ENUM) PR_N };
 #undef KDA_EMU_PROFILE_ENUM

@@ -8,8 +8,8 @@ gmem_sectors, gmem_bytes, dram_bytes, mma, ldmatrix, cp_async_bytes, barriers, c
 ...; the dependent path's steps per kind, path_max_<kind> of the CTA with the longest path and
 path_sum_<kind> over all CTAs, and inflight_peak_bytes, the most bytes of global loads one CTA
 had in flight: docs/design.md section 11.1; Hopper's wgmma, wgmma_smem_bytes, bulk_copy_bytes and
-mbarrier_waits; Blackwell's tcgen05_flop, tcgen05_smem_bytes (tcgen05.mma's A and B, each read once) and
-tmem_ld_bytes (tcgen05.ld, per thread)), "dram_by_argument" ({kernel parameter name: [bytes read, bytes written]} of the DRAM
+mbarrier_waits; Blackwell's tcgen05_flop, tcgen05_smem_bytes (tcgen05.mma's A and B, each read once),
+tmem_ld_bytes (tcgen05.ld, per thread) and tmem_cols (tensor-memory columns allocated, summed over CTAs)), "dram_by_argument" ({kernel parameter name: [bytes read, bytes written]} of the DRAM
 sectors of each array argument; arrays sharing an allocation are counted under the first; what
 only raw addresses reach is in the totals alone) and "sites": per code address of the instrumented library [offset, kind (1 shared,
 2 global), requests, wavefronts or sectors, ideal wavefronts or bytes, write], which

@@ -862,6 +862,9 @@ KDA_EMU_RT inline void tm_alloc(u32* slot, u32 ncols) {
     if (ncols < 32 || ncols > 512 || (ncols & (ncols - 1))) fail("%s: %u columns (a power of 2 in [32, 512])", what, ncols);
     if (t->relinquished) fail("%s after tcgen05.relinquish_alloc_permit", what);
     unsigned units = ncols / 32, mask = units == 16 ? 0xFFFFu : ((1u << units) - 1);
+#ifdef KDA_EMU_CHECK
+    if (g_worker->pf) g_worker->pf->c[PR_tmem_cols] += ncols;  // what limits the CTAs an SM holds
+#endif
     for (unsigned u = 0; u + units <= 16; u += units)
       if (!(t->units & (mask << u))) {
         t->units |= mask << u;

@@ -380,7 +380,8 @@ def test_nvrtc_builds_them_for_sm_100a_only():
 
 def test_the_profile_counts_tcgen05():
     """Counted launches: each tcgen05.mma's FLOP and its A and B bytes read once from shared memory, each
-    thread's tcgen05.ld bytes; the roofline prices the FLOP at the datasheet's dense rate."""
+    thread's tcgen05.ld bytes, the columns allocated (which bound the CTAs an SM holds); the roofline prices
+    the FLOP at the datasheet's dense rate."""
     from kdacupy.cli import roofline
     from kdacupy.emulate import counting
 
@@ -391,7 +392,10 @@ def test_the_profile_counts_tcgen05():
     assert rec["tcgen05_flop"] == 3 * 2 * 128 * 16 * 16
     assert rec["tcgen05_smem_bytes"] == 3 * 2 * 16 * (128 + 16)
     assert rec["tmem_ld_bytes"] == 128 * 16 * 4
+    assert rec["tmem_cols"] == 32 and roofline.tmem_cols_per_cta(rec) == 32  # the case's allocation, one CTA
     gpu = roofline.GPUS["b200"]
+    occ = roofline.occupancy(gpu, 128, 64, 1024, tmem_cols=256)  # a CTA of 256 columns: two an SM
+    assert occ["ctas_per_sm"] == 2 and occ["limited_by"] == "tensor memory"
     t = roofline.times(rec, gpu)
     assert t["tensor"] == pytest.approx(3 * 2 * 128 * 16 * 16 / (gpu.bf16_tflops * 1e12) * gpu.sms)
 
