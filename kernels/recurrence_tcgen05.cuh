@@ -1,47 +1,59 @@
 // kda_recurrence on Blackwell's tensor cores (KDA_MMA = KDA_MMA_TCGEN05, sm_100a; docs/design.md
 // section 5): included by kda_recurrence.cu inside its namespace, after its constants.
 //
-// A CTA of BV = 128 threads owns BV value rows; thread t is tensor-memory lane t and works on value row
-// v0 + t. The state lives in tensor memory (the bf16 state as the A operand itself; the fp32 state in
-// K columns of its own beside its bf16 copy), so every chunk product is one M = 128 tcgen05.mma with
-// A from tensor memory, the chunk tiles as B from the core-matrix workspace in shared memory (the
-// wgmma path's stage, by the same bulk-copy ring), fp32 accumulators in tensor memory, issued by
-// thread 0 and completed through one mbarrier. Per chunk, the same products and rounding points as
-// the mma.sync and wgmma paths, in the same k order:
+// A CTA of 128 threads (a warpgroup, thread t tensor-memory lane t) owns BV value rows: BV = 128, M = 128,
+// thread t row v0 + t; BV = 64, M = 64 (rows in the first 16 lanes of each warp's quarter), the second 16
+// lanes taking the same rows' second half of the keys. The state lives in tensor memory (the bf16 state as
+// the A operand itself; the fp32 state in columns of its own beside its bf16 copy), so every chunk product
+// is a tcgen05.mma with A from tensor memory, the chunk tiles as B from the core-matrix workspace in shared
+// memory (the wgmma path's stage, by the same bulk-copy ring), fp32 accumulators in tensor memory, issued
+// by thread 0 and completed through one mbarrier. Per chunk, the same products and rounding points as the
+// mma.sync and wgmma paths, in the same k order:
 //   W^T, o^T = S k_dec^T, S q_dec^T (A: the state)      -> tcgen05.ld W^T
 //   vsub^T = bf16(beta (v^T - W^T)) -> tensor memory      U^T = vsub^T INV^T -> tcgen05.ld
 //   bf16(U^T) -> tensor memory; o^T += U^T Mqk^T; dS = U^T k_res -> tcgen05.ld, 16 keys at a time:
 //   S = fma(S, gexp, dS) (one fp32 FMA each), and its bf16 copy, the next A, back to tensor memory.
 
-static_assert(BV == 128 && NT == 128, "tcgen05: M = 128, a value row a thread and a tensor-memory lane");
-static_assert(K <= 128, "tcgen05: dS in one N = K product (K = 256 keeps mma.sync)");
+static_assert((BV == 128 || BV == 64) && NT == 128, "tcgen05: 128 threads, M = BV = 128 or 64");
+static_assert(K <= 128, "tcgen05: dS in one or two products of N <= 128 (K = 256 keeps mma.sync)");
 static_assert(!ANY && !KDA_STORE_STATES, "tcgen05: the head dims of the tiles and the forward's variants");
 static_assert(STAGES >= 2, "tcgen05: the bulk-copy ring of the wgmma path");
+// BV = 128: M = 128, thread t the value row in lane t, all K keys of it. BV = 64 (TC_HALVES): M = 64, whose
+// rows sit in the first 16 lanes of each warp's quarter (the ISA's layout F); the last 16 lanes take the
+// same rows' second half of the keys: lane 16 + r of warp w holds keys K / 2 .. K of row 16 w + r, dS's
+// second half by a second M = 64 product at lane field 16 (A: a copy of U^T there), so a thread does half a
+// row's state work and a head's rows spread over twice the CTAs.
+constexpr bool TC_HALVES = BV == 64;
+constexpr int KH = TC_HALVES ? K / 2 : K;  // keys a thread updates
 // Tensor-memory columns: the accumulators, then the A operands (two bf16 a column), then the fp32 state.
-// The state lives here, not in registers: with the bf16 state its A copy is the state itself; the fp32
-// state keeps K columns of its own beside it.
-constexpr u32 TC_DS = 0, TC_W = K, TC_O = K + 16, TC_U = K + 32, TC_AS = K + 48, TC_AV = TC_AS + K / 2,
-              TC_AU = TC_AV + 8, TC_SF = TC_AU + 8, TC_USED = TC_SF + (FP32_STATE ? K : 0);
+// The state lives here, not in registers: the bf16 state's A copy is the state itself (each thread's keys
+// at column key / 2 of its lane; with TC_HALVES the first lanes also hold the second half, the MMAs' A);
+// the fp32 state keeps KH columns of its own beside it.
+constexpr u32 TC_DS = 0, TC_W = KH, TC_O = KH + 16, TC_U = KH + 32, TC_AS = KH + 48, TC_AV = TC_AS + K / 2,
+              TC_AU = TC_AV + 8, TC_SF = TC_AU + 8, TC_USED = TC_SF + (FP32_STATE ? KH : 0);
 constexpr u32 TC_COLS = TC_USED <= 256 ? 256 : 512;  // one allocation, a power of 2
 static_assert(TC_USED <= 512, "tensor memory: 512 columns");
+constexpr u32 TC_HI = 16u << 16;  // lane field 16: the second M = 64 product's D and A
 
-// Keys 16 s .. 16 s + 15 of this thread's state row, as held, to fp32 (fp32: its columns; bf16: the A
+// Keys key0 + 16 s .. + 15 of this thread's state row, as held, to fp32 (fp32: its columns; bf16: the A
 // copy's 8); waited for.
-__device__ __forceinline__ void tc_state_load16(u32 lane_addr, int s, float (&x)[16]) {
+__device__ __forceinline__ void tc_state_load16(u32 lane_addr, int key0, int s, float (&x)[16]) {
   if constexpr (FP32_STATE) {
     tmem_ld_32x32b<16>(lane_addr + TC_SF + 16 * s, x);
     tmem_wait_ld();
   } else {
     float w[8];
-    tmem_ld_32x32b<8>(lane_addr + TC_AS + 8 * s, w);
+    tmem_ld_32x32b<8>(lane_addr + TC_AS + (key0 + 16 * s) / 2, w);
     tmem_wait_ld();
 #pragma unroll
     for (int j = 0; j < 8; ++j) x[2 * j] = bf16_lo(__float_as_uint(w[j])), x[2 * j + 1] = bf16_hi(__float_as_uint(w[j]));
   }
 }
 // ... and back: the fp32 state as is, and every state's bf16 copy (rounded once: for the bf16 state that
-// rounding is the state's own) as the A of the next products.
-__device__ __forceinline__ void tc_state_store16(u32 lane_addr, int s, const float (&x)[16]) {
+// rounding is the state's own) as the A of the next products. With TC_HALVES the second half's copy also
+// goes to its row's first lane (lane - 16), where the MMAs read A: every lane stores what lane | 16 has
+// at the second half's columns (the second lanes their own values again).
+__device__ __forceinline__ void tc_state_store16(u32 lane_addr, int key0, int s, const float (&x)[16]) {
   float w[8];
   if constexpr (FP32_STATE) {
 #pragma unroll
@@ -54,28 +66,37 @@ __device__ __forceinline__ void tc_state_store16(u32 lane_addr, int s, const flo
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) w[j] = __uint_as_float(pack_bf16x2(x[2 * j], x[2 * j + 1]));
-  tmem_st_32x32b_x8(lane_addr + TC_AS + 8 * s, w);
+  tmem_st_32x32b_x8(lane_addr + TC_AS + (key0 + 16 * s) / 2, w);
   tmem_wait_st();
+  if constexpr (TC_HALVES) {
+    const int from = (threadIdx.x & 31) | 16;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = __shfl_sync(0xffffffffu, w[j], from);
+    tmem_st_32x32b_x8(lane_addr + TC_AS + (K / 2 + 16 * s) / 2, w);
+    tmem_wait_st();
+  }
 }
 // Keys 16 s .. of value row v of state nh of a global state array (load_state / store_state's
 // precisions and layouts), as fp32.
-__device__ __forceinline__ void tc_global_load16(const void* src, int dtype, int layout_vk, i64 nh, int v, int s,
+__device__ __forceinline__ void tc_global_load16(const void* src, int dtype, int layout_vk, i64 nh, int v, int k0,
                                                  float (&x)[16]) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) x[j] = load_state(src, dtype, state_index<V, K>(layout_vk, nh, v, 16 * s + j));
+  for (int j = 0; j < 16; ++j) x[j] = load_state(src, dtype, state_index<V, K>(layout_vk, nh, v, k0 + j));
 }
-__device__ __forceinline__ void tc_global_store16(void* dst, int dtype, int layout_vk, i64 nh, int v, int s,
+__device__ __forceinline__ void tc_global_store16(void* dst, int dtype, int layout_vk, i64 nh, int v, int k0,
                                                   const float (&x)[16]) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) store_state(dst, dtype, state_index<V, K>(layout_vk, nh, v, 16 * s + j), x[j]);
+  for (int j = 0; j < 16; ++j) store_state(dst, dtype, state_index<V, K>(layout_vk, nh, v, k0 + j), x[j]);
 }
-// [16] the state as held, from tensor memory to state nh of dst (the final state, a checkpoint).
-__device__ __forceinline__ void tc_store_held(u32 lane_addr, void* dst, int dtype, int layout_vk, i64 nh, int v) {
+// [16] this thread's keys of the state as held, from tensor memory to state nh of dst (the final state,
+// a checkpoint).
+__device__ __forceinline__ void tc_store_held(u32 lane_addr, int key0, void* dst, int dtype, int layout_vk, i64 nh,
+                                              int v) {
 #pragma unroll 1
-  for (int s = 0; s < KS; ++s) {
+  for (int s = 0; s < KH / 16; ++s) {
     float x[16];
-    tc_state_load16(lane_addr, s, x);
-    tc_global_store16(dst, dtype, layout_vk, nh, v, s, x);
+    tc_state_load16(lane_addr, key0, s, x);
+    tc_global_store16(dst, dtype, layout_vk, nh, v, key0 + 16 * s, x);
   }
 }
 // 16 fp32 values rounded to bf16 pairs (even index low), to 8 columns of this thread's lane.
@@ -107,12 +128,13 @@ __device__ __forceinline__ u64 tc_desc_n(const unsigned char* tile) {
   return umma_desc(tile, 128, CORE_COLS, UMMA_SWIZZLE_NONE);
 }
 
-// One chunk of the chain on the stage st: products by thread 0, the rest by every thread on its row.
-// ``vrow``: the value rows (null: v = 0); o at o_row0 + token * o_st (null without the output).
-__device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 lane_addr, u64* done,
-                                         u32& phase, int tid, bool v_zero, void* o, i64 o_row0, i64 o_st, int rows) {
-  constexpr u32 IDESC_16 = umma_idesc_bf16<128, 16, false, false>();  // B = a tile^T (K-major), N = 16 tokens
-  constexpr u32 IDESC_KEYS = umma_idesc_bf16<128, K, false, true>();  // B = k_res (N-major), N = K keys
+// One chunk of the chain on the stage st: products by thread 0, the rest by every thread on its row (row:
+// the CTA's value row of this thread; key0: the first of its keys); o at o_row0 + token * o_st.
+__device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 lane_addr, u64* done, u32& phase,
+                                         int tid, int row, int key0, bool v_zero, void* o, i64 o_row0, i64 o_st,
+                                         int rows) {
+  constexpr u32 IDESC_16 = umma_idesc_bf16<BV, 16, false, false>();  // B = a tile^T (K-major), N = 16 tokens
+  constexpr u32 IDESC_KEYS = umma_idesc_bf16<BV, KH, false, true>();  // B = k_res (N-major), N = KH keys
   const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
   const float* bet = reinterpret_cast<const float*>(st + RSM_BETA);
   // [11]-[12] W^T and the state part of o^T: A = the state, one k16 step per 16 keys, in key order
@@ -126,13 +148,14 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
     umma_commit(done);
   }
   tc_wait(done, phase);
-  // [12] vsub^T = bf16(beta (v^T - W^T)): this thread's value row against the 16 tokens
+  // [12] vsub^T = bf16(beta (v^T - W^T)): this thread's value row against the 16 tokens (TC_HALVES: the
+  // second lanes compute their row's too, into lanes no product reads)
   float x[16];
   tmem_ld_32x32b<16>(lane_addr + TC_W, x);
   tmem_wait_ld();
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const float vj = v_zero ? 0.f : load_f32<KDA_DT>(st + RSM_VT + j * RSM_VROW, tid);
+    const float vj = v_zero ? 0.f : load_f32<KDA_DT>(st + RSM_VT + j * RSM_VROW, row);
     x[j] = bet[j] * (vj - x[j]);
   }
   tc_store_bf16_16(x, lane_addr + TC_AV);
@@ -145,34 +168,43 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   tc_wait(done, phase);
   tmem_ld_32x32b<16>(lane_addr + TC_U, x);
   tmem_wait_ld();
+  if constexpr (TC_HALVES) {  // the second lanes take their row's U^T from its first lane: A at lane field 16
+#pragma unroll
+    for (int j = 0; j < 16; ++j) x[j] = __shfl_sync(0xffffffffu, x[j], tid & 15);
+  }
   tc_store_bf16_16(x, lane_addr + TC_AU);
   tc_sync();
-  // [14] o^T += U^T Mqk^T; [15] dS = U^T k_res (B[k = token][n = key], N-major, all K keys at once)
+  // [14] o^T += U^T Mqk^T; [15] dS = U^T k_res (B[k = token][n = key], N-major): all K keys at once, or
+  // (TC_HALVES) each half of them to its lanes, one product a lane field
   if (tid == 0) {
     if constexpr (OUTPUT) umma_bf16_ts(tm + TC_O, tm + TC_AU, tc_desc_t(st + RSM_MQK, 0), IDESC_16, true);
     umma_bf16_ts(tm + TC_DS, tm + TC_AU, tc_desc_n(st + RSM_KRES), IDESC_KEYS, false);
+    if constexpr (TC_HALVES)
+      umma_bf16_ts(tm + TC_HI + TC_DS, tm + TC_HI + TC_AU, tc_desc_n(st + RSM_KRES + (K / 2 / 8) * CORE_COLS),
+                   IDESC_KEYS, false);
     umma_commit(done);
   }
   tc_wait(done, phase);
   if constexpr (OUTPUT) {  // [14] o^T rounded once to the output dtype: this thread's value column
     tmem_ld_32x32b<16>(lane_addr + TC_O, x);
     tmem_wait_ld();
-    for (int j = 0; j < rows; ++j) store_f32<KDA_DT>(o, o_row0 + j * o_st, x[j]);
+    if (key0 == 0)  // TC_HALVES: the row's first lane alone
+      for (int j = 0; j < rows; ++j) store_f32<KDA_DT>(o, o_row0 + j * o_st, x[j]);
   }
   // [15] S = fp32(dS + S * gexp), one FMA per element, 16 keys at a time; the bf16 copy as the next A
 #pragma unroll 1
-  for (int s = 0; s < KS; ++s) {
+  for (int s = 0; s < KH / 16; ++s) {
     float S[16];
-    tc_state_load16(lane_addr, s, S);
+    tc_state_load16(lane_addr, key0, s, S);
     tmem_ld_32x32b<16>(lane_addr + TC_DS + 16 * s, x);
     tmem_wait_ld();
 #pragma unroll
     for (int j = 0; j < 16; j += 4) {
-      const float4 ge = *reinterpret_cast<const float4*>(gexp + 16 * s + j);
+      const float4 ge = *reinterpret_cast<const float4*>(gexp + key0 + 16 * s + j);
       S[j] = fmaf(S[j], ge.x, x[j]), S[j + 1] = fmaf(S[j + 1], ge.y, x[j + 1]);
       S[j + 2] = fmaf(S[j + 2], ge.z, x[j + 2]), S[j + 3] = fmaf(S[j + 3], ge.w, x[j + 3]);
     }
-    tc_state_store16(lane_addr, s, S);
+    tc_state_store16(lane_addr, key0, s, S);
   }
 }
 
@@ -183,15 +215,19 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
                                               int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq, int n,
                                               int hv, int v0, i64 nh, void* ckpt, int ckpt_dtype, const void* ckpt_idx,
                                               int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, vr = v0 + tid;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // this thread's value row in the CTA and its first key: M = 128 a row a thread; TC_HALVES a row's two
+  // halves in lanes r and 16 + r of warp w (row 16 w + r)
+  const int row = TC_HALVES ? 16 * warp + (lane & 15) : tid, key0 = TC_HALVES ? (lane >> 4) * KH : 0;
+  const int vr = v0 + row;
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
   if (seq.len == 0) {  // [16] the final state is the initial state, converted only
     if (s_out != nullptr && nh >= 0) {
 #pragma unroll 1
-      for (int s = 0; s < KS; ++s) {
+      for (int s = 0; s < KH / 16; ++s) {
         float x[16];
-        tc_global_load16(s_in, s_in_dtype, layout_vk, nh, vr, s, x);
-        tc_global_store16(s_out, s_out_dtype, layout_vk, nh, vr, s, x);
+        tc_global_load16(s_in, s_in_dtype, layout_vk, nh, vr, key0 + 16 * s, x);
+        tc_global_store16(s_out, s_out_dtype, layout_vk, nh, vr, key0 + 16 * s, x);
       }
     }
     return;
@@ -253,10 +289,10 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
   // [10] this thread's row of the state, as held (a bf16 state rounded once, as the other paths'
   // loads do), into tensor memory with its bf16 copy as the first A
 #pragma unroll 1
-  for (int s = 0; s < KS; ++s) {
+  for (int s = 0; s < KH / 16; ++s) {
     float x[16];
-    tc_global_load16(s_in, s_in_dtype, layout_vk, nh < 0 ? 0 : nh, vr, s, x);
-    tc_state_store16(lane_addr, s, x);
+    tc_global_load16(s_in, s_in_dtype, layout_vk, nh < 0 ? 0 : nh, vr, key0 + 16 * s, x);
+    tc_state_store16(lane_addr, key0, s, x);
   }
   tc_sync();  // every row's A, and chunk 0's zeroed tail, before the first products
   u32 phase = 0;
@@ -265,20 +301,20 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
     issue(c + STAGES - 1);
     mbarrier_wait_parity(&bars[2 * (c % STAGES)], (c / STAGES) & 1);
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, v_zero, o,
+    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, o,
              b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vr, o_st, rows);
 #if KDA_CHECKPOINTS
     if ((c + 1) % ckpt_every == 0 && (c + 1) * CHUNK <= seq.len && (c + 1) / ckpt_every <= ckpt_per_seq) {
       const i64 e = static_cast<i64>(n) * ckpt_per_seq + (c + 1) / ckpt_every - 1;
-      const i64 row = ckpt_idx == nullptr ? e
+      const i64 ck_row = ckpt_idx == nullptr ? e
                       : ckpt_i64 ? static_cast<const i64*>(ckpt_idx)[e] : static_cast<const i32*>(ckpt_idx)[e];
-      if (row >= 0 && row < ckpt_rows) tc_store_held(lane_addr, ckpt, ckpt_dtype, layout_vk, row * HV + hv, vr);
+      if (ck_row >= 0 && ck_row < ckpt_rows) tc_store_held(lane_addr, key0, ckpt, ckpt_dtype, layout_vk, ck_row * HV + hv, vr);
     }
 #endif
     tc_sync();  // every read of the stage and every A store, before the refill and the next products
   }
   // [16] the final state, as held
-  if (s_out != nullptr && nh >= 0) tc_store_held(lane_addr, s_out, s_out_dtype, layout_vk, nh, vr);
+  if (s_out != nullptr && nh >= 0) tc_store_held(lane_addr, key0, s_out, s_out_dtype, layout_vk, nh, vr);
   tc_sync();  // every thread's last tensor-memory load, before the columns are freed
   if (warp == 0) tmem_dealloc(tm, TC_COLS);
 }

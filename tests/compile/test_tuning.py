@@ -451,7 +451,9 @@ def test_candidates_on_sm_90a_add_the_wgmma_ones():
     with pytest.raises(ValueError, match="wgmma"):
         TileConfig(32, 2, "wgmma")
     with pytest.raises(ValueError, match="mma"):
-        TileConfig(64, 2, "tcgen05")
+        TileConfig(32, 2, "tcgen05")
+    assert tuning.candidates(128, "sm_100a", 128) == tuning.candidates(128) + list(tuning.TCGEN05_SPACE)
+    assert tuning.candidates(128, "sm_100a", 256) == tuning.candidates(128)
 
 
 def test_a_wgmma_entry_round_trips_and_bad_ones_are_refused(tmp_path):
@@ -463,7 +465,7 @@ def test_a_wgmma_entry_round_trips_and_bad_ones_are_refused(tmp_path):
     (e,) = table.entries.values()
     assert e.config == TileConfig(64, 3, "wgmma") and e.runner_up[0] == TileConfig(32, 2)
     for bad, why in [({"mma": "hmma"}, "mma must be"), ({"mma": "wgmma", "BV": 32}, "tile space"),
-                     ({"mma": "wgmma", "stages": 1}, "tile space"), ({"mma": "tcgen05", "BV": 64}, "tile space")]:
+                     ({"mma": "wgmma", "stages": 1}, "tile space"), ({"mma": "tcgen05", "BV": 32}, "tile space")]:
         doc = yaml.safe_load(text)
         doc["buckets"][0]["config"].update(bad)
         with pytest.raises(tuning.TuningFileError, match=why):
@@ -524,17 +526,16 @@ def test_a_tile_the_recurrence_cannot_run_is_refused_before_any_build(monkeypatc
     assert not built
 
 
-@pytest.mark.parametrize("H, want", [(12, TileConfig(64, 3)), (64, TileConfig(64, 3)), (73, TileConfig(64, 3)),
-                                     (74, TileConfig(128, 3, "tcgen05")), (96, TileConfig(128, 3, "tcgen05"))])
-def test_sm100a_forward_fills_the_sms_once(H, want):
-    """sm_100a's forward: mma.sync at BV = 64 while N * HV * V / 64 CTAs are fewer than 148 SMs, else one CTA a
-    chain (BV = 128), on tcgen05 where it serves (K <= 128), mma.sync at K = 256; three stages. sm_80 keeps the
+@pytest.mark.parametrize("H, BV", [(12, 64), (64, 64), (73, 64), (74, 128), (96, 128)])
+def test_sm100a_forward_fills_the_sms_once(H, BV):
+    """sm_100a's forward: BV = 64 while N * HV * V / 64 CTAs are fewer than 148 SMs, else one CTA a chain
+    (BV = 128), on tcgen05 where it serves (K <= 128), mma.sync at K = 256; three stages. sm_80 keeps the
     rule of two CTAs an SM; off the tiles, the same."""
     p = kimi(H, "fixed")
-    assert heuristic(p, 148, "sm_100a") == want
-    wide = problem(K=256, V=128, T=8192, H=96, HV=96)
-    assert heuristic(wide, 148, "sm_100a") == TileConfig(128, 3)  # K = 256: mma.sync
+    assert heuristic(p, 148, "sm_100a") == TileConfig(BV, 3, "tcgen05")
+    wide = problem(K=256, V=128, T=8192, H=H, HV=H)
+    assert heuristic(wide, 148, "sm_100a") == TileConfig(BV, 3)  # K = 256: mma.sync
     assert heuristic(p, 148, "sm_80") == heuristic(p, 148) and heuristic(p, 148).stages == 2
-    assert heuristic(problem(K=64, V=64, T=8192, H=512, HV=512), 148, "sm_100a") == TileConfig(64, 3)  # BV <= V
+    assert heuristic(problem(K=64, V=64, T=8192, H=512, HV=512), 148, "sm_100a") == TileConfig(64, 3, "tcgen05")  # BV <= V
     off = problem(K=60, V=100, T=8192, H=64, HV=64)
     assert heuristic(off, 148, "sm_100a") == heuristic(off, 148)

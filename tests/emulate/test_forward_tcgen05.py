@@ -1,5 +1,6 @@
 """The tcgen05 recurrence (sm_100a; kernels/recurrence_tcgen05.cuh, docs/design.md section 5) on the
-emulation's twins: bit for bit the mma.sync forward, plain, under racecheck and under eager copies
+emulation's twins, at BV = 128 (M = 128, a thread a value row) and BV = 64 (M = 64, a row's key halves in
+lanes r and 16 + r): bit for bit the mma.sync forward, plain, under racecheck and under eager copies
 (operands read at their issue), on the bulk-copy ring of 2 and 3 stages, with both state precisions,
 the state pool, checkpoints, and the split forward's maps (no output, v = 0) and final launch.
 
@@ -34,22 +35,25 @@ def plain():
         return {p: forward(mp, TileConfig(32, 2), precision=p) for p in ("fp32", "bf16")}
 
 
-#: (mode, stages, state precision)
-RUNS = [(None, 3, "fp32"), (None, 2, "bf16"), ("racecheck", 2, "fp32"), ("eager", 3, "bf16")]
+#: (BV, mode, stages, state precision): M = 128 (a thread a row), M = 64 (two threads a row, dS's halves at
+#: lane fields 0 and 16)
+RUNS = [(128, None, 3, "fp32"), (128, None, 2, "bf16"), (128, "racecheck", 2, "fp32"), (128, "eager", 3, "bf16"),
+        (64, None, 3, "bf16"), (64, None, 2, "fp32"), (64, "racecheck", 2, "bf16"), (64, "eager", 3, "fp32")]
 
 
-@pytest.mark.parametrize("mode, stages, precision", RUNS, ids=[f"{m or 'plain'}-{s}-stages-{p}" for m, s, p in RUNS])
-def test_the_tcgen05_forward_equals_mma_sync(plain, mode, stages, precision, monkeypatch):
+@pytest.mark.parametrize("bv, mode, stages, precision", RUNS,
+                         ids=[f"BV{b}-{m or 'plain'}-{s}-stages-{p}" for b, m, s, p in RUNS])
+def test_the_tcgen05_forward_equals_mma_sync(plain, bv, mode, stages, precision, monkeypatch):
     launched = []
     launch = kernels.launch_recurrence
     monkeypatch.setattr(kernels, "launch_recurrence", lambda *a, **kw: launched.append(kw["ws_core"]) or launch(*a, **kw))
-    got = forward(monkeypatch, TileConfig(128, stages, "tcgen05"), mode, precision)
+    got = forward(monkeypatch, TileConfig(bv, stages, "tcgen05"), mode, precision)
     assert launched == [True]  # the prepare wrote the core-matrix workspace
     identical(got, plain[precision])
 
 
-@pytest.mark.parametrize("layout", ["vk", "kv"])
-def test_the_tcgen05_forward_through_a_pool(layout, monkeypatch):
+@pytest.mark.parametrize("layout, bv", [("vk", 128), ("kv", 128), ("vk", 64)])
+def test_the_tcgen05_forward_through_a_pool(layout, bv, monkeypatch):
     """The state read from and written to a pool's slots (slot -1: zeros in, nothing out), either layout."""
     x, opts = make_inputs(cu_seqlens=[40, 0, 70], H=1, HV=2, K=64, V=128)
     shape = (5, 2, 128, 64) if layout == "vk" else (5, 2, 64, 128)
@@ -61,11 +65,11 @@ def test_the_tcgen05_forward_through_a_pool(layout, monkeypatch):
         p = pool.copy()
         o, _ = kdacupy.kda_forward(**x, **opts, state_layout=layout, state_pool=p, state_indices=idx, backend="emulate")
         return o, p
-    identical(run(TileConfig(128, 2, "tcgen05")), run(TileConfig(32, 2)))
+    identical(run(TileConfig(bv, 2, "tcgen05")), run(TileConfig(32, 2)))
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_the_tcgen05_forward_with_checkpoints(precision, monkeypatch):
+@pytest.mark.parametrize("precision, bv", [("bf16", 128), ("fp32", 128), ("fp32", 64)])
+def test_the_tcgen05_forward_with_checkpoints(precision, bv, monkeypatch):
     """The state as held at every second chunk boundary (bf16 checkpoints), as mma.sync stores them."""
     x, opts = make_inputs(cu_seqlens=[70, 0, 37], H=1, HV=2, K=64, V=128, state=np.float32)
 
@@ -75,7 +79,7 @@ def test_the_tcgen05_forward_with_checkpoints(precision, monkeypatch):
         o, fin = kdacupy.kda_forward(**x, **opts, output_final_state=True, state_precision=precision,
                                      checkpoint_every=32, checkpoints=ck, backend="emulate")
         return o, fin, ck
-    identical(run(TileConfig(128, 3, "tcgen05")), run(TileConfig(32, 2)))
+    identical(run(TileConfig(bv, 3, "tcgen05")), run(TileConfig(32, 2)))
 
 
 def split_forward_v128(monkeypatch):

@@ -87,8 +87,8 @@ class RecurrenceVariant:
 
     @property
     def threads(self) -> int:
-        """A warp per 16 value rows; tcgen05: a thread per value row."""
-        return self.tiles.BV if self.tiles.mma == "tcgen05" else self.tiles.BV // 16 * 32
+        """A warp per 16 value rows; tcgen05: a warpgroup (a thread a tensor-memory lane)."""
+        return 128 if self.tiles.mma == "tcgen05" else self.tiles.BV // 16 * 32
 
     @property
     def only_arch(self) -> str | None:

@@ -63,15 +63,14 @@ CORE_FAMILIES = ("wgmma", "tcgen05")
 class TileConfig:
     BV: int = 64  # value rows per CTA of the recurrence (16 per warp): the value-split factor is V / BV
     stages: int = 2  # cp.async pipeline depth of the recurrence
-    mma: str = "sync"  # the recurrence's MMA family: mma.sync, wgmma (sm_90a, BV = 64 or 128), tcgen05 (sm_100a, BV = 128)
+    mma: str = "sync"  # the recurrence's MMA family: mma.sync, wgmma or tcgen05 (sm_90a / sm_100a, BV = 64 or 128)
 
     def __post_init__(self):
         if self.BV not in (16, 32, 64, 128) or self.stages not in (1, 2, 3):
             raise ValueError(f"tiles: BV in (16, 32, 64, 128) and stages in (1, 2, 3), got {self}")
-        if self.mma not in MMA_FAMILIES or (self.mma == "wgmma" and (self.BV < 64 or self.stages < 2)) or (
-                self.mma == "tcgen05" and (self.BV != 128 or self.stages < 2)):
-            raise ValueError(f"tiles: mma in {MMA_FAMILIES}, wgmma with BV in (64, 128), tcgen05 with BV = 128, both "
-                             f"with 2 or 3 stages, got {self}")
+        if self.mma not in MMA_FAMILIES or (self.mma != "sync" and (self.BV < 64 or self.stages < 2)):
+            raise ValueError(f"tiles: mma in {MMA_FAMILIES}, wgmma and tcgen05 with BV in (64, 128) and 2 or 3 "
+                             f"stages, got {self}")
 
 
 DEFAULT_SM_COUNT = 132  # an H100 / H200, when no device is at hand (emulation)
@@ -80,8 +79,8 @@ DEFAULT_SM_COUNT = 132  # an H100 / H200, when no device is at hand (emulation)
 TILE_SPACE = tuple(TileConfig(bv, st) for bv in (16, 32, 64, 128) for st in (2, 3))
 #: the wgmma recurrence's (sm_90a; K <= 128): one or two warpgroups a CTA
 WGMMA_SPACE = tuple(TileConfig(bv, st, "wgmma") for bv in (64, 128) for st in (2, 3))
-#: the tcgen05 recurrence's (sm_100a; K <= 128): M = 128, a value row a thread
-TCGEN05_SPACE = tuple(TileConfig(128, st, "tcgen05") for st in (2, 3))
+#: the tcgen05 recurrence's (sm_100a; K <= 128): M = 128, a value row a thread, or M = 64, two threads a row
+TCGEN05_SPACE = tuple(TileConfig(bv, st, "tcgen05") for bv in (64, 128) for st in (2, 3))
 
 SCHEMA = 1
 HEURISTIC_SOURCE = "heuristic (untuned)"
@@ -124,21 +123,21 @@ def heuristic(p, sm_count=DEFAULT_SM_COUNT, arch: str | None = None) -> TileConf
     with its lanes' cp.async, so four warps a CTA (BV = 64) issue the fewest instructions a chunk on
     their schedulers, and a second CTA on an SM shares them: BV = 64 where N * HV * V / 64 CTAs are
     fewer than the SMs (a bucket's bound: parallelism_class), else BV = 128 (one CTA a chain, V >= 128), 3 stages (kimi-T8192-H64 0.476 -> 0.368 ms,
-    H96 0.713 -> 0.629 ms against BV = 32, 2 stages). Where that gives BV = 128 and K <= 128 the
-    tcgen05 recurrence runs instead (one CTA a chain, a value row a thread, the products on the tensor
-    cores from tensor memory): the B200 model's kimi-T8192-H96 recurrence 0.402 -> 0.243 ms, forward
-    0.629 -> 0.469 (benchmarks/blackwell.md); below that (kimi-T8192-H64: 64 chains on 148 SMs)
-    mma.sync's BV = 64 spreads the chains' work over twice the SMs and stays ahead (0.217 against
-    0.243 ms). sm_80 keeps the rule above (no A100 model)."""
+    H96 0.713 -> 0.629 ms against BV = 32, 2 stages). With K <= 128 the tcgen05 recurrence runs those
+    tiles (the products on the tensor cores from tensor memory; BV = 128: a value row a thread, BV = 64:
+    two threads a row): the B200 model's recurrence at kimi-T8192-H96 0.402 -> 0.243 ms, at H64 0.217
+    -> 0.188 (forwards 0.629 -> 0.469, 0.368 -> 0.338; benchmarks/blackwell.md). At BV = 64 only where
+    the chains fill the SMs once, as mma.sync's rule has it: beyond, two such CTAs an SM share their
+    schedulers and BV = 128 wins (H96: 0.375 against 0.243 ms). sm_80 keeps the rule above (no A100
+    model)."""
     from ...numerics.tiles import exact_dims
 
     if arch == "sm_90a" and exact_dims(p.K, p.V) and p.K <= 128 and p.V >= 64:
         BV = 128 if p.V >= 128 and 2 * p.N * p.HV * (p.V // 128) >= sm_count else 64
         return TileConfig(BV, 3, "wgmma")
     if arch == "sm_100a" and exact_dims(p.K, p.V):
-        if p.V < 128 or p.N * p.HV * (p.V // 64) < sm_count:
-            return TileConfig(64, 3)
-        return TileConfig(128, 3, "tcgen05" if p.K <= 128 else "sync")
+        BV = 64 if p.V < 128 or p.N * p.HV * (p.V // 64) < sm_count else 128
+        return TileConfig(BV, 3, "tcgen05" if p.K <= 128 else "sync")
     for BV in (128, 64, 32):
         if BV <= p.V and p.N * p.HV * (p.V // BV) >= 2 * sm_count:
             return TileConfig(BV, 2)
@@ -278,7 +277,7 @@ def _config(where, d, V, K=None) -> TileConfig:
         raise TuningFileError(f"{where}: {d!r} is not in the tile space "
                               + {"sync": "(BV in 16, 32, 64, 128; stages in 2, 3)",
                                  "wgmma": "(wgmma: BV in 64, 128; stages in 2, 3)",
-                                 "tcgen05": "(tcgen05: BV = 128; stages in 2, 3)"}[mma])
+                                 "tcgen05": "(tcgen05: BV in 64, 128; stages in 2, 3)"}[mma])
     if d["BV"] > V:
         raise TuningFileError(f"{where}: BV={d['BV']} exceeds V={V}")
     if mma != "sync" and K is not None and K > 128:

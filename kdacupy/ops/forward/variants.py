@@ -42,7 +42,7 @@ def recurrence_wgmma_variants():
 def recurrence_tcgen05_variants():
     """The tcgen05 recurrence's variants (sm_100a only: ``RecurrenceVariant.only_arch``): K <= 128,
     V >= 128 (BV = 128), every dtype, state precision and tcgen05 tile; the checkpoints' at K = V = 128."""
-    for K, V, dt, fp32 in itertools.product((64, 128), (128, 256), DTYPES, (False, True)):
+    for K, V, dt, fp32 in itertools.product((64, 128), DIMS, DTYPES, (False, True)):
         for tiles in candidates(V, "sm_100a", K):
             if tiles.mma == "tcgen05":
                 yield RecurrenceVariant(K, V, dt, fp32, tiles)
