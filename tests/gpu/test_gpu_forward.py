@@ -110,8 +110,8 @@ def test_tcgen05_and_mma_sync_agree_bit_for_bit(precision, monkeypatch):
     """On sm_100a both MMA families of the recurrence (kernels/recurrence_tcgen05.cuh): the twins take each
     k16 step of both as the exact sum rounded once, so they agree to the bit; a difference here says the
     hardware's families sum differently, or a twin's layout assumption (A in tensor memory, two bf16 a
-    column) is wrong (test_gpu_ptx.py's tcgen05 probes say which). Ragged varlen with a zero-length
-    sequence, K = V = 128, 2 and 3 stages."""
+    column, M = 64's second lanes) is wrong (test_gpu_ptx.py's tcgen05 probes say which). Ragged varlen with
+    a zero-length sequence, K = V = 128, BV = 128 at 2 and 3 stages and BV = 64."""
     import kdacupy.ops.forward.kernels as kernels
     from kdacupy.jit import targets
     from kdacupy.ops.forward.tuning import TileConfig
@@ -120,7 +120,8 @@ def test_tcgen05_and_mma_sync_agree_bit_for_bit(precision, monkeypatch):
         pytest.skip("the tcgen05 recurrence is sm_100a's")
     x, opts = make_inputs(cu_seqlens=[700, 0, 333, 16, 1], H=2, HV=4, K=128, V=128, state=np.float32)
     runs = []
-    for tiles in (TileConfig(64, 3), TileConfig(128, 2, "tcgen05"), TileConfig(128, 3, "tcgen05")):
+    for tiles in (TileConfig(64, 3), TileConfig(128, 2, "tcgen05"), TileConfig(128, 3, "tcgen05"),
+                  TileConfig(64, 3, "tcgen05")):
         monkeypatch.setattr(kernels, "select_tiles", lambda p, tiles=tiles: tiles)
         runs.append(gpu_run(x, opts, output_final_state=True, state_precision=precision))
     for o, s in runs[1:]:
