@@ -490,6 +490,23 @@ def test_only_the_forward_gets_wgmma_from_a_file_or_the_heuristic(dirs, monkeypa
     assert select_tiles(q) == TileConfig(128, 2)  # the file's BV and stages on mma.sync
 
 
+def test_only_the_forward_gets_tcgen05_on_sm_100a(dirs, monkeypatch):
+    """sm_100a: the forward's heuristic runs tcgen05 at mma.sync's tiles (here on the fixture's 132 SMs: BV =
+    128 at H = 96, 64 at H = 64), a file's tcgen05 tile too; the other callers get mma.sync at the same BV."""
+    import kdacupy.ops.forward.kernels as kernels
+
+    user, _ = dirs
+    monkeypatch.setattr(tuning, "device_arch", lambda: "sm_100a")
+    p, q = kimi(96, "fixed"), kimi(64, "fixed")
+    assert kernels.select_tiles(p) == TileConfig(128, 3, "tcgen05")
+    assert kernels.select_tiles(q) == TileConfig(64, 3, "tcgen05")
+    assert select_tiles(p) == TileConfig(32, 2)  # the other callers: mma.sync's rule
+    write(user / "NVIDIA-H200.yaml", [entry(q, TileConfig(128, 2, "tcgen05"))])
+    tuning.clear_cache()
+    assert kernels.select_tiles(q) == TileConfig(128, 2, "tcgen05")
+    assert select_tiles(q) == TileConfig(128, 2)  # the file's BV and stages on mma.sync
+
+
 def test_a_files_wgmma_tile_on_a_problem_its_variants_cannot_take_runs_on_mma_sync_and_says_so(dirs):
     """A bucket holds its tile's sizes and every size that runs on them: a wgmma tile tuned for
     K = V = 128 is handed to K = 96 (the any-size variants, mma.sync only); it runs there on mma.sync at
