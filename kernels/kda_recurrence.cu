@@ -140,6 +140,57 @@ __device__ __forceinline__ i64 state_slot(int n, int hv, int HV, const void* poo
   return slot < 0 || slot >= pool_slots ? -1 : slot * HV + hv;
 }
 
+// KDA_CHECKPOINTS: the row of ckpt that the state after chunk c of sequence n goes to, or -1 (no
+// boundary there, or a row outside [0, ckpt_rows): skipped).
+__device__ __forceinline__ i64 checkpoint_row(int c, int seq_len, int n, const void* ckpt_idx, int ckpt_i64,
+                                              i64 ckpt_rows, int ckpt_per_seq, int ckpt_every) {
+  if ((c + 1) % ckpt_every != 0 || (c + 1) * CHUNK > seq_len || (c + 1) / ckpt_every > ckpt_per_seq) return -1;
+  const i64 e = static_cast<i64>(n) * ckpt_per_seq + (c + 1) / ckpt_every - 1;
+  const i64 row = ckpt_idx == nullptr ? e
+                  : ckpt_i64 ? static_cast<const i64*>(ckpt_idx)[e] : static_cast<const i32*>(ckpt_idx)[e];
+  return row >= 0 && row < ckpt_rows ? row : -1;
+}
+
+#if KDA_WGMMA_PATH || KDA_TCGEN05_PATH
+// Chunk c's copies into stage c % STAGES of the bulk-copy ring (the wgmma and tcgen05 paths): thread 0
+// arms the stage's barrier with their bytes and issues the workspace block (one copy; without the output
+// q_dec and Mqk are never read: the block's two other runs, k_dec to INV and gexp with beta); the value
+// rows go one a lane, CHUNK / warps lanes of every warp (ptxas issues a bulk copy once per active lane:
+// spread, no warp's scheduler carries all 16). A row may land before the arm: the transaction count goes
+// below zero and the phase still waits for the arrival (the stage was freed by the last chunk's barrier).
+// A ragged tail's value rows are zeroed by the threads (0 * garbage could be NaN); v = 0: none copied.
+__device__ __forceinline__ void issue_bulk_chunk(unsigned char* sm, u64* bars, const unsigned char* wsbase,
+                                                 const unsigned char* vbase, i64 v_st, int c, int nchunks,
+                                                 int seq_len, bool v_zero, int tid) {
+  constexpr int ROWS_PER_WARP = CHUNK / (NT / 32);
+  static_assert(CHUNK % (NT / 32) == 0, "whole value rows per warp");
+  if (c >= nchunks) return;
+  unsigned char* stg = sm + (c % STAGES) * RSM_STAGE;
+  u64* bar = &bars[2 * (c % STAGES)];
+  const int rows = seq_len - c * CHUNK < CHUNK ? seq_len - c * CHUNK : CHUNK;
+  if (tid == 0) {
+    const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
+    const int VBYTES = v_zero ? 0 : BV * ES;  // v's rows a chunk
+    if constexpr (OUTPUT) {
+      mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * VBYTES);
+      cp_async_bulk_g2s(stg, blk, WS_STRIDE, bar);
+    } else {
+      mbarrier_arrive_expect_tx(bar, WS_BYTES_NO_OUTPUT + rows * VBYTES);
+      cp_async_bulk_g2s(stg + WS_KDEC, blk + WS_KDEC, WS_MQK - WS_KDEC, bar);
+      cp_async_bulk_g2s(stg + WS_GEXP, blk + WS_GEXP, WS_STRIDE - WS_GEXP, bar);
+    }
+  }
+  if (!v_zero) {
+    const int lane = tid & 31, row = (tid >> 5) * ROWS_PER_WARP + lane;
+    if (lane < ROWS_PER_WARP && row < rows)
+      cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
+                        BV * ES, bar);
+    for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
+      reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
+  }
+}
+#endif
+
 #if !KDA_TCGEN05_PATH
 // A warp's o^T tile, staged in ot (CHUNK rows of its 16 value columns, RSM_OROW bytes apart), to o
 // in 16-byte pieces: o_row0 is the tile's first element in o, rows the chunk's valid rows, ``cols``
@@ -231,40 +282,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     fence_proxy_async_smem();  // the initialised barriers, before the bulk copies complete on them
   }
   __syncthreads();
-  // Chunk c's copies into stage c % STAGES: thread 0 arms the barrier with their bytes and issues the
-  // workspace block (one copy); the value rows go one a lane, CHUNK / NW lanes of every warp (ptxas
-  // issues a bulk copy once per active lane: spread, no warp's scheduler carries all 16). A row may
-  // land before the arm: the transaction count goes below zero and the phase still waits for the
-  // arrival (the stage was freed by the last chunk's barrier). A ragged tail's value rows are zeroed
-  // by the threads (0 * garbage could be NaN)
-  constexpr int ROWS_PER_WARP = CHUNK / NW;
-  static_assert(CHUNK % NW == 0, "whole value rows per warp");
-  auto issue = [&](int c) {
-    if (c >= nchunks) return;
-    unsigned char* stg = sm + (c % STAGES) * RSM_STAGE;
-    u64* bar = &bars[2 * (c % STAGES)];
-    const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    if (tid == 0) {
-      const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
-      const int VBYTES = v_zero ? 0 : BV * ES;  // v's rows a chunk (none copied when v = 0)
-      if constexpr (OUTPUT) {
-        mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * VBYTES);
-        cp_async_bulk_g2s(stg, blk, WS_STRIDE, bar);
-      } else {  // q_dec and Mqk are never read: the block's two other runs, k_dec to INV and gexp with beta
-        mbarrier_arrive_expect_tx(bar, WS_BYTES_NO_OUTPUT + rows * VBYTES);
-        cp_async_bulk_g2s(stg + WS_KDEC, blk + WS_KDEC, WS_MQK - WS_KDEC, bar);
-        cp_async_bulk_g2s(stg + WS_GEXP, blk + WS_GEXP, WS_STRIDE - WS_GEXP, bar);
-      }
-    }
-    if (!v_zero) {
-      const int row = warp * ROWS_PER_WARP + lane;
-      if (lane < ROWS_PER_WARP && row < rows)
-        cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
-                          BV * ES, bar);
-      for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
-        reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
-    }
-  };
+  auto issue = [&](int c) { issue_bulk_chunk(sm, bars, wsbase, vbase, v_st, c, nchunks, seq.len, v_zero, tid); };
   if (v_zero) zero_value_rows(sm, tid);
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
@@ -444,11 +462,9 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
       }
     }
 #if KDA_CHECKPOINTS
-    if ((c + 1) % ckpt_every == 0 && (c + 1) * CHUNK <= seq.len && (c + 1) / ckpt_every <= ckpt_per_seq) {
-      const i64 e = static_cast<i64>(n) * ckpt_per_seq + (c + 1) / ckpt_every - 1;
-      const i64 row = ckpt_idx == nullptr ? e
-                      : ckpt_i64 ? static_cast<const i64*>(ckpt_idx)[e] : static_cast<const i32*>(ckpt_idx)[e];
-      if (row >= 0 && row < ckpt_rows) store_held(ckpt, ckpt_dtype, row * HV + hv);
+    {
+      const i64 row = checkpoint_row(c, seq.len, n, ckpt_idx, ckpt_i64, ckpt_rows, ckpt_per_seq, ckpt_every);
+      if (row >= 0) store_held(ckpt, ckpt_dtype, row * HV + hv);
     }
 #endif
     __syncthreads();  // every read of the stage (wgmma waited for), before its refill
@@ -578,11 +594,9 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
       }
     }
 #if KDA_CHECKPOINTS
-    if ((c + 1) % ckpt_every == 0 && (c + 1) * CHUNK <= seq.len && (c + 1) / ckpt_every <= ckpt_per_seq) {
-      const i64 e = static_cast<i64>(n) * ckpt_per_seq + (c + 1) / ckpt_every - 1;
-      const i64 row = ckpt_idx == nullptr ? e
-                      : ckpt_i64 ? static_cast<const i64*>(ckpt_idx)[e] : static_cast<const i32*>(ckpt_idx)[e];
-      if (row >= 0 && row < ckpt_rows) store_held(ckpt, ckpt_dtype, row * HV + hv);
+    {
+      const i64 row = checkpoint_row(c, seq.len, n, ckpt_idx, ckpt_i64, ckpt_rows, ckpt_per_seq, ckpt_every);
+      if (row >= 0) store_held(ckpt, ckpt_dtype, row * HV + hv);
     }
 #endif
     __syncthreads();  // the stage is refilled by the next iteration's issue()

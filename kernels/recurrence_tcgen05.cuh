@@ -255,35 +255,7 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
   }
   tc_sync();
   const u32 tm = *slot, lane_addr = tm + ((32u * warp) << 16);
-  // Chunk c's copies into stage c % STAGES, as the wgmma path's: thread 0 arms the barrier and copies the
-  // workspace block, the value rows a lane each (4 a warp); a ragged tail's rows zeroed by the threads
-  auto issue = [&](int c) {
-    if (c >= nchunks) return;
-    unsigned char* stg = sm + (c % STAGES) * RSM_STAGE;
-    u64* bar = &bars[2 * (c % STAGES)];
-    const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    if (tid == 0) {
-      const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
-      const int VBYTES = v_zero ? 0 : BV * ES;
-      if constexpr (OUTPUT) {
-        mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * VBYTES);
-        cp_async_bulk_g2s(stg, blk, WS_STRIDE, bar);
-      } else {  // q_dec and Mqk are never read: the block's two other runs
-        mbarrier_arrive_expect_tx(bar, WS_BYTES_NO_OUTPUT + rows * VBYTES);
-        cp_async_bulk_g2s(stg + WS_KDEC, blk + WS_KDEC, WS_MQK - WS_KDEC, bar);
-        cp_async_bulk_g2s(stg + WS_GEXP, blk + WS_GEXP, WS_STRIDE - WS_GEXP, bar);
-      }
-    }
-    if (!v_zero) {
-      constexpr int ROWS_PER_WARP = CHUNK / (NT / 32);
-      const int row = warp * ROWS_PER_WARP + lane;
-      if (lane < ROWS_PER_WARP && row < rows)
-        cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
-                          BV * ES, bar);
-      for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
-        reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
-    }
-  };
+  auto issue = [&](int c) { issue_bulk_chunk(sm, bars, wsbase, vbase, v_st, c, nchunks, seq.len, v_zero, tid); };
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
   // [10] this thread's row of the state, as held (a bf16 state rounded once, as the other paths'
@@ -304,11 +276,9 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
     tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, o,
              b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vr, o_st, rows);
 #if KDA_CHECKPOINTS
-    if ((c + 1) % ckpt_every == 0 && (c + 1) * CHUNK <= seq.len && (c + 1) / ckpt_every <= ckpt_per_seq) {
-      const i64 e = static_cast<i64>(n) * ckpt_per_seq + (c + 1) / ckpt_every - 1;
-      const i64 ck_row = ckpt_idx == nullptr ? e
-                      : ckpt_i64 ? static_cast<const i64*>(ckpt_idx)[e] : static_cast<const i32*>(ckpt_idx)[e];
-      if (ck_row >= 0 && ck_row < ckpt_rows) tc_store_held(lane_addr, key0, ckpt, ckpt_dtype, layout_vk, ck_row * HV + hv, vr);
+    {
+      const i64 ck_row = checkpoint_row(c, seq.len, n, ckpt_idx, ckpt_i64, ckpt_rows, ckpt_per_seq, ckpt_every);
+      if (ck_row >= 0) tc_store_held(lane_addr, key0, ckpt, ckpt_dtype, layout_vk, ck_row * HV + hv, vr);
     }
 #endif
     tc_sync();  // every read of the stage and every A store, before the refill and the next products
