@@ -80,21 +80,18 @@ def test_two_runs_are_bitwise_equal():
     np.testing.assert_array_equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_wgmma_and_mma_sync_agree_bit_for_bit(precision, monkeypatch):
-    """On sm_90a both MMA families of the recurrence (docs/design.md section 5): the twins take each
-    k16 step of both as the exact sum rounded once, so they agree to the bit; a difference here
-    says the hardware's two families sum differently (the conformance probes of test_gpu_ptx.py
-    say how). Ragged varlen with a zero-length sequence, K = V = 128, BV 64 and 128."""
+def families_agree(arch, tile_sets, precision, monkeypatch):
+    """The forward at each of ``tile_sets`` (the first mma.sync's) on an ``arch`` device: every later one
+    bit for bit the first, the first of them against the model. Ragged varlen with a zero-length sequence,
+    K = V = 128."""
     import kdacupy.ops.forward.kernels as kernels
     from kdacupy.jit import targets
-    from kdacupy.ops.forward.tuning import TileConfig
 
-    if targets.runtime_arch(targets.device_cc()) != "sm_90a":
-        pytest.skip("the wgmma recurrence is sm_90a's")
+    if targets.runtime_arch(targets.device_cc()) != arch:
+        pytest.skip(f"the {tile_sets[1].mma} recurrence is {arch}'s")
     x, opts = make_inputs(cu_seqlens=[700, 0, 333, 16, 1], H=2, HV=4, K=128, V=128, state=np.float32)
     runs = []
-    for tiles in (TileConfig(32, 2), TileConfig(64, 3, "wgmma"), TileConfig(128, 2, "wgmma")):
+    for tiles in tile_sets:
         monkeypatch.setattr(kernels, "select_tiles", lambda p, tiles=tiles: tiles)
         runs.append(gpu_run(x, opts, output_final_state=True, state_precision=precision))
     for o, s in runs[1:]:
@@ -103,6 +100,18 @@ def test_wgmma_and_mma_sync_agree_bit_for_bit(precision, monkeypatch):
     om, sm = kda_model(**x, **opts, output_final_state=True, state_precision=precision)
     agree(runs[1][0], om)
     agree(runs[1][1], sm)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_wgmma_and_mma_sync_agree_bit_for_bit(precision, monkeypatch):
+    """On sm_90a both MMA families of the recurrence (docs/design.md section 5): the twins take each
+    k16 step of both as the exact sum rounded once, so they agree to the bit; a difference here
+    says the hardware's two families sum differently (the conformance probes of test_gpu_ptx.py
+    say how). BV 64 and 128."""
+    from kdacupy.ops.forward.tuning import TileConfig
+
+    families_agree("sm_90a", (TileConfig(32, 2), TileConfig(64, 3, "wgmma"), TileConfig(128, 2, "wgmma")),
+                   precision, monkeypatch)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
@@ -110,26 +119,12 @@ def test_tcgen05_and_mma_sync_agree_bit_for_bit(precision, monkeypatch):
     """On sm_100a both MMA families of the recurrence (kernels/recurrence_tcgen05.cuh): the twins take each
     k16 step of both as the exact sum rounded once, so they agree to the bit; a difference here says the
     hardware's families sum differently, or a twin's layout assumption (A in tensor memory, two bf16 a
-    column, M = 64's second lanes) is wrong (test_gpu_ptx.py's tcgen05 probes say which). Ragged varlen with
-    a zero-length sequence, K = V = 128, BV = 128 at 2 and 3 stages and BV = 64."""
-    import kdacupy.ops.forward.kernels as kernels
-    from kdacupy.jit import targets
+    column, M = 64's second lanes) is wrong (test_gpu_ptx.py's tcgen05 probes say which). BV = 128 at 2
+    and 3 stages and BV = 64."""
     from kdacupy.ops.forward.tuning import TileConfig
 
-    if targets.runtime_arch(targets.device_cc()) != "sm_100a":
-        pytest.skip("the tcgen05 recurrence is sm_100a's")
-    x, opts = make_inputs(cu_seqlens=[700, 0, 333, 16, 1], H=2, HV=4, K=128, V=128, state=np.float32)
-    runs = []
-    for tiles in (TileConfig(64, 3), TileConfig(128, 2, "tcgen05"), TileConfig(128, 3, "tcgen05"),
-                  TileConfig(64, 3, "tcgen05")):
-        monkeypatch.setattr(kernels, "select_tiles", lambda p, tiles=tiles: tiles)
-        runs.append(gpu_run(x, opts, output_final_state=True, state_precision=precision))
-    for o, s in runs[1:]:
-        np.testing.assert_array_equal(o.view(np.uint16), runs[0][0].view(np.uint16))
-        np.testing.assert_array_equal(s.view(np.uint32), runs[0][1].view(np.uint32))
-    om, sm = kda_model(**x, **opts, output_final_state=True, state_precision=precision)
-    agree(runs[1][0], om)
-    agree(runs[1][1], sm)
+    families_agree("sm_100a", (TileConfig(64, 3), TileConfig(128, 2, "tcgen05"), TileConfig(128, 3, "tcgen05"),
+                               TileConfig(64, 3, "tcgen05")), precision, monkeypatch)
 
 
 def test_offsets_beyond_2_to_the_31():

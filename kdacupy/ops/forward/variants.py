@@ -28,26 +28,21 @@ def recurrence_variants():
             yield RecurrenceVariant(K, V, BF16, fp32, tiles, checkpoints=True)
 
 
-def recurrence_wgmma_variants():
-    """The wgmma recurrence's variants (sm_90a only: ``RecurrenceVariant.only_arch``): every shape it
-    serves (K <= 128), dtype, state precision and wgmma tile; the checkpoints' at K = V = 128."""
-    for K, V, dt, fp32 in itertools.product((64, 128), DIMS, DTYPES, (False, True)):
-        for tiles in candidates(V, "sm_90a", K):
-            if tiles.mma == "wgmma":
-                yield RecurrenceVariant(K, V, dt, fp32, tiles)
-    for fp32 in (False, True):
-        yield RecurrenceVariant(128, 128, BF16, fp32, TileConfig(64, 3, "wgmma"), checkpoints=True)
+#: the descriptor families' target (``RecurrenceVariant.only_arch``) and their checkpoints' tile
+CORE_FAMILY_TARGETS = {"wgmma": ("sm_90a", TileConfig(64, 3, "wgmma")), "tcgen05": ("sm_100a", TileConfig(128, 3, "tcgen05"))}
 
 
-def recurrence_tcgen05_variants():
-    """The tcgen05 recurrence's variants (sm_100a only: ``RecurrenceVariant.only_arch``): K <= 128,
-    V >= 128 (BV = 128), every dtype, state precision and tcgen05 tile; the checkpoints' at K = V = 128."""
+def recurrence_core_variants(family: str):
+    """The wgmma (sm_90a) or tcgen05 (sm_100a) recurrence's variants, built for that target only: every
+    shape they serve (K <= 128), dtype, state precision and tile of the family; the checkpoints' at
+    K = V = 128."""
+    arch, ckpt_tiles = CORE_FAMILY_TARGETS[family]
     for K, V, dt, fp32 in itertools.product((64, 128), DIMS, DTYPES, (False, True)):
-        for tiles in candidates(V, "sm_100a", K):
-            if tiles.mma == "tcgen05":
+        for tiles in candidates(V, arch, K):
+            if tiles.mma == family:
                 yield RecurrenceVariant(K, V, dt, fp32, tiles)
     for fp32 in (False, True):
-        yield RecurrenceVariant(128, 128, BF16, fp32, TileConfig(128, 3, "tcgen05"), checkpoints=True)
+        yield RecurrenceVariant(128, 128, BF16, fp32, ckpt_tiles, checkpoints=True)
 
 
 def prepare_core_variants():
@@ -75,8 +70,8 @@ def recurrence_any_variants():
 
 registry.register("kda_prepare", prepare_variants)
 registry.register("kda_recurrence", recurrence_variants)
-registry.register("kda_recurrence_wgmma", recurrence_wgmma_variants)
-registry.register("kda_recurrence_tcgen05", recurrence_tcgen05_variants)
+registry.register("kda_recurrence_wgmma", lambda: recurrence_core_variants("wgmma"))
+registry.register("kda_recurrence_tcgen05", lambda: recurrence_core_variants("tcgen05"))
 registry.register("kda_prepare_core", prepare_core_variants)
 registry.register("kda_prepare_any", prepare_any_variants)
 registry.register("kda_recurrence_any", recurrence_any_variants)
