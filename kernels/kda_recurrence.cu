@@ -152,8 +152,8 @@ __device__ __forceinline__ i64 checkpoint_row(int c, int seq_len, int n, const v
 }
 
 #if KDA_WGMMA_PATH || KDA_TCGEN05_PATH
-// Chunk c's copies into stage c % STAGES of the bulk-copy ring (the wgmma and tcgen05 paths): thread 0
-// arms the stage's barrier with their bytes and issues the workspace block (one copy; without the output
+// Chunk c's copies into stage c % STAGES of the bulk-copy ring (the wgmma and tcgen05 paths): a lane of
+// warp 0 arms the stage's barrier with their bytes and issues the workspace block (one copy; without the output
 // q_dec and Mqk are never read: the block's two other runs, k_dec to INV and gexp with beta); the value
 // rows go one a lane, CHUNK / warps lanes of every warp (ptxas issues a bulk copy once per active lane:
 // spread, no warp's scheduler carries all 16). A row may land before the arm: the transaction count goes
@@ -168,7 +168,7 @@ __device__ __forceinline__ void issue_bulk_chunk(unsigned char* sm, u64* bars, c
   unsigned char* stg = sm + (c % STAGES) * RSM_STAGE;
   u64* bar = &bars[2 * (c % STAGES)];
   const int rows = seq_len - c * CHUNK < CHUNK ? seq_len - c * CHUNK : CHUNK;
-  if (tid == 0) {
+  if (tid < 32 && elect_one_sync()) {  // one lane of warp 0 (elected: no loop over the active lanes)
     const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
     const int VBYTES = v_zero ? 0 : BV * ES;  // v's rows a chunk
     if constexpr (OUTPUT) {

@@ -242,6 +242,15 @@ __device__ __forceinline__ void cp_async_bulk_g2s(void* smem_dst, const void* gm
       : "r"(kda_ptx_detail::smem_addr(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(kda_ptx_detail::smem_addr(bar))
       : "memory");
 }
+// True on one lane of the warp, the same lane every time (the ISA does not say which); all 32 lanes
+// execute it. A single-thread instruction of uniform operands (tcgen05.mma, its commit) issued under
+// `warp == w && elect_one_sync()` is one instruction; under `tid == 0` ptxas wraps each in a loop
+// over the active lanes (ELECT, predicate moves and a branch: 5 more instructions a product).
+__device__ __forceinline__ bool elect_one_sync() {
+  u32 elected;
+  asm volatile("{ .reg .pred p; elect.sync _|p, 0xffffffff; selp.u32 %0, 1, 0, p; }" : "=r"(elected));
+  return elected != 0;
+}
 // Orders this thread's generic-proxy shared-memory accesses before later async-proxy ones (wgmma
 // operands, bulk copies) and after earlier ones: needed between a generic write and an async read.
 __device__ __forceinline__ void fence_proxy_async_smem() {
@@ -499,13 +508,13 @@ __device__ __forceinline__ u64 wgmma_desc(const void* tile, u32 lead_bytes, u32 
   return (u64)((smem_u32(tile) & 0x3FFFFu) >> 4) | (u64)((lead_bytes & 0x3FFFFu) >> 4) << 16 |
          (u64)((stride_bytes & 0x3FFFFu) >> 4) << 32 | (u64)(swizzle & 3) << 62;
 }
-// The descriptor of the tile `bytes` (a multiple of 16) past desc's: one 32-bit add to the start
-// address (the low word's low 14 bits, in 16-byte units; a shared address below 256 KB never
-// carries out of them), so a tile's descriptor is built once and advanced, as CUTLASS's
-// descriptor iterator does, not rebuilt from a generic pointer for every wgmma.
-__device__ __forceinline__ u64 wgmma_desc_add(u64 desc, u32 bytes) {
-  return (desc & 0xFFFFFFFF00000000ull) | (u64)((u32)desc + (bytes >> 4));
-}
+// The descriptor of the tile `bytes` (a multiple of 16) past desc's: an add to the start address (the
+// low 14 bits, in 16-byte units; a shared address below 256 KB never carries out of them), so a tile's
+// descriptor is built once and advanced, as CUTLASS's descriptor iterator does, not rebuilt from a
+// generic pointer for every MMA. A plain 64-bit add (no carry reaches the high word): ptxas emits one
+// UIADD3.64 into the MMA's descriptor registers, where masking the low word cost a ULOP3 and a UMOV of
+// the high word more per wgmma. The sm_100 descriptor has the same start-address field.
+__device__ __forceinline__ u64 wgmma_desc_add(u64 desc, u32 bytes) { return desc + (u64)(bytes >> 4); }
 
 // The sm_100 shared-memory descriptor of a tcgen05.mma operand tile (the wgmma descriptor's fields, and
 // bits 46-48 = 0b001, the version; swizzle in bits 61-63: 0 none, 2 128B, 4 64B, 6 32B). No-swizzle

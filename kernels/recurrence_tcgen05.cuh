@@ -7,8 +7,8 @@
 // the A operand itself; the fp32 state in columns of its own beside its bf16 copy), so every chunk product
 // is a tcgen05.mma with A from tensor memory, the chunk tiles as B from the core-matrix workspace in shared
 // memory (the wgmma path's stage, by the same bulk-copy ring), fp32 accumulators in tensor memory, issued
-// by thread 0 and completed through one mbarrier. Per chunk, the same products and rounding points as the
-// mma.sync and wgmma paths, in the same k order:
+// by one elected lane of warp 0 and completed through one mbarrier. Per chunk, the same products and
+// rounding points as the mma.sync and wgmma paths, in the same k order:
 //   W^T, o^T = S k_dec^T, S q_dec^T (A: the state)      -> tcgen05.ld W^T
 //   vsub^T = bf16(beta (v^T - W^T)) -> tensor memory      U^T = vsub^T INV^T -> tcgen05.ld
 //   bf16(U^T) -> tensor memory; o^T += U^T Mqk^T; dS = U^T k_res -> tcgen05.ld, 16 keys at a time:
@@ -107,14 +107,14 @@ __device__ __forceinline__ void tc_store_bf16_16(const float (&x)[16], u32 taddr
   tmem_st_32x32b_x8(taddr, w);
   tmem_wait_st();
 }
-// Every thread's tensor-memory stores, before thread 0's next tcgen05.mma reads them (and every read
+// Every thread's tensor-memory stores, before the issuing lane's next tcgen05.mma reads them (and every read
 // of the stage before its refill).
 __device__ __forceinline__ void tc_sync() {
   tcgen05_fence_before_sync();
   __syncthreads();
   tcgen05_fence_after_sync();
 }
-// Thread 0's products of this step complete: each thread waits for the commit's phase.
+// The issuing lane's products of this step complete: each thread waits for the commit's phase.
 __device__ __forceinline__ void tc_wait(u64* done, u32& phase) {
   mbarrier_wait_parity(done, phase);
   phase ^= 1u;
@@ -128,8 +128,9 @@ __device__ __forceinline__ u64 tc_desc_n(const unsigned char* tile) {
   return umma_desc(tile, 128, CORE_COLS, UMMA_SWIZZLE_NONE);
 }
 
-// One chunk of the chain on the stage st: products by thread 0, the rest by every thread on its row (row:
-// the CTA's value row of this thread; key0: the first of its keys); o at o_row0 + token * o_st.
+// One chunk of the chain on the stage st: products by an elected lane of warp 0, the rest by every thread
+// on its row (row: the CTA's value row of this thread; key0: the first of its keys); o at o_row0 + token *
+// o_st.
 __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 lane_addr, u64* done, u32& phase,
                                          int tid, int row, int key0, bool v_zero, void* o, i64 o_row0, i64 o_st,
                                          int rows) {
@@ -137,13 +138,17 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   constexpr u32 IDESC_KEYS = umma_idesc_bf16<BV, KH, false, true>();  // B = k_res (N-major), N = KH keys
   const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
   const float* bet = reinterpret_cast<const float*>(st + RSM_BETA);
+  // the stage's K-major and N-major descriptors, built once; each tile's is one advanced by its offset
+  const u64 dstage = tc_desc_t(st, 0), dkres = tc_desc_n(st + RSM_KRES);
   // [11]-[12] W^T and the state part of o^T: A = the state, one k16 step per 16 keys, in key order
-  if (tid == 0) {
+  if (tid < 32 && elect_one_sync()) {
 #pragma unroll
-    for (int s = 0; s < KS; ++s) umma_bf16_ts(tm + TC_W, tm + TC_AS + 8 * s, tc_desc_t(st + RSM_KDEC, 16 * s), IDESC_16, s > 0);
+    for (int s = 0; s < KS; ++s)
+      umma_bf16_ts(tm + TC_W, tm + TC_AS + 8 * s, wgmma_desc_add(dstage, RSM_KDEC + 2 * s * CORE_COLS), IDESC_16, s > 0);
     if constexpr (OUTPUT) {
 #pragma unroll
-      for (int s = 0; s < KS; ++s) umma_bf16_ts(tm + TC_O, tm + TC_AS + 8 * s, tc_desc_t(st + RSM_QDEC, 16 * s), IDESC_16, s > 0);
+      for (int s = 0; s < KS; ++s)
+        umma_bf16_ts(tm + TC_O, tm + TC_AS + 8 * s, wgmma_desc_add(dstage, RSM_QDEC + 2 * s * CORE_COLS), IDESC_16, s > 0);
     }
     umma_commit(done);
   }
@@ -161,8 +166,8 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   tc_store_bf16_16(x, lane_addr + TC_AV);
   tc_sync();
   // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j]
-  if (tid == 0) {
-    umma_bf16_ts(tm + TC_U, tm + TC_AV, tc_desc_t(st + RSM_INV, 0), IDESC_16, false);
+  if (tid < 32 && elect_one_sync()) {
+    umma_bf16_ts(tm + TC_U, tm + TC_AV, wgmma_desc_add(dstage, RSM_INV), IDESC_16, false);
     umma_commit(done);
   }
   tc_wait(done, phase);
@@ -176,12 +181,12 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   tc_sync();
   // [14] o^T += U^T Mqk^T; [15] dS = U^T k_res (B[k = token][n = key], N-major): all K keys at once, or
   // (TC_HALVES) each half of them to its lanes, one product a lane field
-  if (tid == 0) {
-    if constexpr (OUTPUT) umma_bf16_ts(tm + TC_O, tm + TC_AU, tc_desc_t(st + RSM_MQK, 0), IDESC_16, true);
-    umma_bf16_ts(tm + TC_DS, tm + TC_AU, tc_desc_n(st + RSM_KRES), IDESC_KEYS, false);
+  if (tid < 32 && elect_one_sync()) {
+    if constexpr (OUTPUT) umma_bf16_ts(tm + TC_O, tm + TC_AU, wgmma_desc_add(dstage, RSM_MQK), IDESC_16, true);
+    umma_bf16_ts(tm + TC_DS, tm + TC_AU, dkres, IDESC_KEYS, false);
     if constexpr (TC_HALVES)
-      umma_bf16_ts(tm + TC_HI + TC_DS, tm + TC_HI + TC_AU, tc_desc_n(st + RSM_KRES + (K / 2 / 8) * CORE_COLS),
-                   IDESC_KEYS, false);
+      umma_bf16_ts(tm + TC_HI + TC_DS, tm + TC_HI + TC_AU, wgmma_desc_add(dkres, (K / 2 / 8) * CORE_COLS), IDESC_KEYS,
+                   false);
     umma_commit(done);
   }
   tc_wait(done, phase);
@@ -241,7 +246,7 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
   const unsigned char* wsbase = ws + (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * WS_STRIDE;
   const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
   u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);  // stage s's copies at bars[2 s]
-  u64* done = reinterpret_cast<u64*>(sm + RSM_MMABAR);  // thread 0's products complete
+  u64* done = reinterpret_cast<u64*>(sm + RSM_MMABAR);  // the issuing lane's products complete
   u32* slot = reinterpret_cast<u32*>(sm + RSM_TMEM);
   if (tid == 0) {
 #pragma unroll 1

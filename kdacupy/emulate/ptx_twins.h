@@ -1090,6 +1090,13 @@ KDA_EMU_RT inline void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
   KDA_EMU_ANCHOR(mb_arrive, KDA_EMU_PC);
   ::kda_emu::mb_arrive(bar, bytes, "mbarrier.arrive.expect_tx");
 }
+// elect.sync, full mask: every lane of the warp must arrive (a vote); the twin elects the warp's highest
+// lane, since the ISA promises one lane, the same every time, not lane 0: a kernel that assumes lane 0
+// (a per-thread commit, a lane-0 store) fails here.
+KDA_EMU_RT inline bool elect_one_sync() {
+  const unsigned arrived = ::kda_emu::ballot(0xffffffffu, 1, "elect_one_sync", KDA_EMU_PC);
+  return ::kda_emu::g_cur->lane == 31 - __builtin_clz(arrived);
+}
 KDA_EMU_RT inline bool mbarrier_try_wait_parity(u64* bar, u32 parity) {
   KDA_EMU_ANCHOR(mb_wait, KDA_EMU_PC);
   return ::kda_emu::mb_wait(bar, parity);

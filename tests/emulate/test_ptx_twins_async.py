@@ -116,6 +116,16 @@ extern "C" __global__ void k_desc(u32* out, int lbo, int sbo, int swizzle, const
   }
 }
 
+// elect_one_sync in every warp, three rounds: bit r of out[t] set where thread t was elected in round r.
+// flags: 1 lane 5 exits first (a planted partial warp: elect.sync's full mask then waits on a lane gone).
+extern "C" __global__ void k_elect(u32* out, int flags) {
+  int t = threadIdx.x;
+  if ((flags & 1) && t == 5) return;
+  u32 bits = 0;
+  for (int r = 0; r < 3; r++) bits |= (elect_one_sync() ? 1u : 0u) << r;
+  out[t] = bits;
+}
+
 // One mbarrier through its phases (64 threads): after each step (an arrival, an expect_tx, a bulk
 // copy) thread 0 records test_wait.parity 0 | 1 << 1; where a copy may still be in flight it first
 // waits (so the record is the same on a GPU). Then the copied bytes. flags: 1 no mbarrier_init.
@@ -188,7 +198,7 @@ extern "C" __global__ void k_bulk_ring(const u8* g, u32* out, int nchunks, int c
   }
 }
 """
-NAMES = ["k_wgmma", "k_wgmma_groups", "k_desc", "k_mbar_phases", "k_bulk_ring"]
+NAMES = ["k_wgmma", "k_wgmma_groups", "k_desc", "k_elect", "k_mbar_phases", "k_bulk_ring"]
 
 SWIZZLE = {"none": (0, 0), "128B": (1, 128), "64B": (2, 64), "32B": (3, 32)}  # descriptor code, bytes
 
@@ -411,6 +421,31 @@ def test_matrix_descriptor_bits(mod):
     assert out[0] % 128 == 0 and out[0] % 1024 != 0  # the emulated window: 128-byte aligned, and no more
     assert desc == ((int(out[0]) & 0x3FFFF) >> 4) | (4096 >> 4) << 16 | (1024 >> 4) << 32 | 1 << 62
     assert list(out[3:]) == [1] * len(offs)  # wgmma_desc_add: the descriptor built at the tile + offset
+
+
+# ---- elect.sync -----------------------------------------------------------------------------------
+def elected_lanes(out: np.ndarray) -> list:
+    """k_elect's record -> the lane each warp elected, after checking the ISA's promise: one lane a warp
+    a round, the same lane every round."""
+    lanes = []
+    for w in range(len(out) // 32):
+        bits = out[32 * w:32 * w + 32]
+        assert np.count_nonzero(bits) == 1, bits  # one lane a round, the same in all three
+        lane = int(np.flatnonzero(bits)[0])
+        assert bits[lane] == 0b111
+        lanes.append(lane)
+    return lanes
+
+
+def test_elect_one_sync_elects_one_lane_the_same_every_time(mod):
+    out = np.zeros(96, np.uint32)
+    mod.get_function("k_elect")(1, 96, (out, np.int32(0)))
+    assert elected_lanes(out) == [31, 31, 31]  # the twin's choice: not lane 0, which the ISA does not promise
+
+
+def test_elect_one_sync_needs_the_whole_warp(mod):
+    with pytest.raises(EmulationError, match="elect_one_sync"):
+        mod.get_function("k_elect")(1, 64, (np.zeros(64, np.uint32), np.int32(1)))
 
 
 # ---- mbarrier and cp.async.bulk ---------------------------------------------------------------------

@@ -370,6 +370,11 @@ def test_matrix_descriptor_on_the_device(hopper):
     assert list(out[3:]) == [1] * len(offs)  # wgmma_desc_add: the descriptor built at the tile + offset
 
 
+def test_elect_one_sync_on_the_device(hopper):
+    out = hopper("k_elect", 1, 96, (np.zeros(96, np.uint32), np.int32(0)), 0)[0]
+    print("elected lanes:", hopper_twins.elected_lanes(out))  # which lane: the twin says 31, kernels assume none
+
+
 def test_mbarrier_phases_and_bulk_copy_bytes(hopper):
     g = (np.arange(64, dtype=np.uint64) * 2654435761 % (1 << 32)).astype(np.uint32)
     out = hopper("k_mbar_phases", 1, 64, (g, np.zeros(64, np.uint32), np.int32(0)), 512)[1]
