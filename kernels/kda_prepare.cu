@@ -161,10 +161,11 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     i64 t0;
     int b, rows;
   };
-  const auto locate = [&](int slot) {
+  SlotWalk walk = slot_walk_start(cu_seqlens, cu_is_i64, first, nseq, T, chunks_per_seq);
+  const auto locate = [&](int slot) {  // slots asked in non-decreasing order
     At at{0, 0, 0};
     if (slot >= last) return at;
-    const int n = slot_sequence(cu_seqlens, cu_is_i64, slot, nseq, T, chunks_per_seq);
+    const int n = slot_walk_to(walk, cu_seqlens, cu_is_i64, slot, nseq, T, chunks_per_seq);
     const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
     const i64 c0 = (slot - first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * CHUNK;
     if (c0 < 0 || c0 >= seq.len) return at;  // an unused slot (varlen padding)

@@ -82,6 +82,21 @@ def test_emulated_forward_is_bit_for_bit(name, precision):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.parametrize("slots_per_cta", [3, 8])
+def test_prepare_ctas_spanning_sequences_are_bit_for_bit(slots_per_cta, monkeypatch):
+    """A kda_prepare CTA walks consecutive slots, finding each one's sequence by stepping on from the last
+    (kernels/common.cuh, SlotWalk); the Kimi shapes give 8 slots a CTA, these small ones 1: here 3 and 8
+    slots a CTA cross a zero-length sequence, ragged tails, the unused slots after them and sequence
+    starts mid-CTA."""
+    import kdacupy.ops.forward.layouts as layouts
+
+    monkeypatch.setattr(layouts, "prepare_slots_per_cta", lambda nslots: slots_per_cta)
+    x, opts = case_inputs("varlen-ragged-zero-vk-bf16", "bf16")
+    got = kdacupy.kda_forward(**x, **opts, backend="emulate")
+    for a, b in zip(got, forward_exact(**x, **opts)):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 #: The wgmma recurrence (kda_recurrence's KDA_MMA_WGMMA, docs/design.md section 5) on cases it
 #: serves (K <= 128, BV = 64 or 128): each k16 wgmma adds the exact sum of its 16 products, rounded
 #: once, in key order, as mma.sync's chain does, so the same exact forward holds it to the bit.
