@@ -192,6 +192,21 @@ __device__ __forceinline__ unsigned char* dynamic_smem() {
 // The 32-bit shared-window address of a pointer into shared memory (what descriptors encode).
 __device__ __forceinline__ u32 smem_u32(const void* p) { return kda_ptx_detail::smem_addr(p); }
 
+// ---- flags between blocks of one launch ---------------------------------------------------------
+// A block hands data to another through global memory: the writer's stores, then st_release_gpu of
+// a flag; the reader's ld_acquire_gpu of the flag, and once it sees the value its later reads see the
+// stores (the PTX memory model's release / acquire at GPU scope). A reader spinning on a flag waits for
+// a block that must be running: the launch's blocks have to be co-resident (the emulation's
+// co_resident launches).
+__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // ---- Hopper's asynchronous instructions --------------------------------------------------------
 // mbarrier, bulk copies and the async-proxy fence exist from sm_90 on (sm_90a, sm_100a too); wgmma
 // only on sm_90a (__CUDA_ARCH_FEAT_SM90_ALL: NVRTC defines it for -arch=sm_90a alone), so a kernel
@@ -255,6 +270,11 @@ __device__ __forceinline__ bool elect_one_sync() {
 // operands, bulk copies) and after earlier ones: needed between a generic write and an async read.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// The same for global memory: a block's generic view of global data (stores of its own, or another
+// block's seen through an acquire), before its async-proxy reads of it (a bulk copy from global).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 #endif  // __CUDA_ARCH__ >= 900
 

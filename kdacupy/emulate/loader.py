@@ -18,6 +18,8 @@ from .errors import EmulationEnvError, EmulationError
 from .sources import source_location
 
 MAX_SHARED = 227 * 1024  # per-block dynamic shared memory of a Hopper GPU
+#: blocks a co_resident launch may run at once (each on an OS thread of its own)
+MAX_CO_RESIDENT = 256
 _loaded: dict[tuple[str, tuple[str, ...], bool], tuple[ctypes.CDLL, Path]] = {}
 _lock = threading.Lock()
 _launch_lock = threading.Lock()  # not _lock: that one is held during compiles
@@ -233,8 +235,14 @@ class EmulatedFunction:
         msg = re.sub(r"\{pc:([0-9a-f]+)\}", lambda m: source_location(path, m.group(1), text), msg)
         return f"{msg} [rendered source: {src}]" if text else msg
 
-    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+    def __call__(self, grid, block, args, shared_mem: int = 0, co_resident: bool = False) -> None:
+        """Run the kernel. ``co_resident``: every block on an OS thread of its own, all at once, as a
+        launch whose blocks wait on each other (flags in global memory) needs them on a GPU; otherwise
+        KDACUPY_EMULATE_THREADS threads take the blocks one at a time each."""
         g, b = _dims(grid, "grid"), _dims(block, "block")
+        if co_resident and g[0] * g[1] * g[2] > MAX_CO_RESIDENT:
+            raise EmulationError(f"{self.name}: a co-resident launch of {g[0] * g[1] * g[2]} blocks; the emulation "
+                                 f"runs at most {MAX_CO_RESIDENT} at once")
         args = tuple(args)
         if len(args) != self.arity:
             raise EmulationError(f"{self.name}: kernel takes {self.arity} argument(s), {len(args)} given")
@@ -243,7 +251,7 @@ class EmulatedFunction:
                                  "of a Hopper GPU")
         bufs = [self._marshal(i, a) for i, a in enumerate(args)]  # kept alive during the launch
         argv = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.addressof(x) for x in bufs])
-        threads = env.get("KDACUPY_EMULATE_THREADS") or os.cpu_count() or 1
+        threads = g[0] * g[1] * g[2] if co_resident else env.get("KDACUPY_EMULATE_THREADS") or os.cpu_count() or 1
         stack = env.get("KDACUPY_EMULATE_STACK_KB") * 1024
         check, prof = checks(), profiling()
         counters = profile.buffers() if prof else None

@@ -1116,6 +1116,20 @@ KDA_EMU_RT inline void fence_proxy_async_smem() {
   ::kda_emu::proxy_fence();
 #endif
 }
+// Ordering only, as fence_proxy_async_smem: the emulation's bulk copies read global memory when they land.
+KDA_EMU_RT inline void fence_proxy_async_global() {}
+// Flags between blocks: real acquire / release atomics (the blocks run on OS threads). A reader that
+// spins gives up its OS thread's slice each time (sched_yield): the writer's block may share the core.
+KDA_EMU_RT inline u32 ld_acquire_gpu(const u32* p) {
+  KDA_EMU_ATOMIC(p);
+  const u32 v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  sched_yield();
+  return v;
+}
+KDA_EMU_RT inline void st_release_gpu(u32* p, u32 v) {
+  KDA_EMU_ATOMIC(p);
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 // ---- Blackwell (kernels/ptx.cuh: sm_100a there, always here) ------------------------------------
 KDA_EMU_RT inline void tmem_alloc(u32* slot, u32 ncols) { ::kda_emu::tm_alloc(slot, ncols); }
 KDA_EMU_RT inline void tmem_relinquish() { ::kda_emu::tm_relinquish(); }

@@ -126,6 +126,36 @@ extern "C" __global__ void k_elect(u32* out, int flags) {
   out[t] = bits;
 }
 
+// Blocks handing data through global memory (64 threads a block): block b > 0 writes its 64 words
+// (b << 16 | t), then releases flag[b]; block 0 acquires the flags from the last block down (so it
+// waits on blocks that start after it), and copies each block's words in by a bulk copy (the async
+// proxy reading what the generic stores wrote: fence.proxy.async.global first) into out[(b - 1) * 64 ..].
+extern "C" __global__ void k_handoff(u32* data, u32* flag, u32* out) {
+  unsigned char* s = dynamic_smem();
+  u64* bar = reinterpret_cast<u64*>(s);
+  u32* buf = reinterpret_cast<u32*>(s + 128);
+  const int b = blockIdx.x, t = threadIdx.x, nb = gridDim.x;
+  if (b > 0) {
+    data[b * 64 + t] = (u32)b << 16 | (u32)t;
+    __syncthreads();  // every thread's store, before thread 0's release (cumulative)
+    if (t == 0) st_release_gpu(&flag[b], 1u);
+    return;
+  }
+  if (t == 0) {
+    for (int i = nb - 1; i > 0; --i)
+      while (ld_acquire_gpu(&flag[i]) == 0u) {
+      }
+    mbarrier_init(bar, 1);
+    fence_proxy_async_smem();
+    fence_proxy_async_global();
+    mbarrier_arrive_expect_tx(bar, (nb - 1) * 256);
+    for (int i = 1; i < nb; ++i) cp_async_bulk_g2s(buf + (i - 1) * 64, data + i * 64, 256, bar);
+  }
+  __syncthreads();
+  mbarrier_wait_parity(bar, 0);
+  for (int i = t; i < (nb - 1) * 64; i += 64) out[i] = buf[i];
+}
+
 // One mbarrier through its phases (64 threads): after each step (an arrival, an expect_tx, a bulk
 // copy) thread 0 records test_wait.parity 0 | 1 << 1; where a copy may still be in flight it first
 // waits (so the record is the same on a GPU). Then the copied bytes. flags: 1 no mbarrier_init.
@@ -198,7 +228,7 @@ extern "C" __global__ void k_bulk_ring(const u8* g, u32* out, int nchunks, int c
   }
 }
 """
-NAMES = ["k_wgmma", "k_wgmma_groups", "k_desc", "k_elect", "k_mbar_phases", "k_bulk_ring"]
+NAMES = ["k_wgmma", "k_wgmma_groups", "k_desc", "k_elect", "k_handoff", "k_mbar_phases", "k_bulk_ring"]
 
 SWIZZLE = {"none": (0, 0), "128B": (1, 128), "64B": (2, 64), "32B": (3, 32)}  # descriptor code, bytes
 
@@ -446,6 +476,33 @@ def test_elect_one_sync_elects_one_lane_the_same_every_time(mod):
 def test_elect_one_sync_needs_the_whole_warp(mod):
     with pytest.raises(EmulationError, match="elect_one_sync"):
         mod.get_function("k_elect")(1, 64, (np.zeros(64, np.uint32), np.int32(1)))
+
+
+# ---- flags between blocks ---------------------------------------------------------------------------
+def handoff_expected(nblocks: int) -> np.ndarray:
+    """k_handoff's out: block b's words (b << 16 | t), blocks 1 .. nblocks - 1 in order."""
+    return np.array([b << 16 | t for b in range(1, nblocks) for t in range(64)], np.uint32)
+
+
+@pytest.mark.parametrize("check", ["", "all"], ids=["plain", "checked"])
+def test_blocks_hand_data_over_through_acquire_and_release(mod, monkeypatch, check):
+    # one OS thread would run block 0 first, spinning for ever on a block never started: a co-resident
+    # launch gives every block its own
+    monkeypatch.setenv("KDACUPY_EMULATE_THREADS", "1")
+    monkeypatch.setenv("KDACUPY_EMULATE_CHECK", check)
+    nb = 5
+    data, flag, out = np.zeros(nb * 64, np.uint32), np.zeros(nb, np.uint32), np.zeros((nb - 1) * 64, np.uint32)
+    mod.get_function("k_handoff")(nb, 64, (data, flag, out), shared_mem=128 + (nb - 1) * 256, co_resident=True)
+    np.testing.assert_array_equal(out, handoff_expected(nb))
+    assert list(flag[1:]) == [1] * (nb - 1)
+
+
+def test_a_co_resident_launch_is_bounded(mod):
+    from kdacupy.emulate.loader import MAX_CO_RESIDENT
+
+    with pytest.raises(EmulationError, match="co-resident launch of"):
+        mod.get_function("k_handoff")(MAX_CO_RESIDENT + 1, 64, (np.zeros(64, np.uint32), np.zeros(1, np.uint32),
+                                                               np.zeros(64, np.uint32)), co_resident=True)
 
 
 # ---- mbarrier and cp.async.bulk ---------------------------------------------------------------------

@@ -375,6 +375,13 @@ def test_elect_one_sync_on_the_device(hopper):
     print("elected lanes:", hopper_twins.elected_lanes(out))  # which lane: the twin says 31, kernels assume none
 
 
+def test_blocks_hand_data_over_on_the_device(hopper):
+    nb = 5  # five blocks of 64 threads: co-resident on any GPU
+    data, flag, out = np.zeros(nb * 64, np.uint32), np.zeros(nb, np.uint32), np.zeros((nb - 1) * 64, np.uint32)
+    got = hopper("k_handoff", nb, 64, (data, flag, out), 128 + (nb - 1) * 256)
+    np.testing.assert_array_equal(got[2], hopper_twins.handoff_expected(nb))
+
+
 def test_mbarrier_phases_and_bulk_copy_bytes(hopper):
     g = (np.arange(64, dtype=np.uint64) * 2654435761 % (1 << 32)).astype(np.uint32)
     out = hopper("k_mbar_phases", 1, 64, (g, np.zeros(64, np.uint32), np.int32(0)), 512)[1]
