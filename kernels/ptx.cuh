@@ -206,6 +206,11 @@ __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
 __device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// Adds v to a counter with release semantics (the adder's earlier accesses before it): a count that
+// several blocks each bump once they are done with something.
+__device__ __forceinline__ void red_release_gpu_add(u32* p, u32 v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 // ---- Hopper's asynchronous instructions --------------------------------------------------------
 // mbarrier, bulk copies and the async-proxy fence exist from sm_90 on (sm_90a, sm_100a too); wgmma

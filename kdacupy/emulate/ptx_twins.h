@@ -1130,6 +1130,10 @@ KDA_EMU_RT inline void st_release_gpu(u32* p, u32 v) {
   KDA_EMU_ATOMIC(p);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
+KDA_EMU_RT inline void red_release_gpu_add(u32* p, u32 v) {
+  KDA_EMU_ATOMIC(p);
+  __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+}
 // ---- Blackwell (kernels/ptx.cuh: sm_100a there, always here) ------------------------------------
 KDA_EMU_RT inline void tmem_alloc(u32* slot, u32 ncols) { ::kda_emu::tm_alloc(slot, ncols); }
 KDA_EMU_RT inline void tmem_relinquish() { ::kda_emu::tm_relinquish(); }

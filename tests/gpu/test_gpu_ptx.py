@@ -396,6 +396,25 @@ def test_bulk_copy_ring(hopper):
     np.testing.assert_array_equal(out, g)
 
 
+# ---- the chunk ring between blocks (kernels/chunk_ring.cuh; sm_90 on: bulk copies) ------------------------
+@pytest.mark.parametrize("ns, ncons, R, producers", [(2, 2, 1, 1), (3, 1, 2, 3), (2, 2, 3, 2), (8, 2, 2, 16)])
+def test_chunk_ring_on_the_device(gpu, ns, ncons, R, producers):
+    from kdacupy.jit.loaders import cuda_module
+    from kdacupy.jit.nvrtc import arch_of_device
+
+    from ..emulate import test_chunk_ring as ring
+
+    if int(cp.cuda.Device().compute_capability) < 90:
+        pytest.skip("the chunk ring's bulk copies: compute capability 9.0 on")
+    mod, _ = cuda_module(ring.ring_source(), arch_of_device(), "the chunk ring probe")
+    nchunks = 64
+    arrays, scalars = ring.ring_args(ns, ncons, R, nchunks)
+    dev = [cp.asarray(a) for a in arrays]
+    mod.get_function("k_ring")((ns * ncons + producers,), (64,), (*dev, *scalars), shared_mem=128 + 256)
+    cp.cuda.Device().synchronize()  # blocks of 64 threads, a few dozen: all resident at once on any GPU
+    ring.check_ring([cp.asnumpy(d) for d in dev], ns, ncons, R, producers, nchunks)
+
+
 # ---- Blackwell (sm_100a): tcgen05, tensor memory -----------------------------------------------------
 class Blackwell(Gpu):
     """tests/emulate/test_ptx_twins_tcgen05.py's kernels, built for sm_100a by the runtime's loader."""
