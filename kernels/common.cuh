@@ -210,26 +210,21 @@ __device__ __forceinline__ int slot_sequence(const void* cu, int is_i64, int slo
 }
 
 // A walk over non-decreasing workspace slots (a prepare CTA's consecutive ones): slot_sequence's answer
-// for each, by stepping forward from the last, with the next sequence's first slot kept in a register: one
-// bisection at the CTA's first slot, then a load of cu_seqlens only where a sequence begins (the bisection
-// per slot was the prepare's second issuer at the varlen Kimi shapes, and a chain of dependent loads).
-constexpr int SLOT_NEVER = 0x7fffffff;  // past every slot
+// for each, by stepping forward from the last: one bisection at the CTA's first slot, then one load of
+// cu_seqlens a slot (the bisection per slot was the prepare's second issuer at the varlen Kimi shapes, and
+// a chain of dependent loads). One register of state: a second (the next sequence's first slot) made
+// some K = 64 prepares spill at their 128-register bound.
 struct SlotWalk {
-  int n, next;  // the sequence of the last slot asked; the first slot of sequence n + 1 (SLOT_NEVER: none)
+  int n;  // the sequence of the last slot asked
 };
-__device__ __forceinline__ int slot_walk_next(const void* cu, int is_i64, int n, int nseq, int T) {
-  return n + 1 < nseq ? n + 1 + static_cast<int>(cu_at(cu, is_i64, n + 1, T) / CHUNK) : SLOT_NEVER;
-}
 __device__ __forceinline__ SlotWalk slot_walk_start(const void* cu, int is_i64, int slot, int nseq, int T,
                                                     int chunks_per_seq) {
-  if (cu == nullptr) return SlotWalk{0, SLOT_NEVER};
-  const int n = slot_sequence(cu, is_i64, slot, nseq, T, chunks_per_seq);
-  return SlotWalk{n, slot_walk_next(cu, is_i64, n, nseq, T)};
+  return SlotWalk{cu == nullptr ? 0 : slot_sequence(cu, is_i64, slot, nseq, T, chunks_per_seq)};
 }
 __device__ __forceinline__ int slot_walk_to(SlotWalk& w, const void* cu, int is_i64, int slot, int nseq, int T,
                                             int chunks_per_seq) {
   if (cu == nullptr) return slot / chunks_per_seq;
-  while (slot >= w.next) w.next = slot_walk_next(cu, is_i64, ++w.n, nseq, T);  // ends at the last sequence
+  while (w.n + 1 < nseq && w.n + 1 + cu_at(cu, is_i64, w.n + 1, T) / CHUNK <= slot) ++w.n;
   return w.n;
 }
 
