@@ -1090,12 +1090,13 @@ KDA_EMU_RT inline void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
   KDA_EMU_ANCHOR(mb_arrive, KDA_EMU_PC);
   ::kda_emu::mb_arrive(bar, bytes, "mbarrier.arrive.expect_tx");
 }
-// elect.sync, full mask: every lane of the warp must arrive (a vote); the twin elects the warp's highest
-// lane, since the ISA promises one lane, the same every time, not lane 0: a kernel that assumes lane 0
-// (a per-thread commit, a lane-0 store) fails here.
+// elect.sync, full mask: every lane of the warp must arrive (a warp barrier: none may have exited); the twin
+// elects lane 31, since the ISA promises one lane, the same every time, not lane 0: a kernel that assumes
+// lane 0 (a per-thread commit, a lane-0 store) fails here. No issue anchor: ptxas emits ELECT for its own
+// loops over the lanes too, so the SASS's ELECTs are not this twin's calls.
 KDA_EMU_RT inline bool elect_one_sync() {
-  const unsigned arrived = ::kda_emu::ballot(0xffffffffu, 1, "elect_one_sync", KDA_EMU_PC);
-  return ::kda_emu::g_cur->lane == 31 - __builtin_clz(arrived);
+  ::kda_emu::warp_barrier(::kda_emu::g_cur, "elect_one_sync");
+  return ::kda_emu::g_cur->lane == 31;
 }
 KDA_EMU_RT inline bool mbarrier_try_wait_parity(u64* bar, u32 parity) {
   KDA_EMU_ANCHOR(mb_wait, KDA_EMU_PC);
@@ -1116,8 +1117,9 @@ KDA_EMU_RT inline void fence_proxy_async_smem() {
   ::kda_emu::proxy_fence();
 #endif
 }
-// Ordering only, as fence_proxy_async_smem: the emulation's bulk copies read global memory when they land.
-KDA_EMU_RT inline void fence_proxy_async_global() {}
+// Ordering only (the emulation's bulk copies read global memory when they land); anchored as the shared
+// one is (SASS: FENCE.VIEW.ASYNC.G).
+KDA_EMU_RT inline void fence_proxy_async_global() { KDA_EMU_ANCHOR(fence_proxy, KDA_EMU_PC); }
 // Flags between blocks: real acquire / release atomics (the blocks run on OS threads). A reader that
 // spins gives up its OS thread's slice each time (sched_yield): the writer's block may share the core.
 KDA_EMU_RT inline u32 ld_acquire_gpu(const u32* p) {
