@@ -112,31 +112,44 @@ template <class F> __device__ __forceinline__ void abt_pairs(const float (&acc)[
 
 }  // namespace
 
-// Four CTAs per SM and let ptxas use 128 registers: no spills on any arch (a bare
-// __launch_bounds__(128) made it settle for 64 and spill on sm_80/sm_100a); the any-size variants
-// three (their masked row fills spilled a few bytes at 128 registers on sm_90a). Each CTA takes
-// slots_per_cta consecutive chunk slots of one value head, in a software pipeline: the next
-// chunk's q, k and g rows are copied (cp.async) into the input stage as soon as this chunk's are
-// in registers and sG, so they stay in flight through its [4]-[8] (docs/design.md section 5).
-#if KDA_ANY_DIMS
-#define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 128 ? 3 : 2)
-#else
-// fp32 q, k at K = 128: their 58 KB of shared memory fit three CTAs an SM at most, so three get the registers
-#define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 64 ? 4 : KDA_K <= 128 ? (KDA_DT == KDA_F32 ? 3 : 4) : 2)
-#endif
-extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_prepare(
-    const void* q, const void* k, const void* g, const void* beta,
-    i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
-    i64 b_sb, i64 b_st, i64 b_sh,
-    const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
-    int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, int slots_per_cta, float scale, float lb2,
-    unsigned char* ws, int k_true) {
-  const int kdim = ANY ? k_true : K;  // the true head dim (a constant without KDA_ANY_DIMS)
-  const int hv = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+// What one prepare reads: the inputs, their strides (elements) and the call's sizes.
+struct PrepareIn {
+  const void *q, *k, *g, *beta;
+  i64 q_sb, q_st, q_sh, k_sb, k_st, k_sh, g_sb, g_st, g_sh, b_sb, b_st, b_sh;
+  const float *A_log, *dt_bias;
+  const void* cu_seqlens;
+  int cu_is_i64, T, H, HV, nseq, chunks_per_seq;
+  float scale, lb2;
+  int k_true;
+};
+
+// Where slot ``slot`` of value head hv goes: the plain launch's workspace, every slot a block of its own;
+// no hand-over to wait for or to publish (the fused forward's ring has both: kda_forward_fused.cu).
+struct WorkspaceBlocks {
+  unsigned char* ws;
+  int nslots;
+  __device__ __forceinline__ unsigned char* block(int hv, int slot) const {
+    return ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+  }
+  __device__ __forceinline__ void claim(int, int, int) const {}
+  __device__ __forceinline__ void publish(int, int, int) const {}
+};
+
+// Slots [first, last) of value head hv, in a software pipeline; ``blocks`` places each slot's block
+// (claim: before its first store, by every thread; publish: after its last, by every thread).
+template <class Blocks>
+__device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int first, int last, const Blocks& blocks) {
+  const void *const q = in.q, *const k = in.k, *const g = in.g, *const beta = in.beta;
+  const i64 q_sb = in.q_sb, q_st = in.q_st, q_sh = in.q_sh, k_sb = in.k_sb, k_st = in.k_st, k_sh = in.k_sh;
+  const i64 g_sb = in.g_sb, g_st = in.g_st, g_sh = in.g_sh, b_sb = in.b_sb, b_st = in.b_st, b_sh = in.b_sh;
+  const float *const A_log = in.A_log, *const dt_bias = in.dt_bias;
+  const void* const cu_seqlens = in.cu_seqlens;
+  const int cu_is_i64 = in.cu_is_i64, T = in.T, H = in.H, HV = in.HV, nseq = in.nseq, chunks_per_seq = in.chunks_per_seq;
+  const float scale = in.scale, lb2 = in.lb2;
+  const int kdim = ANY ? in.k_true : K;  // the true head dim (a constant without KDA_ANY_DIMS)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r = tid >> 3, s = tid & 7;  // this thread's row and its place among the row's 8 threads
   const int h = hv / (HV / H);
-  const int first = blockIdx.x * slots_per_cta;
-  const int last = first + slots_per_cta < nslots ? first + slots_per_cta : nslots;
 
   unsigned char* sm = dynamic_smem();
   float* sG = reinterpret_cast<float*>(sm + PSM_G);
@@ -221,7 +234,8 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     }
     const int rows = cur.rows;
     const bool live = r < rows;
-    unsigned char* blk = ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+    unsigned char* blk = blocks.block(hv, slot);
+    blocks.claim(hv, slot, tid);
     const i64 t0 = cur.t0;
     const int b = cur.b;
 
@@ -434,6 +448,36 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
       inverse_column<CHUNK>(sL, [](int i, int j) { return sw(i, j); }, reinterpret_cast<u16*>(blk + WS_INV), lane);
 #endif
     }
+    blocks.publish(hv, slot, tid);
   }
   cp_async_wait<0>();
 }
+
+#ifndef KDA_PREPARE_BODY_ONLY  // (the fused forward includes the body alone)
+// Four CTAs per SM and let ptxas use 128 registers: no spills on any arch (a bare
+// __launch_bounds__(128) made it settle for 64 and spill on sm_80/sm_100a); the any-size variants
+// three (their masked row fills spilled a few bytes at 128 registers on sm_90a). Each CTA takes
+// slots_per_cta consecutive chunk slots of one value head, in a software pipeline: the next
+// chunk's q, k and g rows are copied (cp.async) into the input stage as soon as this chunk's are
+// in registers and sG, so they stay in flight through its [4]-[8] (docs/design.md section 5).
+#if KDA_ANY_DIMS
+#define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 128 ? 3 : 2)
+#else
+// fp32 q, k at K = 128: their 58 KB of shared memory fit three CTAs an SM at most, so three get the registers
+#define KDA_PREPARE_MIN_BLOCKS (KDA_K <= 64 ? 4 : KDA_K <= 128 ? (KDA_DT == KDA_F32 ? 3 : 4) : 2)
+#endif
+extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_prepare(
+    const void* q, const void* k, const void* g, const void* beta,
+    i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
+    i64 b_sb, i64 b_st, i64 b_sh,
+    const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
+    int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, int slots_per_cta, float scale, float lb2,
+    unsigned char* ws, int k_true) {
+  const PrepareIn in{q,    k,    g,    beta, q_sb,  q_st,  q_sh,    k_sb,      k_st, k_sh, g_sb,  g_st,
+                     g_sh, b_sb, b_st, b_sh, A_log, dt_bias, cu_seqlens, cu_is_i64, T,    H,    HV,    nseq,
+                     chunks_per_seq, scale, lb2, k_true};
+  const int first = blockIdx.x * slots_per_cta;
+  prepare_slots(in, blockIdx.y, first, first + slots_per_cta < nslots ? first + slots_per_cta : nslots,
+                WorkspaceBlocks{ws, nslots});
+}
+#endif

@@ -151,6 +151,19 @@ __device__ __forceinline__ i64 checkpoint_row(int c, int seq_len, int n, const v
   return row >= 0 && row < ckpt_rows ? row : -1;
 }
 
+// Where chunk slot ``slot`` of value head hv is read from: the plain launch's workspace, written by the
+// prepare launch before it; nothing to acquire or release (the fused forward's ring has both:
+// kda_forward_fused.cu; acquire by the lane that issues the slot's copy, release by thread 0 once it landed).
+struct WorkspaceBlocks {
+  const unsigned char* ws;
+  int nslots;
+  __device__ __forceinline__ const unsigned char* block(int hv, i64 slot) const {
+    return ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+  }
+  __device__ __forceinline__ void acquire(int, i64) const {}
+  __device__ __forceinline__ void release(int, i64) const {}
+};
+
 #if KDA_WGMMA_PATH || KDA_TCGEN05_PATH
 // Chunk c's copies into stage c % STAGES of the bulk-copy ring (the wgmma and tcgen05 paths): a lane of
 // warp 0 arms the stage's barrier with their bytes and issues the workspace block (one copy; without the output
@@ -159,17 +172,22 @@ __device__ __forceinline__ i64 checkpoint_row(int c, int seq_len, int n, const v
 // spread, no warp's scheduler carries all 16). A row may land before the arm: the transaction count goes
 // below zero and the phase still waits for the arrival (the stage was freed by the last chunk's barrier).
 // A ragged tail's value rows are zeroed by the threads (0 * garbage could be NaN); v = 0: none copied.
-__device__ __forceinline__ void issue_bulk_chunk(unsigned char* sm, u64* bars, const unsigned char* wsbase,
-                                                 const unsigned char* vbase, i64 v_st, int c, int nchunks,
+// ``blocks`` places slot slot0 + c of value head hv (the plain launch: the workspace; the fused forward: its
+// ring, acquired by the issuing lane first); ``c0``: the chunks this CTA ran before (the ring's stage of
+// chunk c is (c0 + c) % STAGES).
+template <class Blocks>
+__device__ __forceinline__ void issue_bulk_chunk(unsigned char* sm, u64* bars, const Blocks& blocks, int hv, i64 slot0,
+                                                 const unsigned char* vbase, i64 v_st, int c, int c0, int nchunks,
                                                  int seq_len, bool v_zero, int tid) {
   constexpr int ROWS_PER_WARP = CHUNK / (NT / 32);
   static_assert(CHUNK % (NT / 32) == 0, "whole value rows per warp");
   if (c >= nchunks) return;
-  unsigned char* stg = sm + (c % STAGES) * RSM_STAGE;
-  u64* bar = &bars[2 * (c % STAGES)];
+  unsigned char* stg = sm + ((c0 + c) % STAGES) * RSM_STAGE;
+  u64* bar = &bars[2 * ((c0 + c) % STAGES)];
   const int rows = seq_len - c * CHUNK < CHUNK ? seq_len - c * CHUNK : CHUNK;
   if (tid < 32 && elect_one_sync()) {  // one lane of warp 0 (elected: no loop over the active lanes)
-    const unsigned char* blk = wsbase + static_cast<i64>(c) * WS_STRIDE;
+    blocks.acquire(hv, slot0 + c);
+    const unsigned char* blk = blocks.block(hv, slot0 + c);
     const int VBYTES = v_zero ? 0 : BV * ES;  // v's rows a chunk
     if constexpr (OUTPUT) {
       mbarrier_arrive_expect_tx(bar, WS_STRIDE + rows * VBYTES);
@@ -217,38 +235,72 @@ __device__ __forceinline__ void store_out_rows(void* o, i64 o_row0, i64 o_st, co
 #endif
 }  // namespace
 
-// A minimum-blocks figure that allows 256 registers per thread makes ptxas use what it needs; left
-// to itself it settles short and spills a few bytes: at 128 with the fp32 state (twice the
-// registers), at 80 for the state store on sm_100a and, since the whole-sector state I/O, for the
-// bf16 state at K = 64, BV = 64, 3 stages on sm_80; and at 128 for one warp's BV = 16, 3 stages on sm_100a
-// (20 bytes, since the shared addresses are 32-bit arithmetic: kernels/ptx.cuh's smem_addr); and at 48 for
-// tcgen05's fp32 inputs with the bf16 state (4 bytes).
-#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_CHECKPOINTS || KDA_K <= 64 || KDA_BV == 16 || KDA_TCGEN05_PATH
-#define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
-#else
-#define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)
+// What one recurrence reads and writes: the kernel's arguments but the workspace.
+struct RecurrenceIn {
+  const void* v;
+  i64 v_sb, v_st, v_sh;
+  void* o;
+  i64 o_sb, o_st, o_sh;
+  const void* s_in;
+  int s_in_dtype;
+  void* s_out;
+  int s_out_dtype, layout_vk;
+  const void* cu_seqlens;
+  int cu_is_i64, T, HV, nslots, chunks_per_seq;
+  const void* pool_idx;
+  int pool_idx_i64;
+  i64 pool_slots;
+  unsigned char* states;
+  void* ckpt;
+  int ckpt_dtype;
+  const void* ckpt_idx;
+  int ckpt_i64;
+  i64 ckpt_rows;
+  int ckpt_per_seq, ckpt_every, k_true, v_true;
+};
+
+#if KDA_WGMMA_PATH
+// Stage s's mbarrier at bars[2 s]: its copies have landed (16 bytes a barrier, as the emulation's profile
+// tells barriers apart). Once a CTA: a CTA that runs several sequences keeps counting the stages' phases.
+__device__ __forceinline__ void init_stage_barriers(unsigned char* sm, int tid) {
+  u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);
+  if (tid == 0) {
+#pragma unroll 1
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(&bars[2 * s], 1);
+    fence_proxy_async_smem();  // the initialised barriers, before the bulk copies complete on them
+  }
+  __syncthreads();
+}
 #endif
-extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
-    const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
-    const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
-    const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq,
-    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* states,
-    void* ckpt, int ckpt_dtype, const void* ckpt_idx, int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every,
-    int k_true, int v_true) {
-  const int kdim = ANY ? k_true : K, vdim = ANY ? v_true : V;  // the true head dims (constants without ANY)
-  const int VB = ANY ? (vdim + BV - 1) / BV : V / BV;
-  const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
+
+#if !KDA_TCGEN05_PATH
+// Sequence n's recurrence over value rows [v0, v0 + BV) of value head hv, its chunks read through ``blocks``;
+// ``c0``: the chunks this CTA ran before (the wgmma ring's stages and phases go on from there).
+template <class Blocks>
+__device__ __forceinline__ void recurrence_sequence(const RecurrenceIn& in, int n, int v0, int hv, int c0,
+                                                    const Blocks& blocks) {
+  const void* const v = in.v;
+  void* const o = in.o;
+  const i64 v_sb = in.v_sb, v_st = in.v_st, v_sh = in.v_sh, o_sb = in.o_sb, o_st = in.o_st, o_sh = in.o_sh;
+  const void* const s_in = in.s_in;
+  void* const s_out = in.s_out;
+  int s_in_dtype = in.s_in_dtype;
+  const int s_out_dtype = in.s_out_dtype, layout_vk = in.layout_vk;
+  const void* const cu_seqlens = in.cu_seqlens;
+  const int cu_is_i64 = in.cu_is_i64, T = in.T, HV = in.HV, nslots = in.nslots, chunks_per_seq = in.chunks_per_seq;
+  void* const ckpt = in.ckpt;
+  const int ckpt_dtype = in.ckpt_dtype, ckpt_i64 = in.ckpt_i64, ckpt_per_seq = in.ckpt_per_seq, ckpt_every = in.ckpt_every;
+  const void* const ckpt_idx = in.ckpt_idx;
+  const i64 ckpt_rows = in.ckpt_rows;
+  unsigned char* const states = in.states;
+  (void)ckpt, (void)ckpt_dtype, (void)ckpt_i64, (void)ckpt_per_seq, (void)ckpt_every, (void)ckpt_idx, (void)ckpt_rows;
+  (void)states, (void)nslots, (void)c0;
+  const int kdim = ANY ? in.k_true : K, vdim = ANY ? in.v_true : V;  // the true head dims (constants without ANY)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int vw = v0 + 16 * warp;  // first value row of this warp
   // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
-  const i64 nh = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
+  const i64 nh = state_slot(n, hv, HV, in.pool_idx, in.pool_idx_i64, in.pool_slots);
   if (nh < 0) s_in_dtype = KDA_STATE_NONE;
-#if KDA_TCGEN05_PATH
-  tc_recurrence(ws, v, v_sb, v_st, v_sh, o, o_sb, o_st, o_sh, s_in, s_in_dtype, s_out, s_out_dtype, layout_vk, cu_seqlens,
-                cu_is_i64, T, HV, nslots, chunks_per_seq, n, hv, v0, nh, ckpt, ckpt_dtype, ckpt_idx, ckpt_i64, ckpt_rows,
-                ckpt_per_seq, ckpt_every);
-  (void)states, (void)k_true, (void)v_true, (void)kdim, (void)vdim, (void)lane, (void)g, (void)t, (void)vw;
-#else
   const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
 
   if (seq.len == 0) {  // [16] the final state is the initial state, converted only
@@ -270,24 +322,19 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   const bool v_zero = !OUTPUT && !ANY && !KDA_STORE_STATES && v == nullptr;
   const unsigned char* vbase = v_zero ? nullptr
                                       : static_cast<const unsigned char*>(v) + (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
-  const unsigned char* wsbase = ws + (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * WS_STRIDE;
+  const i64 slot0 = first_slot(cu_seqlens, n, seq.bos, chunks_per_seq);
   const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
 #if KDA_WGMMA_PATH
-  // stage s's mbarrier at bars[2 s]: its copies have landed (16 bytes a barrier, as the
-  // emulation's profile tells barriers apart)
-  u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);
-  if (tid == 0) {
-#pragma unroll 1
-    for (int s = 0; s < STAGES; ++s) mbarrier_init(&bars[2 * s], 1);
-    fence_proxy_async_smem();  // the initialised barriers, before the bulk copies complete on them
-  }
-  __syncthreads();
-  auto issue = [&](int c) { issue_bulk_chunk(sm, bars, wsbase, vbase, v_st, c, nchunks, seq.len, v_zero, tid); };
+  u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);  // (init_stage_barriers)
+  auto issue = [&](int c) {
+    issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, v_st, c, c0, nchunks, seq.len, v_zero, tid);
+  };
   if (v_zero) zero_value_rows(sm, tid);
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
   __syncthreads();  // chunk 0's zeroed tail, before its reads
 #else
+  const unsigned char* wsbase = blocks.block(hv, slot0);
   auto issue = [&](int c) {
     if (c < nchunks) {
       const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
@@ -356,8 +403,9 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 #pragma unroll 1
   for (int c = 0; c < nchunks; ++c) {
     issue(c + STAGES - 1);
-    mbarrier_wait_parity(&bars[2 * (c % STAGES)], (c / STAGES) & 1);
-    const unsigned char* st = sm + (c % STAGES) * RSM_STAGE;
+    mbarrier_wait_parity(&bars[2 * ((c0 + c) % STAGES)], ((c0 + c) / STAGES) & 1);
+    if (tid == 0) blocks.release(hv, slot0 + c);  // the slot's bytes are in the stage
+    const unsigned char* st = sm + ((c0 + c) % STAGES) * RSM_STAGE;
     const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
     const float* bet = reinterpret_cast<const float*>(st + RSM_BETA);
 
@@ -489,7 +537,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 
 #if KDA_STORE_STATES
     {  // the state entering chunk c, [V, K] rows of this warp, in the precision it is held in
-      const i64 blk = (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq) + c) * V;
+      const i64 blk = (static_cast<i64>(hv) * nslots + slot0 + c) * V;
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
 #pragma unroll
@@ -606,7 +654,49 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
 
   // [16] final state, 16 keys at a time in whole sectors; the slot is looked up again rather than
   // held across the chunk loop (at the register limit, K = 256 in fp32, holding it cost spills)
-  const i64 nh_out = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
+  const i64 nh_out = state_slot(n, hv, HV, in.pool_idx, in.pool_idx_i64, in.pool_slots);
   if (s_out != nullptr && nh_out >= 0) store_held(s_out, s_out_dtype, nh_out);
+}
+#endif
+
+#ifndef KDA_RECURRENCE_BODY_ONLY  // (the fused forward includes the body alone)
+// A minimum-blocks figure that allows 256 registers per thread makes ptxas use what it needs; left
+// to itself it settles short and spills a few bytes: at 128 with the fp32 state (twice the
+// registers), at 80 for the state store on sm_100a and, since the whole-sector state I/O, for the
+// bf16 state at K = 64, BV = 64, 3 stages on sm_80; and at 128 for one warp's BV = 16, 3 stages on sm_100a
+// (20 bytes, since the shared addresses are 32-bit arithmetic: kernels/ptx.cuh's smem_addr); and at 48 for
+// tcgen05's fp32 inputs with the bf16 state (4 bytes).
+#if KDA_STATE_FP32 || KDA_STORE_STATES || KDA_CHECKPOINTS || KDA_K <= 64 || KDA_BV == 16 || KDA_TCGEN05_PATH
+#define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT, 256 / NT)
+#else
+#define KDA_RECURRENCE_BOUNDS __launch_bounds__(NT)
+#endif
+extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
+    const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh, void* o, i64 o_sb, i64 o_st, i64 o_sh,
+    const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
+    const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq,
+    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* states,
+    void* ckpt, int ckpt_dtype, const void* ckpt_idx, int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every,
+    int k_true, int v_true) {
+  const int VB = ANY ? (v_true + BV - 1) / BV : V / BV;
+  const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
+#if KDA_TCGEN05_PATH
+  // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
+  const i64 nh = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
+  if (nh < 0) s_in_dtype = KDA_STATE_NONE;
+  tc_recurrence(ws, v, v_sb, v_st, v_sh, o, o_sb, o_st, o_sh, s_in, s_in_dtype, s_out, s_out_dtype, layout_vk, cu_seqlens,
+                cu_is_i64, T, HV, nslots, chunks_per_seq, n, hv, v0, nh, ckpt, ckpt_dtype, ckpt_idx, ckpt_i64, ckpt_rows,
+                ckpt_per_seq, ckpt_every);
+  (void)states, (void)k_true;
+#else
+  const RecurrenceIn in{v,          v_sb,      v_st, v_sh,           o,       o_sb,         o_st,       o_sh,
+                        s_in,       s_in_dtype, s_out, s_out_dtype,   layout_vk, cu_seqlens,  cu_is_i64,  T,
+                        HV,         nslots,    chunks_per_seq, pool_idx, pool_idx_i64, pool_slots, states, ckpt,
+                        ckpt_dtype, ckpt_idx,  ckpt_i64, ckpt_rows,    ckpt_per_seq, ckpt_every, k_true, v_true};
+#if KDA_WGMMA_PATH
+  init_stage_barriers(dynamic_smem(), threadIdx.x);
+#endif
+  recurrence_sequence(in, n, v0, hv, 0, WorkspaceBlocks{ws, nslots});
 #endif
 }
+#endif

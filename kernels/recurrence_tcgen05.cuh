@@ -243,7 +243,8 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
   const bool v_zero = !OUTPUT && v == nullptr;  // the M map: v = 0, never read
   const unsigned char* vbase = v_zero ? nullptr
                                       : static_cast<const unsigned char*>(v) + (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
-  const unsigned char* wsbase = ws + (static_cast<i64>(hv) * nslots + first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * WS_STRIDE;
+  const WorkspaceBlocks blocks{ws, nslots};
+  const i64 slot0 = first_slot(cu_seqlens, n, seq.bos, chunks_per_seq);
   const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
   u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);  // stage s's copies at bars[2 s]
   u64* done = reinterpret_cast<u64*>(sm + RSM_MMABAR);  // the issuing lane's products complete
@@ -260,7 +261,7 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
   }
   tc_sync();
   const u32 tm = *slot, lane_addr = tm + ((32u * warp) << 16);
-  auto issue = [&](int c) { issue_bulk_chunk(sm, bars, wsbase, vbase, v_st, c, nchunks, seq.len, v_zero, tid); };
+  auto issue = [&](int c) { issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, v_st, c, 0, nchunks, seq.len, v_zero, tid); };
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
   // [10] this thread's row of the state, as held (a bf16 state rounded once, as the other paths'

@@ -40,6 +40,7 @@ from .args import at_least
 
 KERNELS = {"prepare": ("kda_prepare", "kda_prepare_core", "kda_prepare_any"),
            "recurrence": ("kda_recurrence", "kda_recurrence_wgmma", "kda_recurrence_tcgen05", "kda_recurrence_any"),
+           "fused": ("kda_forward_fused",),
            "decode": ("kda_decode",),
            "seqpar": ("kda_seqpar_maps", "kda_seqpar_scan", "kda_seqpar_maps_any", "kda_seqpar_scan_any"),
            "backward": ("kda_recurrence_store", "kda_recurrence_kept", "kda_bwd_chain", "kda_bwd_chunk",

@@ -71,6 +71,7 @@ struct Checks {
   Shadow* stat;            // ... and of the TLS block
   int hint;                // the launch array of the last global hit
   unsigned pfence[1024];   // per thread of the block: fence.proxy.async executed
+  unsigned char gacq[1024];  // per thread of the block: an ld.acquire since its last fence.proxy.async.global
   BulkMark* bm;            // racecheck: bulk copies in flight
   int nbm, capbm;
   MbInit* mi;              // racecheck: the mbarrier initialisations of the block
@@ -374,6 +375,21 @@ KDA_EMU_RT inline void cp_land(void* dst, uintptr_t pc) {
 // -- the asynchronous proxy -------------------------------------------------------------------
 KDA_EMU_RT inline void proxy_fence() {
   if (g_worker->ck) g_worker->ck->pfence[g_cur->lin]++;
+}
+// Global memory between blocks: what a thread's ld.acquire made visible (another block's generic stores)
+// reaches the async proxy only through its fence.proxy.async.global; a bulk copy the thread issues in
+// between may read the old bytes (the fused forward's ring, kernels/chunk_ring.cuh).
+KDA_EMU_RT inline void acquire_mark() {
+  if (g_worker->ck) g_worker->ck->gacq[g_cur->lin] = 1;
+}
+KDA_EMU_RT inline void global_proxy_fence() {
+  if (g_worker->ck) g_worker->ck->gacq[g_cur->lin] = 0;
+}
+KDA_EMU_RT inline void bulk_after_acquire(const void* src) {
+  if (g_worker->ck && g_worker->ck->gacq[g_cur->lin])
+    fail("racecheck: proxy hazard: thread (%u,%u,%u) issues a cp.async.bulk from %p (async proxy) after its ld.acquire "
+         "with no fence.proxy.async.global in between: the stores the acquire made visible may not reach the copy",
+         g_cur->tid.x, g_cur->tid.y, g_cur->tid.z, src);
 }
 
 // mbarrier.init by the current thread: remembered with its proxy-fence count, so a bulk copy that

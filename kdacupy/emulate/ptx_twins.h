@@ -610,6 +610,7 @@ KDA_EMU_RT inline void bulk_copy(void* dst, const void* src, unsigned bytes, u64
   if (bytes == 0 || bytes % 16) fail("%s: size %u is not a positive multiple of 16", what, bytes);
 #ifdef KDA_EMU_CHECK
   if (w->L->check) bulk_issue(dst, src, bytes, bar, mb_load(bar, what).phase, pc);
+  if (w->L->check & CK_RACE) bulk_after_acquire(src);
   if (w->pf) w->pf->c[PR_bulk_copy_bytes] += bytes;
   path_bulk(bar, src, bytes);
 #endif
@@ -1118,14 +1119,24 @@ KDA_EMU_RT inline void fence_proxy_async_smem() {
 #endif
 }
 // Ordering only (the emulation's bulk copies read global memory when they land); anchored as the shared
-// one is (SASS: FENCE.VIEW.ASYNC.G).
-KDA_EMU_RT inline void fence_proxy_async_global() { KDA_EMU_ANCHOR(fence_proxy, KDA_EMU_PC); }
+// one is (SASS: FENCE.VIEW.ASYNC.G); racecheck asks for it between an acquire and a bulk copy.
+KDA_EMU_RT inline void fence_proxy_async_global() {
+  KDA_EMU_ANCHOR(fence_proxy, KDA_EMU_PC);
+#ifdef KDA_EMU_CHECK
+  ::kda_emu::global_proxy_fence();
+#endif
+}
 // Flags between blocks: real acquire / release atomics (the blocks run on OS threads). A reader that
 // spins gives up its OS thread's slice each time (sched_yield): the writer's block may share the core.
 KDA_EMU_RT inline u32 ld_acquire_gpu(const u32* p) {
   KDA_EMU_ATOMIC(p);
+#ifdef KDA_EMU_CHECK
+  ::kda_emu::acquire_mark();
+#endif
   const u32 v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
   sched_yield();
+  // a block spinning on a flag that a failed block would have set: abandoned with the launch
+  if (__atomic_load_n(&::kda_emu::g_worker->L->abort, __ATOMIC_RELAXED)) ::kda_emu::to_sched(::kda_emu::g_cur);
   return v;
 }
 KDA_EMU_RT inline void st_release_gpu(u32* p, u32 v) {

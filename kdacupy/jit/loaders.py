@@ -16,9 +16,15 @@ def _verbose() -> bool:
     return env.get("KDACUPY_JIT_VERBOSE")
 
 
-def cuda_module(source: str, arch: str, what: str = "kernel"):
+#: kernels whose every block must be resident at once (blocks wait on each other): launched cooperatively
+COOPERATIVE = frozenset({"kda_forward_fused"})
+
+
+def cuda_module(source: str, arch: str, what: str = "kernel", cooperative: bool = False):
     """``source`` compiled by NVRTC for ``arch`` (the cubin cache, cubin_cache.py) and loaded
-    as a ``cupy.RawModule``; CompileError with NVRTC's log if it does not compile."""
+    as a ``cupy.RawModule`` (``cooperative``: its launches are cooperative, cuLaunchCooperativeKernel,
+    which fails rather than run a grid the device cannot hold at once); CompileError with NVRTC's
+    log if it does not compile."""
     import cupy
 
     from .cubin_cache import cubin_path
@@ -26,7 +32,7 @@ def cuda_module(source: str, arch: str, what: str = "kernel"):
     path, res = cubin_path(source, arch)
     if path is None:
         raise CompileError(f"{what}: NVRTC failed for {arch}:\n{res.log}")
-    return cupy.RawModule(path=str(path)), res
+    return cupy.RawModule(path=str(path), **({"enable_cooperative_groups": True} if cooperative else {})), res
 
 
 class CudaLoader:
@@ -48,7 +54,8 @@ class CudaLoader:
         if fn is None:
             arch = target(kernel, config)
             t0 = time.perf_counter()
-            mod, res = cuda_module(render(kernel, config), arch, f"{kernel} {config_label(config)}")
+            mod, res = cuda_module(render(kernel, config), arch, f"{kernel} {config_label(config)}",
+                                   cooperative=kernel in COOPERATIVE)
             fn = mod.get_function(name)
             fn.compile()  # load now, not at the first launch
             if _verbose():
@@ -59,10 +66,22 @@ class CudaLoader:
         return fn
 
     @staticmethod
-    def launch(fn, grid, block, args, shared_mem):
+    def launch(fn, grid, block, args, shared_mem, cooperative=False):
+        """``cooperative``: the kernel's module was loaded so (COOPERATIVE): every block resident at once."""
         if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
             fn.max_dynamic_shared_size_bytes = shared_mem  # opt in above 48 KiB
         fn(grid, block, args, shared_mem=shared_mem)
+
+    @staticmethod
+    def resident_blocks(fn, threads: int, shared_mem: int) -> int:
+        """Blocks of ``fn`` the current device holds at once (its SMs x the occupancy calculator's)."""
+        import cupy
+        from cupy.cuda import driver
+
+        if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
+            fn.max_dynamic_shared_size_bytes = shared_mem
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, shared_mem)
+        return per_sm * cupy.cuda.Device().attributes["MultiProcessorCount"]
 
 
 class EmulateLoader:
@@ -90,8 +109,9 @@ class EmulateLoader:
         return fn
 
     @staticmethod
-    def launch(fn, grid, block, args, shared_mem):
-        fn(grid, block, args, shared_mem=shared_mem)
+    def launch(fn, grid, block, args, shared_mem, cooperative=False):
+        """``cooperative``: every block on an OS thread of its own, all at once (co-resident)."""
+        fn(grid, block, args, shared_mem=shared_mem, **({"co_resident": True} if cooperative else {}))
 
 
 @lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kdacupy.emulate import EmulatedModule
+from kdacupy.emulate import EmulatedModule, EmulationError
 
 from .test_ptx_twins import kernel_source
 
@@ -115,3 +115,23 @@ def test_every_consumer_sees_every_chunk_intact(mod, monkeypatch, ns, ncons, R, 
     mod.get_function("k_ring")(ns * ncons + producers, 64, (*arrays, *scalars), shared_mem=128 + 256,
                                co_resident=True)
     check_ring(arrays, ns, ncons, R, producers, nchunks)
+
+
+def test_racecheck_asks_for_the_global_proxy_fence_between_acquire_and_bulk_copy(monkeypatch):
+    """A consumer's bulk copy after its acquire and without fence.proxy.async.global may read the slot's
+    old bytes on a GPU (the producer's stores are the generic proxy's): racecheck names it; the ring with
+    the fence runs clean."""
+    monkeypatch.setenv("KDACUPY_EMULATE_CHECK", "racecheck")
+    monkeypatch.setenv("KDACUPY_EMULATE_THREADS", "1")
+    fence = "fence_proxy_async_global();  // the producer's generic stores"
+    source = ring_source()
+    assert source.count(fence) == 1
+    for text, ok in ((source, True), (source.replace(fence, "// (no fence)"), False)):
+        arrays, scalars = ring_args(1, 1, 2, 3)
+        run = EmulatedModule(text, names=["k_ring"]).get_function("k_ring")
+        if ok:
+            run(2, 64, (*arrays, *scalars), shared_mem=128 + 256, co_resident=True)
+            check_ring(arrays, 1, 1, 2, 1, 3)
+        else:
+            with pytest.raises(EmulationError, match="after its ld.acquire with no fence.proxy.async.global"):
+                run(2, 64, (*arrays, *scalars), shared_mem=128 + 256, co_resident=True)

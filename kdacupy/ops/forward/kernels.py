@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from . import fused as one_launch
 from . import layouts
 from ...numerics.tiles import exact_dims, tile_of
 from ...numerics.dtypes import dtype_name
@@ -154,6 +155,14 @@ def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_stat
                              checkpoints, any_dims)
 
 
+def fused_variant(p, stages: int) -> one_launch.FusedVariant:
+    """The fused launch's variant (ops/forward/fused.py): the core-matrix prepare and the wgmma chain of one
+    warpgroup, at the ring's current depth and item size."""
+    tiles = TileConfig(one_launch.BV, stages, "wgmma")
+    return one_launch.FusedVariant(prepare_variant(p, ws_core=True), recurrence_variant(p, tiles),
+                                   one_launch.RING_SLOTS, one_launch.GROUP)
+
+
 def slots(p) -> tuple[int, int]:
     """(workspace chunk slots, chunks per sequence for fixed-length input)."""
     per_seq = -(-p.T // layouts.CHUNK)
@@ -232,11 +241,14 @@ def workspace(p, a, nslots, xp, kept=False):
     return ws, a
 
 
-def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None):
+def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fused: bool = False,
+            producers: int | None = None):
     """Both launches of one kda_forward call; returns (o, final_state). ``keep``: views ``ws`` and
     ``states`` of a buffer the backward will read (kdacupy/ops/backward/saved.py): the prepare writes
     its workspace there in the row-major layout and the mma.sync recurrence stores the state entering
-    each chunk, as the stateless backward's own launches do."""
+    each chunk, as the stateless backward's own launches do. ``fused``: the one launch of
+    ops/forward/fused.py instead, at the tiles' stages, with ``producers`` producer blocks (where it
+    serves the call: fused.supported)."""
     if p.device:
         import cupy as xp
     else:
@@ -251,6 +263,11 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None):
     if s_out is None and p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = empty(xp, shape, p.state_out_dtype)
+    if fused and keep is None and p.N:
+        if not one_launch.supported(p, tiles, a.get("checkpoints") is not None):
+            raise ValueError(f"fused forward: not for tiles {tiles} at K={p.K}, V={p.V} with these options")
+        one_launch.forward_fused(run, p, a, o, s_out, nslots, per_seq, fused_variant(p, tiles.stages), producers, xp)
+        return o, (None if a.get("state_pool") is not None else s_out)
     ws, a = workspace(p, a, nslots, xp, kept=keep is not None)
     core = keep is None and recurrence_mma(p, tiles) in CORE_FAMILIES  # its workspace layout, written by the prepare
     if keep is not None:

@@ -8,6 +8,8 @@ from ...jit import registry
 from ...numerics.dtypes import BF16
 from ..inputs import DTYPES, input_option_space
 from .limits import DIMS
+from . import fused
+from .fused import FusedVariant
 from .kernels import PrepareVariant, RecurrenceVariant
 from .tuning import TileConfig, candidates
 
@@ -68,6 +70,19 @@ def recurrence_any_variants():
         yield RecurrenceVariant(K, V, BF16, fp32, candidates(V)[-1], checkpoints=True, any_dims=True)
 
 
+def fused_variants():
+    """The fused forward's (sm_90a; ops/forward/fused.py): every key dim it serves, value dim, state
+    precision and stage count, at each input dtype with sigmoid gates and betas and the l2norm (the
+    other input options are the prepare's code, which kda_prepare_core builds in full)."""
+    for K, V, fp32, stages in itertools.product((64, 128), (64, 128, 256), (False, True), (2, 3)):
+        for options in input_option_space():
+            dt, g_dt, b_dt, gate, beta, l2 = options
+            if g_dt == dt and b_dt == dt and gate == "sigmoid" and beta == "sigmoid" and l2:
+                yield FusedVariant(PrepareVariant(K, *options, ws_core=True),
+                                   RecurrenceVariant(K, V, dt, fp32, TileConfig(fused.BV, stages, "wgmma")),
+                                   fused.RING_SLOTS, fused.GROUP)
+
+
 registry.register("kda_prepare", prepare_variants)
 registry.register("kda_recurrence", recurrence_variants)
 registry.register("kda_recurrence_wgmma", lambda: recurrence_core_variants("wgmma"))
@@ -75,3 +90,4 @@ registry.register("kda_recurrence_tcgen05", lambda: recurrence_core_variants("tc
 registry.register("kda_prepare_core", prepare_core_variants)
 registry.register("kda_prepare_any", prepare_any_variants)
 registry.register("kda_recurrence_any", recurrence_any_variants)
+registry.register("kda_forward_fused", fused_variants)

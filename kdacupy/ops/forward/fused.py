@@ -1,0 +1,135 @@
+"""The fused forward's launch (kernels/kda_forward_fused.cu): kda_prepare and the wgmma recurrence as
+the two roles of one persistent launch, the workspace a ring of chunk blocks a value head that stays
+in L2 (docs/design.md section 5).
+
+The launch holds HV * V / 64 consumer blocks and ``producers`` producer blocks, every one resident at
+once: on the GPU a cooperative launch of at most what the device holds, in the emulation a co-resident
+one. Nothing here reads device memory or synchronises; the ring's flags are zeroed on the stream before
+each launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from . import layouts
+from .tuning import TileConfig
+from ..alloc import empty
+from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
+from ...jit.enums import STATE_DTYPE_CODE
+from ...numerics.tiles import exact_dims
+
+#: ring slots a value head: the consumers' STAGES - 1 look-ahead plus a producer item's slots, with room
+#: for the producers to run ahead
+RING_SLOTS = 8
+#: chunk slots a producer item: kda_prepare's pipeline runs over them
+GROUP = 4
+#: value rows a consumer block: one warpgroup, the prepare's 128 threads
+BV = 64
+THREADS = layouts.PREPARE_THREADS
+
+
+@dataclass(frozen=True)
+class FusedVariant:
+    kernel: ClassVar[str] = "kda_forward_fused"
+    prepare: object  # kernels.PrepareVariant (ws_core)
+    recurrence: object  # kernels.RecurrenceVariant (wgmma, BV = 64)
+    ring: int = RING_SLOTS
+    group: int = GROUP
+
+    def config(self) -> dict:
+        a, b = self.prepare.config(), self.recurrence.config()
+        clash = {k for k in a.keys() & b.keys() if a[k] != b[k]}
+        assert not clash, f"the prepare and the recurrence disagree on {sorted(clash)}"
+        return {**a, **b, "KDA_RING": self.ring, "KDA_GROUP": self.group}
+
+    @property
+    def smem(self) -> int:
+        return max(self.prepare.smem, self.recurrence.smem)
+
+    threads: ClassVar[int] = THREADS
+    only_arch: ClassVar[str] = "sm_90a"
+
+    def label(self) -> str:
+        return (f"kda_forward_fused {self.prepare.label().removeprefix('kda_prepare ')} "
+                f"V={self.recurrence.V} state={'fp32' if self.recurrence.state_fp32 else 'bf16'} stages={self.recurrence.tiles.stages} "
+                f"ring={self.ring} group={self.group}")
+
+
+def supported(p, tiles: TileConfig, checkpoints: bool = False) -> bool:
+    """Whether the fused launch serves this call: the wgmma recurrence at one warpgroup (BV = 64) over the
+    tiles' head dims (K <= 128, V a multiple of 64) with its output, no checkpoints and no saved workspace."""
+    return (tiles.mma == "wgmma" and tiles.BV == BV and exact_dims(p.K, p.V) and p.K <= 128 and p.V % BV == 0
+            and not checkpoints)
+
+
+def consumers(p) -> int:
+    return p.HV * (p.V // BV)
+
+
+def ring_bytes(p) -> tuple[int, int]:
+    """(bytes of the ring's blocks, bytes of its flags: ready and consumed per slot, the item counter, the
+    error word)."""
+    slots = p.HV * RING_SLOTS
+    return slots * layouts.workspace(p.K)["WS_STRIDE"], (2 * slots + 2) * 4
+
+
+def launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var: FusedVariant, producers: int):
+    """One fused launch; ``ring`` and ``flags`` from ``ring_bytes``, flags zeroed on the stream before."""
+    fn = run.get(var.kernel, var.config(), var.kernel)
+    args = [ptr(a["q"]), ptr(a["k"]), ptr(a["g"]), ptr(a["beta"]), ptr(a["v"]), ptr(o),
+            *strides(a["q"]), *strides(a["k"]), *strides(a["g"]), *strides(a["beta"]), *strides(a["v"]), *strides(o),
+            ptr(a["A_log"]), ptr(a["dt_bias"]), *cu_args(a["cu_seqlens"]),
+            np.int32(p.T), np.int32(p.H), np.int32(p.HV), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
+            np.float32(p.scale), lower_bound_log2(p),
+            ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
+            ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
+            *pool_args(a), ptr(ring), ptr(flags)]
+    run.launch(fn, (consumers(p) + producers, 1), (THREADS,), tuple(args), var.smem, cooperative=True)
+
+
+def scratch(p, a, xp):
+    """The ring and its flags (zeroed: an asynchronous fill on the stream), and ``a`` with a strided
+    ``cu_seqlens`` replaced by a dense copy after them (as the two-launch forward's workspace does)."""
+    blocks, flag_bytes = ring_bytes(p)
+    cu = a["cu_seqlens"]
+    copy_cu = cu is not None and not cu.flags.c_contiguous
+    cu_at = -(-(blocks + flag_bytes) // 8) * 8
+    total = cu_at + (cu.nbytes if copy_cu else 0)
+    if p.device:
+        from .workspace import device_workspace
+        ws = device_workspace(total)
+    else:
+        ws = empty(xp, total, np.uint8)
+    flags = ws[blocks:blocks + flag_bytes].view(np.uint32)
+    flags.fill(0)
+    if copy_cu:
+        dense = ws[cu_at:cu_at + cu.nbytes].view(cu.dtype)
+        dense[...] = cu
+        a = dict(a, cu_seqlens=dense)
+    return ws[:blocks], flags, a
+
+
+#: producer blocks of an emulated launch when none is asked for (each block an OS thread)
+EMULATED_PRODUCERS = 2
+
+
+def forward_fused(run, p, a, o, s_out, nslots, per_seq, var: FusedVariant, producers: int | None, xp):
+    """The fused forward into ``o`` and ``s_out``: ``producers`` producer blocks (None: on the GPU every
+    block the device holds beside the consumers, in the emulation EMULATED_PRODUCERS)."""
+    stages = var.recurrence.tiles.stages
+    if producers is None:
+        if p.device:
+            fn = run.get(var.kernel, var.config(), var.kernel)
+            producers = run.resident_blocks(fn, THREADS, var.smem) - consumers(p)
+        else:
+            producers = EMULATED_PRODUCERS
+    if producers < 1:
+        raise ValueError(f"fused forward: {consumers(p)} consumer blocks leave no room for a producer "
+                         f"({producers} asked or free)")
+    if RING_SLOTS < stages:
+        raise ValueError(f"fused forward: a ring of {RING_SLOTS} slots under {stages} stages")
+    ring, flags, a = scratch(p, a, xp)
+    launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var, producers)

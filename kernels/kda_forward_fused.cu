@@ -1,0 +1,147 @@
+// kda_forward_fused: the forward in one launch (docs/design.md section 5, the fused forward): kda_prepare's
+// per-chunk work and kda_recurrence's wgmma chain (sm_90a) as two roles of one persistent grid, the
+// workspace a ring of KDA_RING chunk blocks a value head in global memory (kernels/chunk_ring.cuh) that
+// stays in L2 instead of a round trip through HBM.
+//
+// Blocks [0, HV * V / BV) consume: block b runs value rows [v0, v0 + BV) of value head hv = b / (V / BV),
+// v0 = (b % (V / BV)) BV, through every sequence in turn, each chunk acquired from the ring (its bulk copy
+// issued once the producer published it) and released once its copy landed. The other blocks produce:
+// they take items of KDA_GROUP consecutive chunk slots of one value head from a counter, in slot-group
+// order (item i: group i / HV of head i % HV), and run kda_prepare's pipeline over them, each slot's block
+// written once its ring slot is free and published after its last store. Every block of the launch must
+// be resident (a cooperative launch; the emulation's co-resident one): a consumer waits on producers, and a
+// producer on the consumers of its head. Deadlock-free: a producer waits only for slot s - R's releases;
+// a consumer releases s - R after it acquired s - R + STAGES - 1 < s (R >= STAGES), which an earlier item
+// holds or this producer published already.
+//
+// The slots between sequences (varlen: first_slot's spare ones, and a zero-length sequence's) are never
+// written: each consumer releases them when it passes them, so the ring's counts stay in step.
+//
+// Rendered configuration: kda_prepare's (KDA_WS_CORE = 1) and kda_recurrence's (KDA_MMA = KDA_MMA_WGMMA,
+// KDA_BV = 64: a warpgroup, the prepare's 128 threads), KDA_RING (slots a value head), KDA_GROUP (slots an
+// item). Flags (u32, zeroed before the launch): ready[HV R], consumed[HV R], the item counter, an error word
+// (nonzero: a consumer found its slot refilled before it released it, a broken protocol; the output is then wrong).
+#include "common.cuh"
+#include "fragments.cuh"
+#include "gates.cuh"
+#include "prepare_steps.cuh"
+#include "rows.cuh"
+#include "chunk_stream.cuh"
+#include "state_io.cuh"
+#include "chunk_ring.cuh"
+
+#define KDA_PREPARE_BODY_ONLY 1
+#define KDA_RECURRENCE_BODY_ONLY 1
+namespace fused_prepare {
+#include "kda_prepare.cu"
+}
+namespace fused_recurrence {
+#include "kda_recurrence.cu"
+}
+
+namespace {
+using namespace kda;
+
+constexpr int R = KDA_RING;
+constexpr int GROUP = KDA_GROUP;
+constexpr int VB = KDA_V / KDA_BV;  // consumers a value head
+static_assert(KDA_WS_CORE && KDA_MMA == KDA_MMA_WGMMA && KDA_BV == 64, "the wgmma chain of one warpgroup");
+static_assert(!KDA_ANY_DIMS && !KDA_NO_OUTPUT && !KDA_STORE_STATES && !KDA_CHECKPOINTS, "the plain forward");
+static_assert(R >= KDA_STAGES, "a consumer releases a slot after acquiring STAGES - 1 more (deadlock-free)");
+
+// The ring: R blocks a value head; per slot its ready and consumed counts (chunk_ring.cuh).
+struct RingBlocks {
+  unsigned char* ring;
+  u32* flags;  // ready[HV R], consumed[HV R], counter, error
+  int HV;
+  __device__ __forceinline__ int at(int hv, i64 slot) const { return hv * R + static_cast<int>(slot % R); }
+  __device__ __forceinline__ unsigned char* block(int hv, i64 slot) const {
+    return ring + static_cast<i64>(at(hv, slot)) * WS_STRIDE;
+  }
+  // producer (every thread): wait until the slot's last chunk is released by every consumer of the head
+  __device__ __forceinline__ void claim(int hv, int slot, int tid) const {
+    if (tid == 0) ring_wait_free(flags + HV * R + at(hv, slot), slot, R, VB);
+    __syncthreads();
+  }
+  // producer (every thread): every store of the slot's block, then its flag
+  __device__ __forceinline__ void publish(int hv, int slot, int tid) const {
+    __syncthreads();
+    if (tid == 0) ring_publish(flags + at(hv, slot), slot);
+  }
+  // consumer, the lane that issues the slot's copy: the block published, then visible to the bulk copy
+  __device__ __forceinline__ void acquire(int hv, i64 slot) const {
+    if (!ring_wait_ready(flags + at(hv, slot), static_cast<int>(slot))) red_release_gpu_add(flags + 2 * HV * R + 1, 1u);
+    fence_proxy_async_global();
+  }
+  // consumer, thread 0, once the slot's copy landed
+  __device__ __forceinline__ void release(int hv, i64 slot) const { ring_release(flags + HV * R + at(hv, slot)); }
+};
+
+// A consumer: value rows [v0, v0 + BV) of head hv through every sequence; the slots no sequence uses
+// released as they are passed.
+__device__ __forceinline__ void consume(const fused_recurrence::RecurrenceIn& in, const RingBlocks& blocks, int nseq,
+                                        int hv, int v0) {
+  fused_recurrence::init_stage_barriers(dynamic_smem(), threadIdx.x);
+  int c0 = 0;
+#pragma unroll 1
+  for (int n = 0; n < nseq; ++n) {
+    fused_recurrence::recurrence_sequence(in, n, v0, hv, c0, blocks);
+    const Seq seq = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T);
+    const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
+    c0 += nchunks;
+    if (in.cu_seqlens != nullptr && n + 1 < nseq && threadIdx.x == 0) {
+      const i64 used = first_slot(in.cu_seqlens, n, seq.bos, in.chunks_per_seq) + nchunks;
+      const i64 next = first_slot(in.cu_seqlens, n + 1, cu_at(in.cu_seqlens, in.cu_is_i64, n + 1, in.T), in.chunks_per_seq);
+#pragma unroll 1
+      for (i64 s = used; s < next; ++s) blocks.release(hv, s);  // (its copies landed: the sequence's last wait)
+    }
+  }
+}
+
+// A producer: items of GROUP slots of one head, in slot-group order, until none is left.
+__device__ __forceinline__ void produce(const fused_prepare::PrepareIn& in, const RingBlocks& blocks, int nslots) {
+  __shared__ u32 item;
+  const u32 groups = static_cast<u32>((nslots + GROUP - 1) / GROUP), items = groups * static_cast<u32>(in.HV);
+  u32* counter = blocks.flags + 2 * blocks.HV * R;
+#pragma unroll 1
+  for (;;) {
+    if (threadIdx.x == 0) item = atomicAdd(counter, 1u);
+    __syncthreads();
+    const u32 it = item;
+    __syncthreads();  // every thread has it before thread 0 takes the next
+    if (it >= items) break;
+    const int first = static_cast<int>(it / in.HV) * GROUP, hv = static_cast<int>(it % in.HV);
+    fused_prepare::prepare_slots(in, hv, first, first + GROUP < nslots ? first + GROUP : nslots, blocks);
+  }
+}
+
+}  // namespace
+
+// Three blocks an SM: the wgmma chain and the prepare fit 168 registers (K = 128: 164); fp32 inputs with
+// the fp32 state spilled 4 bytes there at V = 64, so two (their shared memory allows three at most anyway).
+#define KDA_FUSED_MIN_BLOCKS (KDA_DT == KDA_F32 && KDA_STATE_FP32 && KDA_K > 64 ? 2 : 3)
+extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forward_fused(
+    const void* q, const void* k, const void* g, const void* beta, const void* v, void* o,
+    i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
+    i64 b_sb, i64 b_st, i64 b_sh, i64 v_sb, i64 v_st, i64 v_sh, i64 o_sb, i64 o_st, i64 o_sh,
+    const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
+    int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, float scale, float lb2,
+    const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
+    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* ring, u32* flags) {
+  const RingBlocks blocks{ring, flags, HV};
+  if (blockIdx.x < static_cast<unsigned>(HV * VB)) {
+    const fused_recurrence::RecurrenceIn in{v,       v_sb,         v_st,       v_sh,       o,        o_sb,
+                                            o_st,    o_sh,         s_in,       s_in_dtype, s_out,    s_out_dtype,
+                                            layout_vk, cu_seqlens, cu_is_i64,  T,          HV,       nslots,
+                                            chunks_per_seq, pool_idx, pool_idx_i64, pool_slots, nullptr, nullptr,
+                                            0,       nullptr,      0,          0,          0,        1,
+                                            KDA_K,   KDA_V};
+    consume(in, blocks, nseq, blockIdx.x / VB, (blockIdx.x % VB) * KDA_BV);
+  } else {
+    const fused_prepare::PrepareIn in{q,    k,    g,    beta, q_sb,  q_st,    q_sh, k_sb,
+                                      k_st, k_sh, g_sb, g_st, g_sh,  b_sb,    b_st,      b_sh,
+                                      A_log, dt_bias, cu_seqlens, cu_is_i64, T, H, HV, nseq, chunks_per_seq, scale, lb2,
+                                      KDA_K};
+    produce(in, blocks, nslots);
+  }
+}

@@ -1,0 +1,91 @@
+"""The fused forward (kernels/kda_forward_fused.cu, kdacupy/ops/forward/fused.py): kda_prepare and the
+wgmma recurrence as the two roles of one co-resident launch, the workspace a ring of chunk blocks a value
+head. Its output and final state are the two-launch wgmma forward's bit for bit (which the suites hold to
+the precision model), and the ring's flags end exactly where the protocol says: every slot's ready flag
+at the last chunk it held, its consumed count at what every consumer released (the slots no sequence
+uses included), every item taken once, no overrun. Varlen with a zero-length sequence, ragged tails and
+a ring two slots deep (every slot refilled many times), fixed-length batches under racecheck."""
+import numpy as np
+import pytest
+
+import kdacupy.ops.forward.fused as fused
+from kdacupy.cli.shapes import validated
+from kdacupy.ops.forward import kernels
+from kdacupy.ops.forward.tuning import TileConfig
+
+from ..inputs import make_inputs
+
+pytestmark = pytest.mark.emulate
+
+CHUNK = 16
+
+
+def forward(x, opts, fuse, stages=2, producers=None):
+    p, a = validated(x, opts, "emulate")
+    return p, kernels.forward(p, a, TileConfig(64, stages, "wgmma"), fused=fuse, producers=producers)
+
+
+def used_slots(p, lens):
+    """Per sequence, its workspace slots (the kernels' first_slot: varlen n + bos / 16)."""
+    if lens is None:
+        per = -(-p.T // CHUNK)
+        return [range(n * per, (n + 1) * per) for n in range(p.B)]
+    bos = np.concatenate([[0], np.cumsum(lens)])
+    return [range(n + bos[n] // CHUNK, n + bos[n] // CHUNK + -(-int(lens[n]) // CHUNK)) for n in range(len(lens))]
+
+
+def expected_flags(p, lens, producers):
+    """ready, consumed a head's slots, the item counter and the error word after the launch."""
+    R, G, ncons = fused.RING_SLOTS, fused.GROUP, p.V // fused.BV
+    seqs = used_slots(p, lens)
+    used = [s for r in seqs for s in r]
+    walked = range(0, max(used) + 1)  # every slot up to the last sequence's: used or released as passed
+    ready = [max([s + 1 for s in used if s % R == r], default=0) for r in range(R)]
+    consumed = [ncons * sum(1 for s in walked if s % R == r) for r in range(R)]
+    nslots = kernels.slots(p)[0]
+    items = -(-nslots // G) * p.HV
+    return np.array(ready * p.HV + consumed * p.HV + [items + producers, 0], np.uint32)
+
+
+def identical(a, b):
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+CASES = {  # name: (lens or None, batch, stages, ring slots, slots an item, producers, check mode)
+    "varlen-ring2": ([37, 0, 50, 9, 131], 1, 2, 2, 3, 3, None),
+    "fixed-racecheck": (None, 2, 2, 8, 4, 1, "all"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_forward_is_the_two_launch_forward_bit_for_bit(monkeypatch, name):
+    lens, B, stages, R, G, producers, check = CASES[name]
+    x, opts = make_inputs(B=B, T=70, H=1, HV=2, K=64, V=128, state=np.float32, cu_seqlens=lens)
+    opts["output_final_state"] = True
+    _, plain = forward(x, opts, False, stages)
+    monkeypatch.setattr(fused, "RING_SLOTS", R)
+    monkeypatch.setattr(fused, "GROUP", G)
+    if check:
+        monkeypatch.setenv("KDACUPY_EMULATE_CHECK", check)
+    seen = {}
+    scratch = fused.scratch
+
+    def keep(p, a, xp):
+        seen["ring"], seen["flags"], a = scratch(p, a, xp)
+        return seen["ring"], seen["flags"], a
+
+    monkeypatch.setattr(fused, "scratch", keep)
+    p, one = forward(x, opts, True, stages, producers)
+    identical(one, plain)
+    np.testing.assert_array_equal(seen["flags"], expected_flags(p, lens, producers))
+
+
+def test_the_fused_forward_takes_what_it_serves_only():
+    x, opts = make_inputs(T=40, H=1, HV=2, K=64, V=128)
+    p, a = validated(x, opts, "emulate")
+    with pytest.raises(ValueError, match="fused forward: not for tiles"):
+        kernels.forward(p, a, TileConfig(128, 2, "wgmma"), fused=True)
+    with pytest.raises(ValueError, match="leave no room for a producer"):
+        kernels.forward(p, a, TileConfig(64, 2, "wgmma"), fused=True, producers=0)
