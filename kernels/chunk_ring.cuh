@@ -19,8 +19,7 @@ namespace kda {
 // Producer, thread 0: spin until chunk c's slot is free (every consumer released the c / R chunks it held).
 __device__ __forceinline__ void ring_wait_free(const u32* consumed, int c, int R, int ncons) {
   const u32 need = static_cast<u32>(c / R) * static_cast<u32>(ncons);
-  while (ld_acquire_gpu(consumed) < need) {
-  }
+  wait_acquire_gpu_geq(consumed, need);
 }
 // Producer, thread 0, after the block's stores of the chunk and a __syncthreads: the slot holds chunk c.
 __device__ __forceinline__ void ring_publish(u32* ready, int c) { st_release_gpu(ready, static_cast<u32>(c) + 1u); }
@@ -28,10 +27,7 @@ __device__ __forceinline__ void ring_publish(u32* ready, int c) { st_release_gpu
 // fence_proxy_async_global before a bulk copy reads the slot. False if it already holds a later chunk (a
 // producer refilled it before this consumer released it: a broken protocol, reported, not waited on for ever).
 __device__ __forceinline__ bool ring_wait_ready(const u32* ready, int c) {
-  u32 at;
-  while ((at = ld_acquire_gpu(ready)) < static_cast<u32>(c) + 1u) {
-  }
-  return at == static_cast<u32>(c) + 1u;
+  return wait_acquire_gpu_geq(ready, static_cast<u32>(c) + 1u) == static_cast<u32>(c) + 1u;
 }
 // Consumer, thread 0, after the block's last read of the slot (a __syncthreads, or the copy's mbarrier wait).
 __device__ __forceinline__ void ring_release(u32* consumed) { red_release_gpu_add(consumed, 1u); }

@@ -206,6 +206,14 @@ __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
 __device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// Spins on the flag at p until it reaches ``need`` (each read an acquire); returns the last value read.
+// (The twin counts one read however long it spins: the model prices a wait as its producer ahead.)
+__device__ __forceinline__ u32 wait_acquire_gpu_geq(const u32* p, u32 need) {
+  u32 v;
+  while ((v = ld_acquire_gpu(p)) < need) {
+  }
+  return v;
+}
 // Adds v to a counter with release semantics (the adder's earlier accesses before it): a count that
 // several blocks each bump once they are done with something.
 __device__ __forceinline__ void red_release_gpu_add(u32* p, u32 v) {

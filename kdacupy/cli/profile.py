@@ -67,7 +67,7 @@ DEFAULT_SHAPE = Shape("T256-H2", 256, 2)  # the small workloads: forward, split 
 DEFAULT_DECODE = dict(N=16, HV=4, T=1)
 DEFAULT_SEGMENTS = 2
 NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "anchors", "library", "dram_by_argument",
-              "emulated_ctas", "anchors_dropped")
+              "emulated_ctas", "anchors_dropped", "consumer")
 
 
 def log(msg: str) -> None:
@@ -124,7 +124,7 @@ def default_segments(shape: Shape, sms: int, arch: str | None = None) -> int:
 
 
 def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None = None, segments: int | None = None,
-                    **options) -> tuple[list[dict], dict]:
+                    fused: bool | None = None, **options) -> tuple[list[dict], dict]:
     """Profile records of kda_forward at ``shape`` (``heads``: emulate that many value heads and
     scale; None: all of them), with the tiles the full shape gets on a GPU of ``sms`` SMs and
     target ``arch`` (sm_90a: the wgmma recurrence where the heuristic picks it). ``segments``: the
@@ -140,6 +140,22 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
     part, hv = slice_shape(shape, shape.hv if heads is None else heads)
     arrays, opts = make_inputs(part)
     opts.update(options)
+    factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
+    from ..ops.forward import fused as one_launch
+
+    fuse = one_launch.pays(full, sms, arch) if fused is None else fused
+    if fuse and n == 1:
+        tiles = one_launch.tiles_of(tiles)
+        p, a = validated(arrays, opts, "emulate")
+        with counting() as recs:
+            forward(p, a, tiles, fused=True)
+        with counting() as chain:  # the consumers' chains, as the two-launch recurrence at their tiles
+            forward(p, a, tiles)
+        rec = scaled(recs[0], factor)
+        rec["consumer"] = scaled(next(r for r in chain if r["kernel"] == "kda_recurrence"), factor)
+        info = dict(heads_emulated=hv, scale=factor, segments=1, fused=True,
+                    tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
+        return [rec], info
     if n > 1:
         from ..api import kda_forward
 
@@ -154,7 +170,6 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
         p, a = validated(arrays, opts, "emulate")
         with counting() as recs:
             forward(p, a, tiles)
-    factor = shape.hv // hv if shape.hv % hv == 0 else shape.hv / hv
     info = dict(heads_emulated=hv, scale=factor, segments=n, tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
     return [scaled(r, factor) for r in recs], info
 
@@ -328,6 +343,20 @@ def issue_summary(row: dict, source: str | None, chunks_mean: float, top: int = 
                 shown_lines=shown)
 
 
+FUSED_KERNEL = "kda_forward_fused"
+FUSED_CHOICE = {"auto": None, "on": True, "off": False}
+
+
+def consumer_chain_s(rec: dict, gpu: roofline.Gpu, chunks: int, mean_chunks: float) -> float:
+    """The fused launch's chains: the two-launch recurrence at the consumers' tiles (its record, emulated
+    beside the fused launch), its latency term on ``gpu`` at its own occupancy."""
+    rep = compile_report(rec["source"], gpu.arch)
+    resident = (roofline.occupancy(gpu, int(np.prod(rec["block"])), rep.regs, rec["shared_mem"] + rep.static_smem)["ctas_per_sm"]
+                if rep is not None else roofline.default_ctas_per_sm(rec, gpu))
+    ic = issue_of(rec, gpu)
+    return roofline.times(rec, gpu, resident, ic.warps if ic else None, chunks, mean_chunks).get("latency", 0.0)
+
+
 def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, mean_chunks: float = 0.0) -> list[dict]:
     """One row per kernel variant (launches summed; the per-CTA maxima their maximum): counts,
     ratios, roofline, occupancy, the dependent path with the bytes in flight, and the instructions
@@ -356,7 +385,11 @@ def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, 
         ic = issue_of(r, gpu)
         if ic is not None:
             _merge_issue(row, ic, r["ctas"])
-        for k, v in roofline.times(r, gpu, resident, ic.warps if ic else None, chunks, mean_chunks).items():
+        if r["kernel"] == FUSED_KERNEL:
+            t = roofline.fused_times(r, gpu, ic.warps if ic else None, consumer_chain_s(r["consumer"], gpu, chunks, mean_chunks))
+        else:
+            t = roofline.times(r, gpu, resident, ic.warps if ic else None, chunks, mean_chunks)
+        for k, v in t.items():
             row["times"][k] = row["times"].get(k, 0.0) + v
         row["resident"] = resident
     out = []
@@ -638,8 +671,8 @@ def workloads(args, gpu):
         opts = {} if args.lower_bound is None else dict(lower_bound=args.lower_bound)
         for s in resolve_shapes(args.shape):
             if fwd:
-                jobs.append((s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, gpu.arch, args.segments, **opts)),
-                             s, "forward"))
+                jobs.append((s.name, (lambda s=s: forward_records(s, args.heads, gpu.sms, gpu.arch, args.segments,
+                                                                  FUSED_CHOICE[args.fused], **opts)), s, "forward"))
             if bwd:
                 jobs.append((f"{s.name} backward", (lambda s=s: backward_records(s, args.heads, gpu.sms, gpu.arch, **opts)), s,
                              "backward"))
@@ -669,6 +702,9 @@ def main(argv=None):
     ap.add_argument("--segments", type=int, default=None, metavar="N",
                     help="--shape forwards split in N segments a sequence (1: serial); default: what kda_forward's "
                          "default call takes on the GPU (sequence_parallel=None)")
+    ap.add_argument("--fused", choices=sorted(FUSED_CHOICE), default="auto",
+                    help="--shape forwards as the fused launch (on), the two launches (off) or what kda_forward's "
+                         "default call takes on the GPU (auto, the default)")
     ap.add_argument("--lower-bound", type=float, default=None, metavar="X",
                     help="the sigmoid gate's lower bound for --shape inputs (default -5, as Kimi and the benchmark); "
                          "the pair form runs in chunks whose 16-token decay exceeds 2^-100, so -1 shows the factored path")

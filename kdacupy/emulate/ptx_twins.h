@@ -1139,6 +1139,20 @@ KDA_EMU_RT inline u32 ld_acquire_gpu(const u32* p) {
   if (__atomic_load_n(&::kda_emu::g_worker->L->abort, __ATOMIC_RELAXED)) ::kda_emu::to_sched(::kda_emu::g_cur);
   return v;
 }
+// One read counted and anchored however long it spins (each spin a bare acquire load): the counters
+// price the wait as the writer ahead, whatever the OS threads' timing was.
+KDA_EMU_RT inline u32 wait_acquire_gpu_geq(const u32* p, u32 need) {
+  KDA_EMU_ATOMIC(p);
+#ifdef KDA_EMU_CHECK
+  ::kda_emu::acquire_mark();
+#endif
+  for (;;) {
+    const u32 v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    if (v >= need) return v;
+    sched_yield();
+    if (__atomic_load_n(&::kda_emu::g_worker->L->abort, __ATOMIC_RELAXED)) ::kda_emu::to_sched(::kda_emu::g_cur);
+  }
+}
 KDA_EMU_RT inline void st_release_gpu(u32* p, u32 v) {
   KDA_EMU_ATOMIC(p);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);

@@ -211,7 +211,8 @@ def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(profile, "backward_inputs", with_neg_eigval)
     issue_term = sass_cfg.nvdisasm() is not None and importlib.util.find_spec("scipy") is not None
     out = tmp_path / "p.json"
-    assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--pass", "both", "--json", str(out), "--hotspots", "2"]) == 0
+    assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--pass", "both", "--json", str(out), "--hotspots", "2",
+                         "--fused", "off"]) == 0
     text = capsys.readouterr()
     assert "kda_prepare" in text.out and "kda_recurrence" in text.out and "roofline h200" in text.out
     assert "lat. us" in text.out and "path h200" in text.out and "global loads in flight per SM" in text.out
@@ -321,3 +322,25 @@ def test_blackwell_prices_mma_sync_at_the_assumed_per_sm_rate_not_tcgen05s():
     rec = dict(kernel="kda_recurrence", mma=10 ** 6, ctas=b200.sms, dram_read_bytes=0, dram_write_bytes=0,
                smem_wavefronts=0, sfu=0)
     assert roofline.times(rec, b200, 1)["tensor"] == pytest.approx(10 ** 6 * roofline.MMA_FLOP / 563.8e12)
+
+
+def test_the_fused_forward_is_one_launch_priced_by_its_issue_and_its_consumers_chains(tmp_path, capsys):
+    """--fused on (and the default call on the H200 at one sequence: fused.pays): one kda_forward_fused row,
+    its HBM from the ring's bytes held in L2 (the workspace never counted), its issue every warp's over all
+    the schedulers, its latency the consumers' chains as the two-launch recurrence at their tiles."""
+    out = tmp_path / "f.json"
+    assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--json", str(out), "--fused", "on"]) == 0
+    run = json.loads(out.read_text())["runs"][0]
+    (row,) = run["kernels"]
+    assert row["kernel"] == "kda_forward_fused" and run["fused"] and run["tiles"] == dict(BV=64, stages=3, mma="wgmma")
+    assert "latency" in row["times"] and row["times"]["latency"] > 0 and row["time_s"] == max(row["times"].values())
+    two, one = tmp_path / "t.json", tmp_path / "o.json"  # 25 chunks: more than the ring's 8 slots a head
+    assert profile.main(["--shape", "T=400,H=2,K=64,V=64", "--json", str(two), "--fused", "off"]) == 0
+    assert profile.main(["--shape", "T=400,H=2,K=64,V=64", "--json", str(one), "--fused", "on"]) == 0
+    prep, rec = json.loads(two.read_text())["runs"][0]["kernels"]
+    (row,) = json.loads(one.read_text())["runs"][0]["kernels"]
+    for k in ("dram_write_bytes", "dram_read_bytes"):  # the workspace's round trip, gone into the ring
+        assert row["counts"][k] < prep["counts"][k] + rec["counts"][k]
+    default = tmp_path / "d.json"
+    assert profile.main(["--shape", "T=40,H=2,K=64,V=64", "--json", str(default)]) == 0
+    assert [r["kernel"] for r in json.loads(default.read_text())["runs"][0]["kernels"]] == ["kda_forward_fused"]

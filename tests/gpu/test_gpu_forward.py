@@ -330,3 +330,43 @@ def test_gates_by_hand(gate):
 def test_beta_by_hand(mode):
     from .. import activations as act
     act.forward_beta(gpu_run, mode)
+
+
+@pytest.mark.parametrize("producers", [None, 1])
+def test_fused_forward_is_the_two_launch_forward_bit_for_bit(producers, monkeypatch):
+    """The fused forward (kernels/kda_forward_fused.cu, a cooperative launch on sm_90a) against the two
+    launches at its tiles: the same bits, the first against the model; every block the device holds beside
+    the consumers producing, and a single producer (the ring full most of the time). Ragged varlen with a
+    zero-length sequence (the slots no sequence uses), then a CUDA graph's replay of the fused call."""
+    import kdacupy.ops.forward.fused as fused
+    import kdacupy.ops.forward.kernels as kernels
+    from kdacupy.jit import targets
+    from kdacupy.ops.forward.tuning import TileConfig
+
+    if targets.runtime_arch(targets.device_cc()) != "sm_90a":
+        pytest.skip("the fused forward is sm_90a's (the wgmma chain)")
+    x, opts = make_inputs(cu_seqlens=[700, 0, 333, 16, 1], H=2, HV=4, K=128, V=128, state=np.float32)
+    monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, 3, "wgmma"))
+    monkeypatch.setattr(fused, "pays", lambda *a, **k: False)
+    two = gpu_run(x, opts, output_final_state=True)
+    monkeypatch.setattr(fused, "pays", lambda *a, **k: True)
+    real = fused.forward_fused
+    monkeypatch.setattr(fused, "forward_fused", lambda *a: real(*a[:8], producers, *a[9:]))
+    one = gpu_run(x, opts, output_final_state=True)
+    np.testing.assert_array_equal(one[0].view(np.uint16), two[0].view(np.uint16))
+    np.testing.assert_array_equal(one[1].view(np.uint32), two[1].view(np.uint32))
+    om, sm = kda_model(**x, **opts, output_final_state=True)
+    agree(two[0], om)
+    agree(two[1], sm)
+    dx, dopts = to_dev(x), to_dev(opts)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        o, s = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)
+        graph = stream.end_capture()
+        o.fill(0)
+        s.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(o).view(np.uint16), two[0].view(np.uint16))
+    np.testing.assert_array_equal(cp.asnumpy(s).view(np.uint32), two[1].view(np.uint32))

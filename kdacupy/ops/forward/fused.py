@@ -65,6 +65,28 @@ def supported(p, tiles: TileConfig, checkpoints: bool = False) -> bool:
             and not checkpoints)
 
 
+def tiles_of(tiles: TileConfig) -> TileConfig:
+    """The consumers' tiles: one warpgroup of the wgmma chain, at ``tiles``' stages where they are wgmma's."""
+    return TileConfig(BV, tiles.stages if tiles.mma == "wgmma" else 3, "wgmma")
+
+
+def blocks_per_sm(p) -> int:
+    """The kernel's minimum-blocks figure (kernels/kda_forward_fused.cu): what its registers allow an SM."""
+    return 2 if p.dtype == np.float32 and p.state_precision == "fp32" and p.K > 64 else 3
+
+
+def pays(p, sm_count: int, arch: str | None, checkpoints: bool = False) -> bool:
+    """Whether kda_forward's serial call takes the fused launch (docs/design.md section 5), by the issue-aware
+    model on the H200 (benchmarks/forward-step3.md, 3d): where it serves the call on sm_90a, with at least
+    half the resident blocks left to the producers, and one sequence, or enough consumers that issue, not
+    their chains, binds (each walks every sequence of its head in turn: a chunk's chain step takes ~480
+    cycles, a head's chunk ~8.7k warp instructions in all, so issue binds from ~SMs / 2 consumers on)."""
+    if arch != "sm_90a" or not supported(p, TileConfig(BV, 3, "wgmma"), checkpoints):
+        return False
+    n = consumers(p)
+    return 2 * n <= sm_count * blocks_per_sm(p) and (p.N == 1 or 2 * n >= sm_count)
+
+
 def consumers(p) -> int:
     return p.HV * (p.V // BV)
 

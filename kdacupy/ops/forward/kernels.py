@@ -241,14 +241,14 @@ def workspace(p, a, nslots, xp, kept=False):
     return ws, a
 
 
-def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fused: bool = False,
+def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fused: bool | None = None,
             producers: int | None = None):
     """Both launches of one kda_forward call; returns (o, final_state). ``keep``: views ``ws`` and
     ``states`` of a buffer the backward will read (kdacupy/ops/backward/saved.py): the prepare writes
     its workspace there in the row-major layout and the mma.sync recurrence stores the state entering
     each chunk, as the stateless backward's own launches do. ``fused``: the one launch of
     ops/forward/fused.py instead, at the tiles' stages, with ``producers`` producer blocks (where it
-    serves the call: fused.supported)."""
+    serves the call: fused.supported); None: where fused.pays says so on the GPU (never in the emulation)."""
     if p.device:
         import cupy as xp
     else:
@@ -263,6 +263,11 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fus
     if s_out is None and p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = empty(xp, shape, p.state_out_dtype)
+    if fused is None:
+        fused = bool(p.device) and keep is None and tiles.mma == "wgmma" and one_launch.pays(
+            p, tuning.device_facts()[2], tuning.current_arch(), a.get("checkpoints") is not None)
+        if fused:
+            tiles = one_launch.tiles_of(tiles)
     if fused and keep is None and p.N:
         if not one_launch.supported(p, tiles, a.get("checkpoints") is not None):
             raise ValueError(f"fused forward: not for tiles {tiles} at K={p.K}, V={p.V} with these options")
