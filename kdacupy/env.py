@@ -79,6 +79,11 @@ _TABLE = (
     Switch("KDACUPY_TUNING_DIR", None, "a directory",
            "the user tuning directory (default ~/.cache/kdacupy/tuning), read before the shipped files "
            "and written by python -m kdacupy.tune", _text),
+    # the forward's launches (kdacupy/ops/forward/fused.py)
+    Switch("KDACUPY_FORWARD_FUSED", "auto", "auto, on or off",
+           "the serial forward as one fused launch where it serves the call: where the model says it pays on "
+           "sm_90a (auto), always (on, the emulation included) or never (off: the prepare and recurrence "
+           "launches)", _choice("auto", "on", "off")),
     # the CPU emulation (kdacupy/emulate/)
     Switch("KDACUPY_CACHE_DIR", None, "a directory",
            "where the emulation's compiled kernels and NVRTC's builds (their reports and cubins) are cached "

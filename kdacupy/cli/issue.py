@@ -54,6 +54,11 @@ class IssueCount:
 #: apart where the attribution holds), "zero" a SASS anchor whose line the host never executed.
 WEIGHTS = {"coarse": 1.0, "fine": 0.25, "zero": 0.5}
 BYTE_WEIGHT = 1 / 8
+#: classes matched over the whole function, not by line: ptxas moves the warpgroup MMAs' line attribution
+#: (since the descriptors are a 64-bit add, the o^T and U^T products carry the first product loop's line),
+#: so per line they miss; their count per warp does not
+BY_CLASS = ("wgmma",)
+ALL_LINES = "*"
 
 
 def host_keys(rec: dict) -> dict:
@@ -112,10 +117,10 @@ def equations(fn, reach: list, host: dict) -> list:
     coarse_host: dict = defaultdict(lambda: defaultdict(float))
     fine_sets: dict = defaultdict(set)
     for (cls, lines), per_warp in host.items():
-        if not cls.endswith(ENTRIES):
+        if not cls.endswith(ENTRIES) and cls not in BY_CLASS:
             fine_sets[cls].add(lines)
         for w, x in per_warp.items():
-            coarse_host[(cls, lines[-1])][w] += x
+            coarse_host[(cls, ALL_LINES if cls in BY_CLASS else lines[-1])][w] += x
     coarse_lines: dict = defaultdict(set)
     for cls, line in coarse_host:
         coarse_lines[cls].add(line)
@@ -128,9 +133,10 @@ def equations(fn, reach: list, host: dict) -> list:
             if cls is None:
                 continue
             coef = sass_cfg.access_bytes(ins) if cls in sass_cfg.BYTE_CLASSES else 1
-            line = next((ln for ln in ins.lines if ln in coarse_lines[cls]), None)
+            line = (ALL_LINES if ALL_LINES in coarse_lines[cls] else None) if cls in BY_CLASS else next(
+                (ln for ln in ins.lines if ln in coarse_lines[cls]), None)
             if line is None:
-                groups[("zero", cls, ins.lines[0] if ins.lines else 0)].append((i, coef))
+                groups[("zero", cls, ins.lines[0] if ins.lines and cls not in BY_CLASS else 0)].append((i, coef))
             else:
                 groups[("coarse", cls, line)].append((i, coef))
             fine = _match(fine_sets[cls], tuple(reversed(ins.lines)))

@@ -55,7 +55,7 @@ def identical(a, b):
 
 CASES = {  # name: (lens or None, batch, stages, ring slots, slots an item, producers, check mode)
     "varlen-ring2": ([37, 0, 50, 9, 131], 1, 2, 2, 3, 3, None),
-    "fixed-racecheck": (None, 2, 2, 8, 4, 1, "all"),
+    "fixed-racecheck": (None, 2, 2, 16, 4, 1, "all"),
 }
 
 

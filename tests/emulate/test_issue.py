@@ -137,3 +137,23 @@ def test_a_bulk_copy_runs_once_per_lane_on_warp_0(module):
     size = fn.blocks[block].size
     assert got.warps[0] - got.warps[1] >= 12 * size  # the lane loop and warp 0's own path
     assert got.opcodes["UBLKCP"] == pytest.approx(12, abs=1e-3)
+
+
+def test_warpgroup_mmas_match_by_class_whatever_lines_ptxas_gives_them():
+    """ptxas may attribute a wgmma to another product's line (since the 64-bit descriptor add it gives the
+    o^T and U^T products the first loop's): matched by line, those anchors went unmatched and the fit
+    undercounted the chain. HGMMAs are matched by class over the function: one equation, every HGMMA's
+    block against the host's count of them all, on whichever lines; other classes stay by line."""
+    from kdacupy.jit.sass_cfg import Block, Function, Instr
+
+    instrs = [Instr(0, None, "HGMMA.64x16x16.F32.BF16", "HGMMA", (10,)),
+              Instr(16, None, "HGMMA.64x128x16.F32.BF16", "HGMMA", (10,)),  # the host ran this one at line 30
+              Instr(32, None, "LDS.128", "LDS.128", (40,)),
+              Instr(48, None, "EXIT", "EXIT", (50,))]
+    fn = Function("k", instrs, [Block(0, 4, leaves=True)])
+    host = {("wgmma", (10,)): {0: 64.0}, ("wgmma", (30,)): {0: 64.0}, ("load", (40,)): {0: 512.0}}
+    eqs = issue.equations(fn, [0], host)
+    wg = [e for e in eqs if any(instrs[i].base == "HGMMA" for i, _ in e.terms)]
+    assert [(e.kind, sorted(i for i, _ in e.terms), e.host) for e in wg] == [("coarse", [0, 1], {0: 128.0})]
+    lds = [e for e in eqs if e.kind == "coarse" and any(instrs[i].base == "LDS" for i, _ in e.terms)]
+    assert [e.host for e in lds] == [{0: 512.0}]

@@ -21,9 +21,11 @@ from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
 from ...jit.enums import STATE_DTYPE_CODE
 from ...numerics.tiles import exact_dims
 
-#: ring slots a value head: the consumers' STAGES - 1 look-ahead plus a producer item's slots, with room
-#: for the producers to run ahead
-RING_SLOTS = 8
+#: ring slots a value head: the consumers' STAGES - 1 look-ahead, and by Little's law the chunks in
+#: production while one is consumed: a producer's chunk takes ~4x a consumer's chunk step (its warps issue
+#: ~3x the instructions and share their schedulers), so ~3 items of GROUP slots in flight a head (1.8 MB at
+#: H = 64, 2.7 MB at H = 96, K = 128: well inside L2); the GPU's tuning has the last word
+RING_SLOTS = 16
 #: chunk slots a producer item: kda_prepare's pipeline runs over them
 GROUP = 4
 #: value rows a consumer block: one warpgroup, the prepare's 128 threads

@@ -16,6 +16,7 @@ from . import layouts
 from ...numerics.tiles import exact_dims, tile_of
 from ...numerics.dtypes import dtype_name
 from ...jit.enums import DTYPE_CODE, MMA_CODE, STATE_DTYPE_CODE
+from ... import env
 from ...jit.loaders import loader
 from ..alloc import empty
 from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
@@ -248,7 +249,8 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fus
     its workspace there in the row-major layout and the mma.sync recurrence stores the state entering
     each chunk, as the stateless backward's own launches do. ``fused``: the one launch of
     ops/forward/fused.py instead, at the tiles' stages, with ``producers`` producer blocks (where it
-    serves the call: fused.supported); None: where fused.pays says so on the GPU (never in the emulation)."""
+    serves the call: fused.supported); None: as KDACUPY_FORWARD_FUSED says (auto: where fused.pays says so on
+    the GPU, never in the emulation)."""
     if p.device:
         import cupy as xp
     else:
@@ -263,9 +265,13 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fus
     if s_out is None and p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = empty(xp, shape, p.state_out_dtype)
-    if fused is None:
-        fused = bool(p.device) and keep is None and tiles.mma == "wgmma" and one_launch.pays(
-            p, tuning.device_facts()[2], tuning.current_arch(), a.get("checkpoints") is not None)
+    if fused is None and keep is None:
+        mode, ckpt = env.get("KDACUPY_FORWARD_FUSED"), a.get("checkpoints") is not None
+        if mode == "on":
+            fused = one_launch.supported(p, one_launch.tiles_of(tiles), ckpt)
+        elif mode == "auto":
+            fused = bool(p.device) and tiles.mma == "wgmma" and one_launch.pays(
+                p, tuning.device_facts()[2], tuning.current_arch(), ckpt)
         if fused:
             tiles = one_launch.tiles_of(tiles)
     if fused and keep is None and p.N:
