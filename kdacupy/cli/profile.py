@@ -67,7 +67,7 @@ DEFAULT_SHAPE = Shape("T256-H2", 256, 2)  # the small workloads: forward, split 
 DEFAULT_DECODE = dict(N=16, HV=4, T=1)
 DEFAULT_SEGMENTS = 2
 NOT_COUNTS = ("kernel", "grid", "block", "shared_mem", "source", "sites", "anchors", "library", "dram_by_argument",
-              "emulated_ctas", "anchors_dropped", "consumer")
+              "emulated_ctas", "anchors_dropped", "consumer", "chain_chunks", "consumers")
 
 
 def log(msg: str) -> None:
@@ -153,6 +153,9 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
             forward(p, a, tiles)
         rec = scaled(recs[0], factor)
         rec["consumer"] = scaled(next(r for r in chain if r["kernel"] == "kda_recurrence"), factor)
+        lens = shape.lens if shape.lens is not None else (shape.T,) * shape.B
+        rec["chain_chunks"] = sum(-(-n // 16) for n in lens)  # a consumer's: every sequence of its head
+        rec["consumers"] = one_launch.consumers(full)
         info = dict(heads_emulated=hv, scale=factor, segments=1, fused=True,
                     tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
         return [rec], info
@@ -347,14 +350,17 @@ FUSED_KERNEL = "kda_forward_fused"
 FUSED_CHOICE = {"auto": None, "on": True, "off": False}
 
 
-def consumer_chain_s(rec: dict, gpu: roofline.Gpu, chunks: int, mean_chunks: float) -> float:
-    """The fused launch's chains: the two-launch recurrence at the consumers' tiles (its record, emulated
-    beside the fused launch), its latency term on ``gpu`` at its own occupancy."""
-    rep = compile_report(rec["source"], gpu.arch)
-    resident = (roofline.occupancy(gpu, int(np.prod(rec["block"])), rep.regs, rec["shared_mem"] + rep.static_smem)["ctas_per_sm"]
-                if rep is not None else roofline.default_ctas_per_sm(rec, gpu))
+def consumer_chain_s(rec: dict, gpu: roofline.Gpu, consumers: int, chain_chunks: int, chunks: int,
+                     mean_chunks: float) -> float:
+    """The fused launch's chains from the two-launch recurrence at the consumers' tiles (its record, emulated
+    beside the fused launch; ``chunks`` its longest CTA's, ``mean_chunks`` its mean): a consumer walks every
+    sequence of its head (``chain_chunks``), each chunk step at least the record's dependent path a chunk and
+    its busiest scheduler's issue a chunk times the consumers an SM holds (``consumers`` over the SMs)."""
+    path = roofline.path_cycles(rec, gpu, "max") / max(1, chunks)
     ic = issue_of(rec, gpu)
-    return roofline.times(rec, gpu, resident, ic.warps if ic else None, chunks, mean_chunks).get("latency", 0.0)
+    busiest = max(roofline.schedulers(ic.warps, gpu.schedulers)) / max(mean_chunks, 1e-9) if ic else 0.0
+    per_sm = -(-consumers // gpu.sms)
+    return chain_chunks * max(path, per_sm * busiest) / (gpu.clock_ghz * 1e9)
 
 
 def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, mean_chunks: float = 0.0) -> list[dict]:
@@ -386,7 +392,8 @@ def kernel_rows(recs: list[dict], gpu: roofline.Gpu, chunks: int, hot: int = 3, 
         if ic is not None:
             _merge_issue(row, ic, r["ctas"])
         if r["kernel"] == FUSED_KERNEL:
-            t = roofline.fused_times(r, gpu, ic.warps if ic else None, consumer_chain_s(r["consumer"], gpu, chunks, mean_chunks))
+            chain = consumer_chain_s(r["consumer"], gpu, r["consumers"], r["chain_chunks"], chunks, mean_chunks)
+            t = roofline.fused_times(r, gpu, ic.warps if ic else None, chain)
         else:
             t = roofline.times(r, gpu, resident, ic.warps if ic else None, chunks, mean_chunks)
         for k, v in t.items():

@@ -10,7 +10,7 @@ section 4, item 3).
 
 Which variants use an arch-specific instruction is a property of the kernel family: a family
 declares it with :func:`declare_arch_specific` (a predicate on the variant's ``#define``s).
-None does yet, so 10.x builds generic targets until one does.
+The tcgen05 recurrences do (kdacupy/ops/forward/kernels.py): on 10.x they build sm_100a, the rest sm_100.
 """
 from __future__ import annotations
 

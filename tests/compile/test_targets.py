@@ -55,15 +55,18 @@ def test_a_declared_variant_gets_the_arch_specific_target_on_10x_only(declared, 
         monkeypatch.setattr(targets, "device_cc", lambda cc=cc: cc)
         assert targets.target("kda_made_up", {"ARCH_SPECIFIC": 1}) == specific
         assert targets.target("kda_made_up", {"ARCH_SPECIFIC": 0}) == plain
-        assert targets.target("kda_recurrence", {"ARCH_SPECIFIC": 1}) == plain  # another family: its own say
+        assert targets.target("kda_seqpar_scan", {"ARCH_SPECIFIC": 1}) == plain  # another family: its own say
 
 
-def test_no_registered_variant_uses_an_arch_specific_instruction_yet():
-    """So on 10.x every variant still builds sm_100 (the generic target)."""
+def test_the_tcgen05_recurrences_alone_use_an_arch_specific_instruction():
+    """So on 10.x the tcgen05 recurrences build sm_100a (tcgen05 is there alone) and every other variant
+    sm_100 (the generic target)."""
     from kdacupy.cli import compile as _cli  # noqa: F401  (registers every family)
 
     for name in registry.kernels():
-        assert not any(targets.uses_arch_specific(v.kernel, v.config()) for v in registry.variants(name)), name
+        for v in registry.variants(name):
+            tc = getattr(getattr(v, "tiles", None), "mma", None) == "tcgen05"
+            assert targets.uses_arch_specific(v.kernel, v.config()) == tc, v.label()
 
 
 class Recorder:

@@ -17,12 +17,17 @@ from ...numerics.tiles import exact_dims, tile_of
 from ...numerics.dtypes import dtype_name
 from ...jit.enums import DTYPE_CODE, MMA_CODE, STATE_DTYPE_CODE
 from ... import env
+from ...jit import targets
 from ...jit.loaders import loader
 from ..alloc import empty
 from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
 from ..inputs import InputVariant, input_options
 from . import tuning
 from .tuning import CORE_FAMILIES, TileConfig
+
+
+# tcgen05 exists on sm_100a alone: on 10.x the runtime builds those recurrences for the arch-specific target
+targets.declare_arch_specific("kda_recurrence", lambda config: config.get("KDA_MMA") == MMA_CODE["tcgen05"])
 
 
 @dataclass(frozen=True)
