@@ -216,17 +216,7 @@ def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None, issue: list | Non
     chain's path at least its busiest scheduler's issue over the longest chain (``chunks`` chunks;
     ``mean_chunks`` a CTA's mean)."""
     ctas = max(1, rec.get("ctas", 1))
-    waves = math.ceil(ctas / gpu.sms) * gpu.sms / ctas  # >= 1: SMs idle in the last wave
-    per_sm = gpu.sms * gpu.clock_ghz * 1e9 / waves
-    out = {
-        "hbm": (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / gpu.hbm_bytes_per_s,
-        "smem": (rec["smem_wavefronts"] + (rec.get("wgmma_smem_bytes", 0) + rec.get("bulk_copy_bytes", 0)
-                                           + rec.get("tcgen05_smem_bytes", 0)) / gpu.smem_bytes_per_clk) / per_sm,
-        "tensor": (rec["mma"] * MMA_FLOP / gpu.mma_sync_tflops
-                   + (rec.get("wgmma_smem_bytes", 0) * WGMMA_FLOP_PER_B_BYTE + rec.get("tcgen05_flop", 0))
-                   / gpu.bf16_tflops) / (1e12 / waves),
-        "sfu": rec["sfu"] * 32 / (per_sm * gpu.sfu_per_clk),
-    }
+    out = resource_times(rec, gpu, math.ceil(ctas / gpu.sms) * gpu.sms / ctas)  # >= 1: SMs idle in the last wave
     r = default_ctas_per_sm(rec, gpu) if ctas_per_sm is None else ctas_per_sm
     if has_path(rec):
         out["latency"] = latency_cycles(rec, gpu, r) / (gpu.clock_ghz * 1e9)
@@ -238,24 +228,28 @@ def times(rec: dict, gpu: Gpu, ctas_per_sm: int | None = None, issue: list | Non
     return out
 
 
+def resource_times(rec: dict, gpu: Gpu, waves: float = 1.0) -> dict:
+    """HBM, shared memory, tensor cores and SFU for a launch record's counts (see ``times``); ``waves``
+    >= 1 stretches the per-SM ones for the SMs a last partial wave leaves idle."""
+    per_sm = gpu.sms * gpu.clock_ghz * 1e9 / waves
+    return {
+        "hbm": (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / gpu.hbm_bytes_per_s,
+        "smem": (rec["smem_wavefronts"] + (rec.get("wgmma_smem_bytes", 0) + rec.get("bulk_copy_bytes", 0)
+                                           + rec.get("tcgen05_smem_bytes", 0)) / gpu.smem_bytes_per_clk) / per_sm,
+        "tensor": (rec["mma"] * MMA_FLOP / gpu.mma_sync_tflops
+                   + (rec.get("wgmma_smem_bytes", 0) * WGMMA_FLOP_PER_B_BYTE + rec.get("tcgen05_flop", 0))
+                   / gpu.bf16_tflops) / (1e12 / waves),
+        "sfu": rec["sfu"] * 32 / (per_sm * gpu.sfu_per_clk),
+    }
+
+
 def fused_times(rec: dict, gpu: Gpu, issue: list | None, chain_s: float) -> dict:
     """Seconds per resource of the fused forward's one persistent launch (kernels/kda_forward_fused.cu):
-    every SM busy for the whole launch (no waves), so HBM, shared memory, tensor cores and SFU as
-    ``times`` with one wave; issue: every warp instruction of the launch over all the schedulers (the
-    producers take their items from a counter and the ring holds them back to the consumers' pace, so the
-    work spreads over the SMs); latency: ``chain_s``, the consumers' chains as the two-launch recurrence at
-    their tiles would run them (times' latency of its record: the dependent path, or the busiest
-    scheduler's issue over the chunks)."""
-    per_sm = gpu.sms * gpu.clock_ghz * 1e9
-    out = {
-        "hbm": (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / gpu.hbm_bytes_per_s,
-        "smem": (rec["smem_wavefronts"] + (rec.get("wgmma_smem_bytes", 0) + rec.get("bulk_copy_bytes", 0))
-                 / gpu.smem_bytes_per_clk) / per_sm,
-        "tensor": (rec["mma"] * MMA_FLOP / gpu.mma_sync_tflops
-                   + rec.get("wgmma_smem_bytes", 0) * WGMMA_FLOP_PER_B_BYTE / gpu.bf16_tflops) / 1e12,
-        "sfu": rec["sfu"] * 32 / (per_sm * gpu.sfu_per_clk),
-        "latency": chain_s,
-    }
+    every SM busy for the whole launch, so HBM, shared memory, tensor cores and SFU with one wave; issue:
+    every warp instruction of the launch over all the schedulers (the producers take their items from a
+    counter and the ring holds them back to the consumers' pace, so the work spreads over the SMs);
+    latency: ``chain_s``, the consumers' chains (kdacupy/cli/profile.py's consumer_chain_s)."""
+    out = dict(resource_times(rec, gpu), latency=chain_s)
     if issue:
         out["issue"] = sum(issue) * rec.get("ctas", 1) / (gpu.sms * gpu.schedulers) / (gpu.clock_ghz * 1e9)
     return out

@@ -1127,16 +1127,21 @@ KDA_EMU_RT inline void fence_proxy_async_global() {
 #endif
 }
 // Flags between blocks: real acquire / release atomics (the blocks run on OS threads). A reader that
-// spins gives up its OS thread's slice each time (sched_yield): the writer's block may share the core.
+// spins gives up its OS thread's slice each time (sched_yield): the writer's block may share the core;
+// and a block spinning on a flag that a failed block would have set is abandoned with the launch.
+namespace kda_emu {
+KDA_EMU_RT inline void spin_yield() {
+  sched_yield();
+  if (__atomic_load_n(&g_worker->L->abort, __ATOMIC_RELAXED)) to_sched(g_cur);
+}
+}  // namespace kda_emu
 KDA_EMU_RT inline u32 ld_acquire_gpu(const u32* p) {
   KDA_EMU_ATOMIC(p);
 #ifdef KDA_EMU_CHECK
   ::kda_emu::acquire_mark();
 #endif
   const u32 v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
-  sched_yield();
-  // a block spinning on a flag that a failed block would have set: abandoned with the launch
-  if (__atomic_load_n(&::kda_emu::g_worker->L->abort, __ATOMIC_RELAXED)) ::kda_emu::to_sched(::kda_emu::g_cur);
+  ::kda_emu::spin_yield();
   return v;
 }
 // One read counted and anchored however long it spins (each spin a bare acquire load): the counters
@@ -1149,8 +1154,7 @@ KDA_EMU_RT inline u32 wait_acquire_gpu_geq(const u32* p, u32 need) {
   for (;;) {
     const u32 v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
     if (v >= need) return v;
-    sched_yield();
-    if (__atomic_load_n(&::kda_emu::g_worker->L->abort, __ATOMIC_RELAXED)) ::kda_emu::to_sched(::kda_emu::g_cur);
+    ::kda_emu::spin_yield();
   }
 }
 KDA_EMU_RT inline void st_release_gpu(u32* p, u32 v) {

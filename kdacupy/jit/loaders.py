@@ -66,20 +66,23 @@ class CudaLoader:
         return fn
 
     @staticmethod
-    def launch(fn, grid, block, args, shared_mem, cooperative=False):
-        """``cooperative``: the kernel's module was loaded so (COOPERATIVE): every block resident at once."""
+    def _opt_in(fn, shared_mem):
         if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
             fn.max_dynamic_shared_size_bytes = shared_mem  # opt in above 48 KiB
+
+    @classmethod
+    def launch(cls, fn, grid, block, args, shared_mem, cooperative=False):
+        """``cooperative``: the kernel's module was loaded so (COOPERATIVE): every block resident at once."""
+        cls._opt_in(fn, shared_mem)
         fn(grid, block, args, shared_mem=shared_mem)
 
-    @staticmethod
-    def resident_blocks(fn, threads: int, shared_mem: int) -> int:
+    @classmethod
+    def resident_blocks(cls, fn, threads: int, shared_mem: int) -> int:
         """Blocks of ``fn`` the current device holds at once (its SMs x the occupancy calculator's)."""
         import cupy
         from cupy.cuda import driver
 
-        if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
-            fn.max_dynamic_shared_size_bytes = shared_mem
+        cls._opt_in(fn, shared_mem)
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, shared_mem)
         return per_sm * cupy.cuda.Device().attributes["MultiProcessorCount"]
 

@@ -145,14 +145,13 @@ def test_offsets_beyond_2_to_the_31():
     agree(cp.asnumpy(s[1:]), sm)
 
 
-def test_cuda_graph_capture_and_replay():
-    """The replay writes o and the final state again: both are zeroed first (nothing stale can
-    pass), and the uncaptured run they must equal bitwise agrees with the model."""
-    x, opts = make_inputs(cu_seqlens=[100, 0, 333], H=4, K=128, V=128, state=BF16)
+def captured_and_replayed(x, opts, warm=False):
+    """kda_forward(output_final_state=True) captured into a graph on a new stream, its o and final state
+    zeroed and the graph replayed: (the uncaptured run first when ``warm``, or None; the replay's (o, s))."""
     dx, dopts = to_dev(x), to_dev(opts)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        ref = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)  # warm: compile, pool blocks
+        ref = kdacupy.kda_forward(**dx, **dopts, output_final_state=True) if warm else None  # compile, pool blocks
         stream.begin_capture()
         o, s = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)
         graph = stream.end_capture()
@@ -160,6 +159,14 @@ def test_cuda_graph_capture_and_replay():
         s.fill(0)
         graph.launch(stream)
         stream.synchronize()
+    return ref, (o, s)
+
+
+def test_cuda_graph_capture_and_replay():
+    """The replay writes o and the final state again: both are zeroed first (nothing stale can
+    pass), and the uncaptured run they must equal bitwise agrees with the model."""
+    x, opts = make_inputs(cu_seqlens=[100, 0, 333], H=4, K=128, V=128, state=BF16)
+    ref, (o, s) = captured_and_replayed(x, opts, warm=True)
     np.testing.assert_array_equal(cp.asnumpy(o), cp.asnumpy(ref[0]))
     np.testing.assert_array_equal(cp.asnumpy(s), cp.asnumpy(ref[1]))
     om, sm = kda_model(**x, **opts, output_final_state=True)
@@ -358,15 +365,6 @@ def test_fused_forward_is_the_two_launch_forward_bit_for_bit(producers, monkeypa
     om, sm = kda_model(**x, **opts, output_final_state=True)
     agree(two[0], om)
     agree(two[1], sm)
-    dx, dopts = to_dev(x), to_dev(opts)
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
-        o, s = kdacupy.kda_forward(**dx, **dopts, output_final_state=True)
-        graph = stream.end_capture()
-        o.fill(0)
-        s.fill(0)
-        graph.launch(stream)
-        stream.synchronize()
+    _, (o, s) = captured_and_replayed(x, opts)
     np.testing.assert_array_equal(cp.asnumpy(o).view(np.uint16), two[0].view(np.uint16))
     np.testing.assert_array_equal(cp.asnumpy(s).view(np.uint32), two[1].view(np.uint32))

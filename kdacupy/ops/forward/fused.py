@@ -14,9 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import layouts
+from . import layouts, workspace
 from .tuning import TileConfig
-from ..alloc import empty
 from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
 from ...jit.enums import STATE_DTYPE_CODE
 from ...numerics.tiles import exact_dims
@@ -38,8 +37,8 @@ class FusedVariant:
     kernel: ClassVar[str] = "kda_forward_fused"
     prepare: object  # kernels.PrepareVariant (ws_core)
     recurrence: object  # kernels.RecurrenceVariant (wgmma, BV = 64)
-    ring: int = RING_SLOTS
-    group: int = GROUP
+    ring: int  # slots a head (RING_SLOTS)
+    group: int  # slots an item (GROUP)
 
     def config(self) -> dict:
         a, b = self.prepare.config(), self.recurrence.config()
@@ -93,10 +92,10 @@ def consumers(p) -> int:
     return p.HV * (p.V // BV)
 
 
-def ring_bytes(p) -> tuple[int, int]:
-    """(bytes of the ring's blocks, bytes of its flags: ready and consumed per slot, the item counter, the
-    error word)."""
-    slots = p.HV * RING_SLOTS
+def ring_bytes(p, ring: int) -> tuple[int, int]:
+    """(bytes of a ring of ``ring`` blocks a head, bytes of its flags: ready and consumed per slot, the item
+    counter, the error word)."""
+    slots = p.HV * ring
     return slots * layouts.workspace(p.K)["WS_STRIDE"], (2 * slots + 2) * 4
 
 
@@ -114,25 +113,13 @@ def launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var: FusedVa
     run.launch(fn, (consumers(p) + producers, 1), (THREADS,), tuple(args), var.smem, cooperative=True)
 
 
-def scratch(p, a, xp):
-    """The ring and its flags (zeroed: an asynchronous fill on the stream), and ``a`` with a strided
-    ``cu_seqlens`` replaced by a dense copy after them (as the two-launch forward's workspace does)."""
-    blocks, flag_bytes = ring_bytes(p)
-    cu = a["cu_seqlens"]
-    copy_cu = cu is not None and not cu.flags.c_contiguous
-    cu_at = -(-(blocks + flag_bytes) // 8) * 8
-    total = cu_at + (cu.nbytes if copy_cu else 0)
-    if p.device:
-        from .workspace import device_workspace
-        ws = device_workspace(total)
-    else:
-        ws = empty(xp, total, np.uint8)
+def scratch(p, a, xp, ring: int):
+    """The ring of ``ring`` slots a head and its flags (zeroed: an asynchronous fill on the stream), and ``a``
+    with a strided ``cu_seqlens`` copied after them (ops/forward/workspace.py)."""
+    blocks, flag_bytes = ring_bytes(p, ring)
+    ws, a = workspace.scratch(p, a, blocks + flag_bytes, xp)
     flags = ws[blocks:blocks + flag_bytes].view(np.uint32)
     flags.fill(0)
-    if copy_cu:
-        dense = ws[cu_at:cu_at + cu.nbytes].view(cu.dtype)
-        dense[...] = cu
-        a = dict(a, cu_seqlens=dense)
     return ws[:blocks], flags, a
 
 
@@ -143,7 +130,6 @@ EMULATED_PRODUCERS = 2
 def forward_fused(run, p, a, o, s_out, nslots, per_seq, var: FusedVariant, producers: int | None, xp):
     """The fused forward into ``o`` and ``s_out``: ``producers`` producer blocks (None: on the GPU every
     block the device holds beside the consumers, in the emulation EMULATED_PRODUCERS)."""
-    stages = var.recurrence.tiles.stages
     if producers is None:
         if p.device:
             fn = run.get(var.kernel, var.config(), var.kernel)
@@ -153,7 +139,7 @@ def forward_fused(run, p, a, o, s_out, nslots, per_seq, var: FusedVariant, produ
     if producers < 1:
         raise ValueError(f"fused forward: {consumers(p)} consumer blocks leave no room for a producer "
                          f"({producers} asked or free)")
-    if RING_SLOTS < stages:
-        raise ValueError(f"fused forward: a ring of {RING_SLOTS} slots under {stages} stages")
-    ring, flags, a = scratch(p, a, xp)
+    if var.ring < var.recurrence.tiles.stages:
+        raise ValueError(f"fused forward: a ring of {var.ring} slots under {var.recurrence.tiles.stages} stages")
+    ring, flags, a = scratch(p, a, xp, var.ring)
     launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var, producers)

@@ -24,6 +24,7 @@ from ..args import cu_args, lower_bound_log2, pool_args, ptr, strides
 from ..inputs import InputVariant, input_options
 from . import tuning
 from .tuning import CORE_FAMILIES, TileConfig
+from .workspace import scratch
 
 
 # tcgen05 exists on sm_100a alone: on 10.x the runtime builds those recurrences for the arch-specific target
@@ -231,20 +232,7 @@ def workspace(p, a, nslots, xp, kept=False):
     pointer); the CPU emulation takes a fresh one. ``kept``: the prepare writes a kept
     buffer instead (only the copy of cu_seqlens, if any, goes here)."""
     nbytes = 0 if kept else p.HV * nslots * layouts.workspace(tiles_of(p)[0])["WS_STRIDE"]
-    cu = a["cu_seqlens"]
-    copy_cu = cu is not None and not cu.flags.c_contiguous
-    cu_at = -(-nbytes // 8) * 8
-    total = cu_at + (cu.nbytes if copy_cu else 0)
-    if p.device:
-        from .workspace import device_workspace
-        ws = device_workspace(total)
-    else:
-        ws = empty(xp, total, np.uint8)
-    if copy_cu:
-        dense = ws[cu_at:].view(cu.dtype)
-        dense[...] = cu
-        a = dict(a, cu_seqlens=dense)
-    return ws, a
+    return scratch(p, a, nbytes, xp)
 
 
 def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fused: bool | None = None,
@@ -270,8 +258,9 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fus
     if s_out is None and p.state_out_dtype is not None:
         shape = (p.N, p.HV, p.K, p.V) if p.state_layout == "kv" else (p.N, p.HV, p.V, p.K)
         s_out = empty(xp, shape, p.state_out_dtype)
+    ckpt = a.get("checkpoints") is not None
     if fused is None and keep is None:
-        mode, ckpt = env.get("KDACUPY_FORWARD_FUSED"), a.get("checkpoints") is not None
+        mode = env.get("KDACUPY_FORWARD_FUSED")
         if mode == "on":
             fused = one_launch.supported(p, one_launch.tiles_of(tiles), ckpt)
         elif mode == "auto":
@@ -280,7 +269,7 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fus
         if fused:
             tiles = one_launch.tiles_of(tiles)
     if fused and keep is None and p.N:
-        if not one_launch.supported(p, tiles, a.get("checkpoints") is not None):
+        if not one_launch.supported(p, tiles, ckpt):
             raise ValueError(f"fused forward: not for tiles {tiles} at K={p.K}, V={p.V} with these options")
         one_launch.forward_fused(run, p, a, o, s_out, nslots, per_seq, fused_variant(p, tiles.stages), producers, xp)
         return o, (None if a.get("state_pool") is not None else s_out)

@@ -113,6 +113,26 @@ def device_workspace(nbytes: int):
     return device_cache().get((cupy.cuda.Device().id, stream.ptr), nbytes)
 
 
+def scratch(p, a, nbytes: int, xp):
+    """``nbytes`` of the forward's scratch memory (on the GPU the (device, stream)'s workspace, in the
+    emulation a fresh array) and ``a`` with a strided ``cu_seqlens`` replaced by its copy after them (a
+    device copy kernel: capturable, and a graph's replay re-reads the caller's array)."""
+    import numpy as np
+
+    from ..alloc import empty
+
+    cu = a["cu_seqlens"]
+    copy_cu = cu is not None and not cu.flags.c_contiguous
+    cu_at = -(-nbytes // 8) * 8
+    total = cu_at + (cu.nbytes if copy_cu else 0)
+    ws = device_workspace(total) if p.device else empty(xp, total, np.uint8)
+    if copy_cu:
+        dense = ws[cu_at:cu_at + cu.nbytes].view(cu.dtype)
+        dense[...] = cu
+        a = dict(a, cu_seqlens=dense)
+    return ws, a
+
+
 def release() -> int:
     """Free the device workspaces that no CUDA graph can hold; the bytes freed."""
     return device_cache().release() if _device_cache is not None else 0
