@@ -16,17 +16,34 @@ constexpr float SAFE_EXPONENT = 100.0f;
 // range of sums (so each factor 2^(gc - gr), 2^(gr - gc) spans half of it, and a chunk whose
 // channels range up to 2 SAFE_EXPONENT stays on the tensor cores). Every thread of the block takes
 // part: whether any channel's half range passed SAFE_EXPONENT (the pair form), after a barrier.
-template <int K, int NT, class At, class Put, class PutRef>
-__device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRef put_ref, int tid) {
+// MONO: every g of the chunk has one sign (the sigmoid gate's lb2 * s, s in [0, 1]; ``rises``: lb2 > 0),
+// so the sums are monotone (fp32 rounding keeps their order) and their range is the first and last
+// row's sum, found without the per-row max and min. A NaN runs on to the last row, so gr is NaN where
+// fmaxf / fminf (the model's) skip it: the chunk's outputs are NaN either way (the recurrence's mma of
+// Mqk and U multiplies the NaN rows of U by the zeros above Mqk's diagonal too).
+template <int K, int NT, bool MONO = false, class At, class Put, class PutRef>
+__device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRef put_ref, int tid, bool rises = false) {
   bool unsafe = false;
   for (int c = tid; c < K; c += NT) {
     float acc = 0.f, hi = 0.f, lo = 0.f;
+    if constexpr (MONO) {
+      float first = 0.f;
 #pragma unroll
-    for (int i = 0; i < CHUNK; ++i) {
-      acc += g[at(i, c)];
-      g[at(i, c)] = acc;
-      hi = i == 0 ? acc : fmaxf(hi, acc);
-      lo = i == 0 ? acc : fminf(lo, acc);
+      for (int i = 0; i < CHUNK; ++i) {
+        acc += g[at(i, c)];
+        g[at(i, c)] = acc;
+        if (i == 0) first = acc;
+      }
+      hi = rises ? acc : first;
+      lo = rises ? first : acc;
+    } else {
+#pragma unroll
+      for (int i = 0; i < CHUNK; ++i) {
+        acc += g[at(i, c)];
+        g[at(i, c)] = acc;
+        hi = i == 0 ? acc : fmaxf(hi, acc);
+        lo = i == 0 ? acc : fminf(lo, acc);
+      }
     }
     const float gr = (hi + lo) * 0.5f;
     unsafe |= fmaxf(hi - gr, gr - lo) > SAFE_EXPONENT;

@@ -121,3 +121,19 @@ def test_emulated_wgmma_forward_is_bit_for_bit(name, precision, BV, monkeypatch)
     for a, b in zip(got, forward_exact(**x, **opts)):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_a_nan_gate_mid_chunk_gives_the_models_output():
+    """The sigmoid gate's sums only fall, so kda_prepare takes their range from the first and last
+    rows (kernels/prepare_steps.cuh, gate_cumsum): a NaN gate makes that range NaN where the model's
+    fmax / fmin skip it. Either way the chunk's outputs are NaN (the mma of Mqk and U carries a NaN
+    row of U into every row), and so is everything after it in that head: the same elements."""
+    x, opts = case_inputs("fixed-gva-sigmoid", "bf16")
+    x["g"] = x["g"].copy()
+    x["g"][0, 21, 1, 5] = np.nan  # sequence 0, value head 1, channel 5: row 5 of chunk 1
+    got = kdacupy.kda_forward(**x, **opts, backend="emulate")
+    want = forward_exact(**x, **opts)
+    o = got[0].astype(np.float64)
+    assert np.isnan(o[0, 16:, 1]).all() and np.isfinite(o[0, :16]).all() and np.isfinite(o[:, :, 0]).all()
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a.astype(np.float64), b.astype(np.float64))
