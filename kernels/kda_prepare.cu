@@ -64,21 +64,10 @@ template <int PER_THREAD> __device__ __forceinline__ int slot_of(int p) {
 __device__ __forceinline__ int tile_col(int c) { return slot_of<(K / 64 > 0 ? K / 64 : 1)>(c >> 3) * 8 + (c & 7); }
 
 // fp32 rows of [16, K] (the gate sums, and the pair form's q * scale and k): rows of PSM_GS
-// floats (an odd multiple of 4: 16-byte aligned, 8 rows on 8 distinct bank groups) with 4 words of
-// pad after every 32 channels, so the 8 threads of a row meet 8 bank groups with 16-byte vectors of
-// their channels (the gates' stores [2], [5]'s reads), 32 channels of one row meet 32 banks (the
-// running sum [4]), and a column of 16 rows meets 8 bank groups twice (the pair form's reads).
+// floats (odd, = 1 mod 4) with 4 words of pad after every 32 channels, so that a warp reading
+// a row segment per thread, one column of 16 rows, or 32 channels of one row meets 32 banks.
 __device__ __forceinline__ int gx(int r, int c) { return r * PSM_GS + c + 4 * (c >> 5); }
-static_assert(PSM_GS % 8 == 4 && PSM_GS >= K + K / 8, "padded fp32 rows");
-// E (4 or 8) consecutive channels from c (a multiple of E) of a row of sG / sRef: 16-byte loads
-template <int N> __device__ __forceinline__ void load_g(const float* row_c, float (&x)[N]) {
-  static_assert(N % 4 == 0, "whole 16-byte vectors");
-#pragma unroll
-  for (int i = 0; i < N / 4; ++i) {
-    const float4 v = reinterpret_cast<const float4*>(row_c)[i];
-    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-  }
-}
+static_assert(PSM_GS % 4 == 1 && PSM_GS >= K + K / 8, "padded fp32 rows");
 
 // [16, 16] fp32 tiles (L, Mf): row i's 16 words permuted by an XOR of i's bits 1 and 2, so the
 // mma accumulator stores of bf16_abt and a warp's 32 consecutive elements are conflict-free.
@@ -289,10 +278,8 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
           for (int e = 0; e < 4; ++e) bq[e] = !ANY || c + e < kdim ? bias_row[c + e] : 0.f;
         }
         // [2]; a padded channel's gate is 0 (no decay), as a padded row's
-        float gl[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) gl[e] = live && (!ANY || c + e < kdim) ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;
-        *reinterpret_cast<float4*>(sG + gx(r, c)) = make_float4(gl[0], gl[1], gl[2], gl[3]);
+        for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live && (!ANY || c + e < kdim) ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;
       }
     }
     // [3] beta
@@ -318,16 +305,13 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
       // two passes over the piece, to the workspace then to shared memory: half the packed words live at once
       {
         u32 wq[E / 2], wk[E / 2], wr[E / 2];
-        float gcs[E], gts[E];
-        load_g(sG + gx(r, c0), gcs);
-        load_g(sG + gx(CHUNK - 1, c0), gts);
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           float qd[2], kd[2], kr[2];
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
-            const int i = v * E + 2 * w + e2;
-            const float gc = gcs[2 * w + e2], gt = gts[2 * w + e2];
+            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
+            const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)];
             const float e = ex2_approx_ftz(gc);
             qd[e2] = qv[i] * (e * scale);
             kd[e2] = kv[i] * e;
@@ -348,16 +332,13 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
       }
       if (!unsafe) {
         u32 wqm[E / 2], wqml[E / 2], wkm[E / 2], wi[E / 2], wil[E / 2];
-        float gcs[E], grs[E];
-        load_g(sG + gx(r, c0), gcs);
-        load_g(sRef + gx(0, c0), grs);
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           float qm[2], km[2], ki[2];
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
-            const int i = v * E + 2 * w + e2;
-            const float gc = gcs[2 * w + e2], gr = grs[2 * w + e2];
+            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
+            const float gc = sG[gx(r, c)], gr = sRef[gx(0, c)];
             const float em = ex2_approx_ftz(gc - gr);
             qm[e2] = qv[i] * (em * scale);
             km[e2] = kv[i] * em;

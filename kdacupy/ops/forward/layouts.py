@@ -44,11 +44,10 @@ def core_offset(r: int, c: int) -> int:
 
 
 def prepare_row(K: int) -> int:
-    """Floats per padded fp32 [16, K] row of kda_prepare: 4 words of pad per 32 channels, rounded
-    up to an odd multiple of 4 (16-byte rows on 8 distinct bank groups), which keeps its row
-    vectors, row and column accesses free of bank conflicts (kernels/kda_prepare.cu, gx)."""
-    quads = -(-(K + K // 8) // 4)
-    return 4 * (quads + 1 - quads % 2)
+    """Floats per padded fp32 [16, K] row of kda_prepare: 4 words of pad per 32 channels,
+    rounded up to 1 mod 4 (odd), which keeps its row, column and row-segment accesses free
+    of bank conflicts (kernels/kda_prepare.cu, gx)."""
+    return K + K // 8 + 1
 
 
 def prepare_grow(K: int, g_bytes: int) -> int:
