@@ -25,6 +25,9 @@
 #ifndef KDA_ANY_DIMS
 #define KDA_ANY_DIMS 0
 #endif
+#ifndef KDA_G_PAIRS
+#define KDA_G_PAIRS 0
+#endif
 
 namespace {
 using namespace kda;
@@ -63,11 +66,20 @@ template <int PER_THREAD> __device__ __forceinline__ int slot_of(int p) {
 // element offset of channel c in a row of a [16, K] bf16 tile (8 channels a slot)
 __device__ __forceinline__ int tile_col(int c) { return slot_of<(K / 64 > 0 ? K / 64 : 1)>(c >> 3) * 8 + (c & 7); }
 
-// fp32 rows of [16, K] (the gate sums, and the pair form's q * scale and k): rows of PSM_GS
-// floats (odd, = 1 mod 4) with 4 words of pad after every 32 channels, so that a warp reading
-// a row segment per thread, one column of 16 rows, or 32 channels of one row meets 32 banks.
+// fp32 rows of [16, K] (the gate sums, and the pair form's q * scale and k): rows of PSM_GS floats with
+// 4 words of pad after every 32 channels. Odd (= 1 mod 4): a warp reading a row segment per thread, one
+// column of 16 rows, or 32 channels of one row meets 32 banks. KDA_G_PAIRS (the fused forward's build,
+// whose registers have room: at kda_prepare's 128 the vector code spilled in some variants): = 2 mod 4,
+// and the gates' stores [2] and [5]'s reads of a thread's own row go as 8-byte channel pairs, which
+// meet all 32 banks across the 2 rows of a half-warp; a column of 16 rows then meets 16.
+constexpr bool G_PAIRS = KDA_G_PAIRS;
 __device__ __forceinline__ int gx(int r, int c) { return r * PSM_GS + c + 4 * (c >> 5); }
-static_assert(PSM_GS % 4 == 1 && PSM_GS >= K + K / 8, "padded fp32 rows");
+static_assert(PSM_GS % 4 == (G_PAIRS ? 2 : 1) && PSM_GS >= K + K / 8, "padded fp32 rows");
+// channels c, c + 1 (c even) of row r of sG: one 8-byte load with KDA_G_PAIRS
+__device__ __forceinline__ float2 g_pair(const float* g, int r, int c) {
+  if constexpr (G_PAIRS) return *reinterpret_cast<const float2*>(g + gx(r, c));
+  return make_float2(g[gx(r, c)], g[gx(r, c + 1)]);
+}
 
 // [16, 16] fp32 tiles (L, Mf): row i's 16 words permuted by an XOR of i's bits 1 and 2, so the
 // mma accumulator stores of bf16_abt and a warp's 32 consecutive elements are conflict-free.
@@ -278,8 +290,16 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
           for (int e = 0; e < 4; ++e) bq[e] = !ANY || c + e < kdim ? bias_row[c + e] : 0.f;
         }
         // [2]; a padded channel's gate is 0 (no decay), as a padded row's
+        float gl[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = live && (!ANY || c + e < kdim) ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;
+        for (int e = 0; e < 4; ++e) gl[e] = live && (!ANY || c + e < kdim) ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;
+        if constexpr (G_PAIRS) {
+          *reinterpret_cast<float2*>(sG + gx(r, c)) = make_float2(gl[0], gl[1]);
+          *reinterpret_cast<float2*>(sG + gx(r, c + 2)) = make_float2(gl[2], gl[3]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = gl[e];
+        }
       }
     }
     // [3] beta
@@ -308,10 +328,11 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           float qd[2], kd[2], kr[2];
+          const float2 gc2 = g_pair(sG, r, c0 + 2 * w);
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
             const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-            const float gc = sG[gx(r, c)], gt = sG[gx(CHUNK - 1, c)];
+            const float gc = e2 ? gc2.y : gc2.x, gt = sG[gx(CHUNK - 1, c)];
             const float e = ex2_approx_ftz(gc);
             qd[e2] = qv[i] * (e * scale);
             kd[e2] = kv[i] * e;
@@ -335,10 +356,11 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {
           float qm[2], km[2], ki[2];
+          const float2 gc2 = g_pair(sG, r, c0 + 2 * w);
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
             const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-            const float gc = sG[gx(r, c)], gr = sRef[gx(0, c)];
+            const float gc = e2 ? gc2.y : gc2.x, gr = sRef[gx(0, c)];
             const float em = ex2_approx_ftz(gc - gr);
             qm[e2] = qv[i] * (em * scale);
             km[e2] = kv[i] * em;

@@ -89,3 +89,20 @@ def test_the_fused_forward_takes_what_it_serves_only():
         kernels.forward(p, a, TileConfig(128, 2, "wgmma"), fused=True)
     with pytest.raises(ValueError, match="leave no room for a producer"):
         kernels.forward(p, a, TileConfig(64, 2, "wgmma"), fused=True, producers=0)
+
+
+def test_the_fused_prepare_build_on_the_pair_form_and_its_gate_rows():
+    """The fused launch builds kda_prepare with its gate sums as 8-byte channel pairs (KDA_G_PAIRS: rows
+    of 2 mod 4 floats, kernels/kda_prepare.cu) where the plain launch keeps odd rows: the same bits, on
+    chunks whose decay takes the pair form (which reads those rows by column; the other cases here run the
+    factored form)."""
+    from kdacupy.numerics.precision import chunk_decay, gate_f32, pair_form_chunks
+
+    from ..cases import case_inputs
+
+    x, opts = case_inputs("pair-form-extreme-decay", "bf16")
+    g2 = gate_f32(np.asarray(x["g"], np.float64), "log", None, None, None)
+    gc, _, gr = chunk_decay(g2[0, :32].reshape(2, 16, *g2.shape[2:]).swapaxes(1, 2))
+    assert pair_form_chunks(gc, gr).all()
+    assert kernels.fused_variant(validated(x, opts, "emulate")[0], 2).prepare.g_pairs
+    identical(forward(x, opts, True)[1], forward(x, opts, False)[1])

@@ -36,13 +36,15 @@ class PrepareVariant(InputVariant):
     kernel: ClassVar[str] = "kda_prepare"
     ws_core: bool = False  # the workspace tiles in the core-matrix layout (the wgmma recurrence's)
     any_dims: bool = False  # K is the key tile, the true head dim a launch argument (KDA_ANY_DIMS)
+    g_pairs: bool = False  # the gate sums as 8-byte channel pairs (KDA_G_PAIRS: the fused forward's build)
 
     def layout_config(self) -> dict:
         return dict(**layouts.workspace(self.K), **self._smem(), **(dict(KDA_WS_CORE=1) if self.ws_core else {}),
-                    **(dict(KDA_ANY_DIMS=1) if self.any_dims else {}))
+                    **(dict(KDA_ANY_DIMS=1) if self.any_dims else {}), **(dict(KDA_G_PAIRS=1) if self.g_pairs else {}))
 
     def _smem(self) -> dict:
-        return layouts.prepare_smem(self.K, np.dtype(self.dtype).itemsize, np.dtype(self.g_dtype).itemsize)
+        return layouts.prepare_smem(self.K, np.dtype(self.dtype).itemsize, np.dtype(self.g_dtype).itemsize,
+                                    self.g_pairs)
 
     @property
     def smem(self) -> int:
@@ -50,7 +52,7 @@ class PrepareVariant(InputVariant):
 
     def label(self) -> str:
         return (super().label().replace(f" K={self.K} ", f" K<={self.K} ") if self.any_dims else super().label()) + (
-            " ws_core" if self.ws_core else "")
+            " ws_core" if self.ws_core else "") + (" g_pairs" if self.g_pairs else "")
 
     @property
     def only_arches(self) -> tuple[str, ...] | None:
@@ -166,8 +168,8 @@ def fused_variant(p, stages: int) -> one_launch.FusedVariant:
     """The fused launch's variant (ops/forward/fused.py): the core-matrix prepare and the wgmma chain of one
     warpgroup, at the ring's current depth and item size."""
     tiles = TileConfig(one_launch.BV, stages, "wgmma")
-    return one_launch.FusedVariant(prepare_variant(p, ws_core=True), recurrence_variant(p, tiles),
-                                   one_launch.RING_SLOTS, one_launch.GROUP)
+    prepare = replace(prepare_variant(p, ws_core=True), g_pairs=True)
+    return one_launch.FusedVariant(prepare, recurrence_variant(p, tiles), one_launch.RING_SLOTS, one_launch.GROUP)
 
 
 def slots(p) -> tuple[int, int]:

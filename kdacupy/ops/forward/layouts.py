@@ -43,11 +43,13 @@ def core_offset(r: int, c: int) -> int:
     return (c // 8) * CHUNK * 16 + r * 16 + (c % 8) * 2
 
 
-def prepare_row(K: int) -> int:
+def prepare_row(K: int, g_pairs: bool = False) -> int:
     """Floats per padded fp32 [16, K] row of kda_prepare: 4 words of pad per 32 channels,
     rounded up to 1 mod 4 (odd), which keeps its row, column and row-segment accesses free
-    of bank conflicts (kernels/kda_prepare.cu, gx)."""
-    return K + K // 8 + 1
+    of bank conflicts; ``g_pairs`` (KDA_G_PAIRS): to 2 mod 4, for 8-byte channel pairs
+    (kernels/kda_prepare.cu, gx)."""
+    n = K + K // 8
+    return n + ((2 if g_pairs else 1) - n) % 4
 
 
 def prepare_grow(K: int, g_bytes: int) -> int:
@@ -56,20 +58,20 @@ def prepare_grow(K: int, g_bytes: int) -> int:
     return K * g_bytes + (64 if g_bytes == 2 else 0)
 
 
-def prepare_smem(K: int, dt_bytes: int, g_bytes: int) -> dict[str, int]:
+def prepare_smem(K: int, dt_bytes: int, g_bytes: int, g_pairs: bool = False) -> dict[str, int]:
     """Shared memory of kda_prepare. The fast path keeps bf16 tiles (padded rows
     for ldmatrix: q_m, k_m, k_i and the low parts of q_m, k_i), the pair path padded fp32
     rows of q*scale and k: they share a region.
     REF: the factored form's reference per channel (precision.py step 4), padded as a row of G.
     INQ, INK, ING: the input stage, the next chunk's q, k and g rows on their way (cp.async)."""
     tile = CHUNK * (K + 8) * 2
-    rows = CHUNK * prepare_row(K) * 4
+    rows = CHUNK * prepare_row(K, g_pairs) * 4
     parts = [("G", rows), ("U", max(5 * tile, 2 * rows)), ("L", CHUNK * CHUNK * 4),
              ("M", CHUNK * CHUNK * 4), ("BETA", CHUNK * 4), ("REF", (K + K // 8) * 4),
              ("INQ", CHUNK * K * dt_bytes), ("INK", CHUNK * K * dt_bytes), ("ING", CHUNK * prepare_grow(K, g_bytes))]
     off, total = _place(parts)
     return ({f"PSM_{n}": v for n, v in off.items()}
-            | {"PSM_TOTAL": total, "PSM_GS": prepare_row(K), "PSM_GROW": prepare_grow(K, g_bytes)})
+            | {"PSM_TOTAL": total, "PSM_GS": prepare_row(K, g_pairs), "PSM_GROW": prepare_grow(K, g_bytes)})
 
 
 def prepare_slots_per_cta(nslots: int) -> int:
