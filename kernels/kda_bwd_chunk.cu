@@ -480,8 +480,7 @@ extern "C" __global__ void KDA_BWD_CHUNK_BOUNDS kda_bwd_chunk(
     __syncthreads();
     // [4] running sum over the rows per channel, its reference gr; gexp
     const auto at = [](int i, int c) { return fx<K>(i, c); };
-    const bool unsafe = gate_cumsum<K, NT, KDA_GATE == KDA_GATE_SIGMOID>(
-        sG, at, [&](int c, float x) { sGexp[c] = x; }, [&](int c, float x) { sRef[fx<K>(0, c)] = x; }, tid, lb2 > 0.f);
+    const bool unsafe = gate_cumsum<K, NT>(sG, at, [&](int c, float x) { sGexp[c] = x; }, [&](int c, float x) { sRef[fx<K>(0, c)] = x; }, tid);
     // [5] the decayed operands (bf16 tiles), piece by piece; apart from kda_prepare's [5], which reads
     // q, k from registers and writes the workspace: here they come from the fp32 rows in shared memory
     if (rowt) {

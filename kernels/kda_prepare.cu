@@ -315,7 +315,7 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
     const auto at = [](int i, int c) { return gx(i, c); };
     const bool unsafe = gate_cumsum<K, NT, KDA_GATE == KDA_GATE_SIGMOID>(
         sG, at, [&](int c, float x) { reinterpret_cast<float*>(blk + WS_GEXP)[c] = x; }, [&](int c, float x) { sRef[gx(0, c)] = x; },
-        tid, lb2 > 0.f);
+        tid);
 
     // [5] decayed operands, piece by piece: the recurrence's (from the chunk's start) to the workspace,
     // the factored form's (from the reference gr) to shared memory for [6]

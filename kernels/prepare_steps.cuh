@@ -16,13 +16,14 @@ constexpr float SAFE_EXPONENT = 100.0f;
 // range of sums (so each factor 2^(gc - gr), 2^(gr - gc) spans half of it, and a chunk whose
 // channels range up to 2 SAFE_EXPONENT stays on the tensor cores). Every thread of the block takes
 // part: whether any channel's half range passed SAFE_EXPONENT (the pair form), after a barrier.
-// MONO: every g of the chunk has one sign (the sigmoid gate's lb2 * s, s in [0, 1]; ``rises``: lb2 > 0),
-// so the sums are monotone (fp32 rounding keeps their order) and their range is the first and last
-// row's sum, found without the per-row max and min. A NaN runs on to the last row, so gr is NaN where
-// fmaxf / fminf (the model's) skip it: the chunk's outputs are NaN either way (the recurrence's mma of
-// Mqk and U multiplies the NaN rows of U by the zeros above Mqk's diagonal too).
+// MONO: every g of the chunk has one sign (the sigmoid gate's lb2 * s, s in [0, 1]), so the sums are
+// monotone (fp32 rounding keeps their order) and their range is that of the first and last row's sums,
+// found without the per-row max and min (kda_prepare's; kda_bwd_chunk's recompute keeps them: its K = 256
+// builds spilled without). A NaN runs on to the last row, so the range is the first sum's where fmaxf /
+// fminf over the rows (the model's) skip the NaN: the chunk's outputs are NaN either way (the recurrence's
+// mma of Mqk and U multiplies the NaN rows of U by the zeros above Mqk's diagonal too).
 template <int K, int NT, bool MONO = false, class At, class Put, class PutRef>
-__device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRef put_ref, int tid, bool rises = false) {
+__device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRef put_ref, int tid) {
   bool unsafe = false;
   for (int c = tid; c < K; c += NT) {
     float acc = 0.f, hi = 0.f, lo = 0.f;
@@ -34,8 +35,8 @@ __device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRe
         g[at(i, c)] = acc;
         if (i == 0) first = acc;
       }
-      hi = rises ? acc : first;
-      lo = rises ? first : acc;
+      hi = fmaxf(first, acc);
+      lo = fminf(first, acc);
     } else {
 #pragma unroll
       for (int i = 0; i < CHUNK; ++i) {

@@ -72,15 +72,24 @@ def recurrence_any_variants():
 
 def fused_variants():
     """The fused forward's (sm_90a; ops/forward/fused.py): every key dim it serves, value dim, state
-    precision and stage count, at each input dtype with sigmoid gates and betas and the l2norm (the
-    other input options are the prepare's code, which kda_prepare_core builds in full)."""
+    precision and stage count, at each input dtype with sigmoid gates and betas and the l2norm; then, at
+    V = 128 and 3 stages, every gate, q / k and g dtype and l2norm choice (its prepare build, KDA_G_PAIRS,
+    is its own: kda_prepare_core builds the others' code at 128 registers, this one at the fused kernel's)."""
+    def variant(K, V, fp32, stages, options):
+        return FusedVariant(PrepareVariant(K, *options, ws_core=True, g_pairs=True),
+                            RecurrenceVariant(K, V, options[0], fp32, TileConfig(fused.BV, stages, "wgmma")),
+                            fused.RING_SLOTS, fused.GROUP)
+
     for K, V, fp32, stages in itertools.product((64, 128), (64, 128, 256), (False, True), (2, 3)):
         for options in input_option_space():
             dt, g_dt, b_dt, gate, beta, l2 = options
             if g_dt == dt and b_dt == dt and gate == "sigmoid" and beta == "sigmoid" and l2:
-                yield FusedVariant(PrepareVariant(K, *options, ws_core=True),
-                                   RecurrenceVariant(K, V, dt, fp32, TileConfig(fused.BV, stages, "wgmma")),
-                                   fused.RING_SLOTS, fused.GROUP)
+                yield variant(K, V, fp32, stages, options)
+    for K, fp32 in itertools.product((64, 128), (False, True)):
+        for options in input_option_space():
+            dt, g_dt, b_dt, gate, beta, l2 = options
+            if b_dt == dt and beta == "sigmoid" and not (g_dt == dt and gate == "sigmoid" and l2):
+                yield variant(K, 128, fp32, 3, options)
 
 
 registry.register("kda_prepare", prepare_variants)
