@@ -91,18 +91,19 @@ def test_the_fused_forward_takes_what_it_serves_only():
         kernels.forward(p, a, TileConfig(64, 2, "wgmma"), fused=True, producers=0)
 
 
-def test_the_fused_prepare_build_on_the_pair_form_and_its_gate_rows():
-    """The fused launch builds kda_prepare with its gate sums as 8-byte channel pairs (KDA_G_PAIRS: rows
-    of 2 mod 4 floats, kernels/kda_prepare.cu) where the plain launch keeps odd rows: the same bits, on
-    chunks whose decay takes the pair form (which reads those rows by column; the other cases here run the
-    factored form)."""
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_the_fused_prepare_build_on_the_pair_form_and_its_gate_rows(precision):
+    """With the bf16 state the fused launch builds kda_prepare with its gate sums as 8-byte channel pairs
+    (KDA_G_PAIRS: rows of 2 mod 4 floats, kernels/kda_prepare.cu; the fp32 state keeps the plain launch's
+    odd rows): the same bits as the two launches, on chunks whose decay takes the pair form (which reads
+    those rows by column; the other cases here run the factored form)."""
     from kdacupy.numerics.precision import chunk_decay, gate_f32, pair_form_chunks
 
     from ..cases import case_inputs
 
-    x, opts = case_inputs("pair-form-extreme-decay", "bf16")
+    x, opts = case_inputs("pair-form-extreme-decay", precision)
     g2 = gate_f32(np.asarray(x["g"], np.float64), "log", None, None, None)
     gc, _, gr = chunk_decay(g2[0, :32].reshape(2, 16, *g2.shape[2:]).swapaxes(1, 2))
     assert pair_form_chunks(gc, gr).all()
-    assert kernels.fused_variant(validated(x, opts, "emulate")[0], 2).prepare.g_pairs
+    assert kernels.fused_variant(validated(x, opts, "emulate")[0], 2).prepare.g_pairs == (precision == "bf16")
     identical(forward(x, opts, True)[1], forward(x, opts, False)[1])

@@ -59,6 +59,13 @@ class FusedVariant:
                 f"ring={self.ring} group={self.group}")
 
 
+def g_pairs(state_fp32: bool) -> bool:
+    """Whether the launch's prepare keeps its gate sums as 8-byte channel pairs (KDA_G_PAIRS,
+    kernels/kda_prepare.cu): with the bf16 state; the fp32 state's registers leave no room for it (a
+    16-byte spill at K = 128 with fp32 gates)."""
+    return not state_fp32
+
+
 def supported(p, tiles: TileConfig, checkpoints: bool = False) -> bool:
     """Whether the fused launch serves this call: the wgmma recurrence at one warpgroup (BV = 64) over the
     tiles' head dims (K <= 128, V a multiple of 64) with its output, no checkpoints and no saved workspace."""

@@ -168,7 +168,7 @@ def fused_variant(p, stages: int) -> one_launch.FusedVariant:
     """The fused launch's variant (ops/forward/fused.py): the core-matrix prepare and the wgmma chain of one
     warpgroup, at the ring's current depth and item size."""
     tiles = TileConfig(one_launch.BV, stages, "wgmma")
-    prepare = replace(prepare_variant(p, ws_core=True), g_pairs=True)
+    prepare = replace(prepare_variant(p, ws_core=True), g_pairs=one_launch.g_pairs(p.state_precision == "fp32"))
     return one_launch.FusedVariant(prepare, recurrence_variant(p, tiles), one_launch.RING_SLOTS, one_launch.GROUP)
 
 

@@ -73,10 +73,10 @@ def recurrence_any_variants():
 def fused_variants():
     """The fused forward's (sm_90a; ops/forward/fused.py): every key dim it serves, value dim, state
     precision and stage count, at each input dtype with sigmoid gates and betas and the l2norm; then, at
-    V = 128 and 3 stages, every gate, q / k and g dtype and l2norm choice (its prepare build, KDA_G_PAIRS,
-    is its own: kda_prepare_core builds the others' code at 128 registers, this one at the fused kernel's)."""
+    V = 128 and 3 stages, every gate, q / k and g dtype and l2norm choice (its prepare build is its own: with
+    the bf16 state KDA_G_PAIRS, and every build at the fused kernel's registers, not kda_prepare's 128)."""
     def variant(K, V, fp32, stages, options):
-        return FusedVariant(PrepareVariant(K, *options, ws_core=True, g_pairs=True),
+        return FusedVariant(PrepareVariant(K, *options, ws_core=True, g_pairs=fused.g_pairs(fp32)),
                             RecurrenceVariant(K, V, options[0], fp32, TileConfig(fused.BV, stages, "wgmma")),
                             fused.RING_SLOTS, fused.GROUP)
 
