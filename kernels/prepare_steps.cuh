@@ -27,24 +27,20 @@ __device__ __forceinline__ bool gate_cumsum(float* g, At at, Put put_gexp, PutRe
   bool unsafe = false;
   for (int c = tid; c < K; c += NT) {
     float acc = 0.f, hi = 0.f, lo = 0.f;
-    if constexpr (MONO) {
-      float first = 0.f;
 #pragma unroll
-      for (int i = 0; i < CHUNK; ++i) {
-        acc += g[at(i, c)];
-        g[at(i, c)] = acc;
-        if (i == 0) first = acc;
+    for (int i = 0; i < CHUNK; ++i) {
+      acc += g[at(i, c)];
+      g[at(i, c)] = acc;
+      if (i == 0) {
+        hi = lo = acc;
+      } else if constexpr (!MONO) {
+        hi = fmaxf(hi, acc);
+        lo = fminf(lo, acc);
       }
-      hi = fmaxf(first, acc);
-      lo = fminf(first, acc);
-    } else {
-#pragma unroll
-      for (int i = 0; i < CHUNK; ++i) {
-        acc += g[at(i, c)];
-        g[at(i, c)] = acc;
-        hi = i == 0 ? acc : fmaxf(hi, acc);
-        lo = i == 0 ? acc : fminf(lo, acc);
-      }
+    }
+    if constexpr (MONO) {  // the first and the last sum
+      hi = fmaxf(hi, acc);
+      lo = fminf(lo, acc);
     }
     const float gr = (hi + lo) * 0.5f;
     unsafe |= fmaxf(hi - gr, gr - lo) > SAFE_EXPONENT;

@@ -125,9 +125,10 @@ def test_emulated_wgmma_forward_is_bit_for_bit(name, precision, BV, monkeypatch)
 
 def test_a_nan_gate_mid_chunk_gives_the_models_output():
     """The sigmoid gate's sums only fall, so kda_prepare takes their range from the first and last
-    rows (kernels/prepare_steps.cuh, gate_cumsum): a NaN gate makes that range NaN where the model's
-    fmax / fmin skip it. Either way the chunk's outputs are NaN (the mma of Mqk and U carries a NaN
-    row of U into every row), and so is everything after it in that head: the same elements."""
+    rows (kernels/prepare_steps.cuh, gate_cumsum): after a NaN gate that range is the first sum's,
+    where the model's fmax / fmin over the rows skip the NaN row. Either way the chunk's outputs are
+    NaN (the mma of Mqk and U carries a NaN row of U into every row), and so is everything after it
+    in that head: the same elements."""
     x, opts = case_inputs("fixed-gva-sigmoid", "bf16")
     x["g"] = x["g"].copy()
     x["g"][0, 21, 1, 5] = np.nan  # sequence 0, value head 1, channel 5: row 5 of chunk 1
