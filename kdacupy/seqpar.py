@@ -12,11 +12,15 @@ fp32 and write no output.
 
 The split forward: cut every sequence into ``n`` segments of whole 16-token
 chunks (so the prepare workspace of the segments is the one of the sequence),
-compute every segment's ``(M, B)``, scan ``S_start[s + 1] = M_s S_start[s] + B_s``
+compute the segments' ``(M, B)``, scan ``S_start[s + 1] = M_s S_start[s] + B_s``
 in fp32 (the M chain never goes through bf16), then run the ordinary forward
-over all segments as one varlen batch from those start states. Every backend
-runs this same algorithm: "cuda" and "emulate" with the kernels (one prepare
-launch serves the two map launches and the final one; the scan is one launch of
+over all segments as one varlen batch from those start states. The scan reads
+no map of a sequence's last segment, so none is run, and the first segment's
+``B`` runs from the initial state with ``M`` zero (one chain from the initial
+state, and no M map there). Every backend runs this same algorithm: "cuda" and
+"emulate" with the kernels (one prepare launch serves the maps and the final
+forward; the M and B maps are one launch of a ``[K, K + V]`` state where
+``K + V`` is a tile's head dim, two otherwise; the scan is one launch of
 kernels/kda_seqpar_scan.cu, fp32 FMA chains, which reads the initial state as
 given and writes the starts in the call's layout), "model" with the precision
 model and a NumPy fp32 scan, "reference" in float64 (exact: it agrees with the
@@ -37,7 +41,7 @@ import numpy as np
 
 from . import env
 from .ops.forward.layouts import CHUNK
-from .ops.seqpar.split import KernelRun, numpy_maps
+from .ops.seqpar.split import KernelRun, _array_module, merges_maps, numpy_maps
 from .validation import check_keywords, fail, validate
 
 #: the most segments per sequence the forward accepts (the scan walks them in order)
@@ -88,8 +92,9 @@ def state_maps(q, k, v, g, beta=None, *, scale=None, cu_seqlens=None, qk_l2norm=
     p = dataclasses.replace(p, state_layout="kv", state_precision="fp32")  # the runs behind the maps
     M, B = KernelRun(p, a).maps() if p.backend in ("cuda", "emulate") else numpy_maps(p, a)
     if state_layout == "vk":
-        M, B = M.swapaxes(-1, -2).copy(), B.swapaxes(-1, -2).copy()
-    return M, B
+        M, B = M.swapaxes(-1, -2), B.swapaxes(-1, -2)
+    xp = _array_module(M)
+    return xp.ascontiguousarray(M), xp.ascontiguousarray(B)  # (the merged maps' are views of one state)
 
 
 #: kda_forward's arguments that are about a state: the maps take none of them
@@ -203,8 +208,18 @@ def _predicted_time(p, n, sm_count) -> float:
     if n == 1:
         return run(chunks, rows * p.V / 16, p.state_precision)
     c = chunks / n
-    return (run(c, n * rows * p.K / 16, "fp32") + run(c, n * rows * p.V / 16, "fp32")
-            + run(c, n * rows * p.V / 16, p.state_precision) + SCAN_STEP_CHUNKS * n)
+    maps = sum(run(c, r / 16, "fp32") for r in _map_launches(p, n) if r)
+    return maps + run(c, n * rows * p.V / 16, p.state_precision) + SCAN_STEP_CHUNKS * n
+
+
+def _map_launches(p, n) -> tuple:
+    """The value rows of each map launch at n segments a sequence (ops/seqpar/split.py): the last
+    segment's maps and the first one's M never run (an initial state is folded into the first B map);
+    M and B one launch where they merge."""
+    rows = p.N * p.HV
+    m_rows = rows * (n - 2) * p.K
+    b_rows = rows * (n - 1) * p.V
+    return (m_rows + b_rows,) if merges_maps(p.K, p.V) else (m_rows, b_rows)
 
 
 def _predicted_time_wgmma(p, n, sm_count) -> float:
@@ -221,8 +236,8 @@ def _predicted_time_wgmma(p, n, sm_count) -> float:
     if n == 1:
         return run(chunks, rows * p.V)
     c = chunks / n
-    return (WGMMA_MAP_CHUNK * (run(c, n * rows * p.K) + run(c, n * rows * p.V)) + run(c, n * rows * p.V)
-            + WGMMA_SCAN_STEP * n)
+    maps = sum(run(c, r) for r in _map_launches(p, n))
+    return WGMMA_MAP_CHUNK * maps + run(c, n * rows * p.V) + WGMMA_SCAN_STEP * n
 
 
 def auto_segments(p, sm_count, arch: str | None = None) -> tuple[int, str]:

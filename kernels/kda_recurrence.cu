@@ -660,6 +660,22 @@ __device__ __forceinline__ void recurrence_sequence(const RecurrenceIn& in, int 
 #endif
 
 #ifndef KDA_RECURRENCE_BODY_ONLY  // (the fused forward includes the body alone)
+// The maps' work list (seg_n > 0: kdacupy/ops/seqpar/split.py): per sequence of seg_n segments, the M
+// map's value tiles [0, mtiles) of segments [m_first, seg_n - 1), then the B map's tiles [mtiles, VB) of
+// segments [0, seg_n - 1): the last segment's maps and, without an initial state, the first one's M
+// map are never used by the scan, so no CTA runs them. Item ``i`` -> segment batch sequence n, row v0.
+__device__ __forceinline__ void map_work_item(int i, int seg_n, int m_first, int mtiles, int VB, int& n, int& v0) {
+  const int mruns = (seg_n - 1 - m_first) * mtiles, btiles = VB - mtiles;
+  const int per_seq = mruns + (seg_n - 1) * btiles, q = i / per_seq, r = i % per_seq;
+  int seg, tile;
+  if (r < mruns) {
+    seg = m_first + r / mtiles, tile = r % mtiles;
+  } else {
+    seg = (r - mruns) / btiles, tile = mtiles + (r - mruns) % btiles;
+  }
+  n = q * seg_n + seg, v0 = tile * BV;
+}
+
 // A minimum-blocks figure that allows 256 registers per thread makes ptxas use what it needs; left
 // to itself it settles short and spills a few bytes: at 128 with the fp32 state (twice the
 // registers), at 80 for the state store on sm_100a and, since the whole-sector state I/O, for the
@@ -677,9 +693,20 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq,
     const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* states,
     void* ckpt, int ckpt_dtype, const void* ckpt_idx, int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every,
-    int k_true, int v_true) {
+    int k_true, int v_true, int seg_n, int m_first, int v_from) {
   const int VB = ANY ? (v_true + BV - 1) / BV : V / BV;
-  const int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV, hv = blockIdx.y;
+  const int hv = blockIdx.y;
+  int n, v0;
+  if (seg_n > 0) {
+    map_work_item(blockIdx.x, seg_n, m_first, v_from / BV, VB, n, v0);
+  } else {
+    n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV;
+  }
+  // the merged maps (seqpar, without the output): value rows below v_from are the M map's, v = 0 and
+  // never read (null); the rest the B map's, row v0 of this launch being v's row v0 - v_from
+  if constexpr (!OUTPUT && !ANY && !KDA_STORE_STATES) {
+    if (v_from > 0) v = v0 < v_from ? nullptr : static_cast<const unsigned char*>(v) - static_cast<i64>(v_from) * ES;
+  }
 #if KDA_TCGEN05_PATH
   // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
   const i64 nh = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);

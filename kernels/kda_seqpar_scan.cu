@@ -1,7 +1,9 @@
 // kda_seqpar_scan: the start state of every segment of the sequence-parallel
 // forward (docs/design.md section 7.2, kdacupy/seqpar.py), in fp32 throughout:
 //   S[0] = the sequence's initial state (any state dtype and layout, or zero)
-//   S[s + 1] = M_s S[s] + B_s      (M_s: [K, K], B_s: [K, V], kv orientation)
+//   S[s + 1] = M_s S[s] + B_s      (M_s: [K, K], B_s: [K, V], kv orientation; rows m_ld and b_ld
+//                                   floats apart, each matrix K rows: the merged maps' [K, K + V] state
+//                                   holds M_s and B_s side by side)
 // One CTA per (sequence, value head, slice of SC value columns): the columns of
 // the state evolve independently, so the slice stays in shared memory for the
 // whole chain and only M and B stream in. Each thread owns a register tile of
@@ -69,7 +71,7 @@ __device__ __forceinline__ int elem_col(int layout_vk, int e) { return layout_vk
 // up to 128 registers a thread (4 CTAs an SM): with a bare bound ptxas settled at 40 and spilled (sm_80, K = 64)
 extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
     const float* M, const float* B, const void* s0, int s0_dtype, int layout_vk, float* starts, int HV,
-    int nseg, int k_true, int v_true) {
+    int nseg, int k_true, int v_true, int m_ld, int b_ld) {
   const int kdim = ANY ? k_true : K, vdim = ANY ? v_true : V;  // the true head dims (constants without ANY)
   const int VB = ANY ? (vdim + SC - 1) / SC : V / SC;
   const int n = blockIdx.x / VB, c0 = (blockIdx.x % VB) * SC, hv = blockIdx.y;
@@ -84,11 +86,11 @@ extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
     if constexpr (!ANY) {
       const int s = b / NBLK, i0 = (b % NBLK) * TI;
       if (s < nseg - 1) {
-        const float* Ms = M + ((static_cast<i64>(n) * nseg + s) * HV + hv) * K * K + i0;
+        const float* Ms = M + ((static_cast<i64>(n) * nseg + s) * HV + hv) * K * m_ld + i0;
         float* dst = Mt + (b % 2) * K * MS;
         for (int e = tid; e < K * TI / 4; e += NT) {
           const int k = e / (TI / 4), i = 4 * (e % (TI / 4));
-          cp_async_16(dst + k * MS + i, Ms + static_cast<i64>(k) * K + i);
+          cp_async_16(dst + k * MS + i, Ms + static_cast<i64>(k) * m_ld + i);
         }
       }
       cp_async_commit();
@@ -128,14 +130,14 @@ extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
       if (!ANY || (k < kdim && c0 + v < vdim)) starts[state_at(layout_vk, nh, k, c0 + v, kdim, vdim)] = S[slice_at(k, v)];
     }
     if (s == nseg - 1) break;
-    const float* Bs = B + nh * kdim * vdim;
+    const float* Bs = B + nh * kdim * b_ld;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int k = rg + RG * r;
 #pragma unroll
       for (int q = 0; q < CPT; ++q) {
         const int j = j0 + q;
-        acc[r][q] = !ANY || (k < kdim && c0 + j < vdim) ? Bs[static_cast<i64>(k) * vdim + c0 + j] : 0.f;
+        acc[r][q] = !ANY || (k < kdim && c0 + j < vdim) ? Bs[static_cast<i64>(k) * b_ld + c0 + j] : 0.f;
       }
     }
 #pragma unroll 1
@@ -144,10 +146,10 @@ extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
       const float* Mb = ANY ? Mt : Mt + (blk % 2) * K * MS;  // the padded variants: one buffer
       __syncthreads();  // S written / the block before this one read (its buffer is the next one's)
       if constexpr (ANY) {
-        const float* Ms = M + nh * kdim * kdim;
+        const float* Ms = M + nh * kdim * m_ld;
         for (int e = tid; e < K * TI; e += NT) {
           const int k = e / TI, i = i0 + e % TI;
-          Mt[k * MS + e % TI] = k < kdim && i < kdim ? Ms[static_cast<i64>(k) * kdim + i] : 0.f;
+          Mt[k * MS + e % TI] = k < kdim && i < kdim ? Ms[static_cast<i64>(k) * m_ld + i] : 0.f;
         }
       } else {
         stage(blk + 1);

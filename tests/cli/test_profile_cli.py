@@ -269,15 +269,15 @@ def test_cli_tables_json_and_show(tmp_path, capsys, monkeypatch):
 
 
 def test_a_scaled_split_slice_reproduces_the_full_emulation(monkeypatch):
-    """--segments N profiles the split forward (prepare, the two maps, the scan, the forward): a slice
-    of the heads, scaled, counts what all of them do, launch by launch."""
+    """--segments N profiles the split forward (prepare, the maps in one launch, the scan, the forward):
+    a slice of the heads, scaled, counts what all of them do, launch by launch."""
     monkeypatch.setattr(profile, "make_inputs", lambda s: no_beta(*profile_inputs(s)))
     shape = Shape("gva-H2-HV4-long", 70, 2, HV=4, K=64, V=64)
     full, info_full = profile.forward_records(shape, None, H200.sms, segments=2, **LOG_NO_BETA)
     part, info = profile.forward_records(shape, 2, H200.sms, segments=2, **LOG_NO_BETA)
     assert info["segments"] == info_full["segments"] == 2
     assert [r["kernel"] for r in part] == [r["kernel"] for r in full] == [
-        "kda_prepare", "kda_recurrence", "kda_recurrence", "kda_seqpar_scan", "kda_recurrence"]
+        "kda_prepare", "kda_recurrence", "kda_seqpar_scan", "kda_recurrence"]
     for a, b in zip(part, full):
         diff = {k: (a[k], b[k]) for k in profile.counts_of(b) if a[k] != b[k]}
         # the split's own segment table (cu_seqlens of the segments) is read whole by every head, and
@@ -292,7 +292,7 @@ def test_a_scaled_split_slice_reproduces_the_full_emulation(monkeypatch):
 
 def test_the_default_segments_are_the_default_calls():
     """Without --segments the profile takes what kda_forward(sequence_parallel=None) takes on that GPU
-    and target: on the H200 (sm_90a, the wgmma runs) 5 segments at T = 8192, H = 12 (the issue-aware
+    and target: on the H200 (sm_90a, the wgmma runs) 4 segments at T = 8192, H = 12 (the issue-aware
     profile's fastest, docs/design.md section 7.2), serial at H = 64; with mma.sync's runs (no target)
     serial at T = 8192, H = 12 and split for a 64K-token sequence of 12 heads."""
     from kdacupy.seqpar import auto_segments
@@ -302,7 +302,7 @@ def test_the_default_segments_are_the_default_calls():
             want = auto_segments(profile.shape_problem(shape), H200.sms, arch)[0]
             assert profile.default_segments(shape, H200.sms, arch) == want
     assert H200.arch == "sm_90a"
-    assert profile.default_segments(Shape("h12", 8192, 12), H200.sms, H200.arch) == 5
+    assert profile.default_segments(Shape("h12", 8192, 12), H200.sms, H200.arch) == 4
     assert profile.default_segments(Shape("h64", 8192, 64), H200.sms, H200.arch) == 1
     assert profile.default_segments(Shape("h12", 8192, 12), H200.sms) == 1
     assert profile.default_segments(Shape("h12-long", 65536, 12), H200.sms) > 1

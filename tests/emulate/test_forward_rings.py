@@ -92,7 +92,7 @@ def test_the_wgmma_ring_wraps_and_equals_mma_sync(plain, mode, stages, monkeypat
 
 
 #: The split forward on the wgmma recurrence (sm_90a's choice): the prepare writes the core-matrix
-#: workspace once, the two map launches run the ring without the output (fp32 states, V = K and V; the
+#: workspace once, the merged maps' launch runs the ring without the output (an fp32 [K, K + V] state; the
 #: block's q_dec and Mqk not copied) and the final launch with it. Bit for bit the mma.sync split: plain
 #: at 3 stages, and under racecheck at 2 (the bulk copies' phases, the wgmma operands, the proxy fences).
 SPLIT_WGMMA_RUNS = [(None, 3), ("racecheck", 2)]
@@ -106,5 +106,5 @@ def test_the_split_forward_on_wgmma_equals_mma_sync(mode, stages, monkeypatch):
     monkeypatch.setattr(kernels, "launch_recurrence", lambda *a, **kw: launched.append(kw["ws_core"]) or launch(*a, **kw))
     monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, stages, "wgmma"))
     got = split_forward(monkeypatch, mode)
-    assert launched == [True, True, True]  # the maps and the forward, all on the core-matrix workspace
+    assert launched == [True, True]  # the merged maps and the forward, both on the core-matrix workspace
     identical(got, plain_split)

@@ -149,7 +149,8 @@ def test_checked_forward_through_a_pool(layout, stress, monkeypatch):
 
 @pytest.mark.parametrize("stress", [None, "eager", "reverse"])
 def test_checked_split_forward_maps_and_scan(stress, monkeypatch):
-    """sequence_parallel: the two map launches, the scan kernel and the final varlen forward."""
+    """sequence_parallel: the merged maps' launch (its work list, v's rows from the B part on, the
+    initial state folded into the first B map), the scan kernel and the final varlen forward."""
     x, opts = case_inputs("varlen-ragged-zero-vk-bf16", "bf16")
     identical(*checked_and_plain(lambda: kdacupy.kda_forward(**x, **opts, backend="emulate", sequence_parallel=3),
                                  monkeypatch, **STRESS.get(stress, {})))

@@ -214,6 +214,61 @@ def test_split_matches_serial_on_the_emulated_kernels(name, precision):
     check_split(run, x, opts, 2, GPU, EMULATE)
 
 
+def segment_maps(x, opts, n, segments, launches):
+    """The split forward's maps of ``n`` segments a sequence on the emulated kernels (``segments``: the
+    split's, which run what its scan reads; None: every map, as state_maps), the grids launched into
+    ``launches``."""
+    p, a = seqpar.validate(**x, **dict(seqpar._VALIDATE_DEFAULTS, state_layout="kv", backend="emulate") | opts)
+    ps, b = split._flatten(p, a, n)
+    run = split.KernelRun(ps, b, segments=segments)
+    loader, bvs = run.run, iter([t.BV for name, t in run.tiles.items() if name != "forward"])
+
+    class Spy:  # each launch's value rows a head: its CTAs times its tiles' BV
+        get = loader.get
+
+        @staticmethod
+        def launch(fn, grid, *rest):
+            launches.append(grid[0] * next(bvs))
+            return loader.launch(fn, grid, *rest)
+    run.run = Spy()
+    return [np.array(m) for m in run.maps()]
+
+
+@needs_emu
+@pytest.mark.parametrize("K, V", [(64, 64), (64, 128)])  # merged into one launch; M and B apart
+@pytest.mark.parametrize("with_state", [False, True])
+def test_the_split_runs_only_the_maps_its_scan_reads(K, V, with_state):
+    """The last segment's maps and the first one's M map never reach the scan: no CTA runs them (the
+    work list of kernels/kda_recurrence.cu), and every other map is the full run's bit for bit; with an
+    initial state the first segment's B map is the fp32 run from it (the serial forward's final state
+    there, bit for bit) and its M zero, so the scan's M_0 S_0 + B_0 is that run's end."""
+    n, lens = 3, [70, 45]
+    x, opts = make_inputs(cu_seqlens=lens, H=1, HV=2, K=K, V=V, state=BF16 if with_state else None)
+    trimmed, full = [], []
+    M, B = segment_maps(x, opts, n, n, trimmed)
+    Mf, Bf = segment_maps(x, opts, n, None, full)
+    rows = 2 * ((n - 2) * K + (n - 1) * V)  # value rows a head: 2 sequences
+    assert sum(trimmed) == rows and sum(full) == 2 * n * (K + V) and len(trimmed) == (1 if V == K else 2)
+    bounds = split.segment_cu_seqlens(np.array([0] + list(np.cumsum(lens))), n)
+    for q, s in itertools.product(range(2), range(n - 1)):
+        i = q * n + s
+        if s:
+            np.testing.assert_array_equal(M[i], Mf[i])
+            np.testing.assert_array_equal(B[i], Bf[i])
+        elif not with_state:
+            np.testing.assert_array_equal(M[i], np.broadcast_to(np.eye(K), M[i].shape))  # left the identity
+            np.testing.assert_array_equal(B[i], Bf[i])
+        else:
+            np.testing.assert_array_equal(M[i], 0.0)
+            t0, t1 = bounds[i], bounds[i + 1]
+            piece = {name: a[:, t0:t1] for name, a in x.items()}
+            one = {k: v for k, v in opts.items() if k != "cu_seqlens"}  # the piece: one fixed-length sequence
+            _, fin = kdacupy.kda_forward(**piece, **dict(one, initial_state=opts["initial_state"][q:q + 1]),
+                                         state_precision="fp32", output_final_state=True, state_dtype=np.float32,
+                                         backend="emulate")
+            np.testing.assert_array_equal(B[i], fin[0])
+
+
 @needs_emu
 def test_split_on_the_kernels_is_the_split_on_the_model():
     x, opts = make_inputs(cu_seqlens=[70, 0, 37, 5], H=1, HV=2, K=64, V=64, state=BF16, state_layout="vk")
@@ -373,9 +428,10 @@ def test_auto_choice_on_wgmma_follows_its_rule_over_a_grid():
             assert n == 1
             seen["full SMs"] += 1
     assert all(seen.values()), seen
-    # the serving shape: 5 segments, 120 warpgroups on 132 SMs (4: 0.139 ms, 8: 0.163, serial 0.180)
+    # the serving shape: 4 segments, the maps' 120 warpgroups (2 M and 3 B runs of 24) and the forward's 96
+    # in one wave on 132 SMs (issue-aware profile: 4: 0.103 ms, 3: 0.118, 5: 0.119, where 168 map runs take two)
     assert seqpar.auto_segments(device_problem(N=1, HV=12, T=8192, V=128, varlen=False, precision="bf16"), 132,
-                                "sm_90a")[0] == 5
+                                "sm_90a")[0] == 4
     # K = 256: mma.sync's runs, mma.sync's rule (serial under AUTO_MIN_CHUNKS)
     wide = dataclasses.replace(device_problem(N=1, HV=12, T=8192, V=128, varlen=False, precision="bf16"), K=256)
     assert seqpar.auto_segments(wide, 132, "sm_90a") == seqpar.auto_segments(wide, 132)

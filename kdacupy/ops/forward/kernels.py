@@ -202,13 +202,18 @@ def checkpoint_args(ck):
 
 
 def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output=False, states=None, ws_core=False,
-                      v_zero=False):
+                      v_zero=False, maps=None):
     """``states``: with it, the variant that stores each chunk's start state there ([HV, slots, V, K]);
     ``v_zero`` (without the output only): ``a["v"]`` is zero (a zero view: its strides are passed and,
     but for the any-size variants, which read it, its pointer as null), so the kernel reads no value rows;
     ``a["checkpoints"]``: with it, the variant that stores the state at each checkpoint boundary.
     ``ws_core``: the prepare wrote the core-matrix workspace, which the wgmma recurrence reads and
-    needs (without it the launch is mma.sync whatever the tiles say)."""
+    needs (without it the launch is mma.sync whatever the tiles say). ``maps``: (segments a
+    sequence or 0, first segment of the M map, the M map's value tiles) for the sequence-parallel
+    forward's maps (kdacupy/ops/seqpar/split.py): the value tiles below the M map's count read v as zero
+    (the merged maps: ``p`` the [K, K + V] state of the M and B maps side by side, v's rows from the
+    first B tile on), and with a segment count only the runs its scan reads are launched
+    (kernels/kda_recurrence.cu, map_work_item)."""
     ck = a.get("checkpoints")
     if why := unfit(p, tiles):  # before any build: a tile from a file or a caller, never a build failure
         raise ValueError(f"tiles: {tiles} cannot run the recurrence of K={p.K}, V={p.V}: {why}")
@@ -223,7 +228,20 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
             ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
             *cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
             *pool_args(a), ptr(states), *checkpoint_args(ck), np.int32(p.K), np.int32(p.V)]
-    run.launch(fn, (p.N * -(-p.V // tiles.BV), p.HV), (var.threads,), tuple(args), var.smem)
+    ctas = p.N * -(-p.V // tiles.BV)
+    if maps is None:
+        args += [np.int32(0)] * 3
+    else:
+        seg_n, m_first, m_tiles = maps  # seg_n = 0: every sequence's maps
+        vb = -(-p.V // tiles.BV)
+        assert no_output and states is None and 0 <= m_tiles <= vb and (not var.any_dims or m_tiles in (0, vb))
+        if seg_n:
+            assert p.N % seg_n == 0
+            ctas = p.N // seg_n * ((seg_n - 1 - m_first) * m_tiles + (seg_n - 1) * (vb - m_tiles))
+        args += [np.int32(seg_n), np.int32(m_first), np.int32(m_tiles * tiles.BV)]
+        if not ctas:
+            return
+    run.launch(fn, (ctas, p.HV), (var.threads,), tuple(args), var.smem)
 
 
 def workspace(p, a, nslots, xp, kept=False):

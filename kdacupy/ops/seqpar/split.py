@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from ...numerics.dtypes import F32
+from ...numerics.dtypes import BF16, F32
 from ..alloc import empty
 from ..forward.layouts import CHUNK
 # ---------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def forward_split(p, a, n):
     xp = _xp(p)
     ps, b = _flatten(p, a, n)
     if p.backend in ("cuda", "emulate"):
-        run = KernelRun(ps, b)
+        run = KernelRun(ps, b, segments=n)
         M, Bm = run.maps()
         starts = run.scan(M, Bm, a["initial_state"], p.state_in_dtype, n)
         out = a["out"]
@@ -104,7 +104,7 @@ def forward_split(p, a, n):
             S0 = xp.zeros((p.N, p.HV, p.K, p.V), dtype=state_dtype)
         else:
             S0 = (S0 if p.state_layout == "kv" else _kv(S0)).astype(state_dtype)
-        M, Bm = numpy_maps(ps, b)
+        M, Bm = numpy_maps(ps, b, first=S0 if a["initial_state"] is not None else None)
         starts = scan(M, Bm, S0, n)
         o, s_seg = _forward_numpy(ps, b, _from_kv(starts, p.state_layout))
     o = o.reshape(a["v"].shape)
@@ -125,25 +125,33 @@ def _from_kv(s, layout):
 
 class KernelRun:
     """The kernel launches of one segment batch on "cuda" or "emulate": one
-    prepare, shared by the map launches and the final forward."""
+    prepare, shared by the map launches and the final forward. ``segments``:
+    the batch is that many segments a sequence of the split forward, whose
+    scan reads only the maps it needs; None (``state_maps``): every map."""
 
-    def __init__(self, p, a):
+    def __init__(self, p, a, segments=None):
         from ...jit.loaders import loader
         from ..forward import kernels
         from ..forward.tuning import CORE_FAMILIES
 
-        self.p, self.xp = p, _xp(p)
+        self.p, self.xp, self.segments = p, _xp(p), segments
         self.run = loader("cuda" if p.device else "emulate")
         self.nslots, self.per_seq = kernels.slots(p)
-        # the three recurrence launches (the M and B maps, then the forward), their tiles chosen as
-        # the forward's (kernels.select_tiles: wgmma on sm_90a where it serves): the prepare writes the
+        # the recurrence launches (the M and B maps, then the forward), their tiles chosen as the
+        # forward's (kernels.select_tiles: wgmma on sm_90a where it serves): the prepare writes the
         # core-matrix workspace when every one of them runs wgmma, else the row-major one for mma.sync
         fp32 = dict(state_precision="fp32", state_layout="kv", state_out_dtype=F32)
         # name -> (problem, no output, v = 0: M's run reads no value rows)
+        fold = segments is not None and a["initial_state"] is not None  # (maps: B_0 from the initial state)
         self.launches = {"M": (dataclasses.replace(p, V=p.K, state_in_dtype=F32, **fp32), True, True),
-                         "B": (dataclasses.replace(p, state_in_dtype=None, **fp32), True, False),
+                         "B": (dataclasses.replace(p, state_in_dtype=F32 if fold else None, **fp32), True, False),
                          "forward": (dataclasses.replace(p, state_in_dtype=F32), False, False)}
         self.tiles = {n: kernels.select_tiles(q) for n, (q, _, _) in self.launches.items()}
+        merged = dataclasses.replace(p, V=p.K + p.V, state_in_dtype=F32, **fp32)
+        if _merges(p, merged, self.tiles["B"]):
+            # one launch of both maps, side by side in a [K, K + V] state at the B map's tiles
+            self.launches = {"maps": (merged, True, False), "forward": self.launches["forward"]}
+            self.tiles = {"maps": self.tiles["B"], "forward": self.tiles["forward"]}
         self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) in CORE_FAMILIES
                            for n, (q, no_output, _) in self.launches.items())
         # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
@@ -152,23 +160,51 @@ class KernelRun:
         if self.nslots:
             kernels.launch_prepare(self.run, p, self.a, self.ws, self.nslots, self.per_seq, self.ws_core)
 
-    def _recurrence(self, name, a, o, s_out):
+    def _recurrence(self, name, a, o, s_out, maps=None):
         from ..forward.kernels import launch_recurrence
 
         q, no_output, v_zero = self.launches[name]
         launch_recurrence(self.run, q, a, self.ws, o, s_out, self.nslots, self.per_seq, self.tiles[name],
-                          no_output=no_output, ws_core=self.ws_core, v_zero=v_zero)
+                          no_output=no_output, ws_core=self.ws_core, v_zero=v_zero, maps=maps)
 
     def maps(self):
-        p, a, xp = self.p, self.a, self.xp
+        """(M [NS, HV, K, K], B [NS, HV, K, V]) of every segment in fp32 (kv); views of one [K, K + V]
+        state where the maps run merged. With ``segments``, what the scan does not read is not run (the
+        last segment's maps; the first one's M) and the initial state is folded into the first
+        segment's maps: its B runs from the initial state and its M is zero, so the scan's
+        ``M_0 S_0 + B_0`` is that run's end (one fp32 chain from the initial state, as the serial
+        forward's, instead of an M map more to run)."""
+        p, a, xp, n = self.p, self.a, self.xp, self.segments
         K = p.K
+        fold = n is not None and a["initial_state"] is not None
+        first = _kv_f32(a["initial_state"], p.state_layout, xp) if fold else None
+        by_seq = lambda x: x.reshape((p.N // n, n) + x.shape[1:])  # noqa: E731  [N, n, HV, K, .]
+        if "maps" in self.launches:
+            W = K + p.V
+            S = xp.zeros((p.N, p.HV, K, W), dtype=F32)
+            S.reshape(-1, K * W)[:, ::W + 1] = 1  # [I | 0]: M from the identity, B from zero
+            if fold:
+                by_seq(S)[:, 0, :, :, :K] = 0
+                by_seq(S)[:, 0, :, :, K:] = first
+            m_tiles = K // self.tiles["maps"].BV
+            work = (0, 0, m_tiles) if n is None else (n, 1, m_tiles)  # None: every map (state_maps)
+            self._recurrence("maps", dict(a, initial_state=S), None, S, maps=work)
+            return S[..., :K], S[..., K:]
         M = xp.zeros((p.N, p.HV, K, K), dtype=F32)
         M.reshape(-1, K * K)[:, ::K + 1] = 1  # the identity in place: no temporary
-        Bm = empty(xp, (p.N, p.HV, K, p.V), F32)
+        # (a segment the scan reads not: never written)
+        Bm = xp.zeros((p.N, p.HV, K, p.V), dtype=F32) if fold else empty(xp, (p.N, p.HV, K, p.V), F32)
+        if fold:
+            by_seq(M)[:, 0] = 0
+            by_seq(Bm)[:, 0] = first
         # M: value columns = the K columns of I, v = 0 (a zero-stride view), the state updated in place
         zero_v = xp.broadcast_to(xp.zeros((1, 1, 1, K), dtype=p.dtype), a["v"].shape[:3] + (K,))
-        self._recurrence("M", dict(a, v=zero_v, initial_state=M), None, M)
-        self._recurrence("B", dict(a, initial_state=None), None, Bm)
+        m_work = b_work = None
+        if n is not None:
+            m_work = (n, 1, -(-K // self.tiles["M"].BV))  # every value tile the M part
+            b_work = (n, 1, 0)  # no M part: the B map's tiles alone
+        self._recurrence("M", dict(a, v=zero_v, initial_state=M), None, M, maps=m_work)
+        self._recurrence("B", dict(a, initial_state=Bm if fold else None), None, Bm, maps=b_work)
         return M, Bm
 
     def scan(self, M, Bm, s0, s0_dtype, n):
@@ -231,7 +267,9 @@ def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     """``scan`` as one kernel launch (kernels/kda_seqpar_scan.cu) through the
     loader ``run``: the start states ``[N * n, HV, K, V]`` (``"vk"``:
     ``[N * n, HV, V, K]``) in fp32, the initial state ``s0`` (None, or
-    ``[N, HV, ...]`` in ``s0_dtype`` and ``state_layout``) read as it is."""
+    ``[N, HV, ...]`` in ``s0_dtype`` and ``state_layout``) read as it is. ``M`` and
+    ``Bm`` may be views whose rows are further apart than their width (the merged
+    maps' ``[..., K, K + V]`` state, sliced), each matrix of them whole rows."""
     from ...jit.enums import STATE_DTYPE_CODE
     from ..args import ptr
 
@@ -244,9 +282,44 @@ def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     starts = empty(xp, (NS, HV, K, V) if state_layout == "kv" else (NS, HV, V, K), F32)
     fn = run.get("kda_seqpar_scan", scan_config(KT, VT, any_dims), "kda_seqpar_scan")
     args = (ptr(M), ptr(Bm), ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
-            np.int32(state_layout == "vk"), ptr(starts), np.int32(HV), np.int32(n), np.int32(K), np.int32(V))
+            np.int32(state_layout == "vk"), ptr(starts), np.int32(HV), np.int32(n), np.int32(K), np.int32(V),
+            np.int32(_row_floats(M)), np.int32(_row_floats(Bm)))
     run.launch(fn, (NS // n * -(-V // SCAN_SC), HV), (SCAN_THREADS,), args, scan_smem(KT))
     return starts
+
+
+def _kv_f32(s0, layout, xp):
+    """The initial states ``s0`` ([N, HV, ...] in ``layout``, bf16 or fp32) as fp32 [N, HV, K, V], exactly."""
+    x = s0 if layout == "kv" else s0.swapaxes(-1, -2)
+    if x.dtype == F32:
+        return x
+    assert x.dtype == BF16, x.dtype
+    return (x.view(xp.uint16).astype(xp.uint32) << 16).view(F32)  # bf16 is fp32's high half
+
+
+def merges_maps(K, V) -> bool:
+    """Whether head dims K, V have merged maps: the [K, K + V] state of both a variant of the tiles'
+    head dims (K + V one of them)."""
+    from ...numerics.tiles import TILES, exact_dims
+
+    return exact_dims(K, V) and K + V in TILES
+
+
+def _merges(p, merged, tiles) -> bool:
+    """Whether the M and B maps run as one launch (merges_maps) at the B map's tiles, whose value
+    slices split at K."""
+    from ..forward.kernels import unfit
+
+    return merges_maps(p.K, p.V) and p.K % tiles.BV == 0 and unfit(merged, tiles) is None
+
+
+def _row_floats(x) -> int:
+    """The floats between rows of ``x`` ([NS, HV, K, cols] fp32, rows of whole matrices back to back)."""
+    NS, HV, K, cols = x.shape
+    ld = x.strides[2] // 4
+    assert x.dtype == F32 and x.strides[3] == 4 and ld >= cols, "fp32 rows, the last dim contiguous"
+    assert x.strides[1] == K * ld * 4 and (NS == 1 or x.strides[0] == HV * K * ld * 4), "whole matrices"
+    return ld
 
 
 def _numpy_options(p, a):
@@ -255,12 +328,19 @@ def _numpy_options(p, a):
                 gate=p.gate, A_log=a["A_log"], dt_bias=a["dt_bias"], lower_bound=p.lower_bound)
 
 
-def numpy_maps(p, a):
-    """The maps on "model" (fp32-state precision model runs) or "reference" (float64)."""
+def numpy_maps(p, a, first=None):
+    """The maps on "model" (fp32-state precision model runs) or "reference" (float64). ``first``: the
+    split's initial states ([N, HV, K, V], kv, the runs' dtype; p's sequences n segments each): folded
+    into the first segments' maps as the kernels' split does (``fold_initial_state``)."""
     K = p.K
     opts = _numpy_options(p, a)
-    eye = np.broadcast_to(np.eye(K), (p.N, p.HV, K, K))
+    dt = F32 if p.backend == "model" else np.float64
+    eye = np.broadcast_to(np.eye(K, dtype=dt), (p.N, p.HV, K, K))
     zero_v = np.broadcast_to(np.zeros((), dtype=p.dtype), a["v"].shape[:3] + (K,))
+    b0 = None
+    if first is not None:
+        b0 = np.zeros((p.N, p.HV, K, p.V), dtype=dt)
+        b0.reshape((first.shape[0], -1) + b0.shape[1:])[:, 0] = first
     args = (a["q"], a["k"])
     tail = (a["g"], a["beta"])
     if p.backend == "model":
@@ -268,12 +348,15 @@ def numpy_maps(p, a):
 
         run = lambda v, s0: kda_model(*args, v, *tail, initial_state=s0, output_final_state=True,  # noqa: E731
                                       state_dtype=F32, state_precision="fp32", **opts)[1]
-        return run(zero_v, eye.astype(F32)), run(a["v"], None)
-    from ...numerics.reference import kda_reference
+    else:
+        from ...numerics.reference import kda_reference
 
-    run = lambda v, s0: kda_reference(*args, v, *tail, initial_state=s0, output_final_state=True,  # noqa: E731
-                                      **opts)[1]
-    return run(zero_v, eye), run(a["v"], None)
+        run = lambda v, s0: kda_reference(*args, v, *tail, initial_state=s0, output_final_state=True,  # noqa: E731
+                                          **opts)[1]
+    M, B = run(zero_v, eye), run(a["v"], b0)
+    if first is not None:
+        M.reshape((first.shape[0], -1) + M.shape[1:])[:, 0] = 0
+    return M, B
 
 
 def _forward_numpy(p, a, starts):
