@@ -1,7 +1,8 @@
 // kda_seqpar_scan: the start state of every segment of the sequence-parallel
 // forward (docs/design.md section 7.2, kdacupy/seqpar.py), in fp32 throughout:
 //   S[0] = the sequence's initial state (any state dtype and layout, or zero)
-//   S[s + 1] = M_s S[s] + B_s      (M_s: [K, K], B_s: [K, V], kv orientation; rows m_ld and b_ld
+//   S[s + 1] = M_s S[s] + B_s      (s >= m_from; before it B_s: the split's M_0 S[0] is zero)
+//                                  (M_s: [K, K], B_s: [K, V], kv orientation; rows m_ld and b_ld
 //                                   floats apart, each matrix K rows: the merged maps' [K, K + V] state
 //                                   holds M_s and B_s side by side)
 // One CTA per (sequence, value head, slice of SC value columns): the columns of
@@ -71,7 +72,7 @@ __device__ __forceinline__ int elem_col(int layout_vk, int e) { return layout_vk
 // up to 128 registers a thread (4 CTAs an SM): with a bare bound ptxas settled at 40 and spilled (sm_80, K = 64)
 extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
     const float* M, const float* B, const void* s0, int s0_dtype, int layout_vk, float* starts, int HV,
-    int nseg, int k_true, int v_true, int m_ld, int b_ld) {
+    int nseg, int k_true, int v_true, int m_ld, int b_ld, int m_from) {
   const int kdim = ANY ? k_true : K, vdim = ANY ? v_true : V;  // the true head dims (constants without ANY)
   const int VB = ANY ? (vdim + SC - 1) / SC : V / SC;
   const int n = blockIdx.x / VB, c0 = (blockIdx.x % VB) * SC, hv = blockIdx.y;
@@ -79,12 +80,12 @@ extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
   float* S = reinterpret_cast<float*>(dynamic_smem());  // [K][SC]
   float* Mt = S + K * SC;                               // [2][K][MS]: column blocks of M_s, two in turn
 
-  // Block b of the chain (step b / NBLK, keys from (b % NBLK) TI) into buffer b % 2 by cp.async, one group
+  // Block b of the chain (step m_from + b / NBLK, keys from (b % NBLK) TI) into buffer b % 2 by cp.async, one group
   // a block (empty past the last step): with the tiles' head dims, the next block is in flight while this
   // one is read. The padded variants (ANY) stage each block with plain loads, zeros past kdim, in turn.
   const auto stage = [&](int b) {
     if constexpr (!ANY) {
-      const int s = b / NBLK, i0 = (b % NBLK) * TI;
+      const int s = m_from + b / NBLK, i0 = (b % NBLK) * TI;
       if (s < nseg - 1) {
         const float* Ms = M + ((static_cast<i64>(n) * nseg + s) * HV + hv) * K * m_ld + i0;
         float* dst = Mt + (b % 2) * K * MS;
@@ -141,8 +142,8 @@ extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
       }
     }
 #pragma unroll 1
-    for (int i0 = 0; i0 < K; i0 += TI) {
-      const int blk = s * NBLK + i0 / TI;
+    for (int i0 = 0; i0 < (s < m_from ? 0 : K); i0 += TI) {  // steps before m_from: S[s + 1] = B_s
+      const int blk = (s - m_from) * NBLK + i0 / TI;
       const float* Mb = ANY ? Mt : Mt + (blk % 2) * K * MS;  // the padded variants: one buffer
       __syncthreads();  // S written / the block before this one read (its buffer is the next one's)
       if constexpr (ANY) {

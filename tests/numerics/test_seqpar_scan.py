@@ -154,3 +154,19 @@ def test_scan_kernel_double_buffers_m_under_checks(K, mode, monkeypatch):
     M, B, S0, n = random_case(K, 64, N=1, HV=1)  # the tiles' sizes: the variant that copies M ahead
     got, S0 = run_kernel(M, B, S0, n, "kv", np.float32)
     np.testing.assert_array_equal(got, scan_model(M, B, S0, n))
+
+
+@pytest.mark.emulate  # skipped, with the reason, without a host compiler (tests/conftest.py)
+@pytest.mark.parametrize("K, V", [(64, 64), (128, 128)])
+def test_the_split_scan_reads_maps_side_by_side_and_skips_the_first_product(K, V):
+    """The split's scan: M and B as views of the merged maps' [K, K + V] state (rows K + V floats
+    apart) and ``m_from = 1`` (its M_0 S_0 is zero: the first start is B_0). Bit for bit the model's
+    scan with M_0 zero; M_0 itself, poisoned with NaN, is never read."""
+    from kdacupy.jit.loaders import loader
+    M, B, S0, n = random_case(K, V, n=4)
+    merged = np.concatenate([M, B], axis=-1)
+    merged.reshape((2, n) + merged.shape[1:])[:, 0, :, :, :K] = np.nan
+    got = split.scan_kernel(loader("emulate"), merged[..., :K], merged[..., K:], S0, S0.dtype, "kv", n, m_from=1)
+    M.reshape((2, n) + M.shape[1:])[:, 0] = 0
+    np.testing.assert_array_equal(got, scan_model(M, B, S0, n))
+    np.testing.assert_array_equal(got.reshape((2, n) + got.shape[1:])[:, 1], B.reshape((2, n) + B.shape[1:])[:, 0])

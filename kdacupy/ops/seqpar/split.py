@@ -208,7 +208,8 @@ class KernelRun:
         return M, Bm
 
     def scan(self, M, Bm, s0, s0_dtype, n):
-        return scan_kernel(self.run, M, Bm, s0, s0_dtype, self.p.state_layout, n)
+        # step 0's M_0 S_0 is zero: M_0 the identity with no initial state, or zero with it folded
+        return scan_kernel(self.run, M, Bm, s0, s0_dtype, self.p.state_layout, n, m_from=int(self.segments is not None))
 
     def forward(self, starts, o=None):
         """The ordinary forward of the segments from ``starts`` (fp32, the call's
@@ -263,13 +264,15 @@ class ScanVariant:
         return f"kda_seqpar_scan K<={self.K} V<={self.V}" if self.any_dims else f"kda_seqpar_scan K={self.K} V={self.V}"
 
 
-def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
+def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n, m_from=0):
     """``scan`` as one kernel launch (kernels/kda_seqpar_scan.cu) through the
     loader ``run``: the start states ``[N * n, HV, K, V]`` (``"vk"``:
     ``[N * n, HV, V, K]``) in fp32, the initial state ``s0`` (None, or
     ``[N, HV, ...]`` in ``s0_dtype`` and ``state_layout``) read as it is. ``M`` and
     ``Bm`` may be views whose rows are further apart than their width (the merged
-    maps' ``[..., K, K + V]`` state, sliced), each matrix of them whole rows."""
+    maps' ``[..., K, K + V]`` state, sliced), each matrix of them whole rows. ``m_from``: the first
+    step whose M is read; the steps before it take ``S_start[s + 1] = B_s`` (the split's first: its
+    ``M_0 S_0`` is zero, the initial state folded into ``B_0`` or none)."""
     from ...jit.enums import STATE_DTYPE_CODE
     from ..args import ptr
 
@@ -283,7 +286,7 @@ def scan_kernel(run, M, Bm, s0, s0_dtype, state_layout, n):
     fn = run.get("kda_seqpar_scan", scan_config(KT, VT, any_dims), "kda_seqpar_scan")
     args = (ptr(M), ptr(Bm), ptr(s0), np.int32(STATE_DTYPE_CODE[None if s0 is None else s0_dtype]),
             np.int32(state_layout == "vk"), ptr(starts), np.int32(HV), np.int32(n), np.int32(K), np.int32(V),
-            np.int32(_row_floats(M)), np.int32(_row_floats(Bm)))
+            np.int32(_row_floats(M)), np.int32(_row_floats(Bm)), np.int32(m_from))
     run.launch(fn, (NS // n * -(-V // SCAN_SC), HV), (SCAN_THREADS,), args, scan_smem(KT))
     return starts
 
