@@ -429,7 +429,8 @@ def test_auto_choice_on_wgmma_follows_its_rule_over_a_grid():
             seen["full SMs"] += 1
     assert all(seen.values()), seen
     # the serving shape: 4 segments, the maps' 120 warpgroups (2 M and 3 B runs of 24) and the forward's 96
-    # in one wave on 132 SMs (issue-aware profile: 4: 0.103 ms, 3: 0.118, 5: 0.119, where 168 map runs take two)
+    # in one wave on 132 SMs (issue-aware profile before the scan's first step went: 4: 0.103 ms, 3: 0.118, 5: 0.119,
+    # where 168 map runs take two)
     assert seqpar.auto_segments(device_problem(N=1, HV=12, T=8192, V=128, varlen=False, precision="bf16"), 132,
                                 "sm_90a")[0] == 4
     # K = 256: mma.sync's runs, mma.sync's rule (serial under AUTO_MIN_CHUNKS)
