@@ -696,17 +696,18 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     int k_true, int v_true, int seg_n, int m_first, int v_from) {
   const int VB = ANY ? (v_true + BV - 1) / BV : V / BV;
   const int hv = blockIdx.y;
-  int n, v0;
-  if (seg_n > 0) {
-    map_work_item(blockIdx.x, seg_n, m_first, v_from / BV, VB, n, v0);
-  } else {
-    n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV;
+  int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV;
+  // the maps (seqpar, without the output; the forwards' builds take the plain grid: with the branch
+  // ptxas settled their registers short and spilled): the work list, and the merged maps' value rows
+  // below v_from the M map's, v = 0 and never read (null), the rest the B map's, row v0 of this launch
+  // being v's row v0 - v_from
+  if constexpr (!OUTPUT && !KDA_STORE_STATES) {
+    if (seg_n > 0) map_work_item(blockIdx.x, seg_n, m_first, v_from / BV, VB, n, v0);
+    if constexpr (!ANY) {
+      if (v_from > 0) v = v0 < v_from ? nullptr : static_cast<const unsigned char*>(v) - static_cast<i64>(v_from) * ES;
+    }
   }
-  // the merged maps (seqpar, without the output): value rows below v_from are the M map's, v = 0 and
-  // never read (null); the rest the B map's, row v0 of this launch being v's row v0 - v_from
-  if constexpr (!OUTPUT && !ANY && !KDA_STORE_STATES) {
-    if (v_from > 0) v = v0 < v_from ? nullptr : static_cast<const unsigned char*>(v) - static_cast<i64>(v_from) * ES;
-  }
+  (void)seg_n, (void)m_first, (void)v_from;
 #if KDA_TCGEN05_PATH
   // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
   const i64 nh = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
