@@ -129,11 +129,11 @@ __device__ __forceinline__ u64 tc_desc_n(const unsigned char* tile) {
 }
 
 // One chunk of the chain on the stage st: products by an elected lane of warp 0, the rest by every thread
-// on its row (row: the CTA's value row of this thread; key0: the first of its keys); o at o_row0 + token *
-// o_st.
+// on its row (row: the CTA's value row of this thread; key0: the first of its keys); the CTA's o rows at
+// o_cta0 + token * o_st, staged in the tile ot.
 __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 lane_addr, u64* done, u32& phase,
-                                         int tid, int row, int key0, bool v_zero, void* o, i64 o_row0, i64 o_st,
-                                         int rows) {
+                                         int tid, int row, int key0, bool v_zero, unsigned char* ot, void* o, i64 o_cta0,
+                                         i64 o_st, int rows) {
   constexpr u32 IDESC_16 = umma_idesc_bf16<BV, 16, false, false>();  // B = a tile^T (K-major), N = 16 tokens
   constexpr u32 IDESC_KEYS = umma_idesc_bf16<BV, KH, false, true>();  // B = k_res (N-major), N = KH keys
   const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
@@ -159,9 +159,12 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   tmem_ld_32x32b<16>(lane_addr + TC_W, x);
   tmem_wait_ld();
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float vj = v_zero ? 0.f : load_f32<KDA_DT>(st + RSM_VT + j * RSM_VROW, row);
-    x[j] = bet[j] * (vj - x[j]);
+  for (int j = 0; j < 16; j += 2) {  // two tokens a pair instruction (sm_100: FADD2, FMUL2)
+    const float2 vj = v_zero ? make_float2(0.f, 0.f)
+                             : make_float2(load_f32<KDA_DT>(st + RSM_VT + j * RSM_VROW, row),
+                                           load_f32<KDA_DT>(st + RSM_VT + (j + 1) * RSM_VROW, row));
+    const float2 r = mul2_ftz(*reinterpret_cast<const float2*>(bet + j), sub2_ftz(vj, make_float2(x[j], x[j + 1])));
+    x[j] = r.x, x[j + 1] = r.y;
   }
   tc_store_bf16_16(x, lane_addr + TC_AV);
   tc_sync();
@@ -190,11 +193,24 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
     umma_commit(done);
   }
   tc_wait(done, phase);
-  if constexpr (OUTPUT) {  // [14] o^T rounded once to the output dtype: this thread's value column
+  if constexpr (OUTPUT) {  // [14] o^T rounded once to the output dtype: this thread's value column into the
+    // tile, then the CTA's rows in 16-byte pieces (one scalar store a token a thread took ~100 instructions
+    // a warp a chunk); the tile is rewritten after the chunk's closing tc_sync
     tmem_ld_32x32b<16>(lane_addr + TC_O, x);
     tmem_wait_ld();
-    if (key0 == 0)  // TC_HALVES: the row's first lane alone
-      for (int j = 0; j < rows; ++j) store_f32<KDA_DT>(o, o_row0 + j * o_st, x[j]);
+    if (key0 == 0) {  // TC_HALVES: the row's first lane alone
+#pragma unroll
+      for (int j = 0; j < 16; ++j) store_f32<KDA_DT>(ot, j * (RSM_OROW / ES) + row, x[j]);
+    }
+    __syncthreads();  // every column of the tile, before its rows are read
+    constexpr int PIECES = BV * ES / 16;  // 16-byte pieces a row
+#pragma unroll
+    for (int p = tid; p < CHUNK * PIECES; p += NT) {
+      const int r = p / PIECES, pc = p % PIECES;
+      if (r < rows)
+        *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + (o_cta0 + r * o_st) * ES + pc * 16) =
+            reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
+    }
   }
   // [15] S = fp32(dS + S * gexp), one FMA per element, 16 keys at a time; the bf16 copy as the next A
 #pragma unroll 1
@@ -204,10 +220,11 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
     tmem_ld_32x32b<16>(lane_addr + TC_DS + 16 * s, x);
     tmem_wait_ld();
 #pragma unroll
-    for (int j = 0; j < 16; j += 4) {
+    for (int j = 0; j < 16; j += 4) {  // two keys a pair FMA (sm_100: FFMA2)
       const float4 ge = *reinterpret_cast<const float4*>(gexp + key0 + 16 * s + j);
-      S[j] = fmaf(S[j], ge.x, x[j]), S[j + 1] = fmaf(S[j + 1], ge.y, x[j + 1]);
-      S[j + 2] = fmaf(S[j + 2], ge.z, x[j + 2]), S[j + 3] = fmaf(S[j + 3], ge.w, x[j + 3]);
+      const float2 lo = fma2_ftz(make_float2(S[j], S[j + 1]), make_float2(ge.x, ge.y), make_float2(x[j], x[j + 1]));
+      const float2 hi = fma2_ftz(make_float2(S[j + 2], S[j + 3]), make_float2(ge.z, ge.w), make_float2(x[j + 2], x[j + 3]));
+      S[j] = lo.x, S[j + 1] = lo.y, S[j + 2] = hi.x, S[j + 3] = hi.y;
     }
     tc_state_store16(lane_addr, key0, s, S);
   }
@@ -279,8 +296,8 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
     issue(c + STAGES - 1);
     mbarrier_wait_parity(&bars[2 * (c % STAGES)], (c / STAGES) & 1);
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, o,
-             b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vr, o_st, rows);
+    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, sm + RSM_OT, o,
+             b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + v0, o_st, rows);
 #if KDA_CHECKPOINTS
     {
       const i64 ck_row = checkpoint_row(c, seq.len, n, ckpt_idx, ckpt_i64, ckpt_rows, ckpt_per_seq, ckpt_every);

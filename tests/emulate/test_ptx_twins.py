@@ -75,6 +75,16 @@ extern "C" __global__ void k_unary(const u32* in, u32* out, int n, int op) {
   }
 }
 
+// The f32x2 pairs: out[2i], out[2i + 1] from lanes (2i, 2i + 1) of a, b, c; op 0 fma2, 1 sub2, 2 mul2.
+extern "C" __global__ void k_pair2(const float* a, const float* b, const float* c, float* out, int n, int op) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    const float2 x = make_float2(a[2 * i], a[2 * i + 1]), y = make_float2(b[2 * i], b[2 * i + 1]);
+    const float2 z = make_float2(c[2 * i], c[2 * i + 1]);
+    const float2 r = op == 0 ? fma2_ftz(x, y, z) : op == 1 ? sub2_ftz(x, y) : mul2_ftz(x, y);
+    out[2 * i] = r.x, out[2 * i + 1] = r.y;
+  }
+}
+
 // Each thread copies its own 16-byte slot of regions R0..R2 and snapshots them
 // (its own copies: no __syncthreads needed) after each step of the group protocol.
 extern "C" __global__ void k_cp_async(const u32* g, u32* out) {
@@ -146,7 +156,7 @@ GEMM(k_gemm, 0, true)
 GEMM(k_gemm_short_wait, 1, true)
 GEMM(k_gemm_no_end_sync, 0, false)
 """
-NAMES = ["k_ldmatrix", "k_mma", "k_unary", "k_cp_async", "k_gemm", "k_gemm_short_wait", "k_gemm_no_end_sync"]
+NAMES = ["k_ldmatrix", "k_mma", "k_unary", "k_pair2", "k_cp_async", "k_gemm", "k_gemm_short_wait", "k_gemm_no_end_sync"]
 
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast",
@@ -540,3 +550,29 @@ def test_ptx_cuh_compiles_with_nvrtc(arch):
                   "cp.async.wait_group 1", "cvt.rn.bf16x2.f32", "ex2.approx.ftz.f32", "tanh.approx.f32"):
         assert instr in ptx
     nvrtc.destroyProgram(prog)
+
+
+# ---- fp32 pairs (fma / sub / mul .rn.ftz.f32x2): each lane its scalar operation, rounded once -----------
+def pair_operands(n=4000):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, n)) * np.exp2(rng.integers(-20, 20, (3, n)))
+    special = np.array([0.0, -0.0, 1e-40, -1e-40, 2.0 ** -126, np.inf, -np.inf, np.nan, 1.0, -1.0, 3e38, -3e38])
+    a, b = np.meshgrid(special, special)
+    x[0, :a.size], x[1, :a.size], x[2, :a.size] = a.ravel(), b.ravel(), np.roll(a.ravel(), 5)
+    return x.astype(F32)
+
+
+@pytest.mark.parametrize("op", ["fma2", "sub2", "mul2"])
+def test_f32x2_pairs(mod, op):
+    """Each lane is the scalar operation rounded once (fma: fp32's correctly rounded fused multiply-add),
+    as the kernels' scalar code computes it in the emulation's exact numerics (there, as for every plain
+    fp32 operation, subnormals are kept; the hardware numerics' FTZ|DAZ launch mode flushes both alike, as
+    the GPU's .ftz pair and its -ftz=true scalar twins do)."""
+    from kdacupy.numerics.backward_arith import fma32
+    a, b, c = pair_operands()
+    out = np.zeros(a.size, F32)
+    mod.get_function("k_pair2")(4, 64, (a, b, c, out, np.int32(a.size // 2), np.int32(["fma2", "sub2", "mul2"].index(op))))
+    fa, fb, fc = (x.astype(np.float64) for x in (a, b, c))
+    with np.errstate(all="ignore"):
+        ref = {"fma2": lambda: fma32(fa, fb, fc), "sub2": lambda: fa - fb, "mul2": lambda: fa * fb}[op]()
+    assert_f32_equal(out, ref)

@@ -1,7 +1,7 @@
 """PTX conformance on the GPU: the twin tests' kernels (tests/emulate/test_ptx_twins.py)
 compiled with the runtime's NVRTC options and run on the device, checked against
 what the CPU twins (kdacupy/emulate/ptx_twins.h) assume:
-- bit for bit: cvt (every special float, every half), ldmatrix (4 forms),
+- bit for bit: cvt (every special float, every half), the f32x2 pairs, ldmatrix (4 forms),
   cp.async (the entries the group protocol defines), integer-valued mma, the
   wrappers composed into a GEMM tile;
 - within the PTX ISA bounds: ex2 / lg2 / rsqrt / rcp / tanh .approx (and their
@@ -26,7 +26,7 @@ from kdacupy.emulate.numerics import MMA_BLOCK, MMA_GUARD, REL_BOUND, mma_dot
 
 from ..emulate import test_ptx_twins_async as hopper_twins
 from ..emulate.test_ptx_twins import (TEST_KERNELS, approx_inputs, gather_d, kernel_source,
-                             ldmatrix_expected, scatter_a, scatter_b, scatter_c, special_floats)
+                             ldmatrix_expected, pair_operands, scatter_a, scatter_b, scatter_c, special_floats)
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 try:
@@ -116,6 +116,26 @@ def test_cvt_pack_x2(gpu, op, dt):
     lo = canonical(x[0::2].astype(dt).view(np.uint16).astype(np.uint32), x[0::2])
     hi = canonical(x[1::2].astype(dt).view(np.uint16).astype(np.uint32), x[1::2])
     np.testing.assert_array_equal(unary(gpu, w, op, n_out=len(w) // 2), lo | (hi << 16))
+
+
+@pytest.mark.parametrize("op", ["fma2", "sub2", "mul2"])
+def test_f32x2_pairs_bit_for_bit(gpu, op):
+    """fma / sub / mul .rn.ftz.f32x2 (sm_100: FFMA2, FADD2, FMUL2; elsewhere the scalar pair): each lane
+    its scalar operation rounded once, subnormal inputs and results flushed (the -ftz=true build)."""
+    from kdacupy.numerics.backward_arith import fma32
+
+    def flush(x):
+        x = np.asarray(x, np.float64)
+        return np.where(np.abs(x) < 2.0 ** -126, np.copysign(0.0, x), x)
+    a, b, c = pair_operands()
+    out = gpu("k_pair2", 64, 128, (a, b, c, np.zeros(a.size, F32), np.int32(a.size // 2),
+                                    np.int32(["fma2", "sub2", "mul2"].index(op))))[3]
+    fa, fb, fc = (flush(x) for x in (a, b, c))
+    with np.errstate(all="ignore"):
+        ref = flush({"fma2": lambda: fma32(fa, fb, fc), "sub2": lambda: fa - fb, "mul2": lambda: fa * fb}[op]()).astype(F32)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(out), nan)
+    np.testing.assert_array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32))
 
 
 @pytest.mark.parametrize("mode, nm, trans", [(0, 4, False), (1, 4, True), (2, 2, False), (3, 2, True)],
