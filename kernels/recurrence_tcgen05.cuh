@@ -128,12 +128,26 @@ __device__ __forceinline__ u64 tc_desc_n(const unsigned char* tile) {
   return umma_desc(tile, 128, CORE_COLS, UMMA_SWIZZLE_NONE);
 }
 
+// The CTA's output tile of a chunk, its first ``rows`` tokens, to o at o_cta0 + token * o_st in 16-byte
+// pieces (one scalar store a token a thread took ~100 instructions a warp a chunk). Off the chain's
+// dependent path: at the next chunk's start, after the closing tc_sync that ordered the tile's columns.
+__device__ __forceinline__ void tc_store_out_tile(const unsigned char* ot, void* o, i64 o_cta0, i64 o_st, int rows,
+                                                  int tid) {
+  constexpr int PIECES = BV * ES / 16;  // 16-byte pieces a row
+#pragma unroll
+  for (int p = tid; p < CHUNK * PIECES; p += NT) {
+    const int r = p / PIECES, pc = p % PIECES;
+    if (r < rows)
+      *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + (o_cta0 + r * o_st) * ES + pc * 16) =
+          reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
+  }
+}
+
 // One chunk of the chain on the stage st: products by an elected lane of warp 0, the rest by every thread
-// on its row (row: the CTA's value row of this thread; key0: the first of its keys); the CTA's o rows at
-// o_cta0 + token * o_st, staged in the tile ot.
+// on its row (row: the CTA's value row of this thread; key0: the first of its keys); o^T's columns into the
+// CTA's tile ot.
 __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 lane_addr, u64* done, u32& phase,
-                                         int tid, int row, int key0, bool v_zero, unsigned char* ot, void* o, i64 o_cta0,
-                                         i64 o_st, int rows) {
+                                         int tid, int row, int key0, bool v_zero, unsigned char* ot) {
   constexpr u32 IDESC_16 = umma_idesc_bf16<BV, 16, false, false>();  // B = a tile^T (K-major), N = 16 tokens
   constexpr u32 IDESC_KEYS = umma_idesc_bf16<BV, KH, false, true>();  // B = k_res (N-major), N = KH keys
   const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
@@ -194,22 +208,13 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   }
   tc_wait(done, phase);
   if constexpr (OUTPUT) {  // [14] o^T rounded once to the output dtype: this thread's value column into the
-    // tile, then the CTA's rows in 16-byte pieces (one scalar store a token a thread took ~100 instructions
-    // a warp a chunk); the tile is rewritten after the chunk's closing tc_sync
+    // CTA's tile (tc_store_out_tile stores its rows after the chunk's closing tc_sync; the rows before
+    // were read ahead of this chunk's first one)
     tmem_ld_32x32b<16>(lane_addr + TC_O, x);
     tmem_wait_ld();
     if (key0 == 0) {  // TC_HALVES: the row's first lane alone
 #pragma unroll
       for (int j = 0; j < 16; ++j) store_f32<KDA_DT>(ot, j * (RSM_OROW / ES) + row, x[j]);
-    }
-    __syncthreads();  // every column of the tile, before its rows are read
-    constexpr int PIECES = BV * ES / 16;  // 16-byte pieces a row
-#pragma unroll
-    for (int p = tid; p < CHUNK * PIECES; p += NT) {
-      const int r = p / PIECES, pc = p % PIECES;
-      if (r < rows)
-        *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + (o_cta0 + r * o_st) * ES + pc * 16) =
-            reinterpret_cast<const Vec16*>(ot + r * RSM_OROW)[pc];
     }
   }
   // [15] S = fp32(dS + S * gexp), one FMA per element, 16 keys at a time; the bf16 copy as the next A
@@ -279,6 +284,8 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
   tc_sync();
   const u32 tm = *slot, lane_addr = tm + ((32u * warp) << 16);
   auto issue = [&](int c) { issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, v_st, c, 0, nchunks, seq.len, v_zero, tid); };
+  // chunk c's first output row of this CTA's value rows
+  auto out_row = [&](int c) { return b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + v0; };
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
   // [10] this thread's row of the state, as held (a bf16 state rounded once, as the other paths'
@@ -294,10 +301,9 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
 #pragma unroll 1
   for (int c = 0; c < nchunks; ++c) {
     issue(c + STAGES - 1);
+    if (OUTPUT && c > 0) tc_store_out_tile(sm + RSM_OT, o, out_row(c - 1), o_st, CHUNK, tid);  // (whole: not the last)
     mbarrier_wait_parity(&bars[2 * (c % STAGES)], (c / STAGES) & 1);
-    const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, sm + RSM_OT, o,
-             b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + v0, o_st, rows);
+    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, sm + RSM_OT);
 #if KDA_CHECKPOINTS
     {
       const i64 ck_row = checkpoint_row(c, seq.len, n, ckpt_idx, ckpt_i64, ckpt_rows, ckpt_per_seq, ckpt_every);
@@ -306,6 +312,7 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
 #endif
     tc_sync();  // every read of the stage and every A store, before the refill and the next products
   }
+  if (OUTPUT) tc_store_out_tile(sm + RSM_OT, o, out_row(nchunks - 1), o_st, seq.len - (nchunks - 1) * CHUNK, tid);
   // [16] the final state, as held
   if (s_out != nullptr && nh >= 0) tc_store_held(lane_addr, key0, s_out, s_out_dtype, layout_vk, nh, vr);
   tc_sync();  // every thread's last tensor-memory load, before the columns are freed
