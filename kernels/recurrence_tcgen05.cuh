@@ -128,50 +128,12 @@ __device__ __forceinline__ u64 tc_desc_n(const unsigned char* tile) {
   return umma_desc(tile, 128, CORE_COLS, UMMA_SWIZZLE_NONE);
 }
 
-// TC_STAGE_OUT (BV = 64): o^T goes through a CTA tile, each row's first lane writing its column, stored by
-// rows in 16-byte pieces, where one scalar store a token a thread (half the lanes idle) took ~100
-// instructions a warp a chunk of the issue-bound chain; at BV = 128 every lane stores its row's column and
-// a warp's 32 stores of a token are coalesced already, and the chain is bound by shared memory, which the
-// tile would add to.
-constexpr bool TC_STAGE_OUT = TC_HALVES;
-// The CTA's output tile of a chunk in 16-byte pieces, OUT_NPT a thread: read into registers at the next
-// chunk's start (after the closing tc_sync that ordered the tile's columns; before that chunk's first
-// tc_sync, after which its columns are written), stored to o at row0 + token * o_st, the first ``rows``
-// tokens, once that chunk's first products completed: the loads' latency off the chain's dependent path.
-constexpr int OUT_PIECES = BV * ES / 16;  // 16-byte pieces a row
-constexpr int OUT_NPT = TC_STAGE_OUT ? CHUNK * OUT_PIECES / NT : 1;
-static_assert(!TC_STAGE_OUT || CHUNK * OUT_PIECES % NT == 0, "whole pieces a thread");
-struct OutTile {
-  Vec16 piece[OUT_NPT];
-  i64 row0;
-  int rows;  // 0: nothing pending
-  __device__ __forceinline__ void load(const unsigned char* ot, i64 o_row0, int n, int tid) {
-#pragma unroll
-    for (int k = 0; k < OUT_NPT; ++k) {
-      const int p = tid + k * NT;
-      piece[k] = reinterpret_cast<const Vec16*>(ot + (p / OUT_PIECES) * RSM_OROW)[p % OUT_PIECES];
-    }
-    row0 = o_row0, rows = n;
-  }
-  __device__ __forceinline__ void store(void* o, i64 o_st, int tid) {
-#pragma unroll
-    for (int k = 0; k < OUT_NPT; ++k) {
-      const int p = tid + k * NT, r = p / OUT_PIECES;
-      if (r < rows)
-        *reinterpret_cast<Vec16*>(static_cast<unsigned char*>(o) + (row0 + r * o_st) * ES + (p % OUT_PIECES) * 16) =
-            piece[k];
-    }
-    rows = 0;
-  }
-};
-
 // One chunk of the chain on the stage st: products by an elected lane of warp 0, the rest by every thread
-// on its row (row: the CTA's value row of this thread; key0: the first of its keys); o^T's columns into the
-// CTA's tile ot (TC_STAGE_OUT: the chunk before's pieces, ``prev``, stored once the first products are
-// done), else to o at o_row0 + token * o_st, its first ``rows`` tokens.
+// on its row (row: the CTA's value row of this thread; key0: the first of its keys); o at o_row0 + token *
+// o_st.
 __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 lane_addr, u64* done, u32& phase,
-                                         int tid, int row, int key0, bool v_zero, unsigned char* ot, OutTile& prev,
-                                         void* o, i64 o_row0, i64 o_st, int rows) {
+                                         int tid, int row, int key0, bool v_zero, void* o, i64 o_row0, i64 o_st,
+                                         int rows) {
   constexpr u32 IDESC_16 = umma_idesc_bf16<BV, 16, false, false>();  // B = a tile^T (K-major), N = 16 tokens
   constexpr u32 IDESC_KEYS = umma_idesc_bf16<BV, KH, false, true>();  // B = k_res (N-major), N = KH keys
   const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
@@ -191,7 +153,6 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
     umma_commit(done);
   }
   tc_wait(done, phase);
-  if (OUTPUT && TC_STAGE_OUT && prev.rows) prev.store(o, o_st, tid);
   // [12] vsub^T = bf16(beta (v^T - W^T)): this thread's value row against the 16 tokens (TC_HALVES: the
   // second lanes compute their row's too, into lanes no product reads)
   float x[16];
@@ -235,15 +196,8 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   if constexpr (OUTPUT) {  // [14] o^T rounded once to the output dtype: this thread's value column
     tmem_ld_32x32b<16>(lane_addr + TC_O, x);
     tmem_wait_ld();
-    if constexpr (TC_STAGE_OUT) {  // into the CTA's tile (its pieces read at the next chunk's start, OutTile;
-      // the chunk before's were read ahead of this chunk's first tc_sync)
-      if (key0 == 0) {  // the row's first lane alone
-#pragma unroll
-        for (int j = 0; j < 16; ++j) store_f32<KDA_DT>(ot, j * (RSM_OROW / ES) + row, x[j]);
-      }
-    } else {  // a warp's lanes 32 adjacent values of a token: coalesced as they are
+    if (key0 == 0)  // TC_HALVES: the row's first lane alone
       for (int j = 0; j < rows; ++j) store_f32<KDA_DT>(o, o_row0 + j * o_st, x[j]);
-    }
   }
   // [15] S = fp32(dS + S * gexp), one FMA per element, 16 keys at a time; the bf16 copy as the next A
 #pragma unroll 1
@@ -312,10 +266,6 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
   tc_sync();
   const u32 tm = *slot, lane_addr = tm + ((32u * warp) << 16);
   auto issue = [&](int c) { issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, v_st, c, 0, nchunks, seq.len, v_zero, tid); };
-  // chunk c's first output row of this CTA's value rows; the chunk before's tile pieces
-  auto out_row = [&](int c) { return b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + v0; };
-  OutTile prev;
-  prev.rows = 0;
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
   // [10] this thread's row of the state, as held (a bf16 state rounded once, as the other paths'
@@ -331,11 +281,10 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
 #pragma unroll 1
   for (int c = 0; c < nchunks; ++c) {
     issue(c + STAGES - 1);
-    if (OUTPUT && TC_STAGE_OUT && c > 0) prev.load(sm + RSM_OT, out_row(c - 1), CHUNK, tid);  // (whole: not the last)
     mbarrier_wait_parity(&bars[2 * (c % STAGES)], (c / STAGES) & 1);
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, sm + RSM_OT, prev, o,
-             out_row(c) + row, o_st, rows);
+    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, o,
+             b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vr, o_st, rows);
 #if KDA_CHECKPOINTS
     {
       const i64 ck_row = checkpoint_row(c, seq.len, n, ckpt_idx, ckpt_i64, ckpt_rows, ckpt_per_seq, ckpt_every);
@@ -343,10 +292,6 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
     }
 #endif
     tc_sync();  // every read of the stage and every A store, before the refill and the next products
-  }
-  if (OUTPUT && TC_STAGE_OUT) {
-    prev.load(sm + RSM_OT, out_row(nchunks - 1), seq.len - (nchunks - 1) * CHUNK, tid);
-    prev.store(o, o_st, tid);
   }
   // [16] the final state, as held
   if (s_out != nullptr && nh >= 0) tc_store_held(lane_addr, key0, s_out, s_out_dtype, layout_vk, nh, vr);

@@ -86,9 +86,8 @@ def recurrence_smem(K: int, BV: int, stages: int, elem_bytes: int, mma: str = "s
     per-warp staging tile for the output. ``mma="wgmma"``: a stage is the workspace
     block as it is in global memory (one bulk copy; core-matrix tiles, ``workspace_core``)
     and the value rows, then one mbarrier per stage, 16 bytes apart (RSM_BAR); ``"tcgen05"``:
-    the same stages and barriers, then the products' mbarrier (RSM_MMABAR), the tensor-memory
-    address (RSM_TMEM) and, at BV = 64, the CTA's output tile ([16 tokens, BV] in padded rows: each
-    row's first lane writes its column, the CTA stores whole rows; kernels/recurrence_tcgen05.cuh)."""
+    the same stages and barriers, then the products' mbarrier (RSM_MMABAR) and the tensor-memory
+    address (RSM_TMEM), no staging tile."""
     vrow = BV * elem_bytes + 16
     if mma in ("wgmma", "tcgen05"):
         ws = workspace(K)
@@ -97,11 +96,9 @@ def recurrence_smem(K: int, BV: int, stages: int, elem_bytes: int, mma: str = "s
         out = {f"RSM_{n[3:]}": v for n, v in ws.items() if n != "WS_STRIDE"}
         bar = stages * stage
         ot = bar + 16 * stages  # an mbarrier every 16 bytes
-        if mma == "tcgen05":  # the products' mbarrier, the TMEM address, the output tile (TC_STAGE_OUT: BV = 64)
-            tile_row = BV * elem_bytes + 16
-            tile = CHUNK * tile_row if BV == 64 else 0
+        if mma == "tcgen05":  # no staging (each thread stores its o column): the products' mbarrier, the TMEM address
             out.update(RSM_VT=ws["WS_STRIDE"], RSM_VROW=vrow, RSM_STAGE=stage, RSM_BAR=bar, RSM_MMABAR=ot,
-                       RSM_TMEM=ot + 16, RSM_OT=ot + 32, RSM_OROW=tile_row, RSM_TOTAL=ot + 32 + tile)
+                       RSM_TMEM=ot + 16, RSM_TOTAL=ot + 32)
             return out
         out.update(RSM_VT=ws["WS_STRIDE"], RSM_VROW=vrow, RSM_STAGE=stage, RSM_BAR=bar, RSM_OT=ot,
                    RSM_OROW=orow, RSM_TOTAL=ot + BV // 16 * CHUNK * orow)
