@@ -34,47 +34,59 @@ constexpr u32 TC_DS = 0, TC_W = KH, TC_O = KH + 16, TC_U = KH + 32, TC_AS = KH +
 constexpr u32 TC_COLS = TC_USED <= 256 ? 256 : 512;  // one allocation, a power of 2
 static_assert(TC_USED <= 512, "tensor memory: 512 columns");
 constexpr u32 TC_HI = 16u << 16;  // lane field 16: the second M = 64 product's D and A
+// Blocks of 16 keys of the state update a tensor-memory round trip (64 keys in registers, twice: the state
+// and dS; four tcgen05.ld of each in flight, up to four tcgen05.st a block)
+constexpr int TC_GROUP = KH / 16 < 4 ? KH / 16 : 4;
 
-// Keys key0 + 16 s .. + 15 of this thread's state row, as held, to fp32 (fp32: its columns; bf16: the A
-// copy's 8); waited for.
-__device__ __forceinline__ void tc_state_load16(u32 lane_addr, int key0, int s, float (&x)[16]) {
+// Keys key0 + 16 s .. + 15 of this thread's state row, as held: its tensor-memory load issued (fp32: its
+// columns into x; bf16: the A copy's 8 words into x[8..15]), then, after the tmem_wait_ld, to fp32 in x.
+__device__ __forceinline__ void tc_state_issue16(u32 lane_addr, int key0, int s, float (&x)[16]) {
   if constexpr (FP32_STATE) {
     tmem_ld_32x32b<16>(lane_addr + TC_SF + 16 * s, x);
-    tmem_wait_ld();
   } else {
-    float w[8];
-    tmem_ld_32x32b<8>(lane_addr + TC_AS + (key0 + 16 * s) / 2, w);
-    tmem_wait_ld();
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[2 * j] = bf16_lo(__float_as_uint(w[j])), x[2 * j + 1] = bf16_hi(__float_as_uint(w[j]));
+    tmem_ld_32x32b<8>(lane_addr + TC_AS + (key0 + 16 * s) / 2, reinterpret_cast<float(&)[8]>(x[8]));
   }
+}
+__device__ __forceinline__ void tc_state_finish16(float (&x)[16]) {
+  if constexpr (!FP32_STATE) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // in place, ascending: word j (x[8 + j]) is read before x[2 j + 1] is written
+      const u32 w = __float_as_uint(x[8 + j]);
+      x[2 * j] = bf16_lo(w), x[2 * j + 1] = bf16_hi(w);
+    }
+  }
+}
+// ... waited for.
+__device__ __forceinline__ void tc_state_load16(u32 lane_addr, int key0, int s, float (&x)[16]) {
+  tc_state_issue16(lane_addr, key0, s, x);
+  tmem_wait_ld();
+  tc_state_finish16(x);
 }
 // ... and back: the fp32 state as is, and every state's bf16 copy (rounded once: for the bf16 state that
 // rounding is the state's own) as the A of the next products. With TC_HALVES the second half's copy also
 // goes to its row's first lane (lane - 16), where the MMAs read A: every lane stores what lane | 16 has
-// at the second half's columns (the second lanes their own values again).
-__device__ __forceinline__ void tc_state_store16(u32 lane_addr, int key0, int s, const float (&x)[16]) {
-  float w[8];
+// at the second half's columns (the second lanes their own values again). Issued, not waited for (up to
+// four tcgen05.st: the caller's tmem_wait_st lands them).
+__device__ __forceinline__ void tc_state_store16_async(u32 lane_addr, int key0, int s, const float (&x)[16]) {
   if constexpr (FP32_STATE) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) w[j] = x[8 * h + j];
-      tmem_st_32x32b_x8(lane_addr + TC_SF + 16 * s + 8 * h, w);
-      tmem_wait_st();
-    }
+    for (int h = 0; h < 2; ++h) tmem_st_32x32b_x8(lane_addr + TC_SF + 16 * s + 8 * h, reinterpret_cast<const float(&)[8]>(x[8 * h]));
   }
+  float w[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) w[j] = __uint_as_float(pack_bf16x2(x[2 * j], x[2 * j + 1]));
   tmem_st_32x32b_x8(lane_addr + TC_AS + (key0 + 16 * s) / 2, w);
-  tmem_wait_st();
   if constexpr (TC_HALVES) {
     const int from = (threadIdx.x & 31) | 16;
+    float w2[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = __shfl_sync(0xffffffffu, w[j], from);
-    tmem_st_32x32b_x8(lane_addr + TC_AS + (K / 2 + 16 * s) / 2, w);
-    tmem_wait_st();
+    for (int j = 0; j < 8; ++j) w2[j] = __shfl_sync(0xffffffffu, w[j], from);
+    tmem_st_32x32b_x8(lane_addr + TC_AS + (K / 2 + 16 * s) / 2, w2);
   }
+}
+__device__ __forceinline__ void tc_state_store16(u32 lane_addr, int key0, int s, const float (&x)[16]) {
+  tc_state_store16_async(lane_addr, key0, s, x);
+  tmem_wait_st();
 }
 // Keys 16 s .. of value row v of state nh of a global state array (load_state / store_state's
 // precisions and layouts), as fp32.
@@ -199,21 +211,33 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
     if (key0 == 0)  // TC_HALVES: the row's first lane alone
       for (int j = 0; j < rows; ++j) store_f32<KDA_DT>(o, o_row0 + j * o_st, x[j]);
   }
-  // [15] S = fp32(dS + S * gexp), one FMA per element, 16 keys at a time; the bf16 copy as the next A
+  // [15] S = fp32(dS + S * gexp), one FMA per element; the bf16 copy as the next A. TC_GROUP blocks of 16
+  // keys a tensor-memory round trip: their loads issued together, one wait, their stores issued together,
+  // one wait (a wait a block put two load latencies a block on the chain's dependent path)
 #pragma unroll 1
-  for (int s = 0; s < KH / 16; ++s) {
-    float S[16];
-    tc_state_load16(lane_addr, key0, s, S);
-    tmem_ld_32x32b<16>(lane_addr + TC_DS + 16 * s, x);
+  for (int s0 = 0; s0 < KH / 16; s0 += TC_GROUP) {
+    float S[TC_GROUP][16], D[TC_GROUP][16];
+#pragma unroll
+    for (int g = 0; g < TC_GROUP; ++g) {
+      tc_state_issue16(lane_addr, key0, s0 + g, S[g]);
+      tmem_ld_32x32b<16>(lane_addr + TC_DS + 16 * (s0 + g), D[g]);
+    }
     tmem_wait_ld();
 #pragma unroll
-    for (int j = 0; j < 16; j += 4) {  // two keys a pair FMA (sm_100: FFMA2)
-      const float4 ge = *reinterpret_cast<const float4*>(gexp + key0 + 16 * s + j);
-      const float2 lo = fma2_ftz(make_float2(S[j], S[j + 1]), make_float2(ge.x, ge.y), make_float2(x[j], x[j + 1]));
-      const float2 hi = fma2_ftz(make_float2(S[j + 2], S[j + 3]), make_float2(ge.z, ge.w), make_float2(x[j + 2], x[j + 3]));
-      S[j] = lo.x, S[j + 1] = lo.y, S[j + 2] = hi.x, S[j + 3] = hi.y;
+    for (int g = 0; g < TC_GROUP; ++g) {
+      tc_state_finish16(S[g]);
+#pragma unroll
+      for (int j = 0; j < 16; j += 4) {  // two keys a pair FMA (sm_100: FFMA2)
+        const float4 ge = *reinterpret_cast<const float4*>(gexp + key0 + 16 * (s0 + g) + j);
+        const float* d = D[g];
+        float* x = S[g];
+        const float2 lo = fma2_ftz(make_float2(x[j], x[j + 1]), make_float2(ge.x, ge.y), make_float2(d[j], d[j + 1]));
+        const float2 hi = fma2_ftz(make_float2(x[j + 2], x[j + 3]), make_float2(ge.z, ge.w), make_float2(d[j + 2], d[j + 3]));
+        x[j] = lo.x, x[j + 1] = lo.y, x[j + 2] = hi.x, x[j + 3] = hi.y;
+      }
+      tc_state_store16_async(lane_addr, key0, s0 + g, S[g]);
     }
-    tc_state_store16(lane_addr, key0, s, S);
+    tmem_wait_st();
   }
 }
 

@@ -653,8 +653,13 @@ struct TcOp {
   int read;
   u16 A[128][16], B[16][256];
 };
-struct TmLoad { float* dst; int n, pending; u32 v[16]; };
-struct TmStore { u32 col, lane; int n, pending; u32 v[8]; };
+// A thread's tcgen05.ld / st not yet waited for: up to TM_QUEUE of each (tcgen05.wait::ld / st completes
+// every one before it, in issue order).
+constexpr int TM_QUEUE = 16;
+struct TmLoad { float* dst; int n; u32 v[16]; };
+struct TmStore { u32 col, lane; int n; u32 v[8]; };
+struct TmLoads { int pending; TmLoad q[TM_QUEUE]; };
+struct TmStores { int pending; TmStore q[TM_QUEUE]; };
 struct Tmem {
   u32 cell[128][512];
   int pend[512];          // pending tcgen05.mma writing each column
@@ -665,8 +670,8 @@ struct Tmem {
   int commits[64];        // per pending commit: its mbarrier's index in bars, issuer in issuers
   u64* bars[64];
   int issuers[64], ncommits;
-  TmLoad ld[1024];        // per thread of the block: its tcgen05.ld not yet waited for
-  TmStore st[1024];       // per thread: its tcgen05.st not yet waited for (written to the cells at the wait)
+  TmLoads ld[1024];       // per thread of the block: its tcgen05.ld not yet waited for
+  TmStores st[1024];      // per thread: its tcgen05.st not yet waited for (written to the cells at the wait)
 };
 
 // A block's fresh tensor memory: NaN cells (unwritten tensor memory reads as NaN), nothing allocated or
@@ -897,14 +902,15 @@ KDA_EMU_RT inline void tm_relinquish() {
 KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
   const char* what = "tcgen05.ld";
   Tmem* t = tm_of(what);
-  TmLoad& l = t->ld[g_cur->lin];
-  if (l.pending) fail("%s: a second tcgen05.ld before the tcgen05.wait::ld of the first (the emulation keeps one)", what);
+  TmLoads& q = t->ld[g_cur->lin];
+  if (q.pending == TM_QUEUE) fail("%s: more than %d tcgen05.ld before a tcgen05.wait::ld (the emulation keeps %d)", what, TM_QUEUE, TM_QUEUE);
+  TmLoad& l = q.q[q.pending++];
   const u32 lane = tm_thread_cells(t, taddr, n, what), col = taddr & 0xFFFF;
   for (int j = 0; j < n; j++) {
     l.v[j] = t->cell[lane][col + j];
     r[j] = __uint_as_float(WG_POISON);  // undefined until tcgen05.wait::ld
   }
-  l.dst = r, l.n = n, l.pending = 1;
+  l.dst = r, l.n = n;
 #ifdef KDA_EMU_CHECK
   if (g_worker->pf) g_worker->pf->c[PR_tmem_ld_bytes] += 4ull * n;  // per thread: its lane's columns
   path_tmem(false);
@@ -915,28 +921,33 @@ KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
 KDA_EMU_RT inline void tm_st(u32 taddr, const float* r, int n) {
   const char* what = "tcgen05.st";
   Tmem* t = tm_of(what);
-  TmStore& s = t->st[g_cur->lin];
-  if (s.pending) fail("%s: a second tcgen05.st before the tcgen05.wait::st of the first (the emulation keeps one)", what);
+  TmStores& q = t->st[g_cur->lin];
+  if (q.pending == TM_QUEUE) fail("%s: more than %d tcgen05.st before a tcgen05.wait::st (the emulation keeps %d)", what, TM_QUEUE, TM_QUEUE);
+  TmStore& s = q.q[q.pending++];
   s.lane = tm_thread_cells(t, taddr, n, what), s.col = taddr & 0xFFFF;
   for (int j = 0; j < n; j++) s.v[j] = __float_as_uint(r[j]);
-  s.n = n, s.pending = 1;
+  s.n = n;
 #ifdef KDA_EMU_CHECK
   path_tmem(true);
 #endif
 }
 KDA_EMU_RT inline void tm_wait_st() {
   Tmem* t = tm_of("tcgen05.wait::st");
-  TmStore& s = t->st[g_cur->lin];
-  if (!s.pending) return;
-  for (int j = 0; j < s.n; j++) t->cell[s.lane][s.col + j] = s.v[j];
-  s.pending = 0;
+  TmStores& q = t->st[g_cur->lin];
+  for (int i = 0; i < q.pending; i++) {
+    const TmStore& s = q.q[i];
+    for (int j = 0; j < s.n; j++) t->cell[s.lane][s.col + j] = s.v[j];
+  }
+  q.pending = 0;
 }
 KDA_EMU_RT inline void tm_wait_ld() {
   Tmem* t = tm_of("tcgen05.wait::ld");
-  TmLoad& l = t->ld[g_cur->lin];
-  if (!l.pending) return;
-  for (int j = 0; j < l.n; j++) l.dst[j] = __uint_as_float(l.v[j]);
-  l.pending = 0;
+  TmLoads& q = t->ld[g_cur->lin];
+  for (int i = 0; i < q.pending; i++) {
+    const TmLoad& l = q.q[i];
+    for (int j = 0; j < l.n; j++) l.dst[j] = __uint_as_float(l.v[j]);
+  }
+  q.pending = 0;
 }
 }  // namespace kda_emu
 

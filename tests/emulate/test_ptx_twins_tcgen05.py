@@ -193,6 +193,35 @@ extern "C" __global__ void k_tmem_st(const float* in, float* out, int flags) {
   if (warp == 0) tmem_dealloc(*slot, 32);
 }
 
+// Several tcgen05.st, one wait::st, several tcgen05.ld, one wait::ld: three blocks of 8 columns, block b
+// holding in * (b + 2); out[t][b][j]. flags: 1 the third load issued before the stores' wait (it reads the
+// cells as they were: NaN); 2 the loads' registers read before their wait (NaN).
+extern "C" __global__ void k_tmem_queue(const float* in, float* out, int flags) {
+  u32* slot = reinterpret_cast<u32*>(dynamic_smem());
+  const int t = threadIdx.x, warp = t / 32;
+  if (warp == 0) tmem_alloc(slot, 32);
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  tcgen05_fence_after_sync();
+  const u32 taddr = *slot + ((32u * warp) << 16);
+  float w[3][8], r[3][8];
+  for (int b = 0; b < 3; b++) {
+    for (int j = 0; j < 8; j++) w[b][j] = in[t * 8 + j] * (b + 2);
+    tmem_st_32x32b_x8(taddr + 8 * b, w[b]);
+  }
+  if (flags & 1) tmem_ld_32x32b<8>(taddr + 16, r[2]);
+  tmem_wait_st();
+  for (int b = 0; b < 3; b++)
+    if (!(flags & 1) || b < 2) tmem_ld_32x32b<8>(taddr + 8 * b, r[b]);
+  if (!(flags & 2)) tmem_wait_ld();
+  for (int b = 0; b < 3; b++)
+    for (int j = 0; j < 8; j++) out[(t * 3 + b) * 8 + j] = r[b][j];
+  tmem_wait_ld();
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  if (warp == 0) tmem_dealloc(*slot, 32);
+}
+
 // Tensor memory's allocation rules: mode 0 alloc 64 then 32 columns (addresses to out), free both;
 // 1 alloc 48 columns; 2 alloc after relinquish; 3 tcgen05.ld of unallocated columns.
 extern "C" __global__ void k_tmem(u32* out, int mode) {
@@ -221,7 +250,8 @@ extern "C" __global__ void k_tmem(u32* out, int mode) {
 
 @pytest.fixture(scope="module")
 def mod():
-    return EmulatedModule(kernel_source(KERNELS), ["k_umma", "k_umma_desc", "k_tmem", "k_tmem_st", "k_umma_ts"])
+    return EmulatedModule(kernel_source(KERNELS), ["k_umma", "k_umma_desc", "k_tmem", "k_tmem_st", "k_umma_ts",
+                                                   "k_tmem_queue"])
 
 
 def operands(m, n, steps, rng):
@@ -428,4 +458,20 @@ def test_tensor_memory_stores_land_at_their_wait(mod):
     mod.get_function("k_tmem_st")(1, 128, (x, out, np.int32(0)), shared_mem=64)
     np.testing.assert_array_equal(out, x * 2 + 1)
     mod.get_function("k_tmem_st")(1, 128, (x, out, np.int32(1)), shared_mem=64)
+    assert np.isnan(out).all()
+
+
+def test_several_tensor_memory_moves_complete_at_one_wait(mod):
+    """Several tcgen05.st before one tcgen05.wait::st land, in order, at it; several tcgen05.ld before one
+    tcgen05.wait::ld give their registers at it (the kernels batch a chunk's state blocks so). A load issued
+    before the stores' wait reads the cells as they were, and registers read before the loads' wait are NaN."""
+    x = np.random.default_rng(6).standard_normal((128, 8)).astype(F32)
+    want = np.stack([x * (b + 2) for b in range(3)], axis=1)
+    out = np.zeros((128, 3, 8), F32)
+    mod.get_function("k_tmem_queue")(1, 128, (x, out, np.int32(0)), shared_mem=64)
+    np.testing.assert_array_equal(out, want)
+    mod.get_function("k_tmem_queue")(1, 128, (x, out, np.int32(1)), shared_mem=64)
+    np.testing.assert_array_equal(out[:, :2], want[:, :2])
+    assert np.isnan(out[:, 2]).all()
+    mod.get_function("k_tmem_queue")(1, 128, (x, out, np.int32(2)), shared_mem=64)
     assert np.isnan(out).all()
