@@ -41,7 +41,7 @@ import numpy as np
 
 from . import env
 from .ops.forward.layouts import CHUNK
-from .ops.seqpar.split import KernelRun, _array_module, merges_maps, numpy_maps
+from .ops.seqpar.split import KernelRun, _array_module, merges_maps, numpy_maps, work_list
 from .validation import check_keywords, fail, validate
 
 #: the most segments per sequence the forward accepts (the scan walks them in order)
@@ -214,11 +214,11 @@ def _predicted_time(p, n, sm_count) -> float:
 
 def _map_launches(p, n) -> tuple:
     """The value rows of each map launch at n segments a sequence (ops/seqpar/split.py): the last
-    segment's maps and the first one's M never run (an initial state is folded into the first B map);
-    M and B one launch where they merge."""
+    segment's maps and the first one's M never run (an initial state is folded into the first B map;
+    at K = 256 every segment's run); M and B one launch where they merge."""
     rows = p.N * p.HV
-    m_rows = rows * (n - 2) * p.K
-    b_rows = rows * (n - 1) * p.V
+    m_rows = rows * (n - 2 if work_list(p.K) else n) * p.K
+    b_rows = rows * (n - 1 if work_list(p.K) else n) * p.V
     return (m_rows + b_rows,) if merges_maps(p.K, p.V) else (m_rows, b_rows)
 
 

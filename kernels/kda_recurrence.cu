@@ -660,6 +660,7 @@ __device__ __forceinline__ void recurrence_sequence(const RecurrenceIn& in, int 
 #endif
 
 #ifndef KDA_RECURRENCE_BODY_ONLY  // (the fused forward includes the body alone)
+constexpr bool MAP_WORK_LIST = !OUTPUT && !KDA_STORE_STATES && K <= 128;  // (kdacupy/ops/seqpar/split.py: work_list)
 // The maps' work list (seg_n > 0: kdacupy/ops/seqpar/split.py): per sequence of seg_n segments, the M
 // map's value tiles [0, mtiles) of segments [m_first, seg_n - 1), then the B map's tiles [mtiles, VB) of
 // segments [0, seg_n - 1): the last segment's maps and, without an initial state, the first one's M
@@ -697,11 +698,11 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   const int VB = ANY ? (v_true + BV - 1) / BV : V / BV;
   const int hv = blockIdx.y;
   int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV;
-  // the maps (seqpar, without the output; the forwards' builds take the plain grid: with the branch
-  // ptxas settled their registers short and spilled): the work list, and the merged maps' value rows
-  // below v_from the M map's, v = 0 and never read (null), the rest the B map's, row v0 of this launch
-  // being v's row v0 - v_from
-  if constexpr (!OUTPUT && !KDA_STORE_STATES) {
+  // the maps (seqpar, without the output) of key tiles up to 128: the work list, and the merged maps'
+  // value rows below v_from the M map's, v = 0 and never read (null), the rest the B map's, row v0 of
+  // this launch being v's row v0 - v_from. The other builds take the plain grid: with the branch ptxas
+  // settled the forwards' registers short and spilled, and the K = 256 maps' (at 255) spilled 8-12 bytes.
+  if constexpr (MAP_WORK_LIST) {
     if (seg_n > 0) map_work_item(blockIdx.x, seg_n, m_first, v_from / BV, VB, n, v0);
     if constexpr (!ANY) {
       if (v_from > 0) v = v0 < v_from ? nullptr : static_cast<const unsigned char*>(v) - static_cast<i64>(v_from) * ES;

@@ -200,7 +200,7 @@ class KernelRun:
         # M: value columns = the K columns of I, v = 0 (a zero-stride view), the state updated in place
         zero_v = xp.broadcast_to(xp.zeros((1, 1, 1, K), dtype=p.dtype), a["v"].shape[:3] + (K,))
         m_work = b_work = None
-        if n is not None:
+        if n is not None and work_list(K):
             m_work = (n, 1, -(-K // self.tiles["M"].BV))  # every value tile the M part
             b_work = (n, 1, 0)  # no M part: the B map's tiles alone
         self._recurrence("M", dict(a, v=zero_v, initial_state=M), None, M, maps=m_work)
@@ -298,6 +298,14 @@ def _kv_f32(s0, layout, xp):
         return x
     assert x.dtype == BF16, x.dtype
     return (x.view(xp.uint16).astype(xp.uint32) << 16).view(F32)  # bf16 is fp32's high half
+
+
+def work_list(K) -> bool:
+    """Whether the maps' builds of key dim K take a work list (kernels/kda_recurrence.cu, MAP_WORK_LIST:
+    key tiles up to 128); at K = 256 every segment's maps run, the unread ones for nothing."""
+    from ...numerics.tiles import tile_of
+
+    return tile_of(K) <= 128
 
 
 def merges_maps(K, V) -> bool:
