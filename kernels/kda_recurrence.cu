@@ -662,15 +662,15 @@ __device__ __forceinline__ void recurrence_sequence(const RecurrenceIn& in, int 
 #ifndef KDA_RECURRENCE_BODY_ONLY  // (the fused forward includes the body alone)
 constexpr bool MAP_WORK_LIST = !OUTPUT && !KDA_STORE_STATES && K <= 128;  // (kdacupy/ops/seqpar/split.py: work_list)
 // The maps' work list (seg_n > 0: kdacupy/ops/seqpar/split.py): per sequence of seg_n segments, the M
-// map's value tiles [0, mtiles) of segments [m_first, seg_n - 1), then the B map's tiles [mtiles, VB) of
-// segments [0, seg_n - 1): the last segment's maps and, without an initial state, the first one's M
-// map are never used by the scan, so no CTA runs them. Item ``i`` -> segment batch sequence n, row v0.
-__device__ __forceinline__ void map_work_item(int i, int seg_n, int m_first, int mtiles, int VB, int& n, int& v0) {
-  const int mruns = (seg_n - 1 - m_first) * mtiles, btiles = VB - mtiles;
+// map's value tiles [0, mtiles) of segments [1, seg_n - 1), then the B map's tiles [mtiles, VB) of
+// segments [0, seg_n - 1): the scan reads no map of the last segment, and no M of the first (an initial
+// state is folded into its B map), so no CTA runs them. Item ``i`` -> segment batch sequence n, row v0.
+__device__ __forceinline__ void map_work_item(int i, int seg_n, int mtiles, int VB, int& n, int& v0) {
+  const int mruns = (seg_n - 2) * mtiles, btiles = VB - mtiles;
   const int per_seq = mruns + (seg_n - 1) * btiles, q = i / per_seq, r = i % per_seq;
   int seg, tile;
   if (r < mruns) {
-    seg = m_first + r / mtiles, tile = r % mtiles;
+    seg = 1 + r / mtiles, tile = r % mtiles;
   } else {
     seg = (r - mruns) / btiles, tile = mtiles + (r - mruns) % btiles;
   }
@@ -694,7 +694,7 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     const void* cu_seqlens, int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq,
     const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* states,
     void* ckpt, int ckpt_dtype, const void* ckpt_idx, int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every,
-    int k_true, int v_true, int seg_n, int m_first, int v_from) {
+    int k_true, int v_true, int seg_n, int v_from) {
   const int VB = ANY ? (v_true + BV - 1) / BV : V / BV;
   const int hv = blockIdx.y;
   int n = blockIdx.x / VB, v0 = (blockIdx.x % VB) * BV;
@@ -703,12 +703,12 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
   // this launch being v's row v0 - v_from. The other builds take the plain grid: with the branch ptxas
   // settled the forwards' registers short and spilled, and the K = 256 maps' (at 255) spilled 8-12 bytes.
   if constexpr (MAP_WORK_LIST) {
-    if (seg_n > 0) map_work_item(blockIdx.x, seg_n, m_first, v_from / BV, VB, n, v0);
+    if (seg_n > 0) map_work_item(blockIdx.x, seg_n, v_from / BV, VB, n, v0);
     if constexpr (!ANY) {
       if (v_from > 0) v = v0 < v_from ? nullptr : static_cast<const unsigned char*>(v) - static_cast<i64>(v_from) * ES;
     }
   }
-  (void)seg_n, (void)m_first, (void)v_from;
+  (void)seg_n, (void)v_from;
 #if KDA_TCGEN05_PATH
   // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
   const i64 nh = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);

@@ -171,16 +171,27 @@ extern "C" __global__ void k_umma_desc(u32* out, int lead, int stride, int swizz
   out[3] = umma_idesc_bf16<64, 8, true, false>();
 }
 
+// 32 columns for the block, allocated by warp 0 and fenced for every thread: this warp's quarter's address;
+// and freed once every thread is done with them.
+__device__ u32 tm_block_alloc32(u32* slot) {
+  if (threadIdx.x / 32 == 0) tmem_alloc(slot, 32);
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  tcgen05_fence_after_sync();
+  return *slot + ((32u * (threadIdx.x / 32)) << 16);
+}
+__device__ void tm_block_free32(u32* slot) {
+  tcgen05_fence_before_sync();
+  __syncthreads();
+  if (threadIdx.x / 32 == 0) tmem_dealloc(*slot, 32);
+}
+
 // tcgen05.st then tcgen05.ld of the same cells (each warp its quarter): out[t][j] = in[t][j] * 2 + 1 read
 // back; flags: 1 no tcgen05.wait::st before the load (planted).
 extern "C" __global__ void k_tmem_st(const float* in, float* out, int flags) {
   u32* slot = reinterpret_cast<u32*>(dynamic_smem());
-  const int t = threadIdx.x, warp = t / 32;
-  if (warp == 0) tmem_alloc(slot, 32);
-  tcgen05_fence_before_sync();
-  __syncthreads();
-  tcgen05_fence_after_sync();
-  const u32 taddr = *slot + ((32u * warp) << 16);
+  const int t = threadIdx.x;
+  const u32 taddr = tm_block_alloc32(slot);
   float w[8], r[8];
   for (int j = 0; j < 8; j++) w[j] = in[t * 8 + j] * 2.f + 1.f;
   tmem_st_32x32b_x8(taddr + 8, w);
@@ -188,9 +199,7 @@ extern "C" __global__ void k_tmem_st(const float* in, float* out, int flags) {
   tmem_ld_32x32b<8>(taddr + 8, r);
   tmem_wait_ld();
   for (int j = 0; j < 8; j++) out[t * 8 + j] = r[j];
-  tcgen05_fence_before_sync();
-  __syncthreads();
-  if (warp == 0) tmem_dealloc(*slot, 32);
+  tm_block_free32(slot);
 }
 
 // Several tcgen05.st, one wait::st, several tcgen05.ld, one wait::ld: three blocks of 8 columns, block b
@@ -198,12 +207,8 @@ extern "C" __global__ void k_tmem_st(const float* in, float* out, int flags) {
 // cells as they were: NaN); 2 the loads' registers read before their wait (NaN).
 extern "C" __global__ void k_tmem_queue(const float* in, float* out, int flags) {
   u32* slot = reinterpret_cast<u32*>(dynamic_smem());
-  const int t = threadIdx.x, warp = t / 32;
-  if (warp == 0) tmem_alloc(slot, 32);
-  tcgen05_fence_before_sync();
-  __syncthreads();
-  tcgen05_fence_after_sync();
-  const u32 taddr = *slot + ((32u * warp) << 16);
+  const int t = threadIdx.x;
+  const u32 taddr = tm_block_alloc32(slot);
   float w[3][8], r[3][8];
   for (int b = 0; b < 3; b++) {
     for (int j = 0; j < 8; j++) w[b][j] = in[t * 8 + j] * (b + 2);
@@ -217,9 +222,7 @@ extern "C" __global__ void k_tmem_queue(const float* in, float* out, int flags) 
   for (int b = 0; b < 3; b++)
     for (int j = 0; j < 8; j++) out[(t * 3 + b) * 8 + j] = r[b][j];
   tmem_wait_ld();
-  tcgen05_fence_before_sync();
-  __syncthreads();
-  if (warp == 0) tmem_dealloc(*slot, 32);
+  tm_block_free32(slot);
 }
 
 // Tensor memory's allocation rules: mode 0 alloc 64 then 32 columns (addresses to out), free both;

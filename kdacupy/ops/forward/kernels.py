@@ -209,8 +209,7 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
     ``a["checkpoints"]``: with it, the variant that stores the state at each checkpoint boundary.
     ``ws_core``: the prepare wrote the core-matrix workspace, which the wgmma recurrence reads and
     needs (without it the launch is mma.sync whatever the tiles say). ``maps``: (segments a
-    sequence or 0, first segment of the M map, the M map's value tiles) for the sequence-parallel
-    forward's maps (kdacupy/ops/seqpar/split.py): the value tiles below the M map's count read v as zero
+    sequence or 0, the M map's value tiles) for the sequence-parallel forward's maps (kdacupy/ops/seqpar/split.py): the value tiles below the M map's count read v as zero
     (the merged maps: ``p`` the [K, K + V] state of the M and B maps side by side, v's rows from the
     first B tile on), and with a segment count only the runs its scan reads are launched
     (kernels/kda_recurrence.cu, map_work_item)."""
@@ -228,17 +227,17 @@ def launch_recurrence(run, p, a, ws, o, s_out, nslots, per_seq, tiles, no_output
             ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
             *cu_args(a["cu_seqlens"]), np.int32(p.T), np.int32(p.HV), np.int32(nslots), np.int32(per_seq),
             *pool_args(a), ptr(states), *checkpoint_args(ck), np.int32(p.K), np.int32(p.V)]
-    ctas = p.N * -(-p.V // tiles.BV)
+    vb = -(-p.V // tiles.BV)  # value tiles a sequence
+    ctas = p.N * vb
     if maps is None:
-        args += [np.int32(0)] * 3
+        args += [np.int32(0)] * 2
     else:
-        seg_n, m_first, m_tiles = maps  # seg_n = 0: every sequence's maps
-        vb = -(-p.V // tiles.BV)
+        seg_n, m_tiles = maps  # seg_n = 0: every sequence's maps
         assert no_output and states is None and 0 <= m_tiles <= vb and (not var.any_dims or m_tiles in (0, vb))
-        if seg_n:
+        if seg_n:  # (map_work_item: the M part from segment 1, the B part from 0, neither in the last)
             assert p.N % seg_n == 0
-            ctas = p.N // seg_n * ((seg_n - 1 - m_first) * m_tiles + (seg_n - 1) * (vb - m_tiles))
-        args += [np.int32(seg_n), np.int32(m_first), np.int32(m_tiles * tiles.BV)]
+            ctas = p.N // seg_n * ((seg_n - 2) * m_tiles + (seg_n - 1) * (vb - m_tiles))
+        args += [np.int32(seg_n), np.int32(m_tiles * tiles.BV)]
         if not ctas:
             return
     run.launch(fn, (ctas, p.HV), (var.threads,), tuple(args), var.smem)

@@ -187,7 +187,7 @@ class KernelRun:
                 by_seq(S)[:, 0, :, :, :K] = 0
                 by_seq(S)[:, 0, :, :, K:] = first
             m_tiles = K // self.tiles["maps"].BV
-            work = (0, 0, m_tiles) if n is None else (n, 1, m_tiles)  # None: every map (state_maps)
+            work = (0 if n is None else n, m_tiles)  # 0: every map (state_maps)
             self._recurrence("maps", dict(a, initial_state=S), None, S, maps=work)
             return S[..., :K], S[..., K:]
         M = xp.zeros((p.N, p.HV, K, K), dtype=F32)
@@ -201,8 +201,8 @@ class KernelRun:
         zero_v = xp.broadcast_to(xp.zeros((1, 1, 1, K), dtype=p.dtype), a["v"].shape[:3] + (K,))
         m_work = b_work = None
         if n is not None and work_list(K):
-            m_work = (n, 1, -(-K // self.tiles["M"].BV))  # every value tile the M part
-            b_work = (n, 1, 0)  # no M part: the B map's tiles alone
+            m_work = (n, -(-K // self.tiles["M"].BV))  # every value tile the M part
+            b_work = (n, 0)  # no M part: the B map's tiles alone
         self._recurrence("M", dict(a, v=zero_v, initial_state=M), None, M, maps=m_work)
         self._recurrence("B", dict(a, initial_state=Bm if fold else None), None, Bm, maps=b_work)
         return M, Bm
@@ -342,7 +342,7 @@ def _numpy_options(p, a):
 def numpy_maps(p, a, first=None):
     """The maps on "model" (fp32-state precision model runs) or "reference" (float64). ``first``: the
     split's initial states ([N, HV, K, V], kv, the runs' dtype; p's sequences n segments each): folded
-    into the first segments' maps as the kernels' split does (``fold_initial_state``)."""
+    into the first segments' maps as the kernels' split does (``KernelRun.maps``: B from them, M zero)."""
     K = p.K
     opts = _numpy_options(p, a)
     dt = F32 if p.backend == "model" else np.float64
