@@ -17,9 +17,9 @@
 // The slots between sequences (varlen: first_slot's spare ones, and a zero-length sequence's) are never
 // written: each consumer releases them when it passes them, so the ring's counts stay in step.
 //
-// Rendered configuration: kda_prepare's (KDA_WS_CORE = 1) and kda_recurrence's (KDA_MMA = KDA_MMA_WGMMA,
-// KDA_BV = 64: a warpgroup, the prepare's 128 threads), KDA_RING (slots a value head), KDA_GROUP (slots an
-// item). Flags (u32, zeroed before the launch): ready[HV R], consumed[HV R], the item counter, an error word
+// Rendered configuration: kda_prepare's (KDA_WS_CORE = 1) and kda_recurrence's (KDA_MMA = KDA_MMA_WGMMA with
+// KDA_BV = 64: a warpgroup, the prepare's 128 threads; or KDA_MMA_TCGEN05 on sm_100a, KDA_BV = 64 or 128, its
+// 128 threads a tensor-memory lane each), KDA_RING (slots a value head), KDA_GROUP (slots an item). Flags (u32, zeroed before the launch): ready[HV R], consumed[HV R], the item counter, an error word
 // (nonzero: a consumer found its slot refilled before it released it, a broken protocol; the output is then wrong).
 #include "common.cuh"
 #include "fragments.cuh"
@@ -45,8 +45,12 @@ using namespace kda;
 constexpr int R = KDA_RING;
 constexpr int GROUP = KDA_GROUP;
 constexpr int VB = KDA_V / KDA_BV;  // consumers a value head
-static_assert(KDA_WS_CORE && KDA_MMA == KDA_MMA_WGMMA && KDA_BV == 64, "the wgmma chain of one warpgroup");
+static_assert(KDA_WS_CORE && ((KDA_MMA == KDA_MMA_WGMMA && KDA_BV == 64) || KDA_MMA == KDA_MMA_TCGEN05),
+              "the wgmma chain of one warpgroup, or the tcgen05 chain of 128 threads");
 static_assert(!KDA_ANY_DIMS && !KDA_NO_OUTPUT && !KDA_STORE_STATES && !KDA_CHECKPOINTS, "the plain forward");
+#if KDA_TCGEN05_PATH
+static_assert(2 * fused_recurrence::TC_COLS <= 512, "two consumers' tensor memory on an SM (fused.py: tcgen05_columns)");
+#endif
 static_assert(R >= KDA_STAGES, "a consumer releases a slot after acquiring STAGES - 1 more (deadlock-free)");
 
 // The ring: R blocks a value head; per slot its ready and consumed counts (chunk_ring.cuh).
@@ -81,11 +85,20 @@ struct RingBlocks {
 // released as they are passed.
 __device__ __forceinline__ void consume(const fused_recurrence::RecurrenceIn& in, const RingBlocks& blocks, int nseq,
                                         int hv, int v0) {
+#if KDA_TCGEN05_PATH
+  const u32 tm = fused_recurrence::tc_begin(dynamic_smem(), threadIdx.x);
+  u32 phase = 0;  // the products' barrier's, across sequences as the stages'
+#else
   fused_recurrence::init_stage_barriers(dynamic_smem(), threadIdx.x);
+#endif
   int c0 = 0;
 #pragma unroll 1
   for (int n = 0; n < nseq; ++n) {
+#if KDA_TCGEN05_PATH
+    fused_recurrence::tc_sequence(in, n, v0, hv, c0, blocks, tm, phase);
+#else
     fused_recurrence::recurrence_sequence(in, n, v0, hv, c0, blocks);
+#endif
     const Seq seq = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T);
     const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
     c0 += nchunks;
@@ -96,6 +109,9 @@ __device__ __forceinline__ void consume(const fused_recurrence::RecurrenceIn& in
       for (i64 s = used; s < next; ++s) blocks.release(hv, s);  // (its copies landed: the sequence's last wait)
     }
   }
+#if KDA_TCGEN05_PATH
+  fused_recurrence::tc_end(tm);
+#endif
 }
 
 // A producer: items of GROUP slots of one head, in slot-group order, until none is left.
@@ -119,7 +135,10 @@ __device__ __forceinline__ void produce(const fused_prepare::PrepareIn& in, cons
 
 // Three blocks an SM: the wgmma chain and the prepare fit 168 registers (K = 128: 164); fp32 inputs with
 // the fp32 state spilled 4 bytes there at V = 64, so two (their shared memory allows three at most anyway).
-#define KDA_FUSED_MIN_BLOCKS (KDA_DT == KDA_F32 && KDA_STATE_FP32 && KDA_K > 64 ? 2 : 3)
+// tcgen05: two, as the launch's shared memory allows (kdacupy/ops/forward/fused.py: two consumers' tensor
+// memory must fit an SM's 512 columns, or a third's tcgen05.alloc would wait for a consumer that waits for
+// producers that wait for it).
+#define KDA_FUSED_MIN_BLOCKS (KDA_TCGEN05_PATH || (KDA_DT == KDA_F32 && KDA_STATE_FP32 && KDA_K > 64) ? 2 : 3)
 extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forward_fused(
     const void* q, const void* k, const void* g, const void* beta, const void* v, void* o,
     i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,

@@ -230,9 +230,6 @@ __device__ __forceinline__ void store_out_rows(void* o, i64 o_row0, i64 o_st, co
 }
 #endif
 
-#if KDA_TCGEN05_PATH
-#include "recurrence_tcgen05.cuh"
-#endif
 }  // namespace
 
 // What one recurrence reads and writes: the kernel's arguments but the workspace.
@@ -258,6 +255,12 @@ struct RecurrenceIn {
   i64 ckpt_rows;
   int ckpt_per_seq, ckpt_every, k_true, v_true;
 };
+
+#if KDA_TCGEN05_PATH
+namespace {
+#include "recurrence_tcgen05.cuh"
+}  // namespace
+#endif
 
 #if KDA_WGMMA_PATH
 // Stage s's mbarrier at bars[2 s]: its copies have landed (16 bytes a barrier, as the emulation's profile
@@ -709,19 +712,16 @@ extern "C" __global__ void KDA_RECURRENCE_BOUNDS kda_recurrence(
     }
   }
   (void)seg_n, (void)v_from;
-#if KDA_TCGEN05_PATH
-  // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
-  const i64 nh = state_slot(n, hv, HV, pool_idx, pool_idx_i64, pool_slots);
-  if (nh < 0) s_in_dtype = KDA_STATE_NONE;
-  tc_recurrence(ws, v, v_sb, v_st, v_sh, o, o_sb, o_st, o_sh, s_in, s_in_dtype, s_out, s_out_dtype, layout_vk, cu_seqlens,
-                cu_is_i64, T, HV, nslots, chunks_per_seq, n, hv, v0, nh, ckpt, ckpt_dtype, ckpt_idx, ckpt_i64, ckpt_rows,
-                ckpt_per_seq, ckpt_every);
-  (void)states, (void)k_true;
-#else
   const RecurrenceIn in{v,          v_sb,      v_st, v_sh,           o,       o_sb,         o_st,       o_sh,
                         s_in,       s_in_dtype, s_out, s_out_dtype,   layout_vk, cu_seqlens,  cu_is_i64,  T,
                         HV,         nslots,    chunks_per_seq, pool_idx, pool_idx_i64, pool_slots, states, ckpt,
                         ckpt_dtype, ckpt_idx,  ckpt_i64, ckpt_rows,    ckpt_per_seq, ckpt_every, k_true, v_true};
+#if KDA_TCGEN05_PATH
+  const u32 tm = tc_begin(dynamic_smem(), threadIdx.x);
+  u32 phase = 0;
+  tc_sequence(in, n, v0, hv, 0, WorkspaceBlocks{ws, nslots}, tm, phase);
+  tc_end(tm);
+#else
 #if KDA_WGMMA_PATH
   init_stage_barriers(dynamic_smem(), threadIdx.x);
 #endif

@@ -241,19 +241,50 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   }
 }
 
-// The kernel's body on tcgen05 (kda_recurrence's arguments; n, hv, v0 and the state slot nh found).
-__device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const void* v, i64 v_sb, i64 v_st, i64 v_sh,
-                                              void* o, i64 o_sb, i64 o_st, i64 o_sh, const void* s_in, int s_in_dtype,
-                                              void* s_out, int s_out_dtype, int layout_vk, const void* cu_seqlens,
-                                              int cu_is_i64, int T, int HV, int nslots, int chunks_per_seq, int n,
-                                              int hv, int v0, i64 nh, void* ckpt, int ckpt_dtype, const void* ckpt_idx,
-                                              int ckpt_i64, i64 ckpt_rows, int ckpt_per_seq, int ckpt_every) {
+// Once a CTA, before its first sequence: the stages' barriers and the products' one, and TC_COLS columns
+// of tensor memory (their address returned). A CTA that runs several sequences (the fused forward's
+// consumers) keeps counting the stages' and the products' phases across them.
+__device__ __forceinline__ u32 tc_begin(unsigned char* sm, int tid) {
+  u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);  // stage s's copies at bars[2 s]
+  u64* done = reinterpret_cast<u64*>(sm + RSM_MMABAR);  // the issuing lane's products complete
+  u32* slot = reinterpret_cast<u32*>(sm + RSM_TMEM);
+  if (tid == 0) {
+#pragma unroll 1
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(&bars[2 * s], 1);
+    mbarrier_init(done, 1);
+    fence_proxy_async_smem();  // the initialised barriers, before the bulk copies and commits complete on them
+  }
+  if (tid < 32) {
+    tmem_alloc(slot, TC_COLS);
+    tmem_relinquish();
+  }
+  tc_sync();
+  return *slot;
+}
+// Once a CTA, after its last sequence: the columns freed.
+__device__ __forceinline__ void tc_end(u32 tm) {
+  tc_sync();  // every thread's last tensor-memory load, before the columns are freed
+  if (threadIdx.x < 32) tmem_dealloc(tm, TC_COLS);
+}
+
+// Sequence n's recurrence over value rows [v0, v0 + BV) of value head hv on tcgen05, its chunks read through
+// ``blocks`` (the workspace; the fused forward's ring); ``c0``: the chunks this CTA ran before, ``phase`` the
+// products' barrier's (tc_begin's tensor memory at tm).
+template <class Blocks>
+__device__ __forceinline__ void tc_sequence(const RecurrenceIn& in, int n, int v0, int hv, int c0, const Blocks& blocks,
+                                            u32 tm, u32& phase) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // state pool (s_in == s_out): slot idx[n]; outside [0, P) starts from zeros, stores nothing
+  const i64 nh = state_slot(n, hv, in.HV, in.pool_idx, in.pool_idx_i64, in.pool_slots);
+  const int s_in_dtype = nh < 0 ? KDA_STATE_NONE : in.s_in_dtype;
+  const void* const s_in = in.s_in;
+  void* const s_out = in.s_out;
+  const int s_out_dtype = in.s_out_dtype, layout_vk = in.layout_vk;
   // this thread's value row in the CTA and its first key: M = 128 a row a thread; TC_HALVES a row's two
   // halves in lanes r and 16 + r of warp w (row 16 w + r)
   const int row = TC_HALVES ? 16 * warp + (lane & 15) : tid, key0 = TC_HALVES ? (lane >> 4) * KH : 0;
   const int vr = v0 + row;
-  const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
+  const Seq seq = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T);
   if (seq.len == 0) {  // [16] the final state is the initial state, converted only
     if (s_out != nullptr && nh >= 0) {
 #pragma unroll 1
@@ -266,30 +297,20 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
     return;
   }
   unsigned char* sm = dynamic_smem();
-  const int b = cu_seqlens == nullptr ? n : 0;
-  const i64 tok0 = cu_seqlens == nullptr ? 0 : seq.bos;
-  const bool v_zero = !OUTPUT && v == nullptr;  // the M map: v = 0, never read
-  const unsigned char* vbase = v_zero ? nullptr
-                                      : static_cast<const unsigned char*>(v) + (b * v_sb + tok0 * v_st + hv * v_sh + v0) * ES;
-  const WorkspaceBlocks blocks{ws, nslots};
-  const i64 slot0 = first_slot(cu_seqlens, n, seq.bos, chunks_per_seq);
+  const int b = in.cu_seqlens == nullptr ? n : 0;
+  const i64 tok0 = in.cu_seqlens == nullptr ? 0 : seq.bos;
+  const bool v_zero = !OUTPUT && in.v == nullptr;  // the M map: v = 0, never read
+  const unsigned char* vbase =
+      v_zero ? nullptr
+             : static_cast<const unsigned char*>(in.v) + (b * in.v_sb + tok0 * in.v_st + hv * in.v_sh + v0) * ES;
+  const i64 slot0 = first_slot(in.cu_seqlens, n, seq.bos, in.chunks_per_seq);
   const int nchunks = (seq.len + CHUNK - 1) / CHUNK;
-  u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);  // stage s's copies at bars[2 s]
-  u64* done = reinterpret_cast<u64*>(sm + RSM_MMABAR);  // the issuing lane's products complete
-  u32* slot = reinterpret_cast<u32*>(sm + RSM_TMEM);
-  if (tid == 0) {
-#pragma unroll 1
-    for (int s = 0; s < STAGES; ++s) mbarrier_init(&bars[2 * s], 1);
-    mbarrier_init(done, 1);
-    fence_proxy_async_smem();  // the initialised barriers, before the bulk copies and commits complete on them
-  }
-  if (warp == 0) {
-    tmem_alloc(slot, TC_COLS);
-    tmem_relinquish();
-  }
-  tc_sync();
-  const u32 tm = *slot, lane_addr = tm + ((32u * warp) << 16);
-  auto issue = [&](int c) { issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, v_st, c, 0, nchunks, seq.len, v_zero, tid); };
+  u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);
+  u64* done = reinterpret_cast<u64*>(sm + RSM_MMABAR);
+  const u32 lane_addr = tm + ((32u * warp) << 16);
+  auto issue = [&](int c) {
+    issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, in.v_st, c, c0, nchunks, seq.len, v_zero, tid);
+  };
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
   // [10] this thread's row of the state, as held (a bf16 state rounded once, as the other paths'
@@ -301,24 +322,23 @@ __device__ __forceinline__ void tc_recurrence(const unsigned char* ws, const voi
     tc_state_store16(lane_addr, key0, s, x);
   }
   tc_sync();  // every row's A, and chunk 0's zeroed tail, before the first products
-  u32 phase = 0;
 #pragma unroll 1
   for (int c = 0; c < nchunks; ++c) {
     issue(c + STAGES - 1);
-    mbarrier_wait_parity(&bars[2 * (c % STAGES)], (c / STAGES) & 1);
+    mbarrier_wait_parity(&bars[2 * ((c0 + c) % STAGES)], ((c0 + c) / STAGES) & 1);
+    if (tid == 0) blocks.release(hv, slot0 + c);  // the slot's bytes are in the stage
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    tc_chunk(sm + (c % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, o,
-             b * o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * o_st + hv * o_sh + vr, o_st, rows);
+    tc_chunk(sm + ((c0 + c) % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, in.o,
+             b * in.o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * in.o_st + hv * in.o_sh + vr, in.o_st, rows);
 #if KDA_CHECKPOINTS
     {
-      const i64 ck_row = checkpoint_row(c, seq.len, n, ckpt_idx, ckpt_i64, ckpt_rows, ckpt_per_seq, ckpt_every);
-      if (ck_row >= 0) tc_store_held(lane_addr, key0, ckpt, ckpt_dtype, layout_vk, ck_row * HV + hv, vr);
+      const i64 ck_row = checkpoint_row(c, seq.len, n, in.ckpt_idx, in.ckpt_i64, in.ckpt_rows, in.ckpt_per_seq,
+                                        in.ckpt_every);
+      if (ck_row >= 0) tc_store_held(lane_addr, key0, in.ckpt, in.ckpt_dtype, layout_vk, ck_row * in.HV + hv, vr);
     }
 #endif
     tc_sync();  // every read of the stage and every A store, before the refill and the next products
   }
   // [16] the final state, as held
   if (s_out != nullptr && nh >= 0) tc_store_held(lane_addr, key0, s_out, s_out_dtype, layout_vk, nh, vr);
-  tc_sync();  // every thread's last tensor-memory load, before the columns are freed
-  if (warp == 0) tmem_dealloc(tm, TC_COLS);
 }

@@ -145,7 +145,7 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
 
     fuse = one_launch.pays(full, sms, arch) if fused is None else fused
     if fuse and n == 1:
-        tiles = one_launch.tiles_of(tiles)
+        tiles = one_launch.tiles_of(tiles, full, sms)
         p, a = validated(arrays, opts, "emulate")
         with counting() as recs:
             forward(p, a, tiles, fused=True)
@@ -155,7 +155,7 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
         rec["consumer"] = scaled(next(r for r in chain if r["kernel"] == "kda_recurrence"), factor)
         lens = shape.lens if shape.lens is not None else (shape.T,) * shape.B
         rec["chain_chunks"] = sum(-(-n // 16) for n in lens)  # a consumer's: every sequence of its head
-        rec["consumers"] = one_launch.consumers(full)
+        rec["consumers"] = one_launch.consumers(full, tiles.BV)
         info = dict(heads_emulated=hv, scale=factor, segments=1, fused=True,
                     tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
         return [rec], info

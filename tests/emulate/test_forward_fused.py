@@ -1,7 +1,7 @@
 """The fused forward (kernels/kda_forward_fused.cu, kdacupy/ops/forward/fused.py): kda_prepare and the
-wgmma recurrence as the two roles of one co-resident launch, the workspace a ring of chunk blocks a value
-head. Its output and final state are the two-launch wgmma forward's bit for bit (which the suites hold to
-the precision model), and the ring's flags end exactly where the protocol says: every slot's ready flag
+wgmma or tcgen05 recurrence as the two roles of one co-resident launch, the workspace a ring of chunk blocks
+a value head. Its output and final state are the two-launch forward's of the same family bit for bit (which
+the suites hold to the precision model), and the ring's flags end exactly where the protocol says: every slot's ready flag
 at the last chunk it held, its consumed count at what every consumer released (the slots no sequence
 uses included), every item taken once, no overrun. Varlen with a zero-length sequence, ragged tails and
 a ring two slots deep (every slot refilled many times), fixed-length batches under racecheck."""
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.emulate
 CHUNK = 16
 
 
-def forward(x, opts, fuse, stages=2, producers=None):
+def forward(x, opts, fuse, stages=2, producers=None, mma="wgmma", BV=64):
     p, a = validated(x, opts, "emulate")
-    return p, kernels.forward(p, a, TileConfig(64, stages, "wgmma"), fused=fuse, producers=producers)
+    return p, kernels.forward(p, a, TileConfig(BV, stages, mma), fused=fuse, producers=producers)
 
 
 def used_slots(p, lens):
@@ -34,9 +34,9 @@ def used_slots(p, lens):
     return [range(n + bos[n] // CHUNK, n + bos[n] // CHUNK + -(-int(lens[n]) // CHUNK)) for n in range(len(lens))]
 
 
-def expected_flags(p, lens, producers):
+def expected_flags(p, lens, producers, BV):
     """ready, consumed a head's slots, the item counter and the error word after the launch."""
-    R, G, ncons = fused.RING_SLOTS, fused.GROUP, p.V // fused.BV
+    R, G, ncons = fused.RING_SLOTS, fused.GROUP, p.V // BV
     seqs = used_slots(p, lens)
     used = [s for r in seqs for s in r]
     walked = range(0, max(used) + 1)  # every slot up to the last sequence's: used or released as passed
@@ -53,18 +53,21 @@ def identical(a, b):
         np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
 
 
-CASES = {  # name: (lens or None, batch, stages, ring slots, slots an item, producers, check mode)
-    "varlen-ring2": ([37, 0, 50, 9, 131], 1, 2, 2, 3, 3, None),
-    "fixed-racecheck": (None, 2, 2, 16, 4, 1, "all"),
+CASES = {  # name: (lens or None, batch, stages, ring slots, slots an item, producers, check mode, mma, BV)
+    "varlen-ring2": ([37, 0, 50, 9, 131], 1, 2, 2, 3, 3, None, "wgmma", 64),
+    "fixed-racecheck": (None, 2, 2, 16, 4, 1, "all", "wgmma", 64),
+    # tcgen05's consumers (sm_100a): a row a thread (BV = 128), and half rows (BV = 64, two consumers a head)
+    "tcgen05-varlen-ring2": ([37, 0, 50, 9, 131], 1, 2, 2, 3, 3, None, "tcgen05", 128),
+    "tcgen05-halves-racecheck": (None, 2, 3, 4, 2, 2, "all", "tcgen05", 64),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_fused_forward_is_the_two_launch_forward_bit_for_bit(monkeypatch, name):
-    lens, B, stages, R, G, producers, check = CASES[name]
+    lens, B, stages, R, G, producers, check, mma, BV = CASES[name]
     x, opts = make_inputs(B=B, T=70, H=1, HV=2, K=64, V=128, state=np.float32, cu_seqlens=lens)
     opts["output_final_state"] = True
-    _, plain = forward(x, opts, False, stages)
+    _, plain = forward(x, opts, False, stages, mma=mma, BV=BV)
     monkeypatch.setattr(fused, "RING_SLOTS", R)
     monkeypatch.setattr(fused, "GROUP", G)
     if check:
@@ -77,9 +80,9 @@ def test_fused_forward_is_the_two_launch_forward_bit_for_bit(monkeypatch, name):
         return seen["ring"], seen["flags"], a
 
     monkeypatch.setattr(fused, "scratch", keep)
-    p, one = forward(x, opts, True, stages, producers)
+    p, one = forward(x, opts, True, stages, producers, mma, BV)
     identical(one, plain)
-    np.testing.assert_array_equal(seen["flags"], expected_flags(p, lens, producers))
+    np.testing.assert_array_equal(seen["flags"], expected_flags(p, lens, producers, BV))
 
 
 def test_the_fused_forward_takes_what_it_serves_only():
@@ -105,5 +108,5 @@ def test_the_fused_prepare_build_on_the_pair_form_and_its_gate_rows(precision):
     g2 = gate_f32(np.asarray(x["g"], np.float64), "log", None, None, None)
     gc, _, gr = chunk_decay(g2[0, :32].reshape(2, 16, *g2.shape[2:]).swapaxes(1, 2))
     assert pair_form_chunks(gc, gr).all()
-    assert kernels.fused_variant(validated(x, opts, "emulate")[0], 2).prepare.g_pairs == (precision == "bf16")
+    assert kernels.fused_variant(validated(x, opts, "emulate")[0], TileConfig(64, 2, "wgmma")).prepare.g_pairs == (precision == "bf16")
     identical(forward(x, opts, True)[1], forward(x, opts, False)[1])

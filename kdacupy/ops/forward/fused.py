@@ -1,9 +1,9 @@
-"""The fused forward's launch (kernels/kda_forward_fused.cu): kda_prepare and the wgmma recurrence as
-the two roles of one persistent launch, the workspace a ring of chunk blocks a value head that stays
-in L2 (docs/design.md section 5).
+"""The fused forward's launch (kernels/kda_forward_fused.cu): kda_prepare and the wgmma (sm_90a) or
+tcgen05 (sm_100a) recurrence as the two roles of one persistent launch, the workspace a ring of chunk
+blocks a value head that stays in L2 (docs/design.md section 5).
 
-The launch holds HV * V / 64 consumer blocks and ``producers`` producer blocks, every one resident at
-once: on the GPU a cooperative launch of at most what the device holds, in the emulation a co-resident
+The launch holds HV * V / BV consumer blocks (BV: 64 on wgmma, 64 or 128 on tcgen05) and ``producers``
+producer blocks, every one resident at once: on the GPU a cooperative launch of at most what the device holds, in the emulation a co-resident
 one. Nothing here reads device memory or synchronises; the ring's flags are zeroed on the stream before
 each launch.
 """
@@ -27,9 +27,19 @@ from ...numerics.tiles import exact_dims
 RING_SLOTS = 16
 #: chunk slots a producer item: kda_prepare's pipeline runs over them
 GROUP = 4
-#: value rows a consumer block: one warpgroup, the prepare's 128 threads
+#: value rows a wgmma consumer block: one warpgroup, the prepare's 128 threads (tcgen05's 128 threads take
+#: 128 rows, or 64: consumer_bv)
 BV = 64
 THREADS = layouts.PREPARE_THREADS
+#: the consumers' MMA family per target
+FAMILY = {"sm_90a": "wgmma", "sm_100a": "tcgen05"}
+#: tensor-memory columns an SM has; a tcgen05 consumer allocates tcgen05_columns of them
+TMEM_COLUMNS = 512
+#: dynamic shared memory of every block of a tcgen05 launch at least: above a third of an sm_100 SM's
+#: 228 KB (less 1 KB a block reserved), so at most two blocks share an SM and two consumers' tensor memory
+#: always fits (a third consumer's tcgen05.alloc would wait for a consumer that waits, through the ring, for
+#: producers that wait for it)
+TCGEN05_SMEM_FLOOR = 80 * 1024
 
 
 @dataclass(frozen=True)
@@ -48,15 +58,20 @@ class FusedVariant:
 
     @property
     def smem(self) -> int:
-        return max(self.prepare.smem, self.recurrence.smem)
+        floor = TCGEN05_SMEM_FLOOR if self.recurrence.tiles.mma == "tcgen05" else 0
+        return max(self.prepare.smem, self.recurrence.smem, floor)
 
     threads: ClassVar[int] = THREADS
-    only_arch: ClassVar[str] = "sm_90a"
+
+    @property
+    def only_arch(self) -> str:
+        return {"wgmma": "sm_90a", "tcgen05": "sm_100a"}[self.recurrence.tiles.mma]
 
     def label(self) -> str:
+        t = self.recurrence.tiles
         return (f"kda_forward_fused {self.prepare.label().removeprefix('kda_prepare ')} "
-                f"V={self.recurrence.V} state={'fp32' if self.recurrence.state_fp32 else 'bf16'} stages={self.recurrence.tiles.stages} "
-                f"ring={self.ring} group={self.group}")
+                f"V={self.recurrence.V} state={'fp32' if self.recurrence.state_fp32 else 'bf16'} stages={t.stages} "
+                f"ring={self.ring} group={self.group}" + ("" if t.mma == "wgmma" else f" {t.mma} BV={t.BV}"))
 
 
 def g_pairs(state_fp32: bool) -> bool:
@@ -66,37 +81,77 @@ def g_pairs(state_fp32: bool) -> bool:
     return not state_fp32
 
 
+def tcgen05_columns(K: int, BV: int, state_fp32: bool) -> int:
+    """Tensor-memory columns a tcgen05 recurrence CTA allocates (TC_COLS, kernels/recurrence_tcgen05.cuh):
+    the accumulators, the A operands, the fp32 state's own, rounded up to a power of 2 from 256."""
+    kh = K // 2 if BV == 64 else K
+    used = kh + 48 + K // 2 + 16 + (kh if state_fp32 else 0)
+    return 256 if used <= 256 else 512
+
+
 def supported(p, tiles: TileConfig, checkpoints: bool = False) -> bool:
-    """Whether the fused launch serves this call: the wgmma recurrence at one warpgroup (BV = 64) over the
-    tiles' head dims (K <= 128, V a multiple of 64) with its output, no checkpoints and no saved workspace."""
-    return (tiles.mma == "wgmma" and tiles.BV == BV and exact_dims(p.K, p.V) and p.K <= 128 and p.V % BV == 0
-            and not checkpoints)
+    """Whether the fused launch serves this call: the wgmma recurrence at one warpgroup (BV = 64), or the
+    tcgen05 one at BV = 64 or 128 whose tensor memory two consumers of an SM share (TCGEN05_SMEM_FLOOR: the
+    fp32 state at BV = 128 takes all 512 columns), over the tiles' head dims (K <= 128, V a multiple of BV)
+    with its output, no checkpoints and no saved workspace."""
+    if tiles.mma == "wgmma":
+        family_ok = tiles.BV == BV
+    elif tiles.mma == "tcgen05":
+        family_ok = (tiles.BV in (64, 128) and
+                     2 * tcgen05_columns(p.K, tiles.BV, p.state_precision == "fp32") <= TMEM_COLUMNS)
+    else:
+        family_ok = False
+    return (family_ok and exact_dims(p.K, p.V) and p.K <= 128 and p.V % tiles.BV == 0 and not checkpoints)
 
 
-def tiles_of(tiles: TileConfig) -> TileConfig:
-    """The consumers' tiles: one warpgroup of the wgmma chain, at ``tiles``' stages where they are wgmma's."""
+def consumer_bv(p, mma: str, sm_count: int | None = None) -> int:
+    """A consumer's value rows: 64 on wgmma (a warpgroup); on tcgen05 128 (a row a thread: a head's chain
+    issues half of what two BV = 64 consumers do) where V allows and the tensor memory fits, unless that
+    leaves too few consumers for issue to bind over their chains (``pays``' rule; several sequences and
+    fewer than ``sm_count`` / 2 of them), else 64."""
+    if mma != "tcgen05" or p.V % 128 or 2 * tcgen05_columns(p.K, 128, p.state_precision == "fp32") > TMEM_COLUMNS:
+        return BV
+    wide = p.HV * (p.V // 128)
+    return 128 if sm_count is None or p.N == 1 or 2 * wide >= sm_count else BV
+
+
+def tiles_of(tiles: TileConfig, p=None, sm_count: int | None = None) -> TileConfig:
+    """The consumers' tiles: the tcgen05 chain at consumer_bv's rows where ``tiles`` are tcgen05's (and
+    ``p`` is given), else one warpgroup of the wgmma chain; at ``tiles``' stages where they are the family's."""
+    if tiles.mma == "tcgen05" and p is not None:
+        return TileConfig(consumer_bv(p, "tcgen05", sm_count), tiles.stages, "tcgen05")
     return TileConfig(BV, tiles.stages if tiles.mma == "wgmma" else 3, "wgmma")
 
 
-def blocks_per_sm(p) -> int:
-    """The kernel's minimum-blocks figure (kernels/kda_forward_fused.cu): what its registers allow an SM."""
+def blocks_per_sm(p, mma: str = "wgmma") -> int:
+    """The kernel's minimum-blocks figure (kernels/kda_forward_fused.cu): what its registers allow an SM
+    (tcgen05: what its shared memory allows, TCGEN05_SMEM_FLOOR)."""
+    if mma == "tcgen05":
+        return 2
     return 2 if p.dtype == np.float32 and p.state_precision == "fp32" and p.K > 64 else 3
 
 
 def pays(p, sm_count: int, arch: str | None, checkpoints: bool = False) -> bool:
     """Whether kda_forward's serial call takes the fused launch (docs/design.md section 5), by the issue-aware
-    model on the H200 (benchmarks/forward-step3.md, 3d): where it serves the call on sm_90a, with at least
-    half the resident blocks left to the producers, and one sequence, or enough consumers that issue, not
-    their chains, binds (each walks every sequence of its head in turn: a chunk's chain step takes ~480
-    cycles, a head's chunk ~8.7k warp instructions in all, so issue binds from ~SMs / 2 consumers on)."""
-    if arch != "sm_90a" or not supported(p, TileConfig(BV, 3, "wgmma"), checkpoints):
+    model on the H200 (benchmarks/forward-step3.md, 3d) and the B200 (benchmarks/blackwell.md): where it serves
+    the call on sm_90a (wgmma) or sm_100a (tcgen05), with at least half the resident blocks left to the
+    producers, and one sequence, or enough consumers that issue, not their chains, binds (each walks every
+    sequence of its head in turn: on the H200 a chunk's chain step takes ~480 cycles, a head's chunk ~8.7k
+    warp instructions in all, so issue binds from ~SMs / 2 consumers on). On tcgen05 only with a row a thread
+    (BV = 128): a half-row consumer's chain issues ~80% of a whole row's a chunk for half the rows, and the
+    B200 model has the varlen Kimi shapes at H = 64 on them at 0.43 ms and more against 0.35 in two launches."""
+    mma = FAMILY.get(arch)
+    if mma is None:
         return False
-    n = consumers(p)
-    return 2 * n <= sm_count * blocks_per_sm(p) and (p.N == 1 or 2 * n >= sm_count)
+    bv = consumer_bv(p, mma, sm_count)
+    if (mma == "tcgen05" and bv != 128) or not supported(p, TileConfig(bv, 3, mma), checkpoints):
+        return False
+    n = consumers(p, bv)
+    return 2 * n <= sm_count * blocks_per_sm(p, mma) and (p.N == 1 or 2 * n >= sm_count)
 
 
-def consumers(p) -> int:
-    return p.HV * (p.V // BV)
+def consumers(p, bv: int = BV) -> int:
+    return p.HV * (p.V // bv)
 
 
 def ring_bytes(p, ring: int) -> tuple[int, int]:
@@ -117,7 +172,8 @@ def launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var: FusedVa
             ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
             *pool_args(a), ptr(ring), ptr(flags)]
-    run.launch(fn, (consumers(p) + producers, 1), (THREADS,), tuple(args), var.smem, cooperative=True)
+    run.launch(fn, (consumers(p, var.recurrence.tiles.BV) + producers, 1), (THREADS,), tuple(args), var.smem,
+               cooperative=True)
 
 
 def scratch(p, a, xp, ring: int):
@@ -137,14 +193,15 @@ EMULATED_PRODUCERS = 2
 def forward_fused(run, p, a, o, s_out, nslots, per_seq, var: FusedVariant, producers: int | None, xp):
     """The fused forward into ``o`` and ``s_out``: ``producers`` producer blocks (None: on the GPU every
     block the device holds beside the consumers, in the emulation EMULATED_PRODUCERS)."""
+    n = consumers(p, var.recurrence.tiles.BV)
     if producers is None:
         if p.device:
             fn = run.get(var.kernel, var.config(), var.kernel)
-            producers = run.resident_blocks(fn, THREADS, var.smem) - consumers(p)
+            producers = run.resident_blocks(fn, THREADS, var.smem) - n
         else:
             producers = EMULATED_PRODUCERS
     if producers < 1:
-        raise ValueError(f"fused forward: {consumers(p)} consumer blocks leave no room for a producer "
+        raise ValueError(f"fused forward: {n} consumer blocks leave no room for a producer "
                          f"({producers} asked or free)")
     if var.ring < var.recurrence.tiles.stages:
         raise ValueError(f"fused forward: a ring of {var.ring} slots under {var.recurrence.tiles.stages} stages")

@@ -164,10 +164,10 @@ def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_stat
                              checkpoints, any_dims)
 
 
-def fused_variant(p, stages: int) -> one_launch.FusedVariant:
-    """The fused launch's variant (ops/forward/fused.py): the core-matrix prepare and the wgmma chain of one
-    warpgroup, at the ring's current depth and item size."""
-    tiles = TileConfig(one_launch.BV, stages, "wgmma")
+def fused_variant(p, tiles: TileConfig) -> one_launch.FusedVariant:
+    """The fused launch's variant (ops/forward/fused.py): the core-matrix prepare and the consumers' chain at
+    ``tiles`` (one_launch.tiles_of: the wgmma warpgroup, or tcgen05's 128 threads), at the ring's current
+    depth and item size."""
     prepare = replace(prepare_variant(p, ws_core=True), g_pairs=one_launch.g_pairs(p.state_precision == "fp32"))
     return one_launch.FusedVariant(prepare, recurrence_variant(p, tiles), one_launch.RING_SLOTS, one_launch.GROUP)
 
@@ -280,17 +280,18 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fus
     ckpt = a.get("checkpoints") is not None
     if fused is None and keep is None:
         mode = env.get("KDACUPY_FORWARD_FUSED")
+        sms = tuning.device_facts()[2] if p.device else None
         if mode == "on":
-            fused = one_launch.supported(p, one_launch.tiles_of(tiles), ckpt)
+            fused = one_launch.supported(p, one_launch.tiles_of(tiles, p, sms), ckpt)
         elif mode == "auto":
-            fused = bool(p.device) and tiles.mma == "wgmma" and one_launch.pays(
-                p, tuning.device_facts()[2], tuning.current_arch(), ckpt)
+            fused = bool(p.device) and tiles.mma in CORE_FAMILIES and one_launch.pays(
+                p, sms, tuning.current_arch(), ckpt)
         if fused:
-            tiles = one_launch.tiles_of(tiles)
+            tiles = one_launch.tiles_of(tiles, p, sms)
     if fused and keep is None and p.N:
         if not one_launch.supported(p, tiles, ckpt):
             raise ValueError(f"fused forward: not for tiles {tiles} at K={p.K}, V={p.V} with these options")
-        one_launch.forward_fused(run, p, a, o, s_out, nslots, per_seq, fused_variant(p, tiles.stages), producers, xp)
+        one_launch.forward_fused(run, p, a, o, s_out, nslots, per_seq, fused_variant(p, tiles), producers, xp)
         return o, (None if a.get("state_pool") is not None else s_out)
     ws, a = workspace(p, a, nslots, xp, kept=keep is not None)
     core = keep is None and recurrence_mma(p, tiles) in CORE_FAMILIES  # its workspace layout, written by the prepare

@@ -71,25 +71,33 @@ def recurrence_any_variants():
 
 
 def fused_variants():
-    """The fused forward's (sm_90a; ops/forward/fused.py): every key dim it serves, value dim, state
-    precision and stage count, at each input dtype with sigmoid gates and betas and the l2norm; then, at
-    V = 128 and 3 stages, every gate, q / k and g dtype and l2norm choice (its prepare build is its own: with
-    the bf16 state KDA_G_PAIRS, and every build at the fused kernel's registers, not kda_prepare's 128)."""
-    def variant(K, V, fp32, stages, options):
+    """The fused forward's (ops/forward/fused.py; wgmma's for sm_90a, tcgen05's for sm_100a): every key dim it
+    serves, value dim, state precision, stage count and (tcgen05) consumer tile, at each input dtype with
+    sigmoid gates and betas and the l2norm; then, at V = 128 and 3 stages, every gate, q / k and g dtype and
+    l2norm choice (its prepare build is its own: with the bf16 state KDA_G_PAIRS, and every build at the fused
+    kernel's registers, not kda_prepare's 128)."""
+    def variant(K, V, fp32, tiles, options):
         return FusedVariant(PrepareVariant(K, *options, ws_core=True, g_pairs=fused.g_pairs(fp32)),
-                            RecurrenceVariant(K, V, options[0], fp32, TileConfig(fused.BV, stages, "wgmma")),
-                            fused.RING_SLOTS, fused.GROUP)
+                            RecurrenceVariant(K, V, options[0], fp32, tiles), fused.RING_SLOTS, fused.GROUP)
+
+    def consumer_tiles(K, V, fp32, stages):
+        yield TileConfig(fused.BV, stages, "wgmma")
+        for bv in (64, 128):
+            if V % bv == 0 and 2 * fused.tcgen05_columns(K, bv, fp32) <= fused.TMEM_COLUMNS:
+                yield TileConfig(bv, stages, "tcgen05")
 
     for K, V, fp32, stages in itertools.product((64, 128), (64, 128, 256), (False, True), (2, 3)):
         for options in input_option_space():
             dt, g_dt, b_dt, gate, beta, l2 = options
             if g_dt == dt and b_dt == dt and gate == "sigmoid" and beta == "sigmoid" and l2:
-                yield variant(K, V, fp32, stages, options)
+                for tiles in consumer_tiles(K, V, fp32, stages):
+                    yield variant(K, V, fp32, tiles, options)
     for K, fp32 in itertools.product((64, 128), (False, True)):
         for options in input_option_space():
             dt, g_dt, b_dt, gate, beta, l2 = options
             if b_dt == dt and beta == "sigmoid" and not (g_dt == dt and gate == "sigmoid" and l2):
-                yield variant(K, 128, fp32, 3, options)
+                for tiles in consumer_tiles(K, 128, fp32, 3):
+                    yield variant(K, 128, fp32, tiles, options)
 
 
 registry.register("kda_prepare", prepare_variants)
