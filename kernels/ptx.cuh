@@ -538,6 +538,109 @@ struct TmemLd<16> {
         : "r"(taddr));
   }
 };
+// The 16-lane shapes (bits a lane 128 or 256; the PTX ISA's matrix fragments): 16x256b.xN, thread l's register r
+// at lane l / 4 + 8 (r / 2 % 2) and column r % 2 + 2 (l % 4) + 8 (r / 4) from the address (8 N columns: the mma
+// accumulator's layout, a thread two adjacent columns of two rows each 8 columns); 16x128b.xN, lane l / 4 +
+// 8 (r % 2), column l % 4 + 4 (r / 2) (4 N columns). The address's lane field takes the first or the last 16
+// lanes of the warp's quarter.
+template <int SHAPE, int N>
+struct TmemLdShape;
+template <int SHAPE, int N>
+struct TmemStShape;
+template <>
+struct TmemLdShape<256, 4> {
+  static __device__ __forceinline__ void run(u32 taddr, float* r) {
+    asm volatile(
+        "tcgen05.ld.sync.aligned.16x256b.x4.b32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, [%16];"
+        : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]), "=f"(r[4]), "=f"(r[5]), "=f"(r[6]), "=f"(r[7]),
+          "=f"(r[8]), "=f"(r[9]), "=f"(r[10]), "=f"(r[11]), "=f"(r[12]), "=f"(r[13]), "=f"(r[14]), "=f"(r[15])
+        : "r"(taddr));
+  }
+};
+template <>
+struct TmemStShape<256, 4> {
+  static __device__ __forceinline__ void run(u32 taddr, const float* r) {
+    asm volatile(
+        "tcgen05.st.sync.aligned.16x256b.x4.b32 [%0], {"
+        "%1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16};"
+        ::"r"(taddr),
+          "f"(r[0]), "f"(r[1]), "f"(r[2]), "f"(r[3]), "f"(r[4]), "f"(r[5]), "f"(r[6]), "f"(r[7]),
+          "f"(r[8]), "f"(r[9]), "f"(r[10]), "f"(r[11]), "f"(r[12]), "f"(r[13]), "f"(r[14]), "f"(r[15])
+        : "memory");
+  }
+};
+template <>
+struct TmemLdShape<256, 8> {
+  static __device__ __forceinline__ void run(u32 taddr, float* r) {
+    asm volatile(
+        "tcgen05.ld.sync.aligned.16x256b.x8.b32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, [%32];"
+        : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]), "=f"(r[4]), "=f"(r[5]), "=f"(r[6]), "=f"(r[7]),
+          "=f"(r[8]), "=f"(r[9]), "=f"(r[10]), "=f"(r[11]), "=f"(r[12]), "=f"(r[13]), "=f"(r[14]), "=f"(r[15]),
+          "=f"(r[16]), "=f"(r[17]), "=f"(r[18]), "=f"(r[19]), "=f"(r[20]), "=f"(r[21]), "=f"(r[22]), "=f"(r[23]),
+          "=f"(r[24]), "=f"(r[25]), "=f"(r[26]), "=f"(r[27]), "=f"(r[28]), "=f"(r[29]), "=f"(r[30]), "=f"(r[31])
+        : "r"(taddr));
+  }
+};
+template <>
+struct TmemStShape<256, 8> {
+  static __device__ __forceinline__ void run(u32 taddr, const float* r) {
+    asm volatile(
+        "tcgen05.st.sync.aligned.16x256b.x8.b32 [%0], {"
+        "%1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
+        "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32};"
+        ::"r"(taddr),
+          "f"(r[0]), "f"(r[1]), "f"(r[2]), "f"(r[3]), "f"(r[4]), "f"(r[5]), "f"(r[6]), "f"(r[7]),
+          "f"(r[8]), "f"(r[9]), "f"(r[10]), "f"(r[11]), "f"(r[12]), "f"(r[13]), "f"(r[14]), "f"(r[15]),
+          "f"(r[16]), "f"(r[17]), "f"(r[18]), "f"(r[19]), "f"(r[20]), "f"(r[21]), "f"(r[22]), "f"(r[23]),
+          "f"(r[24]), "f"(r[25]), "f"(r[26]), "f"(r[27]), "f"(r[28]), "f"(r[29]), "f"(r[30]), "f"(r[31])
+        : "memory");
+  }
+};
+template <>
+struct TmemLdShape<128, 4> {
+  static __device__ __forceinline__ void run(u32 taddr, float* r) {
+    asm volatile("tcgen05.ld.sync.aligned.16x128b.x4.b32 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8];"
+        : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]), "=f"(r[4]), "=f"(r[5]), "=f"(r[6]), "=f"(r[7])
+        : "r"(taddr));
+  }
+};
+template <>
+struct TmemStShape<128, 4> {
+  static __device__ __forceinline__ void run(u32 taddr, const float* r) {
+    asm volatile(
+        "tcgen05.st.sync.aligned.16x128b.x4.b32 [%0], {"
+        "%1, %2, %3, %4, %5, %6, %7, %8};"
+        ::"r"(taddr),
+          "f"(r[0]), "f"(r[1]), "f"(r[2]), "f"(r[3]), "f"(r[4]), "f"(r[5]), "f"(r[6]), "f"(r[7])
+        : "memory");
+  }
+};
+template <>
+struct TmemLdShape<128, 8> {
+  static __device__ __forceinline__ void run(u32 taddr, float* r) {
+    asm volatile(
+        "tcgen05.ld.sync.aligned.16x128b.x8.b32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, [%16];"
+        : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]), "=f"(r[4]), "=f"(r[5]), "=f"(r[6]), "=f"(r[7]),
+          "=f"(r[8]), "=f"(r[9]), "=f"(r[10]), "=f"(r[11]), "=f"(r[12]), "=f"(r[13]), "=f"(r[14]), "=f"(r[15])
+        : "r"(taddr));
+  }
+};
+template <>
+struct TmemStShape<128, 8> {
+  static __device__ __forceinline__ void run(u32 taddr, const float* r) {
+    asm volatile(
+        "tcgen05.st.sync.aligned.16x128b.x8.b32 [%0], {"
+        "%1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16};"
+        ::"r"(taddr),
+          "f"(r[0]), "f"(r[1]), "f"(r[2]), "f"(r[3]), "f"(r[4]), "f"(r[5]), "f"(r[6]), "f"(r[7]),
+          "f"(r[8]), "f"(r[9]), "f"(r[10]), "f"(r[11]), "f"(r[12]), "f"(r[13]), "f"(r[14]), "f"(r[15])
+        : "memory");
+  }
+};
 }  // namespace kda_ptx_detail
 // Whole warp: thread t's N columns of lane 32 (warp % 4) + t from taddr (N = 8, 16); undefined until
 // tmem_wait_ld.
@@ -554,6 +657,24 @@ __device__ __forceinline__ void tmem_st_32x32b_x8(u32 taddr, const float (&r)[8]
                : "memory");
 }
 __device__ __forceinline__ void tmem_wait_st() { asm volatile("tcgen05.wait::st.sync.aligned;" ::: "memory"); }
+// Whole warp: the 16-lane shapes (kda_ptx_detail::TmemLdShape's layouts; N = 4 or 8): 4 N registers of
+// 16x256b, 2 N of 16x128b, loaded (undefined until tmem_wait_ld) or stored (landed by tmem_wait_st).
+template <int N>
+__device__ __forceinline__ void tmem_ld_16x256b(u32 taddr, float (&r)[4 * N]) {
+  kda_ptx_detail::TmemLdShape<256, N>::run(taddr, r);
+}
+template <int N>
+__device__ __forceinline__ void tmem_st_16x256b(u32 taddr, const float (&r)[4 * N]) {
+  kda_ptx_detail::TmemStShape<256, N>::run(taddr, r);
+}
+template <int N>
+__device__ __forceinline__ void tmem_ld_16x128b(u32 taddr, float (&r)[2 * N]) {
+  kda_ptx_detail::TmemLdShape<128, N>::run(taddr, r);
+}
+template <int N>
+__device__ __forceinline__ void tmem_st_16x128b(u32 taddr, const float (&r)[2 * N]) {
+  kda_ptx_detail::TmemStShape<128, N>::run(taddr, r);
+}
 __device__ __forceinline__ void tcgen05_fence_before_sync() {
   asm volatile("tcgen05.fence::before_thread_sync;" ::: "memory");
 }

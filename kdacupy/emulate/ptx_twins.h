@@ -656,8 +656,9 @@ struct TcOp {
 // A thread's tcgen05.ld / st not yet waited for: up to TM_QUEUE of each (tcgen05.wait::ld / st completes
 // every one before it, in issue order).
 constexpr int TM_QUEUE = 16;
-struct TmLoad { float* dst; int n; u32 v[16]; };
-struct TmStore { u32 col, lane; int n; u32 v[8]; };
+constexpr int TM_REGS = 32;  // registers one tcgen05.ld / st moves at most (the kernels' widest: 16x256b.x8)
+struct TmLoad { float* dst; int n; u32 v[TM_REGS]; };
+struct TmStore { int n; u32 v[TM_REGS]; u16 lane[TM_REGS], col[TM_REGS]; };
 struct TmLoads { int pending; TmLoad q[TM_QUEUE]; };
 struct TmStores { int pending; TmStore q[TM_QUEUE]; };
 struct Tmem {
@@ -715,17 +716,32 @@ KDA_EMU_RT inline void tm_settled(Tmem* t, u32 col, int n, const char* what) {
       fail("%s: column %u is written by a tcgen05.mma not yet complete (a wait on its commit's mbarrier missing)",
            what, c);
 }
-// The cells one thread's tcgen05.ld / st.32x32b moves: its warp's quarter of the lanes (the address's lane
-// field), n allocated, settled columns; returns the thread's lane.
-KDA_EMU_RT inline u32 tm_thread_cells(Tmem* t, u32 taddr, int n, const char* what) {
+// The shapes of tcgen05.ld / st (the PTX ISA's matrix fragments): 32x32b, thread l lane l of the warp's
+// quarter, register r column r; 16x128b, 16 lanes, register r of thread l at lane l / 4 + 8 (r % 2) and column
+// l % 4 + 4 (r / 2); 16x256b, lane l / 4 + 8 (r / 2 % 2), column r % 2 + 2 (l % 4) + 8 (r / 4). A 16-lane
+// shape's address takes the first or the last 16 lanes of the quarter (lane field 32 w or 32 w + 16).
+enum TmShape { TM_32x32b, TM_16x128b, TM_16x256b };
+KDA_EMU_RT inline void tm_cell(int shape, int l, int r, int& lane, int& col) {
+  if (shape == TM_32x32b) lane = l, col = r;
+  else if (shape == TM_16x128b) lane = l / 4 + 8 * (r % 2), col = l % 4 + 4 * (r / 2);
+  else lane = l / 4 + 8 * (r / 2 % 2), col = r % 2 + 2 * (l % 4) + 8 * (r / 4);
+}
+// The cells one thread's tcgen05.ld / st of ``shape`` moves into lanes[] and cols[] (n registers): in its
+// warp's quarter of the lanes (the address's lane field), allocated, settled columns.
+KDA_EMU_RT inline void tm_thread_cells(Tmem* t, u32 taddr, int shape, int n, u16* lanes, u16* cols, const char* what) {
   Fiber* f = g_cur;
-  u32 base = taddr >> 16, col = taddr & 0xFFFF;
-  if (base != 32u * (f->warp % 4))
-    fail("%s: lane field %u of warp %d's address (a warp moves its own quarter: lanes %d..%d)", what, base, f->warp,
-         32 * (f->warp % 4), 32 * (f->warp % 4) + 31);
-  tm_columns(t, col, n, what);
-  tm_settled(t, col, n, what);
-  return base + f->lane;
+  const u32 base = taddr >> 16, col = taddr & 0xFFFF, quarter = 32u * (f->warp % 4);
+  if (shape == TM_32x32b ? base != quarter : base != quarter && base != quarter + 16)
+    fail("%s: lane field %u of warp %d's address (a warp moves its own quarter: lanes %d..%d%s)", what, base, f->warp,
+         (int)quarter, (int)quarter + 31, shape == TM_32x32b ? "" : "; 16 lanes from its first or its 17th");
+  const int span = shape == TM_32x32b ? n : 2 * n;  // the columns the warp's instruction covers
+  tm_columns(t, col, span, what);
+  tm_settled(t, col, span, what);
+  for (int r = 0; r < n; r++) {
+    int dl, dc;
+    tm_cell(shape, f->lane, r, dl, dc);
+    lanes[r] = (u16)(base + dl), cols[r] = (u16)(col + dc);
+  }
 }
 // Operand element (r, k) of an sm_100 shared-memory descriptor (r: the M or N index): the wgmma
 // layouts of kernels/ptx.cuh's header, the swizzle field re-coded (bits 61-63: 0, 2, 4, 6).
@@ -898,16 +914,17 @@ KDA_EMU_RT inline void tm_relinquish() {
   Tmem* t = tm_of("tcgen05.relinquish_alloc_permit");
   warp_barrier(g_cur, "tcgen05.relinquish_alloc_permit", [t]() KDA_EMU_RT { t->relinquished = 1; });
 }
-// tcgen05.ld.32x32b.xN by one thread of its warp: lane 32 (warp % 4) + thread's lane, N columns.
-KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
+// tcgen05.ld of ``shape`` by one thread of its warp: its n registers' cells (tm_cell).
+KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n, int shape = TM_32x32b) {
   const char* what = "tcgen05.ld";
   Tmem* t = tm_of(what);
   TmLoads& q = t->ld[g_cur->lin];
   if (q.pending == TM_QUEUE) fail("%s: more than %d tcgen05.ld before a tcgen05.wait::ld (the emulation keeps %d)", what, TM_QUEUE, TM_QUEUE);
   TmLoad& l = q.q[q.pending++];
-  const u32 lane = tm_thread_cells(t, taddr, n, what), col = taddr & 0xFFFF;
+  u16 lanes[TM_REGS], cols[TM_REGS];
+  tm_thread_cells(t, taddr, shape, n, lanes, cols, what);
   for (int j = 0; j < n; j++) {
-    l.v[j] = t->cell[lane][col + j];
+    l.v[j] = t->cell[lanes[j]][cols[j]];
     r[j] = __uint_as_float(WG_POISON);  // undefined until tcgen05.wait::ld
   }
   l.dst = r, l.n = n;
@@ -916,29 +933,38 @@ KDA_EMU_RT inline void tm_ld(u32 taddr, float* r, int n) {
   path_tmem(false);
 #endif
 }
-// tcgen05.st.32x32b.x8 by one thread: its values reach the cells at its tcgen05.wait::st (an MMA or a
+// tcgen05.st of ``shape`` by one thread: its values reach the cells at its tcgen05.wait::st (an MMA or a
 // tcgen05.ld of them before that reads what was there: the missing wait shows).
-KDA_EMU_RT inline void tm_st(u32 taddr, const float* r, int n) {
+KDA_EMU_RT inline void tm_st(u32 taddr, const float* r, int n, int shape = TM_32x32b) {
   const char* what = "tcgen05.st";
   Tmem* t = tm_of(what);
   TmStores& q = t->st[g_cur->lin];
   if (q.pending == TM_QUEUE) fail("%s: more than %d tcgen05.st before a tcgen05.wait::st (the emulation keeps %d)", what, TM_QUEUE, TM_QUEUE);
   TmStore& s = q.q[q.pending++];
-  s.lane = tm_thread_cells(t, taddr, n, what), s.col = taddr & 0xFFFF;
+  tm_thread_cells(t, taddr, shape, n, s.lane, s.col, what);
   for (int j = 0; j < n; j++) s.v[j] = __float_as_uint(r[j]);
   s.n = n;
 #ifdef KDA_EMU_CHECK
   path_tmem(true);
 #endif
 }
+// tcgen05.wait::st, a warp collective (.sync.aligned) as the stores it waits for: every lane's stores land
+// when the warp's last lane arrives (a 16-lane shape writes other threads' lanes: what a thread reads of
+// its own lane after the wait is the warp's).
 KDA_EMU_RT inline void tm_wait_st() {
-  Tmem* t = tm_of("tcgen05.wait::st");
-  TmStores& q = t->st[g_cur->lin];
-  for (int i = 0; i < q.pending; i++) {
-    const TmStore& s = q.q[i];
-    for (int j = 0; j < s.n; j++) t->cell[s.lane][s.col + j] = s.v[j];
-  }
-  q.pending = 0;
+  const char* what = "tcgen05.wait::st";
+  Tmem* t = tm_of(what);
+  const int first = g_cur->warp * 32;
+  warp_barrier(g_cur, what, [t, first]() KDA_EMU_RT {
+    for (int lin = first; lin < first + 32; lin++) {
+      TmStores& q = t->st[lin];
+      for (int i = 0; i < q.pending; i++) {
+        const TmStore& s = q.q[i];
+        for (int j = 0; j < s.n; j++) t->cell[s.lane[j]][s.col[j]] = s.v[j];
+      }
+      q.pending = 0;
+    }
+  });
 }
 KDA_EMU_RT inline void tm_wait_ld() {
   Tmem* t = tm_of("tcgen05.wait::ld");
@@ -1198,6 +1224,26 @@ KDA_EMU_RT inline void tmem_ld_32x32b(u32 taddr, float (&r)[N]) {
 }
 KDA_EMU_RT inline void tmem_wait_ld() { ::kda_emu::tm_wait_ld(); }
 KDA_EMU_RT inline void tmem_st_32x32b_x8(u32 taddr, const float (&r)[8]) { ::kda_emu::tm_st(taddr, r, 8); }
+template <int N>
+KDA_EMU_RT inline void tmem_ld_16x256b(u32 taddr, float (&r)[4 * N]) {
+  static_assert(N == 4 || N == 8, "tmem_ld_16x256b: N = 4 or 8");
+  ::kda_emu::tm_ld(taddr, r, 4 * N, ::kda_emu::TM_16x256b);
+}
+template <int N>
+KDA_EMU_RT inline void tmem_st_16x256b(u32 taddr, const float (&r)[4 * N]) {
+  static_assert(N == 4 || N == 8, "tmem_st_16x256b: N = 4 or 8");
+  ::kda_emu::tm_st(taddr, r, 4 * N, ::kda_emu::TM_16x256b);
+}
+template <int N>
+KDA_EMU_RT inline void tmem_ld_16x128b(u32 taddr, float (&r)[2 * N]) {
+  static_assert(N == 4 || N == 8, "tmem_ld_16x128b: N = 4 or 8");
+  ::kda_emu::tm_ld(taddr, r, 2 * N, ::kda_emu::TM_16x128b);
+}
+template <int N>
+KDA_EMU_RT inline void tmem_st_16x128b(u32 taddr, const float (&r)[2 * N]) {
+  static_assert(N == 4 || N == 8, "tmem_st_16x128b: N = 4 or 8");
+  ::kda_emu::tm_st(taddr, r, 2 * N, ::kda_emu::TM_16x128b);
+}
 KDA_EMU_RT inline void tmem_wait_st() { ::kda_emu::tm_wait_st(); }
 KDA_EMU_RT inline void tcgen05_fence_before_sync() {}  // ordering only: the emulation's threads are ordered
 KDA_EMU_RT inline void tcgen05_fence_after_sync() {}

@@ -225,6 +225,51 @@ extern "C" __global__ void k_tmem_queue(const float* in, float* out, int flags) 
   tm_block_free32(slot);
 }
 
+// The 16-lane shapes against 32x32b's lane a thread, over 32 columns of each warp's quarter. mode 0: the cells
+// x[lane][col] stored by 32x32b, then read by each thread through 16x256b.x4 (both halves: 32 columns) and
+// 16x128b.x4 (16 columns): out[t][0..32) and [32..48), half 0 then 1 each; mode 1: y[t][h][r] stored by
+// 16x256b.x4 from both halves, then each thread's lane read by 32x32b (out[t][0..32)); mode 2: the same
+// through 16x128b.x4 (16 columns, out[t][0..16)).
+extern "C" __global__ void k_tmem_shapes(const float* x, const float* y, float* out, int mode) {
+  u32* slot = reinterpret_cast<u32*>(dynamic_smem());
+  const int t = threadIdx.x;
+  const u32 quarter = tm_block_alloc32(slot);  // (the warp's quarter of the lanes)
+  if (mode == 0) {
+    for (int c = 0; c < 32; c += 8) {
+      float w[8];
+      for (int j = 0; j < 8; j++) w[j] = x[t * 32 + c + j];
+      tmem_st_32x32b_x8(quarter + c, w);
+    }
+    tmem_wait_st();
+    for (int h = 0; h < 2; h++) {
+      float a[16], b[8];
+      tmem_ld_16x256b<4>(quarter + ((16u * h) << 16), a);
+      tmem_ld_16x128b<4>(quarter + ((16u * h) << 16), b);
+      tmem_wait_ld();
+      for (int r = 0; r < 16; r++) out[t * 48 + 16 * h + r] = a[r];
+      for (int r = 0; r < 8; r++) out[t * 48 + 32 + 8 * h + r] = b[r];
+    }
+  } else {
+    for (int h = 0; h < 2; h++) {
+      float w[16];
+      for (int r = 0; r < 16; r++) w[r] = y[(t * 2 + h) * 16 + r];
+      if (mode == 1) {
+        tmem_st_16x256b<4>(quarter + ((16u * h) << 16), w);
+      } else {
+        tmem_st_16x128b<4>(quarter + ((16u * h) << 16), reinterpret_cast<const float(&)[8]>(w));
+      }
+    }
+    tmem_wait_st();
+    float r[16];
+    for (int c = 0; c < (mode == 1 ? 32 : 16); c += 16) {
+      tmem_ld_32x32b<16>(quarter + c, r);
+      tmem_wait_ld();
+      for (int j = 0; j < 16; j++) out[t * 48 + c + j] = r[j];
+    }
+  }
+  tm_block_free32(slot);
+}
+
 // Tensor memory's allocation rules: mode 0 alloc 64 then 32 columns (addresses to out), free both;
 // 1 alloc 48 columns; 2 alloc after relinquish; 3 tcgen05.ld of unallocated columns.
 extern "C" __global__ void k_tmem(u32* out, int mode) {
@@ -254,7 +299,7 @@ extern "C" __global__ void k_tmem(u32* out, int mode) {
 @pytest.fixture(scope="module")
 def mod():
     return EmulatedModule(kernel_source(KERNELS), ["k_umma", "k_umma_desc", "k_tmem", "k_tmem_st", "k_umma_ts",
-                                                   "k_tmem_queue"])
+                                                   "k_tmem_queue", "k_tmem_shapes"])
 
 
 def operands(m, n, steps, rng):
@@ -478,3 +523,55 @@ def test_several_tensor_memory_moves_complete_at_one_wait(mod):
     assert np.isnan(out[:, 2]).all()
     mod.get_function("k_tmem_queue")(1, 128, (x, out, np.int32(2)), shared_mem=64)
     assert np.isnan(out).all()
+
+
+def shape_cells(shape, lane, r):
+    """(lane offset in the 16 lanes, column) of register r of thread ``lane`` in a 16-lane shape: the PTX ISA's
+    matrix fragments for tcgen05.ld / st .16x256b (the mma accumulator's pattern, 8 columns a repetition) and
+    .16x128b (4 columns a repetition), written out from the ISA's figures, not from the twin."""
+    if shape == "16x256b":
+        return lane // 4 + 8 * (r // 2 % 2), r % 2 + 2 * (lane % 4) + 8 * (r // 4)
+    return lane // 4 + 8 * (r % 2), lane % 4 + 4 * (r // 2)
+
+
+def shapes_run(mod, mode, x, y):
+    out = np.full((128, 48), np.nan, F32)
+    if not hasattr(mod, "get_function"):  # tests/gpu/test_gpu_ptx.py's device module
+        return mod("k_tmem_shapes", 1, 128, (x, y, out, np.int32(mode)), 64)[2]
+    mod.get_function("k_tmem_shapes")(1, 128, (x, y, out, np.int32(mode)), shared_mem=64)
+    return out
+
+
+def check_shapes(mod):
+    """Each thread's registers of 16x256b.x4 / 16x128b.x4 against the cells 32x32b wrote, and each cell 32x32b
+    reads back against the thread and register that wrote it; the thread that writes a cell is in general not
+    the one whose lane it is, so the warp's tcgen05.wait::st must land every lane's stores."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((128, 32)).astype(F32)
+    y = rng.standard_normal((128, 2, 16)).astype(F32)
+    got = shapes_run(mod, 0, x, y)
+    want = np.empty((128, 48), F32)
+    for t in range(128):
+        w, lane = divmod(t, 32)
+        for h in range(2):
+            for r in range(16):
+                dl, c = shape_cells("16x256b", lane, r)
+                want[t, 16 * h + r] = x[32 * w + 16 * h + dl, c]
+            for r in range(8):
+                dl, c = shape_cells("16x128b", lane, r)
+                want[t, 32 + 8 * h + r] = x[32 * w + 16 * h + dl, c]
+    np.testing.assert_array_equal(got, want)
+    for mode, shape, regs, cols in ((1, "16x256b", 16, 32), (2, "16x128b", 8, 16)):
+        got = shapes_run(mod, mode, x, y)
+        want = np.full((128, 48), np.nan, F32)
+        for t in range(128):
+            w, lane = divmod(t, 32)
+            for h in range(2):
+                for r in range(regs):
+                    dl, c = shape_cells(shape, lane, r)
+                    want[32 * w + 16 * h + dl, c] = y[t, h, r]
+        np.testing.assert_array_equal(got[:, :cols], want[:, :cols])
+
+
+def test_the_16_lane_shapes(mod):
+    check_shapes(mod)

@@ -490,6 +490,14 @@ def test_umma_descriptor_words_and_allocation(blackwell):
     assert got[0] >> 16 == 0 and got[1] >> 16 == 0 and got[0] != got[1]
 
 
+def test_the_16_lane_shapes_bit_exact(blackwell):
+    """tcgen05.ld / st .16x256b and .16x128b (the state update's, kernels/recurrence_tcgen05.cuh) move the cells
+    the twin assumes, each thread's registers to and from other threads' lanes, landed by the warp's wait::st."""
+    from ..emulate import test_ptx_twins_tcgen05 as blackwell_twins
+
+    blackwell_twins.check_shapes(blackwell)
+
+
 def test_tensor_memory_store_and_load_round_trip(blackwell):
     """tcgen05.st then (after wait::st) tcgen05.ld of each warp's quarter: the values written, bit for bit."""
     x = np.random.default_rng(6).standard_normal((128, 8)).astype(F32)
