@@ -33,7 +33,12 @@ def test_the_families_and_the_consumers_tile():
     assert fused.tiles_of(TileConfig(64, 2, "sync")) == TileConfig(64, 3, "wgmma")
     # half-row consumers are served (KDACUPY_FORWARD_FUSED=on) but not taken by default
     assert fused.supported(many, TileConfig(64, 3, "tcgen05")) and not fused.pays(many, B200_SMS, "sm_100a")
-    assert fused.pays(problem(H=96, lens=[16] * 6), B200_SMS, "sm_100a")  # 96 whole-row consumers
+    # 96 whole-row consumers: several sequences pay from TCGEN05_MIN_MEAN_CHUNKS chunks a sequence on average
+    wide = problem(H=96, lens=[16] * 6)
+    assert not fused.pays(wide, B200_SMS, "sm_100a")
+    assert fused.pays(dataclasses.replace(wide, T=6 * 16 * fused.TCGEN05_MIN_MEAN_CHUNKS), B200_SMS, "sm_100a")
+    assert not fused.pays(dataclasses.replace(wide, T=6 * 16 * fused.TCGEN05_MIN_MEAN_CHUNKS - 16), B200_SMS,
+                          "sm_100a")
     assert fused.consumers(one, 128) == 64 and fused.blocks_per_sm(one, "tcgen05") == 2
 
 

@@ -80,7 +80,7 @@ extern "C" __global__ void k_pair2(const float* a, const float* b, const float* 
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
     const float2 x = make_float2(a[2 * i], a[2 * i + 1]), y = make_float2(b[2 * i], b[2 * i + 1]);
     const float2 z = make_float2(c[2 * i], c[2 * i + 1]);
-    const float2 r = op == 0 ? fma2_ftz(x, y, z) : op == 1 ? sub2_ftz(x, y) : mul2_ftz(x, y);
+    const float2 r = op == 0 ? fma2_ftz(x, y, z) : op == 1 ? sub2_ftz(x, y) : op == 2 ? mul2_ftz(x, y) : add2_ftz(x, y);
     out[2 * i] = r.x, out[2 * i + 1] = r.y;
   }
 }
@@ -562,7 +562,10 @@ def pair_operands(n=4000):
     return x.astype(F32)
 
 
-@pytest.mark.parametrize("op", ["fma2", "sub2", "mul2"])
+PAIR_OPS = ["fma2", "sub2", "mul2", "add2"]  # k_pair2's op codes
+
+
+@pytest.mark.parametrize("op", PAIR_OPS)
 def test_f32x2_pairs(mod, op):
     """Each lane is the scalar operation rounded once (fma: fp32's correctly rounded fused multiply-add),
     as the kernels' scalar code computes it in the emulation's exact numerics (there, as for every plain
@@ -571,8 +574,9 @@ def test_f32x2_pairs(mod, op):
     from kdacupy.numerics.backward_arith import fma32
     a, b, c = pair_operands()
     out = np.zeros(a.size, F32)
-    mod.get_function("k_pair2")(4, 64, (a, b, c, out, np.int32(a.size // 2), np.int32(["fma2", "sub2", "mul2"].index(op))))
+    mod.get_function("k_pair2")(4, 64, (a, b, c, out, np.int32(a.size // 2), np.int32(PAIR_OPS.index(op))))
     fa, fb, fc = (x.astype(np.float64) for x in (a, b, c))
     with np.errstate(all="ignore"):
-        ref = {"fma2": lambda: fma32(fa, fb, fc), "sub2": lambda: fa - fb, "mul2": lambda: fa * fb}[op]()
+        ref = {"fma2": lambda: fma32(fa, fb, fc), "sub2": lambda: fa - fb, "mul2": lambda: fa * fb,
+               "add2": lambda: fa + fb}[op]()
     assert_f32_equal(out, ref)

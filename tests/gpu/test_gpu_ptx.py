@@ -118,9 +118,9 @@ def test_cvt_pack_x2(gpu, op, dt):
     np.testing.assert_array_equal(unary(gpu, w, op, n_out=len(w) // 2), lo | (hi << 16))
 
 
-@pytest.mark.parametrize("op", ["fma2", "sub2", "mul2"])
+@pytest.mark.parametrize("op", ["fma2", "sub2", "mul2", "add2"])
 def test_f32x2_pairs_bit_for_bit(gpu, op):
-    """fma / sub / mul .rn.ftz.f32x2 (sm_100: FFMA2, FADD2, FMUL2; elsewhere the scalar pair): each lane
+    """fma / sub / mul / add .rn.ftz.f32x2 (sm_100: FFMA2, FADD2, FMUL2; elsewhere the scalar pair): each lane
     its scalar operation rounded once, subnormal inputs and results flushed (the -ftz=true build)."""
     from kdacupy.numerics.backward_arith import fma32
 
@@ -129,10 +129,11 @@ def test_f32x2_pairs_bit_for_bit(gpu, op):
         return np.where(np.abs(x) < 2.0 ** -126, np.copysign(0.0, x), x)
     a, b, c = pair_operands()
     out = gpu("k_pair2", 64, 128, (a, b, c, np.zeros(a.size, F32), np.int32(a.size // 2),
-                                    np.int32(["fma2", "sub2", "mul2"].index(op))))[3]
+                                    np.int32(["fma2", "sub2", "mul2", "add2"].index(op))))[3]
     fa, fb, fc = (flush(x) for x in (a, b, c))
     with np.errstate(all="ignore"):
-        ref = flush({"fma2": lambda: fma32(fa, fb, fc), "sub2": lambda: fa - fb, "mul2": lambda: fa * fb}[op]()).astype(F32)
+        ref = flush({"fma2": lambda: fma32(fa, fb, fc), "sub2": lambda: fa - fb, "mul2": lambda: fa * fb,
+                     "add2": lambda: fa + fb}[op]()).astype(F32)
     nan = np.isnan(ref)
     assert np.array_equal(np.isnan(out), nan)
     np.testing.assert_array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32))

@@ -40,6 +40,8 @@ TMEM_COLUMNS = 512
 #: always fits (a third consumer's tcgen05.alloc would wait for a consumer that waits, through the ring, for
 #: producers that wait for it)
 TCGEN05_SMEM_FLOOR = 80 * 1024
+#: chunks a sequence on average from which a tcgen05 launch of several sequences pays (``pays``; the B200 model)
+TCGEN05_MIN_MEAN_CHUNKS = 80
 
 
 @dataclass(frozen=True)
@@ -138,13 +140,18 @@ def pays(p, sm_count: int, arch: str | None, checkpoints: bool = False) -> bool:
     producers, and one sequence, or enough consumers that issue, not their chains, binds (each walks every
     sequence of its head in turn: on the H200 a chunk's chain step takes ~480 cycles, a head's chunk ~8.7k
     warp instructions in all, so issue binds from ~SMs / 2 consumers on). On tcgen05 only with a row a thread
-    (BV = 128): a half-row consumer's chain issues ~80% of a whole row's a chunk for half the rows, and the
-    B200 model has the varlen Kimi shapes at H = 64 on them at 0.43 ms and more against 0.35 in two launches."""
+    (BV = 128: a half-row consumer's chain issues most of a whole row's a chunk for half the rows; the B200
+    model has the varlen Kimi shapes at H = 64 on them at 0.43 ms and more against 0.35 in two launches), and
+    several sequences only from TCGEN05_MIN_MEAN_CHUNKS a sequence on average: a consumer starts each of its
+    head's sequences from its state in turn (at 8 x 1024 tokens the model has the launch at 0.477 ms against
+    0.449 in two, at Kimi's six sequences, 85 chunks each on average, 0.328 against 0.449)."""
     mma = FAMILY.get(arch)
     if mma is None:
         return False
     bv = consumer_bv(p, mma, sm_count)
-    if (mma == "tcgen05" and bv != 128) or not supported(p, TileConfig(bv, 3, mma), checkpoints):
+    if mma == "tcgen05" and (bv != 128 or (p.N > 1 and p.T * p.B / p.N / layouts.CHUNK < TCGEN05_MIN_MEAN_CHUNKS)):
+        return False
+    if not supported(p, TileConfig(bv, 3, mma), checkpoints):
         return False
     n = consumers(p, bv)
     return 2 * n <= sm_count * blocks_per_sm(p, mma) and (p.N == 1 or 2 * n >= sm_count)
