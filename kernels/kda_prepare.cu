@@ -326,21 +326,16 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
       {
         u32 wq[E / 2], wk[E / 2], wr[E / 2];
 #pragma unroll
-        for (int w = 0; w < E / 2; ++w) {
-          float qd[2], kd[2], kr[2];
-          const float2 gc2 = g_pair(sG, r, c0 + 2 * w);
-#pragma unroll
-          for (int e2 = 0; e2 < 2; ++e2) {
-            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-            const float gc = e2 ? gc2.y : gc2.x, gt = sG[gx(CHUNK - 1, c)];
-            const float e = ex2_approx_ftz(gc);
-            qd[e2] = qv[i] * (e * scale);
-            kd[e2] = kv[i] * e;
-            kr[e2] = kv[i] * ex2_approx_ftz(gt - gc);
-          }
-          wq[w] = pack_bf16x2(qd[0], qd[1]);
-          wk[w] = pack_bf16x2(kd[0], kd[1]);
-          wr[w] = pack_bf16x2(kr[0], kr[1]);
+        for (int w = 0; w < E / 2; ++w) {  // two channels a pair instruction (sm_100: FMUL2, FADD2)
+          const int i = v * E + 2 * w, c = c0 + 2 * w;
+          const float2 gc = g_pair(sG, r, c), gt = g_pair(sG, CHUNK - 1, c), d = sub2_ftz(gt, gc);
+          const float2 q2 = make_float2(qv[i], qv[i + 1]), k2 = make_float2(kv[i], kv[i + 1]);
+          const float2 e = make_float2(ex2_approx_ftz(gc.x), ex2_approx_ftz(gc.y));
+          const float2 qd = mul2_ftz(q2, mul2_ftz(e, make_float2(scale, scale))), kd = mul2_ftz(k2, e);
+          const float2 kr = mul2_ftz(k2, make_float2(ex2_approx_ftz(d.x), ex2_approx_ftz(d.y)));
+          wq[w] = pack_bf16x2(qd.x, qd.y);
+          wk[w] = pack_bf16x2(kd.x, kd.y);
+          wr[w] = pack_bf16x2(kr.x, kr.y);
         }
 #if KDA_WS_CORE
         const i64 off = ws_core_off(r, c0);  // E <= 8 channels from c0 (a multiple of E): 2E contiguous bytes
@@ -354,20 +349,15 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
       if (!unsafe) {
         u32 wqm[E / 2], wqml[E / 2], wkm[E / 2], wi[E / 2], wil[E / 2];
 #pragma unroll
-        for (int w = 0; w < E / 2; ++w) {
-          float qm[2], km[2], ki[2];
-          const float2 gc2 = g_pair(sG, r, c0 + 2 * w);
-#pragma unroll
-          for (int e2 = 0; e2 < 2; ++e2) {
-            const int i = v * E + 2 * w + e2, c = c0 + 2 * w + e2;
-            const float gc = e2 ? gc2.y : gc2.x, gr = sRef[gx(0, c)];
-            const float em = ex2_approx_ftz(gc - gr);
-            qm[e2] = qv[i] * (em * scale);
-            km[e2] = kv[i] * em;
-            ki[e2] = kv[i] * ex2_approx_ftz(gr - gc);
-          }
+        for (int w = 0; w < E / 2; ++w) {  // in pairs, as above
+          const int i = v * E + 2 * w, c = c0 + 2 * w;
+          const float2 gc = g_pair(sG, r, c), gr = g_pair(sRef, 0, c), dm = sub2_ftz(gc, gr), di = sub2_ftz(gr, gc);
+          const float2 q2 = make_float2(qv[i], qv[i + 1]), k2 = make_float2(kv[i], kv[i + 1]);
+          const float2 em = make_float2(ex2_approx_ftz(dm.x), ex2_approx_ftz(dm.y));
+          const float2 qm = mul2_ftz(q2, mul2_ftz(em, make_float2(scale, scale))), km = mul2_ftz(k2, em);
+          const float2 ki = mul2_ftz(k2, make_float2(ex2_approx_ftz(di.x), ex2_approx_ftz(di.y)));
           split_bf16x2(qm, wqm[w], wqml[w]);
-          wkm[w] = pack_bf16x2(km[0], km[1]);
+          wkm[w] = pack_bf16x2(km.x, km.y);
           split_bf16x2(ki, wi[w], wil[w]);
         }
         const int at = r * TS + tile_col(c0);

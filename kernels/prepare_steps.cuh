@@ -57,6 +57,12 @@ __device__ __forceinline__ void split_bf16x2(const float (&x)[2], u32& hi, u32& 
   hi = pack_bf16x2(x[0], x[1]);
   lo = pack_bf16x2(x[0] - bf16_lo(hi), x[1] - bf16_hi(hi));
 }
+// ... of a pair: the difference one pair instruction (sm_100: FADD2; each lane the scalar's rounding).
+__device__ __forceinline__ void split_bf16x2(float2 x, u32& hi, u32& lo) {
+  hi = pack_bf16x2(x.x, x.y);
+  const float2 rest = sub2_ftz(x, make_float2(bf16_lo(hi), bf16_hi(hi)));
+  lo = pack_bf16x2(rest.x, rest.y);
+}
 
 // [8] column ``col`` of (I + Lb)^-1 by forward substitution in fp32 (Lb strictly lower, [16, 16]
 // at sw(i, j)): X_i = e_i - sum_j<i Lb_ij X_j, FMAs in j order, each X_i to inv[i * ROW + col] as

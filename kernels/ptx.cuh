@@ -106,8 +106,8 @@ __device__ __forceinline__ float tanh_approx(float x) {
   return r;
 }
 
-// Two fp32 lanes in one instruction where sm_100 has it (FFMA2, FADD2, FMUL2: fma / sub / mul .f32x2),
-// each lane rounded once as its scalar twin (fmaf, -, *), subnormals flushed as the -ftz=true build's
+// Two fp32 lanes in one instruction where sm_100 has it (FFMA2, FADD2, FMUL2: fma / sub / mul / add .f32x2),
+// each lane rounded once as its scalar twin (fmaf, -, *, +), subnormals flushed as the -ftz=true build's
 // scalar ones; elsewhere the two scalar operations. d = (a.x op b.x [+ c.x], a.y op b.y [+ c.y]).
 #if __CUDA_ARCH__ >= 1000
 __device__ __forceinline__ float2 fma2_ftz(float2 a, float2 b, float2 c) {
@@ -131,12 +131,20 @@ __device__ __forceinline__ float2 mul2_ftz(float2 a, float2 b) {
       : "=f"(d.x), "=f"(d.y) : "f"(a.x), "f"(a.y), "f"(b.x), "f"(b.y));
   return d;
 }
+__device__ __forceinline__ float2 add2_ftz(float2 a, float2 b) {
+  float2 d;
+  asm("{ .reg .b64 a, b, d;\n\t mov.b64 a, {%2, %3};\n\t mov.b64 b, {%4, %5};\n\t"
+      "add.rn.ftz.f32x2 d, a, b;\n\t mov.b64 {%0, %1}, d; }"
+      : "=f"(d.x), "=f"(d.y) : "f"(a.x), "f"(a.y), "f"(b.x), "f"(b.y));
+  return d;
+}
 #else
 __device__ __forceinline__ float2 fma2_ftz(float2 a, float2 b, float2 c) {
   return make_float2(fmaf(a.x, b.x, c.x), fmaf(a.y, b.y, c.y));
 }
 __device__ __forceinline__ float2 sub2_ftz(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
 __device__ __forceinline__ float2 mul2_ftz(float2 a, float2 b) { return make_float2(a.x * b.x, a.y * b.y); }
+__device__ __forceinline__ float2 add2_ftz(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 #endif
 
 // Four 8x8 b16 matrices from shared memory; every lane gives one 16-byte row address.

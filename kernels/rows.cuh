@@ -110,16 +110,23 @@ __device__ __forceinline__ void load_qk_rows_dims(float (&qv)[PPS * E], float (&
 template <int E, int PPS, bool OWNED = false>
 __device__ __forceinline__ void l2norm_qk_rows(float (&qv)[PPS * E], float (&kv)[PPS * E], int s, float& iq, float& ik) {
   if constexpr (OWNED) {
-    iq = rsqrt_approx_ftz(row_sum_sq_owned<PPS * E>(qv) + 1e-6f);
-    ik = rsqrt_approx_ftz(row_sum_sq_owned<PPS * E>(kv) + 1e-6f);
+    // q's chain and k's side by side (sm_100: FFMA2, FADD2), each the scalar chain's bits
+    float2 sq = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < PPS * E; ++i) sq = fma2_ftz(make_float2(qv[i], kv[i]), make_float2(qv[i], kv[i]), sq);
+#pragma unroll
+    for (int m = 4; m >= 1; m >>= 1)
+      sq = add2_ftz(sq, make_float2(__shfl_xor_sync(0xffffffffu, sq.x, m), __shfl_xor_sync(0xffffffffu, sq.y, m)));
+    iq = rsqrt_approx_ftz(sq.x + 1e-6f);
+    ik = rsqrt_approx_ftz(sq.y + 1e-6f);
   } else {
     iq = rsqrt_approx_ftz(row_sum_sq<E, PPS>(qv, s) + 1e-6f);
     ik = rsqrt_approx_ftz(row_sum_sq<E, PPS>(kv, s) + 1e-6f);
   }
 #pragma unroll
   for (int i = 0; i < PPS * E; ++i) {
-    qv[i] *= iq;
-    kv[i] *= ik;
+    const float2 x = mul2_ftz(make_float2(qv[i], kv[i]), make_float2(iq, ik));
+    qv[i] = x.x, kv[i] = x.y;
   }
 }
 

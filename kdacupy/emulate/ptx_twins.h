@@ -982,10 +982,11 @@ inline u32 pack_bf16x2(float lo, float hi) {
 }
 inline u32 pack_f16x2(float lo, float hi) { return (u32)::kda_emu::f2h(lo) | ((u32)::kda_emu::f2h(hi) << 16); }
 inline u16 f32_to_bf16(float x) { return ::kda_emu::f2bf(x); }
-// fma / sub / mul .rn.ftz.f32x2: each lane the scalar operation (the launch's FTZ|DAZ mode flushes as -ftz=true)
+// fma / sub / mul / add .rn.ftz.f32x2: each lane the scalar operation (the launch's FTZ|DAZ mode flushes as -ftz=true)
 inline float2 fma2_ftz(float2 a, float2 b, float2 c) { return make_float2(fmaf(a.x, b.x, c.x), fmaf(a.y, b.y, c.y)); }
 inline float2 sub2_ftz(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
 inline float2 mul2_ftz(float2 a, float2 b) { return make_float2(a.x * b.x, a.y * b.y); }
+inline float2 add2_ftz(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 inline u16 f32_to_f16(float x) { return ::kda_emu::f2h(x); }
 inline float f16_to_f32(u16 h) { return ::kda_emu::h2f(h); }
 #if KDA_EMU_NUMERICS == 1

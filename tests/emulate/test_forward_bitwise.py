@@ -138,3 +138,23 @@ def test_a_nan_gate_mid_chunk_gives_the_models_output():
     assert np.isnan(o[0, 16:, 1]).all() and np.isfinite(o[0, :16]).all() and np.isfinite(o[:, :, 0]).all()
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a.astype(np.float64), b.astype(np.float64))
+
+
+@pytest.mark.parametrize("ws_core", [False, True], ids=["row-major", "core-matrix"])
+def test_l2norm_of_rows_far_from_unit_is_bit_for_bit(ws_core, monkeypatch):
+    """The cases' q and k rows are unit already, so [1]'s norms are ~1 for both and a q norm applied to k
+    (the prepare runs both sums as one pair chain, kernels/rows.cuh) would round away: here each row is
+    scaled by its own factor in [1/8, 8] first, through both prepare builds (the core-matrix one takes the
+    pair chain)."""
+    import kdacupy.ops.forward.kernels as kernels
+    from kdacupy.ops.forward.tuning import TileConfig
+
+    monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, 2, "wgmma" if ws_core else "sync"))
+    x, opts = case_inputs("softplus-raw-beta", "bf16")
+    rng = np.random.default_rng(11)
+    for name in ("q", "k"):
+        f = 2.0 ** rng.uniform(-3, 3, x[name].shape[:-1] + (1,))
+        x[name] = (x[name].astype(np.float64) * f).astype(x[name].dtype)
+    got = kdacupy.kda_forward(**x, **opts, backend="emulate")
+    for a, b in zip(got, forward_exact(**x, **opts)):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
