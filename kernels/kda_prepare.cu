@@ -328,7 +328,9 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
 #pragma unroll
         for (int w = 0; w < E / 2; ++w) {  // two channels a pair instruction (sm_100: FMUL2, FADD2)
           const int i = v * E + 2 * w, c = c0 + 2 * w;
-          const float2 gc = g_pair(sG, r, c), gt = g_pair(sG, CHUNK - 1, c), d = sub2_ftz(gt, gc);
+          // (the last row's sums as two scalar loads: as a pair they cost sm_90a's build 16 instructions)
+          const float2 gc = g_pair(sG, r, c), gt = make_float2(sG[gx(CHUNK - 1, c)], sG[gx(CHUNK - 1, c + 1)]);
+          const float2 d = sub2_ftz(gt, gc);
           const float2 q2 = make_float2(qv[i], qv[i + 1]), k2 = make_float2(kv[i], kv[i + 1]);
           const float2 e = make_float2(ex2_approx_ftz(gc.x), ex2_approx_ftz(gc.y));
           const float2 qd = mul2_ftz(q2, mul2_ftz(e, make_float2(scale, scale))), kd = mul2_ftz(k2, e);
