@@ -143,6 +143,63 @@ __device__ __forceinline__ u64 tc_desc_n(const unsigned char* tile) {
   return umma_desc(tile, 128, CORE_COLS, UMMA_SWIZZLE_NONE);
 }
 
+// [15] S = fp32(dS + S * gexp), one FMA per element; the bf16 copy as the next A. Through the 16-lane
+// shapes (16x256b for dS and the fp32 state, 16x128b for the bf16 pairs): a thread takes two adjacent keys
+// of two rows in each 8 keys, so it reads a quarter of a row's gexp (two keys an 8-byte load) where a row a
+// thread read all of them. GK keys a tensor-memory round trip: the loads of both 16-lane halves of the
+// warp's quarter issued together, one wait, their stores, one wait.
+__device__ __forceinline__ void tc_state_update(const float* gexp, u32 tm, int tid) {
+  constexpr int GK = 16 * TC_GROUP, GN = GK / 8;  // keys a round trip; the shapes' .xN (8 N fp32, 4 N pair columns)
+  const u32 quarter = tm + ((32u * (tid >> 5)) << 16);
+  const int pair = 2 * (tid & 3);  // the first of the thread's two keys in each 8
+#pragma unroll 1
+  for (int k0 = 0; k0 < KH; k0 += GK) {
+    float D[2][4 * GN], F[2][4 * GN], W[2][2 * GN];  // dS, the fp32 state (FP32_STATE), the bf16 pairs
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // lanes 16 h .. 16 h + 15 of the quarter (TC_HALVES: keys h K / 2 on)
+      const u32 half = quarter + ((16u * h) << 16);
+      tmem_ld_16x256b<GN>(half + TC_DS + k0, D[h]);
+      if constexpr (FP32_STATE) {
+        tmem_ld_16x256b<GN>(half + TC_SF + k0, F[h]);
+      } else {
+        tmem_ld_16x128b<GN>(half + TC_AS + (tc_key_of_half(h) + k0) / 2, W[h]);
+      }
+    }
+    tmem_wait_ld();
+#pragma unroll
+    for (int j = 0; j < GN; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // (without TC_HALVES both halves read the same two decays: one load, which ptxas shares)
+        const float2 ge = *reinterpret_cast<const float2*>(gexp + tc_key_of_half(h) + k0 + 8 * j + pair);
+#pragma unroll
+        for (int r2 = 0; r2 < 2; ++r2) {  // rows l / 4 and l / 4 + 8 of the half: FFMA2 (sm_100) on the key pair
+          const int e = 4 * j + 2 * r2;
+          float2 x;
+          if constexpr (FP32_STATE) {
+            x = make_float2(F[h][e], F[h][e + 1]);
+          } else {
+            const u32 w = __float_as_uint(W[h][2 * j + r2]);
+            x = make_float2(bf16_lo(w), bf16_hi(w));
+          }
+          const float2 y = fma2_ftz(x, ge, make_float2(D[h][e], D[h][e + 1]));
+          if constexpr (FP32_STATE) F[h][e] = y.x, F[h][e + 1] = y.y;
+          W[h][2 * j + r2] = __uint_as_float(pack_bf16x2(y.x, y.y));
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u32 half = quarter + ((16u * h) << 16);
+      if constexpr (FP32_STATE) tmem_st_16x256b<GN>(half + TC_SF + k0, F[h]);
+      tmem_st_16x128b<GN>(half + TC_AS + (tc_key_of_half(h) + k0) / 2, W[h]);
+      // TC_HALVES: the second half's pairs also to the first lanes, where the MMAs read A
+      if (TC_HALVES && h == 1) tmem_st_16x128b<GN>(quarter + TC_AS + (K / 2 + k0) / 2, W[h]);
+    }
+    tmem_wait_st();
+  }
+}
+
 // One chunk of the chain on the stage st: products by an elected lane of warp 0, the rest by every thread
 // on its row (row: the CTA's value row of this thread; key0: the first of its keys); o at o_row0 + token *
 // o_st.
@@ -214,60 +271,7 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
     if (key0 == 0)  // TC_HALVES: the row's first lane alone
       for (int j = 0; j < rows; ++j) store_f32<KDA_DT>(o, o_row0 + j * o_st, x[j]);
   }
-  // [15] S = fp32(dS + S * gexp), one FMA per element; the bf16 copy as the next A. Through the 16-lane
-  // shapes (16x256b for dS and the fp32 state, 16x128b for the bf16 pairs): a thread takes two adjacent keys
-  // of two rows in each 8 keys, so it reads a quarter of a row's gexp (two keys an 8-byte load) where a row a
-  // thread read all of them. GK keys a tensor-memory round trip: the loads of both 16-lane halves of the
-  // warp's quarter issued together, one wait, their stores, one wait.
-  constexpr int GK = 16 * TC_GROUP, GN = GK / 8;  // keys a round trip; the shapes' .xN (8 N fp32, 4 N pair columns)
-  const u32 quarter = tm + ((32u * (tid >> 5)) << 16);
-  const int pair = 2 * (tid & 3);  // the first of the thread's two keys in each 8
-#pragma unroll 1
-  for (int k0 = 0; k0 < KH; k0 += GK) {
-    float D[2][4 * GN], F[2][4 * GN], W[2][2 * GN];  // dS, the fp32 state (FP32_STATE), the bf16 pairs
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // lanes 16 h .. 16 h + 15 of the quarter (TC_HALVES: keys h K / 2 on)
-      const u32 half = quarter + ((16u * h) << 16);
-      tmem_ld_16x256b<GN>(half + TC_DS + k0, D[h]);
-      if constexpr (FP32_STATE) {
-        tmem_ld_16x256b<GN>(half + TC_SF + k0, F[h]);
-      } else {
-        tmem_ld_16x128b<GN>(half + TC_AS + (tc_key_of_half(h) + k0) / 2, W[h]);
-      }
-    }
-    tmem_wait_ld();
-#pragma unroll
-    for (int j = 0; j < GN; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // (without TC_HALVES both halves read the same two decays: one load, which ptxas shares)
-        const float2 ge = *reinterpret_cast<const float2*>(gexp + tc_key_of_half(h) + k0 + 8 * j + pair);
-#pragma unroll
-        for (int r2 = 0; r2 < 2; ++r2) {  // rows l / 4 and l / 4 + 8 of the half: FFMA2 (sm_100) on the key pair
-          const int e = 4 * j + 2 * r2;
-          float2 x;
-          if constexpr (FP32_STATE) {
-            x = make_float2(F[h][e], F[h][e + 1]);
-          } else {
-            const u32 w = __float_as_uint(W[h][2 * j + r2]);
-            x = make_float2(bf16_lo(w), bf16_hi(w));
-          }
-          const float2 y = fma2_ftz(x, ge, make_float2(D[h][e], D[h][e + 1]));
-          if constexpr (FP32_STATE) F[h][e] = y.x, F[h][e + 1] = y.y;
-          W[h][2 * j + r2] = __uint_as_float(pack_bf16x2(y.x, y.y));
-        }
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const u32 half = quarter + ((16u * h) << 16);
-      if constexpr (FP32_STATE) tmem_st_16x256b<GN>(half + TC_SF + k0, F[h]);
-      tmem_st_16x128b<GN>(half + TC_AS + (tc_key_of_half(h) + k0) / 2, W[h]);
-      // TC_HALVES: the second half's pairs also to the first lanes, where the MMAs read A
-      if (TC_HALVES && h == 1) tmem_st_16x128b<GN>(quarter + TC_AS + (K / 2 + k0) / 2, W[h]);
-    }
-    tmem_wait_st();
-  }
+  tc_state_update(gexp, tm, tid);  // [15]
 }
 
 // Once a CTA, before its first sequence: the stages' barriers and the products' one, and TC_COLS columns
