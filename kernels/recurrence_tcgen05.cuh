@@ -34,24 +34,22 @@ constexpr u32 TC_DS = 0, TC_W = KH, TC_O = KH + 16, TC_U = KH + 32, TC_AS = KH +
 constexpr u32 TC_COLS = TC_USED <= 256 ? 256 : 512;  // one allocation, a power of 2
 static_assert(TC_USED <= 512, "tensor memory: 512 columns");
 constexpr u32 TC_HI = 16u << 16;  // lane field 16: the second M = 64 product's D and A
-// Blocks of 16 keys of the state update a tensor-memory round trip (64 keys in registers, twice: the state
-// and dS; four tcgen05.ld of each in flight, up to four tcgen05.st a block)
+// Keys a round trip of the state update, 16 TC_GROUP (tc_state_update: both 16-lane halves' loads of them
+// issued together, one wait::ld, their stores, one wait::st)
 constexpr int TC_GROUP = KH / 16 < 4 ? KH / 16 : 4;
 // The first key of the 16-lane half h of a warp's quarter (lanes 16 h ..): TC_HALVES, the rows' second half
 // of the keys in lanes 16-31; else both halves hold all K keys of their rows.
 __device__ __forceinline__ constexpr int tc_key_of_half(int h) { return TC_HALVES ? h * (K / 2) : 0; }
 
-// Keys key0 + 16 s .. + 15 of this thread's state row, as held: its tensor-memory load issued (fp32: its
-// columns into x; bf16: the A copy's 8 words into x[8..15]), then, after the tmem_wait_ld, to fp32 in x.
-__device__ __forceinline__ void tc_state_issue16(u32 lane_addr, int key0, int s, float (&x)[16]) {
+// Keys key0 + 16 s .. + 15 of this thread's state row, as held, to fp32 in x (fp32: its columns; bf16: the A
+// copy's 8 words into x[8..15], unpacked in place) (the initial and final states, checkpoints).
+__device__ __forceinline__ void tc_state_load16(u32 lane_addr, int key0, int s, float (&x)[16]) {
   if constexpr (FP32_STATE) {
     tmem_ld_32x32b<16>(lane_addr + TC_SF + 16 * s, x);
+    tmem_wait_ld();
   } else {
     tmem_ld_32x32b<8>(lane_addr + TC_AS + (key0 + 16 * s) / 2, reinterpret_cast<float(&)[8]>(x[8]));
-  }
-}
-__device__ __forceinline__ void tc_state_finish16(float (&x)[16]) {
-  if constexpr (!FP32_STATE) {
+    tmem_wait_ld();
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // in place, ascending: word j (x[8 + j]) is read before x[2 j + 1] is written
       const u32 w = __float_as_uint(x[8 + j]);
@@ -59,18 +57,11 @@ __device__ __forceinline__ void tc_state_finish16(float (&x)[16]) {
     }
   }
 }
-// ... waited for.
-__device__ __forceinline__ void tc_state_load16(u32 lane_addr, int key0, int s, float (&x)[16]) {
-  tc_state_issue16(lane_addr, key0, s, x);
-  tmem_wait_ld();
-  tc_state_finish16(x);
-}
 // ... and back: the fp32 state as is, and every state's bf16 copy (rounded once: for the bf16 state that
 // rounding is the state's own) as the A of the next products. With TC_HALVES the second half's copy also
 // goes to its row's first lane (lane - 16), where the MMAs read A: every lane stores what lane | 16 has
-// at the second half's columns (the second lanes their own values again). Issued, not waited for (up to
-// four tcgen05.st: the caller's tmem_wait_st lands them).
-__device__ __forceinline__ void tc_state_store16_async(u32 lane_addr, int key0, int s, const float (&x)[16]) {
+// at the second half's columns (the second lanes their own values again).
+__device__ __forceinline__ void tc_state_store16(u32 lane_addr, int key0, int s, const float (&x)[16]) {
   if constexpr (FP32_STATE) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) tmem_st_32x32b_x8(lane_addr + TC_SF + 16 * s + 8 * h, reinterpret_cast<const float(&)[8]>(x[8 * h]));
@@ -86,9 +77,6 @@ __device__ __forceinline__ void tc_state_store16_async(u32 lane_addr, int key0, 
     for (int j = 0; j < 8; ++j) w2[j] = __shfl_sync(0xffffffffu, w[j], from);
     tmem_st_32x32b_x8(lane_addr + TC_AS + (K / 2 + 16 * s) / 2, w2);
   }
-}
-__device__ __forceinline__ void tc_state_store16(u32 lane_addr, int key0, int s, const float (&x)[16]) {
-  tc_state_store16_async(lane_addr, key0, s, x);
   tmem_wait_st();
 }
 // Keys 16 s .. of value row v of state nh of a global state array (load_state / store_state's

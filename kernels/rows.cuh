@@ -18,6 +18,18 @@ template <int SEG> __device__ __forceinline__ float row_sum_sq_owned(const float
   return sq;
 }
 
+// ... of two rows' q and k side by side: each lane of the pair (sm_100: FFMA2, FADD2) row_sum_sq_owned's bits.
+template <int SEG>
+__device__ __forceinline__ float2 row_sum_sq_owned_pair(const float (&q)[SEG], const float (&k)[SEG]) {
+  float2 sq = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < SEG; ++i) sq = fma2_ftz(make_float2(q[i], k[i]), make_float2(q[i], k[i]), sq);
+#pragma unroll
+  for (int m = 4; m >= 1; m >>= 1)
+    sq = add2_ftz(sq, make_float2(__shfl_xor_sync(0xffffffffu, sq.x, m), __shfl_xor_sync(0xffffffffu, sq.y, m)));
+  return sq;
+}
+
 // sum(x^2) of a row, bit for bit as when thread s of the row held channels [s * SEG, (s + 1) * SEG)
 // (SEG = PPS * E) and summed them with one fp32 FMA chain, then over the 8 threads with xor shuffles
 // 4, 2, 1: the chain of old thread s runs through the pieces s * PPS .. s * PPS + PPS - 1, which now
@@ -110,13 +122,7 @@ __device__ __forceinline__ void load_qk_rows_dims(float (&qv)[PPS * E], float (&
 template <int E, int PPS, bool OWNED = false>
 __device__ __forceinline__ void l2norm_qk_rows(float (&qv)[PPS * E], float (&kv)[PPS * E], int s, float& iq, float& ik) {
   if constexpr (OWNED) {
-    // q's chain and k's side by side (sm_100: FFMA2, FADD2), each the scalar chain's bits
-    float2 sq = make_float2(0.f, 0.f);
-#pragma unroll
-    for (int i = 0; i < PPS * E; ++i) sq = fma2_ftz(make_float2(qv[i], kv[i]), make_float2(qv[i], kv[i]), sq);
-#pragma unroll
-    for (int m = 4; m >= 1; m >>= 1)
-      sq = add2_ftz(sq, make_float2(__shfl_xor_sync(0xffffffffu, sq.x, m), __shfl_xor_sync(0xffffffffu, sq.y, m)));
+    const float2 sq = row_sum_sq_owned_pair<PPS * E>(qv, kv);
     iq = rsqrt_approx_ftz(sq.x + 1e-6f);
     ik = rsqrt_approx_ftz(sq.y + 1e-6f);
   } else {

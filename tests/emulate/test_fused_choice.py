@@ -30,7 +30,7 @@ def test_the_families_and_the_consumers_tile():
     assert fused.consumer_bv(one, "tcgen05", B200_SMS) == 128 and fused.consumer_bv(one, "wgmma", H200_SMS) == 64
     assert fused.consumer_bv(many, "tcgen05", B200_SMS) == 64
     assert fused.tiles_of(TileConfig(64, 3, "tcgen05"), one, B200_SMS) == TileConfig(128, 3, "tcgen05")
-    assert fused.tiles_of(TileConfig(64, 2, "sync")) == TileConfig(64, 3, "wgmma")
+    assert fused.tiles_of(TileConfig(64, 2, "sync"), one) == TileConfig(64, 3, "wgmma")
     # half-row consumers are served (KDACUPY_FORWARD_FUSED=on) but not taken by default
     assert fused.supported(many, TileConfig(64, 3, "tcgen05")) and not fused.pays(many, B200_SMS, "sm_100a")
     # 96 whole-row consumers: several sequences pay from TCGEN05_MIN_MEAN_CHUNKS chunks a sequence on average

@@ -117,10 +117,10 @@ def consumer_bv(p, mma: str, sm_count: int | None = None) -> int:
     return 128 if sm_count is None or p.N == 1 or 2 * wide >= sm_count else BV
 
 
-def tiles_of(tiles: TileConfig, p=None, sm_count: int | None = None) -> TileConfig:
-    """The consumers' tiles: the tcgen05 chain at consumer_bv's rows where ``tiles`` are tcgen05's (and
-    ``p`` is given), else one warpgroup of the wgmma chain; at ``tiles``' stages where they are the family's."""
-    if tiles.mma == "tcgen05" and p is not None:
+def tiles_of(tiles: TileConfig, p, sm_count: int | None = None) -> TileConfig:
+    """The consumers' tiles for ``p``: the tcgen05 chain at consumer_bv's rows where ``tiles`` are tcgen05's,
+    else one warpgroup of the wgmma chain; at ``tiles``' stages where they are the family's."""
+    if tiles.mma == "tcgen05":
         return TileConfig(consumer_bv(p, "tcgen05", sm_count), tiles.stages, "tcgen05")
     return TileConfig(BV, tiles.stages if tiles.mma == "wgmma" else 3, "wgmma")
 

@@ -280,7 +280,7 @@ def forward(p, a, tiles: TileConfig | None = None, keep: dict | None = None, fus
     ckpt = a.get("checkpoints") is not None
     if fused is None and keep is None:
         mode = env.get("KDACUPY_FORWARD_FUSED")
-        sms = tuning.device_facts()[2] if p.device else None
+        sms = tuning.device_facts()[2] if p.device and mode != "off" else None
         if mode == "on":
             fused = one_launch.supported(p, one_launch.tiles_of(tiles, p, sms), ckpt)
         elif mode == "auto":
