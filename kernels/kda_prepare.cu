@@ -322,6 +322,10 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
 #pragma unroll
     for (int v = 0; v < PPS; ++v) {
       const int c0 = piece_of(s, v) * E;
+      // the piece's running sums, read once for both passes
+      float2 gcs[E / 2];
+#pragma unroll
+      for (int w = 0; w < E / 2; ++w) gcs[w] = g_pair(sG, r, c0 + 2 * w);
       // two passes over the piece, to the workspace then to shared memory: half the packed words live at once
       {
         u32 wq[E / 2], wk[E / 2], wr[E / 2];
@@ -329,7 +333,7 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
         for (int w = 0; w < E / 2; ++w) {  // two channels a pair instruction (sm_100: FMUL2, FADD2)
           const int i = v * E + 2 * w, c = c0 + 2 * w;
           // (the last row's sums as two scalar loads: as a pair they cost sm_90a's build 16 instructions)
-          const float2 gc = g_pair(sG, r, c), gt = make_float2(sG[gx(CHUNK - 1, c)], sG[gx(CHUNK - 1, c + 1)]);
+          const float2 gc = gcs[w], gt = make_float2(sG[gx(CHUNK - 1, c)], sG[gx(CHUNK - 1, c + 1)]);
           const float2 d = sub2_ftz(gt, gc);
           const float2 q2 = make_float2(qv[i], qv[i + 1]), k2 = make_float2(kv[i], kv[i + 1]);
           const float2 e = make_float2(ex2_approx_ftz(gc.x), ex2_approx_ftz(gc.y));
@@ -355,7 +359,7 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
           const int i = v * E + 2 * w, c = c0 + 2 * w;
           // (the reference sums as two scalar loads too: as a pair they cost 4 bytes of spills in two of sm_90a's
           // fused builds at 168 registers, fp32 inputs)
-          const float2 gc = g_pair(sG, r, c), gr = make_float2(sRef[gx(0, c)], sRef[gx(0, c + 1)]);
+          const float2 gc = gcs[w], gr = make_float2(sRef[gx(0, c)], sRef[gx(0, c + 1)]);
           const float2 dm = sub2_ftz(gc, gr), di = sub2_ftz(gr, gc);
           const float2 q2 = make_float2(qv[i], qv[i + 1]), k2 = make_float2(kv[i], kv[i + 1]);
           const float2 em = make_float2(ex2_approx_ftz(dm.x), ex2_approx_ftz(dm.y));

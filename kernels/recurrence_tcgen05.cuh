@@ -156,10 +156,12 @@ __device__ __forceinline__ void tc_state_update(const float* gexp, u32 tm, int t
     tmem_wait_ld();
 #pragma unroll
     for (int j = 0; j < GN; ++j) {
+      // without TC_HALVES both halves take the same two decays: one load (as ptxas emits it either way)
+      const float2 ge0 = *reinterpret_cast<const float2*>(gexp + k0 + 8 * j + pair);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        // (without TC_HALVES both halves read the same two decays: one load, which ptxas shares)
-        const float2 ge = *reinterpret_cast<const float2*>(gexp + tc_key_of_half(h) + k0 + 8 * j + pair);
+        const float2 ge =
+            TC_HALVES && h ? *reinterpret_cast<const float2*>(gexp + tc_key_of_half(h) + k0 + 8 * j + pair) : ge0;
 #pragma unroll
         for (int r2 = 0; r2 < 2; ++r2) {  // rows l / 4 and l / 4 + 8 of the half: FFMA2 (sm_100) on the key pair
           const int e = 4 * j + 2 * r2;
