@@ -129,10 +129,13 @@ __device__ __forceinline__ void l2norm_qk_rows(float (&qv)[PPS * E], float (&kv)
     iq = rsqrt_approx_ftz(row_sum_sq<E, PPS>(qv, s) + 1e-6f);
     ik = rsqrt_approx_ftz(row_sum_sq<E, PPS>(kv, s) + 1e-6f);
   }
+  // channel pairs of a row (not the q / k pairs of the sums): [5]'s pair instructions take these registers
+  // as they are, where (q_i, k_i) pairs cost sm_100a a register move per element each use
 #pragma unroll
-  for (int i = 0; i < PPS * E; ++i) {
-    const float2 x = mul2_ftz(make_float2(qv[i], kv[i]), make_float2(iq, ik));
-    qv[i] = x.x, kv[i] = x.y;
+  for (int i = 0; i < PPS * E; i += 2) {
+    const float2 x = mul2_ftz(make_float2(qv[i], qv[i + 1]), make_float2(iq, iq));
+    const float2 y = mul2_ftz(make_float2(kv[i], kv[i + 1]), make_float2(ik, ik));
+    qv[i] = x.x, qv[i + 1] = x.y, kv[i] = y.x, kv[i + 1] = y.y;
   }
 }
 
