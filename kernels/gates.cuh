@@ -28,6 +28,28 @@ __device__ __forceinline__ float gate_log2(float x_in, float a, float bias, floa
   }
 }
 
+// gate_log2 of two elements of one row (their own biases), each lane gate_log2's bits: the fp32 steps as
+// pair instructions (sm_100: FADD2, FMUL2), the SFU ones per element.
+template <int GATE>
+__device__ __forceinline__ float2 gate_log2_pair(float2 x_in, float a, float2 bias, float lb2) {
+  if constexpr (GATE == KDA_GATE_LOG) {
+    return mul2_ftz(x_in, make_float2(LOG2E_F, LOG2E_F));
+  } else {
+    const float2 x = add2_ftz(x_in, bias);
+    if constexpr (GATE == KDA_GATE_SOFTPLUS) {
+      const float2 z = mul2_ftz(x, make_float2(LOG2E_F, LOG2E_F));
+      const float2 e1 = add2_ftz(make_float2(1.0f, 1.0f), make_float2(ex2_approx_ftz(z.x), ex2_approx_ftz(z.y)));
+      const float2 sp = make_float2(x.x > 15.0f ? z.x : lg2_approx_ftz(e1.x), x.y > 15.0f ? z.y : lg2_approx_ftz(e1.y));
+      return mul2_ftz(make_float2(-a, -a), sp);  // -(a sp): the negation exact
+    } else {
+      const float2 y = mul2_ftz(make_float2(a, a), x);
+      const float2 z = mul2_ftz(y, make_float2(-LOG2E_F, -LOG2E_F));  // -y log2e: the negation exact
+      const float2 d = add2_ftz(make_float2(1.0f, 1.0f), make_float2(ex2_approx_ftz(z.x), ex2_approx_ftz(z.y)));
+      return mul2_ftz(make_float2(lb2, lb2), make_float2(rcp_approx_ftz(d.x), rcp_approx_ftz(d.y)));
+    }
+  }
+}
+
 // beta from its stored value; MODE is a KDA_BETA_* name (none: 1, sigmoid2: 2 * sigmoid).
 template <int MODE>
 __device__ __forceinline__ float beta_activate(float b) {

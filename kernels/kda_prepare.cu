@@ -292,7 +292,11 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
         // [2]; a padded channel's gate is 0 (no decay), as a padded row's
         float gl[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) gl[e] = live && (!ANY || c + e < kdim) ? gate_log2<KDA_GATE>(gq[e], a, bq[e], lb2) : 0.f;
+        for (int e = 0; e < 4; e += 2) {  // two channels a pair instruction
+          const float2 x = gate_log2_pair<KDA_GATE>(make_float2(gq[e], gq[e + 1]), a, make_float2(bq[e], bq[e + 1]), lb2);
+          gl[e] = live && (!ANY || c + e < kdim) ? x.x : 0.f;
+          gl[e + 1] = live && (!ANY || c + e + 1 < kdim) ? x.y : 0.f;
+        }
         if constexpr (G_PAIRS) {
           *reinterpret_cast<float2*>(sG + gx(r, c)) = make_float2(gl[0], gl[1]);
           *reinterpret_cast<float2*>(sG + gx(r, c + 2)) = make_float2(gl[2], gl[3]);

@@ -178,14 +178,14 @@ struct WorkspaceBlocks {
 template <class Blocks>
 __device__ __forceinline__ void issue_bulk_chunk(unsigned char* sm, u64* bars, const Blocks& blocks, int hv, i64 slot0,
                                                  const unsigned char* vbase, i64 v_st, int c, int c0, int nchunks,
-                                                 int seq_len, bool v_zero, int tid) {
+                                                 int seq_len, bool v_zero, int tid, int lead = 0) {
   constexpr int ROWS_PER_WARP = CHUNK / (NT / 32);
   static_assert(CHUNK % (NT / 32) == 0, "whole value rows per warp");
   if (c >= nchunks) return;
   unsigned char* stg = sm + ((c0 + c) % STAGES) * RSM_STAGE;
   u64* bar = &bars[2 * ((c0 + c) % STAGES)];
   const int rows = seq_len - c * CHUNK < CHUNK ? seq_len - c * CHUNK : CHUNK;
-  if (tid < 32 && elect_one_sync()) {  // one lane of warp 0 (elected: no loop over the active lanes)
+  if ((tid >> 5) == lead && elect_one_sync()) {  // one lane of warp lead (elected: no loop over the active lanes)
     blocks.acquire(hv, slot0 + c);
     const unsigned char* blk = blocks.block(hv, slot0 + c);
     const int VBYTES = v_zero ? 0 : BV * ES;  // v's rows a chunk

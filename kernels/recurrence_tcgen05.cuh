@@ -190,12 +190,12 @@ __device__ __forceinline__ void tc_state_update(const float* gexp, u32 tm, int t
   }
 }
 
-// One chunk of the chain on the stage st: products by an elected lane of warp 0, the rest by every thread
-// on its row (row: the CTA's value row of this thread; key0: the first of its keys); o at o_row0 + token *
-// o_st.
+// One chunk of the chain on the stage st: products by an elected lane of warp ``lead``, the rest by every
+// thread on its row (row: the CTA's value row of this thread; key0: the first of its keys); o at o_row0 +
+// token * o_st.
 __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 lane_addr, u64* done, u32& phase,
-                                         int tid, int row, int key0, bool v_zero, void* o, i64 o_row0, i64 o_st,
-                                         int rows) {
+                                         int tid, int lead, int row, int key0, bool v_zero, void* o, i64 o_row0,
+                                         i64 o_st, int rows) {
   constexpr u32 IDESC_16 = umma_idesc_bf16<BV, 16, false, false>();  // B = a tile^T (K-major), N = 16 tokens
   constexpr u32 IDESC_KEYS = umma_idesc_bf16<BV, KH, false, true>();  // B = k_res (N-major), N = KH keys
   const float* gexp = reinterpret_cast<const float*>(st + RSM_GEXP);
@@ -203,7 +203,7 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   // the stage's K-major and N-major descriptors, built once; each tile's is one advanced by its offset
   const u64 dstage = tc_desc_t(st, 0), dkres = tc_desc_n(st + RSM_KRES);
   // [11]-[12] W^T and the state part of o^T: A = the state, one k16 step per 16 keys, in key order
-  if (tid < 32 && elect_one_sync()) {
+  if ((tid >> 5) == lead && elect_one_sync()) {
 #pragma unroll
     for (int s = 0; s < KS; ++s)
       umma_bf16_ts(tm + TC_W, tm + TC_AS + 8 * s, wgmma_desc_add(dstage, RSM_KDEC + 2 * s * CORE_COLS), IDESC_16, s > 0);
@@ -231,7 +231,7 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   tc_store_bf16_16(x, lane_addr + TC_AV);
   tc_sync();
   // [13] U^T = bf16(vsub^T INV^T): B[k = token j][n = token i] = INV[i][j]
-  if (tid < 32 && elect_one_sync()) {
+  if ((tid >> 5) == lead && elect_one_sync()) {
     umma_bf16_ts(tm + TC_U, tm + TC_AV, wgmma_desc_add(dstage, RSM_INV), IDESC_16, false);
     umma_commit(done);
   }
@@ -246,7 +246,7 @@ __device__ __forceinline__ void tc_chunk(const unsigned char* st, u32 tm, u32 la
   tc_sync();
   // [14] o^T += U^T Mqk^T; [15] dS = U^T k_res (B[k = token][n = key], N-major): all K keys at once, or
   // (TC_HALVES) each half of them to its lanes, one product a lane field
-  if (tid < 32 && elect_one_sync()) {
+  if ((tid >> 5) == lead && elect_one_sync()) {
     if constexpr (OUTPUT) umma_bf16_ts(tm + TC_O, tm + TC_AU, wgmma_desc_add(dstage, RSM_MQK), IDESC_16, true);
     umma_bf16_ts(tm + TC_DS, tm + TC_AU, dkres, IDESC_KEYS, false);
     if constexpr (TC_HALVES)
@@ -331,8 +331,11 @@ __device__ __forceinline__ void tc_sequence(const RecurrenceIn& in, int n, int v
   u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);
   u64* done = reinterpret_cast<u64*>(sm + RSM_MMABAR);
   const u32 lane_addr = tm + ((32u * warp) << 16);
+  // the warp that issues a chunk's copies and products, and releases its slot: one a stage in turn, so
+  // no scheduler of the SM carries all of them (warp w of every block shares scheduler w mod 4)
+  const auto lead_of = [&](int c) { return (c0 + c) % (NT / 32); };
   auto issue = [&](int c) {
-    issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, in.v_st, c, c0, nchunks, seq.len, v_zero, tid);
+    issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, in.v_st, c, c0, nchunks, seq.len, v_zero, tid, lead_of(c));
   };
 #pragma unroll 1
   for (int c = 0; c < STAGES - 1; ++c) issue(c);
@@ -349,9 +352,9 @@ __device__ __forceinline__ void tc_sequence(const RecurrenceIn& in, int n, int v
   for (int c = 0; c < nchunks; ++c) {
     issue(c + STAGES - 1);
     mbarrier_wait_parity(&bars[2 * ((c0 + c) % STAGES)], ((c0 + c) / STAGES) & 1);
-    if (tid == 0) blocks.release(hv, slot0 + c);  // the slot's bytes are in the stage
+    if (tid == 32 * lead_of(c)) blocks.release(hv, slot0 + c);  // the slot's bytes are in the stage
     const int rows = seq.len - c * CHUNK < CHUNK ? seq.len - c * CHUNK : CHUNK;
-    tc_chunk(sm + ((c0 + c) % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, row, key0, v_zero, in.o,
+    tc_chunk(sm + ((c0 + c) % STAGES) * RSM_STAGE, tm, lane_addr, done, phase, tid, lead_of(c), row, key0, v_zero, in.o,
              b * in.o_sb + (tok0 + static_cast<i64>(c) * CHUNK) * in.o_st + hv * in.o_sh + vr, in.o_st, rows);
 #if KDA_CHECKPOINTS
     {
