@@ -31,8 +31,9 @@ def test_the_families_and_the_consumers_tile():
     assert fused.consumer_bv(many, "tcgen05", B200_SMS) == 64
     assert fused.tiles_of(TileConfig(64, 3, "tcgen05"), one, B200_SMS) == TileConfig(128, 3, "tcgen05")
     assert fused.tiles_of(TileConfig(64, 2, "sync"), one) == TileConfig(64, 3, "wgmma")
-    # half-row consumers are served (KDACUPY_FORWARD_FUSED=on) but not taken by default
+    # half-row consumers are served, and taken as whole rows are: from TCGEN05_MIN_MEAN_CHUNKS a sequence
     assert fused.supported(many, TileConfig(64, 3, "tcgen05")) and not fused.pays(many, B200_SMS, "sm_100a")
+    assert fused.pays(dataclasses.replace(many, T=6 * 16 * fused.TCGEN05_MIN_MEAN_CHUNKS), B200_SMS, "sm_100a")
     # 96 whole-row consumers: several sequences pay from TCGEN05_MIN_MEAN_CHUNKS chunks a sequence on average
     wide = problem(H=96, lens=[16] * 6)
     assert not fused.pays(wide, B200_SMS, "sm_100a")

@@ -139,17 +139,16 @@ def pays(p, sm_count: int, arch: str | None, checkpoints: bool = False) -> bool:
     the call on sm_90a (wgmma) or sm_100a (tcgen05), with at least half the resident blocks left to the
     producers, and one sequence, or enough consumers that issue, not their chains, binds (each walks every
     sequence of its head in turn: on the H200 a chunk's chain step takes ~480 cycles, a head's chunk ~8.7k
-    warp instructions in all, so issue binds from ~SMs / 2 consumers on). On tcgen05 only with a row a thread
-    (BV = 128: a half-row consumer's chain issues most of a whole row's a chunk for half the rows; the B200
-    model has the varlen Kimi shapes at H = 64 on them at 0.43 ms and more against 0.35 in two launches), and
-    several sequences only from TCGEN05_MIN_MEAN_CHUNKS a sequence on average: a consumer starts each of its
-    head's sequences from its state in turn (at 8 x 1024 tokens the model has the launch at 0.477 ms against
-    0.449 in two, at Kimi's six sequences, 85 chunks each on average, 0.328 against 0.449)."""
+    warp instructions in all, so issue binds from ~SMs / 2 consumers on). On tcgen05 several sequences only
+    from TCGEN05_MIN_MEAN_CHUNKS a sequence on average: a consumer starts each of its head's sequences from its
+    state in turn (the B200 model at 8 x 1024 tokens: 0.458 ms against 0.450 in two launches at H = 96, 0.996
+    against 0.302 on half-row consumers at H = 64; at Kimi's six sequences, 85 chunks each on average, 0.314
+    against 0.450 at H = 96 and, half rows, 0.299 against 0.335 at H = 64; benchmarks/blackwell.md)."""
     mma = FAMILY.get(arch)
     if mma is None:
         return False
     bv = consumer_bv(p, mma, sm_count)
-    if mma == "tcgen05" and (bv != 128 or (p.N > 1 and p.T * p.B / p.N / layouts.CHUNK < TCGEN05_MIN_MEAN_CHUNKS)):
+    if mma == "tcgen05" and p.N > 1 and p.T * p.B / p.N / layouts.CHUNK < TCGEN05_MIN_MEAN_CHUNKS:
         return False
     if not supported(p, TileConfig(bv, 3, mma), checkpoints):
         return False
