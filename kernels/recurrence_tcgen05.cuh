@@ -7,7 +7,7 @@
 // the A operand itself; the fp32 state in columns of its own beside its bf16 copy), so every chunk product
 // is a tcgen05.mma with A from tensor memory, the chunk tiles as B from the core-matrix workspace in shared
 // memory (the wgmma path's stage, by the same bulk-copy ring), fp32 accumulators in tensor memory, issued
-// by one elected lane of warp 0 and completed through one mbarrier. Per chunk, the same products and
+// by one elected lane of the chunk's lead warp and completed through one mbarrier. Per chunk, the same products and
 // rounding points as the mma.sync and wgmma paths, in the same k order:
 //   W^T, o^T = S k_dec^T, S q_dec^T (A: the state)      -> tcgen05.ld W^T
 //   vsub^T = bf16(beta (v^T - W^T)) -> tensor memory      U^T = vsub^T INV^T -> tcgen05.ld
