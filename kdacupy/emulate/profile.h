@@ -819,6 +819,11 @@ KDA_EMU_RT inline void path_block_end(Worker* w) {
     P->niv = 0;
   }
   memset(P->path, 0, sizeof(PPath) * w->nwarps);
+  // the next block this worker runs starts its clocks at zero: a landing time left here would be a later
+  // block's wait (a tcgen05.commit takes the latest of it and its own), and which block follows which on a
+  // worker is the OS threads' race
+  memset(P->land, 0, sizeof(PT) * P->nland);
+  memset(P->pending, 0, P->nland);
 }
 
 KDA_EMU_RT inline void smem_request(long long* c, bool write, long long wf, long long ideal) {

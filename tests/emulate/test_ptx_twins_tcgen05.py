@@ -22,7 +22,8 @@ pytestmark = pytest.mark.emulate
 KERNELS = r"""
 // flags: 1 no wait on the commit's mbarrier; 2 d written from the registers before tcgen05.wait::ld;
 // 4 no dealloc; 8 dealloc right after the commit, before the wait; 16 B arrives by cp.async.bulk on a
-// second mbarrier, 32 and the MMA does not wait for it.
+// second mbarrier, 32 and the MMA does not wait for it; 64 block b > 0 issues one k16 step, not steps, and
+// writes its D after block 0's (blocks whose paths differ, for the profile's per-block clocks).
 template <int M, int N, bool BMN>
 __device__ void umma_case(const u8* aimg, int abytes, int astep, const u8* bimg, int bbytes, int bstep, const int* geo,
                           float* d, int steps, int flags) {
@@ -55,7 +56,7 @@ __device__ void umma_case(const u8* aimg, int abytes, int astep, const u8* bimg,
   if (t == 0) {
     if ((flags & 16) && !(flags & 32)) mbarrier_wait_parity(copied, 0);
     constexpr u32 idesc = umma_idesc_bf16<M, N, false, BMN>();
-    for (int k = 0; k < steps; k++)
+    for (int k = 0; k < ((flags & 64) && blockIdx.x > 0 ? 1 : steps); k++)
       umma_bf16(taddr, umma_desc(at + k * astep, geo[0], geo[1], UMMA_SWIZZLE_NONE),
                 umma_desc(bt + k * bstep, geo[2], geo[3], UMMA_SWIZZLE_NONE), idesc, k > 0);
     umma_commit(bar);
@@ -64,6 +65,7 @@ __device__ void umma_case(const u8* aimg, int abytes, int astep, const u8* bimg,
   if (!(flags & 1)) mbarrier_wait_parity(bar, 0);
   tcgen05_fence_after_sync();
   const int row = M == 128 ? 32 * warp + lane : 16 * warp + lane;  // the row of D in this thread's lane
+  if (flags & 64) d += static_cast<long long>(blockIdx.x) * M * N;
   for (int c = 0; c < N; c += 8) {
     float r[8];
     tmem_ld_32x32b<8>(taddr + ((32u * warp) << 16) + c, r);
@@ -492,6 +494,37 @@ def test_the_dependent_path_prices_tcgen05():
     assert paths[16]["path_max_mma"] == paths[128]["path_max_mma"] == 1  # the last MMA's completion
     streaming = 3 * (128 * 128 - 128 * 16) // 256  # three k16 steps a launch
     assert paths[128]["path_max_issue"] - paths[16]["path_max_issue"] >= streaming
+
+
+def test_each_block_starts_the_dependent_path_anew(monkeypatch):
+    """A worker runs block after block; each block's clocks start at zero. The one-step block run after the
+    three-step one on the same OS thread costs what it costs alone: its commit's mbarrier (the same shared
+    address) does not keep the first block's later landing time. Which block follows which on a worker is
+    the threads' race, so a time left over made the profile of one launch vary from run to run."""
+    from kdacupy.emulate import counting
+
+    monkeypatch.setenv("KDACUPY_EMULATE_THREADS", "1")
+    A, B = operands(128, 128, 3, np.random.default_rng(7))
+    m, n = A.shape[0], B.shape[1]
+    aimg, albo, asbo, astep = image(A.T.copy().view(np.uint16), False, "none")
+    bimg, blbo, bsbo, bstep = image(B.view(np.uint16), False, "none")
+    geo = np.array([albo, asbo, blbo, bsbo], np.int32)
+    smem = 1024 + (aimg.size + 1023) // 1024 * 1024 + bimg.size + 1024
+    kernel = mod_counted().get_function("k_umma")
+    recs = {}
+    for grid, steps, flags in ((1, 3, 0), (1, 1, 0), (2, 3, 64)):
+        d = np.zeros((grid, m, n), F32)
+        with counting() as got:
+            kernel(grid, 128, (aimg, np.int32(aimg.size), np.int32(astep), bimg, np.int32(bimg.size),
+                               np.int32(bstep), geo, d, np.int32(m), np.int32(n), np.int32(0), np.int32(steps),
+                               np.int32(flags)), shared_mem=smem)
+        recs[grid, steps] = got[0]
+    zero = np.zeros((m, n), F32)
+    np.testing.assert_array_equal(d[0], step_model(A, B, zero, accumulate=False))  # (d: the two-block launch's)
+    np.testing.assert_array_equal(d[1], step_model(A[:, :16], B[:16], zero, accumulate=False))
+    assert recs[1, 3]["path_sum_issue"] > recs[1, 1]["path_sum_issue"]  # blocks of unequal paths
+    for kind in ("issue", "dram", "smem", "mma", "barrier"):
+        assert recs[2, 3][f"path_sum_{kind}"] == recs[1, 3][f"path_sum_{kind}"] + recs[1, 1][f"path_sum_{kind}"], kind
 
 
 def mod_counted():
