@@ -5,13 +5,17 @@ Every test under tests/gpu/ is marked ``gpu`` and every test under
 tests/emulate/ ``emulate``; a test elsewhere that needs one of these resources
 carries the marker itself. A marked test is skipped, with the reason, where its
 resource is missing; select areas with ``-m``, e.g. ``pytest -m "not emulate"``.
+
+A point of a matrix beyond the sample the default run takes is marked ``sweep`` (tests/sweeps.py) and
+deselected unless ``--sweeps`` is given; CI runs the default suite, then ``-m sweep --sweeps``.
 """
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-from .isolation import pytest_addoption, pytest_runtest_protocol  # noqa: F401  (emulated modules in a forked child)
+from . import isolation
+from .isolation import pytest_runtest_protocol  # noqa: F401  (emulated modules in a forked child)
 
 MARKERS = {
     "gpu": "needs a CUDA GPU (benchmarks/device_check.sh runs these on one)",
@@ -21,6 +25,8 @@ MARKERS = {
     "jax": "needs JAX with jax.experimental.buffer_callback for kdacupy.jax (pip install 'kdacupy[jax]')",
     "fla": "needs fla-core 0.6.0 (and its Triton) for the kdacupy.compat.fla checks (pip install '.[test-frameworks]')",
 }
+#: not a resource: a point of a matrix beyond the default run's sample (tests/sweeps.py)
+SWEEP = "a point of a test matrix beyond the sample the default run takes; run with --sweeps (CI does)"
 AREAS = {"gpu": "gpu", "emulate": "emulate"}  # directory -> the marker all its tests carry
 
 
@@ -55,12 +61,25 @@ def missing(marker: str):
     return None
 
 
+def pytest_addoption(parser):
+    isolation.pytest_addoption(parser)
+    parser.addoption("--sweeps", action="store_true",
+                     help="also run the points of the test matrices marked `sweep` (tests/sweeps.py); the default "
+                          "run deselects them, CI runs them with `-m sweep --sweeps`")
+
+
 def pytest_configure(config):
     for name, what in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
+    config.addinivalue_line("markers", f"sweep: {SWEEP}")
 
 
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--sweeps"):
+        swept = [i for i in items if i.get_closest_marker("sweep")]
+        if swept:
+            config.hook.pytest_deselected(items=swept)
+            items[:] = [i for i in items if not i.get_closest_marker("sweep")]
     for item in items:
         area = Path(str(item.fspath)).parent.name
         if area in AREAS:

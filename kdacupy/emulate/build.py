@@ -10,7 +10,7 @@ $KDACUPY_EMULATE_NUMERICS (exact|hardware, see numerics.py) adds -DKDA_EMU_NUMER
 
 Instrumented builds (KDACUPY_EMULATE_CHECK, checks.h, and KDACUPY_EMULATE_PROFILE,
 profile.h: one build serves both) compile the kernel with -fsanitize=thread and
-line tables, then link it with tsan_hooks.cpp instead of libtsan; their source
+line tables, then link it with tsan_hooks.cpp (its object built once, hooks/) instead of libtsan; their source
 stays next to the library (<key>.cpp) for addr2line.
 
 g++ builds force-include cuda_emu.h through a precompiled header (prelude/<key>/, one per
@@ -156,10 +156,9 @@ def _compile(cxx: str, text: str, flags, files, checked: bool, key: str, out_dir
         inc = ["-I", str(HERE), "-include", _prelude(cxx, [f for f in flags if f != "-shared"], files, out_dir)]
         if checked:
             compile_flags = [f for f in flags if f != "-shared"]
-            obj, hooks = str(Path(tmp) / "kernel.o"), str(Path(tmp) / "hooks.o")
+            obj = str(Path(tmp) / "kernel.o")
             cmds = [[cxx, *compile_flags, *inc, "-c", str(src), "-o", obj],
-                    [cxx, "-O2", "-fPIC", "-c", str(HERE / "tsan_hooks.cpp"), "-o", hooks],
-                    [cxx, "-shared", "-pthread", obj, hooks, "-o", tmp_lib, "-Wl,-z,defs", "-ldl"]]
+                    [cxx, "-shared", "-pthread", obj, _hooks(cxx, out_dir), "-o", tmp_lib, "-Wl,-z,defs", "-ldl"]]
         else:
             cmds = [[cxx, *flags, *inc, str(src), "-o", tmp_lib]]
         for cmd in cmds:
@@ -180,6 +179,31 @@ def _compile(cxx: str, text: str, flags, files, checked: bool, key: str, out_dir
                     src.unlink(missing_ok=True)
                 raise EmulationError(f"emulation build failed ({' '.join(cmd)}):\n{res.stderr}{res.stdout}")
         os.replace(tmp_lib, lib)
+
+
+def _hooks(cxx: str, out_dir: Path) -> str:
+    """tsan_hooks.cpp's object, which every instrumented build links: compiled once per compiler and
+    hooks source (it takes half a second, a third of a small instrumented build)."""
+    h = hashlib.sha256()
+    for part in ((HERE / "tsan_hooks.cpp").read_text(), cxx, _version(cxx)):
+        h.update(part.encode())
+        h.update(b"\0")
+    obj = out_dir / "hooks" / f"{h.hexdigest()[:32]}.o"
+    if not obj.exists():
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".o.tmp", dir=obj.parent)
+        os.close(fd)
+        cmd = [cxx, "-O2", "-fPIC", "-c", str(HERE / "tsan_hooks.cpp"), "-o", tmp]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            os.unlink(tmp)
+            raise EmulationError(f"{NO_COMPILER} ({cxx}: {e})") from None
+        if res.returncode != 0:
+            os.unlink(tmp)
+            raise EmulationError(f"emulation build failed ({' '.join(cmd)}):\n{res.stderr}{res.stdout}")
+        os.replace(tmp, obj)  # concurrent builders each write a whole object; the last rename stands
+    return str(obj)
 
 
 def _prelude(cxx: str, compile_flags: Sequence[str], files: Sequence[str], out_dir: Path) -> str:

@@ -300,6 +300,11 @@ def test_checked_builds_are_cached_apart_and_need_no_libtsan(tmp_path, monkeypat
     assert plain != checked and emu_build.stats["compiled"] == before + 2
     assert checked.with_suffix(".cpp").is_file()  # kept for the source locations
     assert emu_build.build(src, ["tiny"], checked=True) == checked and emu_build.stats["compiled"] == before + 2
+    (hooks,) = (tmp_path / "emulate" / "hooks").glob("*.o")  # the hooks' object, compiled once ...
+    stamp = hooks.stat().st_mtime_ns
+    other = emu_build.build(src.replace("3 * threadIdx.x", "5 * threadIdx.x"), ["tiny"], checked=True)
+    assert other != checked and list((tmp_path / "emulate" / "hooks").glob("*.o")) == [hooks]
+    assert hooks.stat().st_mtime_ns == stamp  # ... and linked by the next instrumented build as it is
     readelf = shutil.which("readelf")
     if readelf:
         dyn = subprocess.run([readelf, "-d", "--dyn-syms", str(checked)], capture_output=True, text=True).stdout
