@@ -3,6 +3,7 @@ kdacupy, over every module and every import (module-level and inside
 functions, relative and absolute), has no circle, and no layer imports one
 above it; no function is longer than 120 lines."""
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -43,13 +44,22 @@ def resolve(importer: str, node) -> set:
     return {m for m in found if m in MODULES}
 
 
+@lru_cache(maxsize=None)
+def parsed(name: str) -> ast.Module:
+    """The module's syntax tree, parsed once for the file's tests (a second a test, parsed for each)."""
+    return ast.parse(MODULES[name].read_text())
+
+
+@lru_cache(maxsize=None)
+def _graph() -> dict:
+    return {name: frozenset(set().union(*(resolve(name, n) for n in ast.walk(parsed(name))
+                                          if isinstance(n, (ast.Import, ast.ImportFrom))), set()) - {name})
+            for name in MODULES}
+
+
 def import_graph() -> dict:
-    graph = {}
-    for name, path in MODULES.items():
-        tree = ast.parse(path.read_text())
-        graph[name] = set().union(*(resolve(name, n) for n in ast.walk(tree)
-                                    if isinstance(n, (ast.Import, ast.ImportFrom))), set()) - {name}
-    return graph
+    """Module -> the kdacupy modules it imports (built once; each call a copy the caller may change)."""
+    return {name: set(deps) for name, deps in _graph().items()}
 
 
 def find_cycle(graph):
@@ -145,7 +155,7 @@ def test_entry_points_are_thin():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_functions_are_at_most_120_lines(name):
-    tree = ast.parse(MODULES[name].read_text())
+    tree = parsed(name)
     long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(tree)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 120]
     assert not long, f"{MODULES[name]}: {', '.join(long)}"
