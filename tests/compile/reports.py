@@ -1,9 +1,11 @@
 """Compile reports for the budget tests, made once per test run and in parallel.
 
 Every (kernel source, arch) pair a budget test needs is compiled once, by the
-first test that asks: it compiles its whole module's list at once on all CPUs
+first test that asks: it compiles its module's list at once on all CPUs
 (NVRTC releases the GIL inside its ctypes calls, nvdisasm is a subprocess), so
 on two cores the budgets cost half the wall time they cost one after the other.
+The list holds only the pairs of the points the session runs (``running``): the
+default run's sample of each matrix (tests/sweeps.py), every point with --sweeps.
 
 The SASS mix (nvdisasm, ~0.35 s a cubin on top of a ~0.55 s compile) is taken
 on ``SASS_ARCH`` for every variant and on the other arches for the first
@@ -17,7 +19,9 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from kdacupy.jit.nvrtc import compile_variant, nvrtc_compile
+from kdacupy.jit.nvrtc import ARCHS, compile_variant, nvrtc_compile
+
+from ..sweeps import kept
 
 try:
     from cuda.pathfinder import find_nvidia_binary_utility
@@ -54,6 +58,27 @@ def compile_all(jobs) -> None:
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         for (v, a, _), res in zip(todo, pool.map(_compile, todo)):
             _done[(v.label(), a)] = res
+
+
+def compile_for(jobs, pairs) -> None:
+    """``compile_all`` of the ``jobs`` whose (variant, arch) is one of ``pairs``, the points the session runs."""
+    want = {(v.label(), a) for v, a in pairs}
+    compile_all([job for job in jobs if (job[0].label(), job[1]) in want])
+
+
+def running(request, test: str) -> list[dict]:
+    """The parameters of each point of ``test``, a function of ``request``'s module, that the session runs (after
+    the sweep's deselection, -m, -k and node ids): the batch builds what they check, no more."""
+    return [item.callspec.params for item in request.session.items
+            if item.module is request.module and item.originalname == test and hasattr(item, "callspec")]
+
+
+def every_arch(params, at: int = 0) -> list:
+    """``params`` (a sample whose variants need not all be kept: ``cover=False``), checked that its kept points
+    still build on every arch (argument ``at``): ValueError naming the archs missed."""
+    if missed := set(ARCHS) - {values[at] for values in kept(params)}:
+        raise ValueError(f"the sample leaves out arch(es) {sorted(missed)}")
+    return params
 
 
 def report(var, arch):

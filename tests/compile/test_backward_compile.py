@@ -1,20 +1,23 @@
 """The backward's kernels compile on every arch (NVRTC on the CPU) within budget at the tuned
 shape K = V = 128: no spills and no local memory, the matmuls on the tensor cores, shared
-memory within the arch's limit; every option has its variant."""
+memory within the arch's limit; every option has its variant. The reports come from one parallel
+batch for the points the session runs (tests/compile/reports.py): the default run takes the Kimi
+per-chunk kernel each arch runs, the rest is a sweep (tests/sweeps.py)."""
 import subprocess
 import sys
 
 import pytest
 
 from kdacupy.jit import registry
-from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT, compile_variant
+from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT
 from kdacupy.numerics.dtypes import BF16, F32
 from kdacupy.ops.backward.kernels import ChainVariant, ChunkVariant
 from kdacupy.ops.backward.variants import chain_variants, chunk_variants, reduce_variants, state_store_variants
 from kdacupy.ops.forward.kernels import RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
 
-from .test_compile import HAVE_NVDISASM
+from ..sweeps import sample
+from .reports import HAVE_NVDISASM, compile_for, every_arch, report, running
 
 pytestmark = pytest.mark.nvrtc
 
@@ -34,11 +37,24 @@ WIDE = ChunkVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", True, bvc=128)
 KEPT = RecurrenceVariant(128, 128, BF16, False, TileConfig(64, 3), no_output=False, store_states=True)
 CASES = [(a, CHUNK) for a in ARCHS] + [("sm_90a", LIGHT), ("sm_90a", CHAIN), ("sm_90a", STORE), ("sm_90a", WIDE),
                                        ("sm_100a", WIDE), ("sm_90a", KEPT)]
+# the default run: the per-chunk kernel the Kimi shapes run on each arch (sm_80's block, the wide one where the
+# shared memory holds it); the cases are the variant list itself, not every one kept (every arch is)
+DEFAULT_RUN = {("sm_80", CHUNK), ("sm_90a", WIDE), ("sm_100a", WIDE)}
+POINTS = every_arch(sample(CASES, lambda a, v: (a, v) in DEFAULT_RUN, lambda a, v: f"{a}-{v.label()}", cover=False))
 
 
-@pytest.mark.parametrize("arch,var", CASES, ids=[f"{a}-{v.label()}" for a, v in CASES])
+@pytest.fixture(scope="module")
+def compiled(request):
+    """The reports of the points the session runs, compiled in one parallel batch before the first (the SASS mix
+    on every arch)."""
+    pairs = [(p["var"], p["arch"]) for p in running(request, "test_backward_budget")]
+    compile_for([(v, a, True) for a, v in CASES], pairs)
+
+
+@pytest.mark.parametrize("arch,var", POINTS)
+@pytest.mark.usefixtures("compiled")
 def test_backward_budget(arch, var):
-    res = compile_variant(var, arch, sass=HAVE_NVDISASM)
+    res = report(var, arch)
     assert res.ok, res.log
     assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0), res.log
     assert var.smem + res.static_smem <= SMEM_LIMIT[arch]

@@ -1,8 +1,9 @@
 """Every arch compiles the kernels on the CPU (NVRTC), within the resource budgets:
 no spills and no local memory in the recurrence at the default configurations,
 its matmuls on the tensor cores, shared memory within each arch's limit.
-The reports come from tests/compile/reports.py: one parallel batch for the module,
-the SASS mix on its SASS_ARCH (and on every arch for each kernel's first variant)."""
+The reports come from tests/compile/reports.py: one parallel batch for the points the session runs,
+the SASS mix on its SASS_ARCH (and on every arch for each kernel's first variant). The default run
+takes a sample of each matrix, every arch and the Kimi defaults; the rest is a sweep (tests/sweeps.py)."""
 import subprocess
 import sys
 
@@ -17,7 +18,8 @@ from kdacupy.ops.forward.tuning import TileConfig
 from kdacupy.ops.decode.variants import decode_variants
 from kdacupy.ops.decode.kernels import DecodeTiles, DecodeVariant, decode_candidates
 
-from .reports import HAVE_NVDISASM, SASS_ARCH, compile_all, matrix, report
+from ..sweeps import sample
+from .reports import HAVE_NVDISASM, SASS_ARCH, compile_for, every_arch, matrix, report, running
 
 pytestmark = pytest.mark.nvrtc  # skipped where NVRTC cannot load (tests/conftest.py)
 
@@ -27,24 +29,26 @@ DEFAULTS = [RecurrenceVariant(128, 128, BF16, fp32, TileConfig(bv, 2))
 # checked on every arch: the heuristic's BV 32 and 128 with the fp32 state (twice the state registers), and
 # the bf16 state at BV = 128;
 # the rest on SASS_ARCH, the tuned target (`python -m kdacupy.compile` records every variant on every
-# arch in benchmarks/compile-report.md; each budget compile here costs about a second of the cold run)
+# arch in benchmarks/compile-report.md; each budget compile here costs about a second of the cold run,
+# so the default run takes a sample of these pairs, the rest a sweep)
 EVERY_ARCH = {registry.label(v) for v in DEFAULTS if (v.state_fp32 and v.tiles.BV != 64) or v.tiles.BV == 128}
-
-
-def arch_pairs(variants, everywhere):
-    """(arch, variant) for every variant on SASS_ARCH, and for those labelled in ``everywhere`` on every arch."""
-    return [pytest.param(a, v, id=f"{a}-{registry.label(v)}") for v in variants for a in ARCHS
-            if a == SASS_ARCH or registry.label(v) in everywhere]
 
 
 def first_everywhere(variants, everywhere):
     return next(v for v in variants if registry.label(v) in everywhere)
 
 
-def pair_jobs(variants, everywhere):
+def arch_pairs(variants, everywhere, keep):
+    """(arch, variant) for every variant on SASS_ARCH, and for those labelled in ``everywhere`` on every arch;
+    the default run's sample those for which ``keep(arch, var)``: not every variant (the list itself), every arch."""
+    pairs = [(a, v) for v in variants for a in ARCHS if a == SASS_ARCH or registry.label(v) in everywhere]
+    return every_arch(sample(pairs, keep, lambda a, v: f"{a}-{registry.label(v)}", cover=False))
+
+
+def pair_jobs(params, variants, everywhere):
     """The compile jobs of ``arch_pairs``: SASS on SASS_ARCH, and on every arch for the first variant there."""
     first = first_everywhere(variants, everywhere)
-    return [(v, a, a == SASS_ARCH or v is first) for a, v in (p.values for p in arch_pairs(variants, everywhere))]
+    return [(v, a, a == SASS_ARCH or v is first) for a, v in (p.values for p in params)]
 PREPARE_DEFAULTS = [PrepareVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", True),
                     PrepareVariant(128, BF16, F32, F32, "softplus", "raw", False)]
 
@@ -52,7 +56,14 @@ PREPARE_DEFAULTS = [PrepareVariant(128, BF16, BF16, BF16, "sigmoid", "sigmoid", 
 HMMA_PER_CHUNK = 2 * 2 * 128 // 16 + 4 + 128 // 8
 
 
-@pytest.mark.parametrize("arch, var", arch_pairs(DEFAULTS, EVERY_ARCH))
+# the default run: the bf16 state at BV = 128 on sm_80, the Kimi default its forward runs (mma.sync), in its
+# smallest shared memory; the first (the heuristic's BV 32, the fp32 state's registers) on the other two, its
+# SASS mix read on both
+RECURRENCE_PAIRS = arch_pairs(DEFAULTS, EVERY_ARCH, lambda a, v: (a, v) in {
+    ("sm_80", DEFAULTS[4]), (SASS_ARCH, DEFAULTS[1]), ("sm_100a", DEFAULTS[1])})
+
+
+@pytest.mark.parametrize("arch, var", RECURRENCE_PAIRS)
 @pytest.mark.usefixtures("compiled")
 def test_recurrence_budget(arch, var):
     res = report(var, arch)
@@ -71,7 +82,8 @@ WGMMA_DEFAULTS = [RecurrenceVariant(128, 128, BF16, fp32, TileConfig(64, 2, "wgm
 HGMMA_PER_CHUNK = 2 * 128 // 16 + 2 + 1
 
 
-@pytest.mark.parametrize("var", WGMMA_DEFAULTS, ids=registry.label)
+# the default run: the bf16 state (the default precision); one arch, the axis the variant list itself
+@pytest.mark.parametrize("var", sample(WGMMA_DEFAULTS, lambda v: not v.state_fp32, registry.label, cover=False))
 @pytest.mark.usefixtures("compiled")
 def test_wgmma_recurrence_budget(var):
     res = report(var, "sm_90a")
@@ -84,8 +96,13 @@ def test_wgmma_recurrence_budget(var):
         assert res.sass["UBLKCP"] > 0 and res.sass["LDGSTS"] == 0  # bulk copies, no cp.async
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("var", PREPARE_DEFAULTS, ids=registry.label)
+# the default run: the Kimi options on every arch; the variants are the list itself, the other a sweep
+PREPARE_PAIRS = every_arch(sample([(v, a) for v in PREPARE_DEFAULTS for a in ARCHS],
+                                  lambda v, a: v == PREPARE_DEFAULTS[0], lambda v, a: f"{registry.label(v)}-{a}",
+                                  cover=False), at=1)
+
+
+@pytest.mark.parametrize("var, arch", PREPARE_PAIRS)
 @pytest.mark.usefixtures("compiled")
 def test_prepare_budget(arch, var):
     res = report(var, arch)
@@ -96,14 +113,16 @@ def test_prepare_budget(arch, var):
         assert res.sass["HMMA"] > 0 and res.sass["LDL"] == 0
 
 
-@pytest.mark.usefixtures("compiled")
-def test_the_sass_mix_is_taken_where_the_budgets_read_it():
+# a point in the default run and one in the sweep's, so that `-m sweep --sweeps` checks the swept points' SASS too
+@pytest.mark.parametrize("run", sample(["default", "sweep"], lambda run: run == "default", cover=False))
+def test_the_sass_mix_is_taken_where_the_budgets_read_it(compiled, run):
+    """On SASS_ARCH for every variant, on every arch for each kernel's first: of the points the session runs."""
     if not HAVE_NVDISASM:
         pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
-    for variants, first in ((DEFAULTS, first_everywhere(DEFAULTS, EVERY_ARCH)), (PREPARE_DEFAULTS, PREPARE_DEFAULTS[0]),
-                            (DECODE_DEFAULTS, first_everywhere(DECODE_DEFAULTS, DECODE_EVERY_ARCH))):
-        assert all(report(v, SASS_ARCH).sass for v in variants)
-        assert all(report(first, a).sass for a in ARCHS)
+    firsts = {"recurrence": first_everywhere(DEFAULTS, EVERY_ARCH), "prepare": PREPARE_DEFAULTS[0],
+              "decode": first_everywhere(DECODE_DEFAULTS, DECODE_EVERY_ARCH)}
+    for kernel, pairs in compiled.items():
+        assert all(report(v, a).sass for v, a in pairs if a == SASS_ARCH or v == firsts[kernel])
 
 
 def test_variant_enumeration_covers_the_options():
@@ -148,9 +167,13 @@ DECODE_DEFAULTS += [DecodeVariant(256, 0, BF16, BF16, BF16, "sigmoid", "sigmoid"
                     DecodeVariant(64, 0, BF16, BF16, BF16, "sigmoid", "sigmoid", True, BF16, "kv", DecodeTiles(8, 4))]
 # on every arch: the most registers per thread (BV = 64 on 4 warps), the largest any-size key tile, the kv layout
 DECODE_EVERY_ARCH = {registry.label(DECODE_DEFAULTS[i]) for i in (2, 4, 6)}
+# the default run: the Kimi default (bf16 pool, vk) on SASS_ARCH, the first (its kv layout, its SASS mix read)
+# on the other two
+DECODE_PAIRS = arch_pairs(DECODE_DEFAULTS, DECODE_EVERY_ARCH, lambda a, v: (a, v) in {
+    (SASS_ARCH, DECODE_DEFAULTS[0]), ("sm_80", DECODE_DEFAULTS[2]), ("sm_100a", DECODE_DEFAULTS[2])})
 
 
-@pytest.mark.parametrize("arch, var", arch_pairs(DECODE_DEFAULTS, DECODE_EVERY_ARCH))
+@pytest.mark.parametrize("arch, var", DECODE_PAIRS)
 @pytest.mark.usefixtures("compiled")
 def test_decode_budget(arch, var):
     res = report(var, arch)
@@ -166,14 +189,25 @@ def other_head_dims(K):
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    """Every report this module checks, compiled in one parallel batch before its first test."""
-    jobs = pair_jobs(DEFAULTS, EVERY_ARCH) + matrix(PREPARE_DEFAULTS, ARCHS) + pair_jobs(DECODE_DEFAULTS, DECODE_EVERY_ARCH)
-    jobs += [(v, "sm_90a", True) for v in WGMMA_DEFAULTS]
-    compile_all(jobs + [(v, "sm_90a", False) for K in (64, 256) for v in other_head_dims(K)])
+def compiled(request):
+    """The (variant, arch) pairs of the budget points of this module that the session runs, by kernel, their
+    reports compiled in one parallel batch before its first test."""
+    def pairs(test, arch=None):
+        return [(p["var"], arch or p["arch"]) for p in running(request, test)]
+    runs = {"recurrence": pairs("test_recurrence_budget"), "prepare": pairs("test_prepare_budget"),
+            "decode": pairs("test_decode_budget")}
+    jobs = pair_jobs(RECURRENCE_PAIRS, DEFAULTS, EVERY_ARCH) + matrix(PREPARE_DEFAULTS, ARCHS)
+    jobs += pair_jobs(DECODE_PAIRS, DECODE_DEFAULTS, DECODE_EVERY_ARCH) + [(v, "sm_90a", True) for v in WGMMA_DEFAULTS]
+    jobs += [(v, "sm_90a", False) for K in (64, 256) for v in other_head_dims(K)]
+    others = [(v, "sm_90a") for p in running(request, "test_decode_other_head_dims_compile_without_spills")
+              for v in other_head_dims(p["K"])]
+    compile_for(jobs, [pair for ps in runs.values() for pair in ps] + pairs("test_wgmma_recurrence_budget", "sm_90a")
+                + others)
+    return runs
 
 
-@pytest.mark.parametrize("K", [64, 256])
+# the default run: K = 256 (the larger state a thread holds); the axis is the variant list itself (each K its own)
+@pytest.mark.parametrize("K", sample([64, 256], lambda K: K == 256, cover=False))
 @pytest.mark.usefixtures("compiled")
 def test_decode_other_head_dims_compile_without_spills(K):
     for var in other_head_dims(K):

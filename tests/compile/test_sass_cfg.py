@@ -1,6 +1,8 @@
 """kdacupy/jit/sass_cfg.py on a disassembly written by hand in nvdisasm's format: blocks, control
 flow (guarded and unguarded branches, BSSY's reconvergence, calls and returns, exits), source lines
 with inlining, the issue anchors' classes and widths; and on a real kernel's SASS (NVRTC, nvdisasm)."""
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from kdacupy.jit import sass_cfg
@@ -153,8 +155,11 @@ def test_line_tables_leave_the_code_and_resources_alone():
 
     var = registry.variants("kda_prepare")[0]
     src = render(var.kernel, var.config())
-    plain, lined = nvrtc_compile(src, "sm_90a"), sass_cfg.compiled(src, "sm_90a")
-    assert (plain.regs, plain.spill_stores, plain.spill_loads, plain.static_smem) == \
-        (lined.regs, lined.spill_stores, lined.spill_loads, lined.static_smem)
-    code = lambda cubin: [i.text for f in sass_cfg.parse(sass_cfg.disassemble(cubin)).values() for i in f.instrs]  # noqa: E731
-    assert code(plain.cubin) == code(lined.cubin) and len(code(plain.cubin)) > 1000
+    def code(cubin):
+        return [i.text for f in sass_cfg.parse(sass_cfg.disassemble(cubin)).values() for i in f.instrs]
+    with ThreadPoolExecutor(2) as pool:  # the two builds, then the two disassemblies, at once (both leave the GIL)
+        plain, lined = pool.map(lambda build: build(src, "sm_90a"), (nvrtc_compile, sass_cfg.compiled))
+        assert (plain.regs, plain.spill_stores, plain.spill_loads, plain.static_smem) == \
+            (lined.regs, lined.spill_stores, lined.spill_loads, lined.static_smem)
+        plain_code, lined_code = pool.map(code, (plain.cubin, lined.cubin))
+    assert plain_code == lined_code and len(plain_code) > 1000

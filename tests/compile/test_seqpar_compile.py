@@ -1,5 +1,6 @@
 """The recurrence's map variant (KDA_NO_OUTPUT: final state only, fp32 state)
-compiles on every arch without spills, and drops the output's matmuls."""
+compiles on every arch without spills, and drops the output's matmuls. The default run takes a
+sample of each matrix that builds on every arch, the rest is a sweep (tests/sweeps.py)."""
 import pytest
 
 from kdacupy.jit.nvrtc import ARCHS, SMEM_LIMIT
@@ -14,7 +15,8 @@ try:
 except Exception as e:  # noqa: BLE001
     pytest.skip(f"NVRTC is not loadable here: {e}", allow_module_level=True)
 
-from .reports import HAVE_NVDISASM, SASS_ARCH, Source, compile_all, matrix, report
+from ..sweeps import kept, sample
+from .reports import HAVE_NVDISASM, SASS_ARCH, Source, compile_for, every_arch, matrix, report, running
 
 # per chunk and warp: W (2 x K/16), U (2), the state update (K/8); no o (2 x K/16) and no U Mqk (2)
 HMMA_PER_CHUNK = 2 * 128 // 16 + 2 + 128 // 8
@@ -35,14 +37,24 @@ SCAN_SHAPES = [(64, 64), (128, 128), (256, 256)]
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    """Every report this module checks, compiled in one parallel batch (tests/compile/reports.py)."""
-    compile_all(matrix(MAP_VARIANTS, ARCHS) + matrix(WGMMA_MAPS, ["sm_90a"])
-                + [(scan_source(K, V), a, False) for K, V in SCAN_SHAPES for a in ARCHS])
+def compiled(request):
+    """The reports of the points the session runs, compiled in one parallel batch (tests/compile/reports.py)."""
+    pairs = [(p["var"], p["arch"]) for p in running(request, "test_map_variant_budget")]
+    pairs += [(p["var"], "sm_90a") for p in running(request, "test_wgmma_map_variant_budget")]
+    pairs += [(scan_source(p["K"], p["V"]), p["arch"]) for p in running(request, "test_scan_kernel_budget")]
+    compile_for(matrix(MAP_VARIANTS, ARCHS) + matrix(WGMMA_MAPS, ["sm_90a"])
+                + [(scan_source(K, V), a, False) for K, V in SCAN_SHAPES for a in ARCHS], pairs)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("var", MAP_VARIANTS, ids=lambda v: f"BV={v.tiles.BV}")
+# the default run: BV = 128 in sm_80's shared memory (the smallest), BV = 32 (its SASS mix read everywhere) under
+# sm_100a's ptxas (the tightest); on sm_90a the wgmma map, the one Hopper runs (below); the rest a sweep
+MAP_POINTS = sample([(v, a) for v in MAP_VARIANTS for a in ARCHS],
+                    lambda v, a: (v, a) in {(MAP_VARIANTS[1], "sm_80"), (MAP_VARIANTS[0], "sm_100a")},
+                    lambda v, a: f"BV={v.tiles.BV}-{a}", cover=False)
+assert {a for _, a in kept(MAP_POINTS)} | {"sm_90a"} == set(ARCHS)  # every arch builds a map by default
+
+
+@pytest.mark.parametrize("var, arch", MAP_POINTS)
 @pytest.mark.usefixtures("compiled")
 def test_map_variant_budget(arch, var):
     assert var.config()["KDA_NO_OUTPUT"] == 1
@@ -56,7 +68,9 @@ def test_map_variant_budget(arch, var):
         assert res.sass["LDL"] == 0 and res.sass["STL"] == 0
 
 
-@pytest.mark.parametrize("var", WGMMA_MAPS, ids=lambda v: f"BV={v.tiles.BV}-stages={v.tiles.stages}")
+# the default run: one warpgroup at 3 stages (the heuristic's); one arch, the axis the variant list itself
+@pytest.mark.parametrize("var", sample(WGMMA_MAPS, lambda v: v is WGMMA_MAPS[0],
+                                       lambda v: f"BV={v.tiles.BV}-stages={v.tiles.stages}", cover=False))
 @pytest.mark.usefixtures("compiled")
 def test_wgmma_map_variant_budget(var):
     res = report(var, "sm_90a")
@@ -73,8 +87,10 @@ def test_default_variant_config_is_unchanged():
     assert "KDA_NO_OUTPUT" not in var.config()  # existing variants keep their keys (and caches)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("K, V", SCAN_SHAPES)
+# the default run: the Kimi shape on every arch; the shapes are the scan's variant list, the others a sweep
+@pytest.mark.parametrize("K, V, arch", every_arch(sample([(K, V, a) for K, V in SCAN_SHAPES for a in ARCHS],
+                                                         lambda K, V, a: K == 128, lambda K, V, a: f"{K}-{V}-{a}",
+                                                         cover=False), at=2))
 @pytest.mark.usefixtures("compiled")
 def test_scan_kernel_budget(arch, K, V):
     from kdacupy.ops.seqpar import split

@@ -1,7 +1,8 @@
 """The variants tree verify and checkpoints add (docs/design.md section 7.1) compile on every arch
 within the budgets: no spills and no local memory, the decode with step states in the other state
 dtype than the pool's, the recurrence storing checkpoints at the Kimi shapes' tiles (the chunk
-loop still one chunk's mma, not unrolled)."""
+loop still one chunk's mma, not unrolled). The default run takes a sample that builds on every arch,
+the rest is a sweep (tests/sweeps.py)."""
 import pytest
 
 from kdacupy.jit import registry
@@ -11,7 +12,8 @@ from kdacupy.ops.decode.kernels import DecodeTiles, DecodeVariant
 from kdacupy.ops.forward.kernels import RecurrenceVariant
 from kdacupy.ops.forward.tuning import TileConfig
 
-from .reports import compile_all, matrix, report
+from ..sweeps import sample
+from .reports import compile_for, every_arch, matrix, report, running
 
 pytestmark = pytest.mark.nvrtc
 
@@ -25,14 +27,22 @@ HMMA_PER_CHUNK = 2 * 2 * 128 // 16 + 4 + 128 // 8  # as tests/compile/test_compi
 #: (variant, arch): the recurrence's on every arch (its registers differ most by arch), the decode's
 #: step variants on the tuned target (the decode's own budget test covers its other arches)
 JOBS = [(v, a) for v in CHECKPOINTS for a in ARCHS] + [(v, "sm_90a") for v in STEPS]
+#: the default run: the widest slice in sm_80's shared memory (the smallest), the fp32 state's registers under
+#: sm_100a's ptxas (the tightest), the Kimi pool (bf16, vk) on sm_90a; the pairs are the variant list itself,
+#: not every one kept (every arch is)
+DEFAULT_RUN = {(CHECKPOINTS[0], "sm_80"), (CHECKPOINTS[1], "sm_100a"), (STEPS[0], "sm_90a")}
+POINTS = every_arch(sample(JOBS, lambda v, a: (v, a) in DEFAULT_RUN, lambda v, a: f"{registry.label(v)}-{a}",
+                           cover=False), at=1)
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    compile_all(matrix(CHECKPOINTS, ARCHS) + matrix(STEPS, ["sm_90a"]))
+def compiled(request):
+    """The reports of the points the session runs, compiled in one parallel batch (tests/compile/reports.py)."""
+    pairs = [(p["var"], p["arch"]) for p in running(request, "test_budget")]
+    compile_for(matrix(CHECKPOINTS, ARCHS) + matrix(STEPS, ["sm_90a"]), pairs)
 
 
-@pytest.mark.parametrize("var,arch", JOBS, ids=[f"{registry.label(v)}-{a}" for v, a in JOBS])
+@pytest.mark.parametrize("var,arch", POINTS)
 @pytest.mark.usefixtures("compiled")
 def test_budget(var, arch):
     res = report(var, arch)

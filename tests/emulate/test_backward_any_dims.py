@@ -7,7 +7,9 @@ Held bit for bit against the backward model, which runs over the same zero-padde
 docstring: a padded channel's gate 0, its dA_log terms +0); under the emulation's checks, with the
 scratch NaN-filled, nothing unwritten is read (the states' and gradient states' value rows past V,
 which no recurrence or chain CTA writes, among them); against the float64 reference gradient
-within the model's own bound (tests/numerics/test_backward_model.py)."""
+within the model's own bound (tests/numerics/test_backward_model.py). Each case builds four variants
+of its own (3-6 s of the cold run), so the default run takes a sample of the cases (SAMPLE below); the
+rest is a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ from kdacupy.ops.forward.tuning import TileConfig
 
 from ..backward_cases import FD_CASES, problem
 from ..numerics.test_backward_model import BOUND, measured
+from ..sweeps import sample
 from .test_backward_checked import assert_no_unwritten_byte
 from .test_backward_emulate import assert_bitwise
 
@@ -41,6 +44,11 @@ ANY_CASES = {
     "K16-V96-log-batched": dict(B=2, T=21, K=16, V=96, gate="log", beta="raw", state=True, dfinal=True, l2norm=True),
 }
 
+#: the default run's cases: varlen with a zero-length sequence in the vk layout at K = 17, V = 33 (rows off
+#: 16 bytes) and the batch at K = 16, V = 96 (test_backward_saved's builds); the K = 60 case runs by default
+#: at V = 20 under the checks below. K = 192, the fp32 cases and K = 60, V = 100 are the sweep
+SAMPLE = {"K17-V33-softplus-varlen-vk-flat-bias", "K16-V96-log-batched"}
+
 
 def inputs(name, **over):
     opts_in = dict(ANY_CASES[name], **over)
@@ -53,7 +61,8 @@ def inputs(name, **over):
     return x, opts, do, None if ds is None else ds.astype(np.float32)
 
 
-@pytest.mark.parametrize("name", list(ANY_CASES))
+# (cover=False: the cases are named, one argument; the sample is SAMPLE's)
+@pytest.mark.parametrize("name", sample(list(ANY_CASES), lambda n: n in SAMPLE, cover=False))
 def test_any_head_dims_are_the_padded_model_bit_for_bit(name):
     x, opts, do, ds = inputs(name)
     got = kdacupy.kda_backward(do, **x, dfinal_state=ds, **opts, backend="emulate")
@@ -78,7 +87,9 @@ def test_checked_any_head_dims_read_nothing_unwritten(monkeypatch):
     assert_bitwise(checked, kda_backward_model(do, **x, dfinal_state=ds, **opts))
 
 
-@pytest.mark.parametrize("name", ["K60-V100-sigmoid-gva-l2norm-neg-eigval", "K17-V33-softplus-varlen-vk-flat-bias"])
+# the default run: SAMPLE's case, on the bit-for-bit test's builds (cover=False: one case of the two)
+@pytest.mark.parametrize("name", sample(["K60-V100-sigmoid-gva-l2norm-neg-eigval",
+                                         "K17-V33-softplus-varlen-vk-flat-bias"], lambda n: n in SAMPLE, cover=False))
 def test_any_head_dims_against_the_float64_gradient(name):
     x, opts, do, ds = inputs(name)
     got = kdacupy.kda_backward(do, **x, dfinal_state=ds, **opts, backend="emulate")

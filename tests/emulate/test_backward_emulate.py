@@ -1,7 +1,9 @@
 """The backward kernels on the CPU emulation: bit for bit the precision model (its docstring: the
 kernels' arithmetic, fmaf and mma steps exactly), on every option, both state precisions, every
 ragged tail, strided inputs; the launches' scratch is the one buffer, the gradients alone are
-allocated. Few kernel variants, shared across the tests (each new one is a host compile)."""
+allocated. Few kernel variants, shared across the tests (each new one is a host compile): each case
+builds two to four of its own (2-5 s of the cold run), so the default run takes a sample of the cases
+(SAMPLE below); the rest is a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from kdacupy.numerics.backward_model import kda_backward_model
 from kdacupy.numerics.dtypes import BF16, F16, F32
 
 from ..backward_cases import FD_CASES, chunks_in_pair_form, problem
+from ..sweeps import sample
 
 pytestmark = pytest.mark.emulate
 
@@ -52,6 +55,13 @@ PAIR_CHUNKS = {"gva-sigmoid-l2norm-neg-eigval": [], "varlen-gva-softplus-vk-f32-
                "K128-V128-batched-mixed-chunks": [1], "l2norm-pair-chunk-f32-gate": [1],
                "K256-V64-l2norm-f32-gate": [0], "fp32-gva-l2norm-neg-eigval-pair-chunk": [1]}
 
+#: the default run's cases: the one whose builds the tests below share (its grouped heads, l2norm, negative
+#: eigenvalues), the Kimi shape (K = V = 128, bf16, a pair chunk among tensor-core ones) and varlen in the vk
+#: layout with fp32 gates and beta (its builds are test_backward_saved's and test_backward_rings' too). K = 256
+#: runs by default in test_backward_rings (the same call under eager copies); fp16 and fp32 inputs and the pair
+#: chunks at K = 64 are the sweep
+SAMPLE = {"gva-sigmoid-l2norm-neg-eigval", "K128-V128-batched-mixed-chunks", "varlen-gva-softplus-vk-f32-gate-and-beta"}
+
 
 def inputs(name, state_dtype=np.float32, **over):
     """(inputs, options, do, dfinal_state) of CASES[name], its options updated with ``over``."""
@@ -88,7 +98,8 @@ def run(name, precision="bf16", state_dtype=np.float32, **over):
     return got, want
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# (cover=False: the cases are named, one argument; the sample is SAMPLE's)
+@pytest.mark.parametrize("name", sample(list(CASES), lambda n: n in SAMPLE, cover=False))
 def test_emulated_kernels_are_the_model_bit_for_bit(name):
     assert_bitwise(*run(name))
 

@@ -13,7 +13,9 @@ racecheck reports the write-after-read, and eager copies (landing at issue) over
 warp still reads: wrong gradients. The case is the checked suite's (test_backward_checked.py:
 its variants, no new build at the default 3 stages), longer, with channel 0 of chunk 1 of the long sequence
 decaying 20 nats a token more (the pair form); the 2-stage ring at V = 128 under racecheck alone
-(its checked builds only: the same code as the 3-stage ring, which eager copies run too)."""
+(its checked builds only: the same code as the 3-stage ring, which eager copies run too). The default run
+takes the 3-stage ring in both modes (the checked suite's builds); the 2-stage one, two checked builds of its
+own, is a sweep (tests/sweeps.py)."""
 import functools
 
 import pytest
@@ -24,6 +26,7 @@ from kdacupy.numerics.backward_model import kda_backward_model
 from kdacupy.ops.forward.tuning import TileConfig
 
 from ..backward_cases import chunks_in_pair_form
+from ..sweeps import sample
 from .test_backward_emulate import assert_bitwise, inputs, run
 
 pytestmark = pytest.mark.emulate
@@ -58,7 +61,10 @@ def test_the_long_case_takes_the_pair_form_in_chunk_1():
     assert chunks_in_pair_form(x, opts)[0, :, 1].all()
 
 
-@pytest.mark.parametrize("stages, V, mode", RUNS, ids=[f"{s}-stages-V{v}-{m}" for s, v, m in RUNS])
+# (cover=False: the 2-stage ring is the 3-stage ring's code; kda_bwd_chunk's refills run by default: per head
+# here, per V-block at K = 256 below)
+@pytest.mark.parametrize("stages, V, mode", sample(RUNS, lambda s, v, m: s == 3, cover=False,
+                                                   ids=lambda s, v, m: f"{s}-stages-V{v}-{m}"))
 def test_long_sequences_wrap_the_rings(stages, V, mode, monkeypatch):
     (x, opts, do, ds), want = case(stages, V)
     monkeypatch.setattr(kernels, "backward_tiles", lambda p: TileConfig(64, stages))  # 64: the default's BV

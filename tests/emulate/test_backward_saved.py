@@ -2,7 +2,8 @@
 that keeps its workspace and chunk states returns what the plain forward returns, the backward that reads
 them runs three launches instead of five and gives the stateless backward's gradients to the bit (so the
 model's), the kept buffer is wholly written (checked runs start it as NaN bytes), and a KDASaved from any
-other call is refused before a launch."""
+other call is refused before a launch. The default run takes each case and each state precision once
+(every pair builds its own counted variants); the other pairs are a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -11,6 +12,7 @@ from kdacupy.emulate import counting
 from kdacupy.numerics.backward_model import kda_backward_model
 from kdacupy.numerics.dtypes import BF16
 
+from ..sweeps import sample
 from .test_backward_checked import assert_no_unwritten_byte
 from .test_backward_emulate import assert_bitwise, inputs
 
@@ -29,8 +31,9 @@ def backward(x, opts, do, ds, **kw):
     return kdacupy.kda_backward(do, **x, dfinal_state=ds, **opts, backend="emulate", **kw)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("name", CASES)
+# the default run: varlen at the bf16 state (the Kimi serving form), the grouped heads at the fp32 state
+@pytest.mark.parametrize("name, precision", sample([(n, p) for n in CASES for p in ("bf16", "fp32")],
+                                                   lambda n, p: (n == CASES[1]) == (p == "bf16")))
 def test_kept_states_give_the_same_forward_and_gradients(name, precision):
     x, opts, do, ds = inputs(name)
     opts = dict(opts, state_precision=precision)

@@ -1,6 +1,8 @@
 """The decode kernel, run on the CPU through the emulation, against the decode
 precision model (tolerance ``kdacupy.parity.EMULATE``: only fp32 summation
-order separates them), plus its index semantics on the real kernel."""
+order separates them), plus its index semantics on the real kernel. Each case and
+tile builds its own variant, so the default run takes a sample of them (below);
+the rest is a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from kdacupy.numerics.parity import EMULATE, mismatch
 from ..decode_cases import DECODE_CASES, decode_case, written_slots
 from ..decode_checks import check_decode_step
 from ..decode_inputs import make_decode
+from ..sweeps import sample
 
 try:
     find_compiler()
@@ -39,7 +42,14 @@ def untouched(after, before, written):
     return np.array_equal(after[keep].view(np.uint8), before[keep].view(np.uint8))
 
 
-@pytest.mark.parametrize("name", list(DECODE_CASES))
+#: the default run: [N] and [N, T] indices, both layouts and pool dtypes, GVA, K = V = 128 (three of them the
+#: checked suite's cases, whose plain builds it makes too) and any-size keys and values; the rest is a sweep
+DECODE_SAMPLE = {"vk-fp32-pool-gva", "vk-bf16-pool-verify", "kv-fp32-pool-verify", "softplus-raw-beta-128",
+                 "K60-V100-kv-bf16-verify"}
+
+
+# (cover=False: the axis is the cases themselves)
+@pytest.mark.parametrize("name", sample(list(DECODE_CASES), lambda n: n in DECODE_SAMPLE, cover=False))
 def test_emulated_decode_matches_the_model(name):
     x, opts, pool = decode_case(name)
     pe = pool.copy()
@@ -47,7 +57,11 @@ def test_emulated_decode_matches_the_model(name):
     check_decode_step(oe, pe, pool, x, opts, written_slots(name), [], EMULATE)
 
 
-@pytest.mark.parametrize("tiles", [DecodeTiles(8, 1), DecodeTiles(16, 2), DecodeTiles(32, 8), DecodeTiles(64, 4)])
+DECODE_TILES = [DecodeTiles(8, 1), DecodeTiles(16, 2), DecodeTiles(32, 8), DecodeTiles(64, 4)]
+
+
+# the default run: the narrowest and the widest tile (cover=False: the axis is the tiles themselves)
+@pytest.mark.parametrize("tiles", sample(DECODE_TILES, lambda t: t.BV in (8, 64), cover=False))
 def test_every_tile_configuration_computes_the_same(tiles, monkeypatch):
     import kdacupy.ops.decode.fastpath as fp
     import kdacupy.ops.decode.kernels as dk

@@ -5,7 +5,9 @@ each true size (kdacupy/ops/forward/limits.py, KDA_ANY_DIMS) with loads and stor
 Held three ways: bit for bit against the exact forward over zero-padded inputs (what the masks
 promise: docs/design.md section 2), against the float64 reference with the bound of a tile-size
 case of the same options, and, through the state pool and strided views, against the same kernels'
-plain call (the masked state and row accesses write nothing outside the true extents)."""
+plain call (the masked state and row accesses write nothing outside the true extents). Each case
+builds its own variants (1-2 s of the cold run), so the default run takes a sample of the cases (below);
+the rest is a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ from kdacupy.seqpar import state_maps
 
 from ..cases import MODEL_REF_ERROR, REF_BOUND_FACTOR
 from ..inputs import make_inputs, rmse_ratio
+from ..sweeps import sample
 from .test_forward_bitwise import forward_exact
 
 pytestmark = pytest.mark.emulate
@@ -47,8 +50,14 @@ def any_inputs(name, precision):
     return x, opts
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("name", list(ANY_CASES))
+#: the default run: the GVA case (the K = 60, V = 100 builds the other tests here share) and rows off 16 bytes
+#: at the bf16 state, varlen in the "vk" layout at the smallest tiles at the fp32 state; the rest is a sweep
+ANY_SAMPLE = {("K60-V100-gva-sigmoid", "bf16"), ("K17-V33-odd-rows", "bf16"), ("K16-V16-varlen-ragged-zero-vk", "fp32")}
+
+
+# (cover=False: not every case; each is its own dims and options)
+@pytest.mark.parametrize("name, precision", sample([(n, p) for n in ANY_CASES for p in ("bf16", "fp32")],
+                                                   lambda n, p: (n, p) in ANY_SAMPLE, cover=False))
 def test_any_head_dims_are_the_padded_forward_bit_for_bit(name, precision):
     x, opts = any_inputs(name, precision)
     got = kdacupy.kda_forward(**x, **opts, backend="emulate")
@@ -57,7 +66,9 @@ def test_any_head_dims_are_the_padded_forward_bit_for_bit(name, precision):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-@pytest.mark.parametrize("name", list(ANY_CASES))
+# the default run: the sample's cases at the bf16 state, whose builds the test above makes
+# (cover=False: not every case; each is its own dims and options)
+@pytest.mark.parametrize("name", sample(list(ANY_CASES), lambda n: (n, "bf16") in ANY_SAMPLE, cover=False))
 def test_any_head_dims_against_the_float64_reference(name):
     """Within the bound of the tile-size case with the same options: the true size costs no accuracy."""
     x, opts = any_inputs(name, "bf16")

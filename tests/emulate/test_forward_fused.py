@@ -4,7 +4,10 @@ a value head. Its output and final state are the two-launch forward's of the sam
 the suites hold to the precision model), and the ring's flags end exactly where the protocol says: every slot's ready flag
 at the last chunk it held, its consumed count at what every consumer released (the slots no sequence
 uses included), every item taken once, no overrun. Varlen with a zero-length sequence, ragged tails and
-a ring two slots deep (every slot refilled many times), fixed-length batches under racecheck."""
+a ring two slots deep (every slot refilled many times), fixed-length batches under racecheck. Each point
+builds its own fused variant (2-3 s of the cold run), so the default run takes a sample: each family
+once (tcgen05's varlen ring at a row a thread, wgmma's fixed length under racecheck) and the bf16 state's
+pair-form prepare; the rest is a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -14,6 +17,7 @@ from kdacupy.ops.forward import kernels
 from kdacupy.ops.forward.tuning import TileConfig
 
 from ..inputs import make_inputs
+from ..sweeps import sample
 
 pytestmark = pytest.mark.emulate
 
@@ -62,7 +66,10 @@ CASES = {  # name: (lens or None, batch, stages, ring slots, slots an item, prod
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# the default run: varlen on tcgen05 (its two-launch build test_forward_tcgen05.py's), racecheck on wgmma
+# (cover=False: the axis is the cases themselves)
+@pytest.mark.parametrize("name", sample(list(CASES), lambda n: n in ("tcgen05-varlen-ring2", "fixed-racecheck"),
+                                        cover=False))
 def test_fused_forward_is_the_two_launch_forward_bit_for_bit(monkeypatch, name):
     lens, B, stages, R, G, producers, check, mma, BV = CASES[name]
     x, opts = make_inputs(B=B, T=70, H=1, HV=2, K=64, V=128, state=np.float32, cu_seqlens=lens)
@@ -94,7 +101,9 @@ def test_the_fused_forward_takes_what_it_serves_only():
         kernels.forward(p, a, TileConfig(64, 2, "wgmma"), fused=True, producers=0)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+# the default run: the bf16 state, whose fused prepare has gate rows of its own (KDA_G_PAIRS); the fp32 state's
+# are the plain launch's, which the two-launch suites run (cover=False: that one value is the sweep)
+@pytest.mark.parametrize("precision", sample(["bf16", "fp32"], lambda p: p == "bf16", cover=False))
 def test_the_fused_prepare_build_on_the_pair_form_and_its_gate_rows(precision):
     """With the bf16 state the fused launch builds kda_prepare with its gate sums as 8-byte channel pairs
     (KDA_G_PAIRS: rows of 2 mod 4 floats, kernels/kda_prepare.cu; the fp32 state keeps the plain launch's

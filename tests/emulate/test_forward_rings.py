@@ -11,7 +11,9 @@ The tile configurations compute the same bits (BV splits the value rows, the sta
 pipeline the copies), so every run is held to the plain 2-stage one. The sequence-parallel
 forward runs the ring without its output (the segment maps, fp32 states, V = K and V) and then
 with it from the segments' starts: 2 segments of 6 and 7 chunks. Every input's shape and option
-is one of the suites' that build these variants already (no new build)."""
+is one of the suites' that build these variants already (no new build). The wgmma runs build their
+own: the default run takes the ring under racecheck and the split plain, the rest is a sweep
+(tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -21,6 +23,7 @@ from kdacupy.ops.forward.tuning import TileConfig
 
 from ..cases import case_inputs
 from ..inputs import make_inputs
+from ..sweeps import sample
 
 pytestmark = pytest.mark.emulate
 
@@ -83,7 +86,13 @@ def test_long_segments_wrap_the_maps_ring(mode, monkeypatch):
 WGMMA_RUNS = [(None, 3), ("racecheck", 2), ("eager", 3)]
 
 
-@pytest.mark.parametrize("mode, stages", WGMMA_RUNS, ids=[f"{m or 'plain'}-{s}-stages" for m, s in WGMMA_RUNS])
+def run_id(mode, stages):
+    return f"{mode or 'plain'}-{stages}-stages"
+
+
+# the default run: racecheck; the 3-stage build (plain, eager) is a sweep, the split below runs 3 stages
+# (cover=False: the axis is the runs themselves)
+@pytest.mark.parametrize("mode, stages", sample(WGMMA_RUNS, lambda m, s: m == "racecheck", run_id, cover=False))
 def test_the_wgmma_ring_wraps_and_equals_mma_sync(plain, mode, stages, monkeypatch):
     x, opts = make_inputs(cu_seqlens=LENS, H=1, HV=2, K=64, V=128, state=np.float32)
     monkeypatch.setattr(kernels, "select_tiles", lambda p: TileConfig(64, stages, "wgmma"))
@@ -98,7 +107,9 @@ def test_the_wgmma_ring_wraps_and_equals_mma_sync(plain, mode, stages, monkeypat
 SPLIT_WGMMA_RUNS = [(None, 3), ("racecheck", 2)]
 
 
-@pytest.mark.parametrize("mode, stages", SPLIT_WGMMA_RUNS, ids=[f"{m or 'plain'}-{s}-stages" for m, s in SPLIT_WGMMA_RUNS])
+# the default run: plain; racecheck's two checked builds are a sweep, the ring above runs racecheck
+# (cover=False: the axis is the runs themselves)
+@pytest.mark.parametrize("mode, stages", sample(SPLIT_WGMMA_RUNS, lambda m, s: m is None, run_id, cover=False))
 def test_the_split_forward_on_wgmma_equals_mma_sync(mode, stages, monkeypatch):
     plain_split = split_forward(monkeypatch, None)
     launched = []

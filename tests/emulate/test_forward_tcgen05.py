@@ -5,7 +5,9 @@ lanes r and 16 + r): bit for bit the mma.sync forward, plain, under racecheck an
 the state pool, checkpoints, and the split forward's maps (no output, v = 0) and final launch.
 
 The problem is test_forward_rings.py's (131 tokens: 9 chunks, every stage refilled, the last chunk
-ragged; a zero-length sequence; 37 tokens) at V = 128 (tcgen05's M = 128, one CTA a head)."""
+ragged; a zero-length sequence; 37 tokens) at V = 128 (tcgen05's M = 128, one CTA a head). Each run
+builds its own variant (1-3 s of the cold run), so the default run takes a sample of each matrix that
+still takes every tile, mode, stage count and precision; the rest is a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from kdacupy.ops.forward.tuning import TileConfig
 
 from ..cases import case_inputs
 from ..inputs import make_inputs
+from ..sweeps import sample
 from .test_forward_rings import LENS, identical, set_mode
 
 pytestmark = pytest.mark.emulate
@@ -39,10 +42,15 @@ def plain():
 #: lane fields 0 and 16)
 RUNS = [(128, None, 3, "fp32"), (128, None, 2, "bf16"), (128, "racecheck", 2, "fp32"), (128, "eager", 3, "bf16"),
         (64, None, 3, "bf16"), (64, None, 2, "fp32"), (64, "racecheck", 2, "bf16"), (64, "eager", 3, "fp32")]
+#: the default run: one run a mode, racecheck at M = 128 (kimi-T8192-H96's tile), the plain one the pool test's build
+RUNS_SAMPLE = {(128, None, 2, "bf16"), (128, "racecheck", 2, "fp32"), (64, "eager", 3, "fp32")}
 
 
-@pytest.mark.parametrize("bv, mode, stages, precision", RUNS,
-                         ids=[f"BV{b}-{m or 'plain'}-{s}-stages-{p}" for b, m, s, p in RUNS])
+def run_id(bv, mode, stages, precision):
+    return f"BV{bv}-{mode or 'plain'}-{stages}-stages-{precision}"
+
+
+@pytest.mark.parametrize("bv, mode, stages, precision", sample(RUNS, lambda *run: run in RUNS_SAMPLE, run_id))
 def test_the_tcgen05_forward_equals_mma_sync(plain, bv, mode, stages, precision, monkeypatch):
     launched = []
     launch = kernels.launch_recurrence
@@ -68,7 +76,9 @@ def test_the_tcgen05_forward_through_a_pool(layout, bv, monkeypatch):
     identical(run(TileConfig(bv, 2, "tcgen05")), run(TileConfig(32, 2)))
 
 
-@pytest.mark.parametrize("precision, bv", [("bf16", 128), ("fp32", 128), ("fp32", 64)])
+# the default run: the bf16 state at M = 128 and the fp32 state at M = 64; fp32 at 128 is a sweep
+@pytest.mark.parametrize("precision, bv", sample([("bf16", 128), ("fp32", 128), ("fp32", 64)],
+                                                 lambda p, b: (p, b) != ("fp32", 128)))
 def test_the_tcgen05_forward_with_checkpoints(precision, bv, monkeypatch):
     """The state as held at every second chunk boundary (bf16 checkpoints), as mma.sync stores them."""
     x, opts = make_inputs(cu_seqlens=[70, 0, 37], H=1, HV=2, K=64, V=128, state=np.float32)

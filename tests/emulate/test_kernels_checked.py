@@ -7,8 +7,10 @@ test_kernels_emulate.py, re-collected here under the autouse fixture), ``kda_dec
 case per kernel path, each twice (the second call takes the cached fast path, which passes the
 pointers itself), the forward through a state pool, the split forward (maps and the scan
 kernel), each also in the stress modes, and a long case (2007 tokens: the stress modes'
-reordering is per barrier interval, which a long case repeats, not changes). Bit-identity to the unchecked run is the stronger form of the
-emulated-vs-model parity, so that parity test is not re-run under the checks."""
+reordering is per barrier interval, which a long case repeats, not changes). Bit-identity to the
+unchecked run is the stronger form of the emulated-vs-model parity, so that parity test is not re-run
+under the checks. Each checked build costs ~2 s of the cold run, so the default run takes a sample of
+the cases, tiles and decode paths (below); the rest is a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ import kdacupy
 from ..cases import CASES, case_inputs
 from ..decode_cases import DECODE_CASES, decode_case
 from ..inputs import make_inputs
+from ..sweeps import sample
 from . import test_kernels_emulate
 from .test_kernels_emulate import *  # noqa: F401,F403  (the suite, re-collected under the checks)
 
@@ -24,6 +27,18 @@ from .test_kernels_emulate import *  # noqa: F401,F403  (the suite, re-collected
 # the accuracy test's kernels are those of the case matrix (a numerics test, not a memory one)
 del test_emulated_kernels_match_the_model, test_emulation_accuracy_against_the_reference  # noqa: F821
 assert hasattr(test_kernels_emulate, "test_emulated_kernels_match_the_model")
+
+
+# The tile test re-collected under the checks: BV = 32 at 3 stages (test_forward_rings.py's racecheck ring
+# build) and the widest, BV = 128, by default; BV = 16 and 64 are a sweep
+# (cover=False: the axis is the tiles themselves, every one of which the unchecked suite runs).
+_every_tile = test_kernels_emulate.test_every_tile_configuration_computes_the_same
+TILES = next(m.args[1] for m in _every_tile.pytestmark if m.name == "parametrize")
+
+
+@pytest.mark.parametrize("tiles", sample(TILES, lambda t: t.BV in (32, 128), cover=False))
+def test_every_tile_configuration_computes_the_same(tiles, monkeypatch):
+    _every_tile(tiles, monkeypatch)
 
 
 @pytest.fixture(autouse=True)
@@ -71,17 +86,26 @@ STRESS_CASES = ["fixed-gva-sigmoid", "varlen-ragged-zero-vk-bf16", "fp32-inputs"
 # stress cases, which span both layouts, varlen, fp32 inputs and V = 256. Each checked build costs ~1.7 s
 # of the cold run; the unchecked parity suite runs every case in both precisions.
 SAME_ACCESSES = {"fp16-inputs", "no-l2norm-neg-eigval"}
-CHECKED_CASES = [(name, "bf16") for name in CASES if name not in SAME_ACCESSES] + [(name, "fp32") for name in STRESS_CASES]
+CHECKED_CASES = ([(name, "bf16") for name in CASES if name not in SAME_ACCESSES]
+                 + [(name, "fp32") for name in STRESS_CASES])
 assert SAME_ACCESSES <= set(CASES)
+# The default run: both layouts and varlen at the bf16 state, the fp32 state on varlen, K = V = 128 (the Kimi
+# dims), V = 256, fp32 g and beta with no initial state; the rest (fp32 inputs' two checked builds among them)
+# is a sweep (cover=False: not every case is checked by default, each runs unchecked in test_kernels_emulate.py).
+CHECKED_SAMPLE = {("fixed-gva-sigmoid", "bf16"), ("varlen-ragged-zero-vk-bf16", "bf16"),
+                  ("varlen-ragged-zero-vk-bf16", "fp32"), ("softplus-raw-beta", "bf16"), ("V256", "bf16"),
+                  ("g-and-beta-fp32", "bf16")}
 
 
-@pytest.mark.parametrize("name, precision", CHECKED_CASES)
+@pytest.mark.parametrize("name, precision", sample(CHECKED_CASES, lambda n, p: (n, p) in CHECKED_SAMPLE, cover=False))
 def test_checked_results_are_bit_identical(name, precision, monkeypatch):
     identical(*checked_and_plain(forward(name, precision), monkeypatch))
 
 
-@pytest.mark.parametrize("stress", list(STRESS))
-@pytest.mark.parametrize("name", STRESS_CASES)
+# the default run: the stress cases whose bf16 build the sample above makes, in both modes
+# (cover=False: fp32-inputs' checked build is a sweep)
+@pytest.mark.parametrize("name, stress", sample([(n, s) for n in STRESS_CASES for s in STRESS],
+                                                lambda n, s: (n, "bf16") in CHECKED_SAMPLE, cover=False))
 def test_checked_stress_modes_are_bit_identical(name, stress, monkeypatch):
     identical(*checked_and_plain(forward(name, "bf16"), monkeypatch, **STRESS[stress]))
 
@@ -109,7 +133,9 @@ DECODE_CHECKED = ["vk-bf16-pool-verify", "kv-fp32-pool-verify", "log-gate-no-bet
 assert set(DECODE_CHECKED) <= set(DECODE_CASES)
 
 
-@pytest.mark.parametrize("name", DECODE_CHECKED)
+# the default run: both pools and layouts, [N, T] and [N] indices, K = V = 128; log-gate-no-beta is a sweep
+# (cover=False: the axis is the list of paths itself)
+@pytest.mark.parametrize("name", sample(DECODE_CHECKED, lambda n: n != "log-gate-no-beta", cover=False))
 def test_checked_decode_through_the_public_call_and_its_fast_path(name, monkeypatch):
     identical(*checked_and_plain(decode_twice(name), monkeypatch))
 

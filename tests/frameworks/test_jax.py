@@ -5,12 +5,16 @@ examples/jax_kda_layer.py training.
 
 Naming the emulation makes this module run in a forked child (tests/isolation.py), so JAX's
 runtime, with its threads, starts there and never in the pytest process, which later forks
-the emulated modules' children (JAX warns at every fork after it has started)."""
+the emulated modules' children (JAX warns at every fork after it has started).
+
+Every point traces and compiles its own XLA programs (0.3-1 s each on the CPU), so the default run takes a
+sample of the case matrices, every case and every dtype at least once; the rest is a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
 from tests.conftest import MARKERS
 from tests.frameworks.common import CASES, numpy_case, one_thread
+from tests.sweeps import sample
 
 pytestmark = pytest.mark.jax
 jax = pytest.importorskip("jax", reason=MARKERS["jax"])
@@ -51,8 +55,13 @@ def to_jax(x, opts):
             {n: jnp.asarray(a) if isinstance(a, np.ndarray) else a for n, a in opts.items()})
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("case", sorted(CASES))
+DTYPES = [np.float64, np.float32, ml_dtypes.bfloat16]
+
+
+# the default run: each case in one dtype, the dtypes in turn
+@pytest.mark.parametrize("case, dtype", sample(
+    [(c, d) for c in sorted(CASES) for d in DTYPES], lambda c, d: DTYPES.index(d) == sorted(CASES).index(c) % 3,
+    ids=lambda c, d: f"{c}-{np.dtype(d).name}"))
 def test_forward_is_kdacupys_forward(case, dtype, x64):
     x, opts = cast(*numpy_case(case), dtype)
     ref_o, ref_s = kdacupy.kda_forward(*(x[n] for n in ARRAYS), output_final_state=True, **opts)
@@ -188,7 +197,12 @@ def _loss_parts(case, dtype=np.float64):
     return x, opts, names, [jx[n] if n in jx else jo[n] for n in names], call
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+#: the cases whose gradients test_grad_is_kda_backwards checks by default, test_check_grads_float64 the others
+GRAD_SAMPLE = {"log-raw-beta", "softplus-varlen-vk"}
+
+
+# (cover=False: each case's gradient is checked by default here or in test_check_grads_float64)
+@pytest.mark.parametrize("case", sample(sorted(CASES), lambda c: c in GRAD_SAMPLE, cover=False))
 def test_grad_is_kda_backwards(case, x64):
     """jax.grad (under jit) of sum(o * do) + sum(final * dfinal) equals kdacupy.kda_backward."""
     x, opts, names, args, call = _loss_parts(case)
@@ -207,7 +221,8 @@ def test_grad_is_kda_backwards(case, x64):
             assert np.array_equal(np.asarray(grads[names.index(n)]), r), n
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# (cover=False: the cases test_grad_is_kda_backwards leaves to the sweep)
+@pytest.mark.parametrize("case", sample(sorted(CASES), lambda c: c not in GRAD_SAMPLE, cover=False))
 def test_check_grads_float64(case, x64):
     """jax.test_util.check_grads: reverse mode against finite differences in float64."""
     from jax.test_util import check_grads
@@ -285,7 +300,10 @@ def _grads(case, dtype, vmapped=False, **kw):
     return jax.jit(jax.vmap(jax.grad(loss, argnums=tuple(range(len(args)))), in_axes=axes))(*stacked)
 
 
-@pytest.mark.parametrize("vmapped", [False, True], ids=["grad", "vmap-of-grad"])
+# (cover=False: the kept buffers under vmap are the sweep's; per-index calls run by default in
+# test_vmap_with_mapped_parameters_runs_per_index, the same builds in the grad point)
+@pytest.mark.parametrize("vmapped", sample([False, True], lambda v: not v, ids=lambda v: ["grad", "vmap-of-grad"][v],
+                                           cover=False))
 def test_save_for_backward_gives_the_same_gradients(vmapped):
     """The forward's kept buffer as a residual (emulated kernels: the backward reads it, one call per vmap
     index) and on the NumPy reference (nothing kept): the gradients of the stateless backward, to the bit."""

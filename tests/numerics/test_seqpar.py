@@ -11,6 +11,10 @@ float64 reference as the serial run. The same algorithm on the emulated kernels
 and on the model is held to ``EMULATE``. Maps from the fp32-state runs against
 the float64 definition: 2^-7 relative (their operands are bf16, as in every
 state matmul of the kernels).
+
+Each emulated case builds its own variants (1-5 s of the cold run), so the default
+run takes a sample of the emulated points, on shared builds; the rest is a sweep
+(tests/sweeps.py).
 """
 import dataclasses
 import itertools
@@ -29,6 +33,7 @@ from ..cases import CASES, case_inputs
 from ..inputs import make_inputs, rmse_ratio
 from ..seqpar_adversarial import FAMILIES, adversarial_inputs
 from ..seqpar_checks import check_split
+from ..sweeps import sample
 
 try:
     from kdacupy.emulate import find_compiler
@@ -111,8 +116,10 @@ def test_reference_maps_are_the_definition(name):
     np.testing.assert_allclose(B, Bd, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["model", pytest.param("emulate", marks=needs_emu)])
-@pytest.mark.parametrize("name", list(MAP_CASES))
+# the default run: every case on the model, the varlen one on the emulated kernels (the split's builds below)
+@pytest.mark.parametrize("name, backend", sample(
+    [(n, "model") for n in MAP_CASES] + [pytest.param(n, "emulate", marks=needs_emu) for n in MAP_CASES],
+    lambda n, b: b == "model" or n == "varlen-gva-zero"))
 def test_maps_give_the_final_state_from_any_start(name, backend):
     kw = dict(MAP_CASES[name], state=np.float32)
     x, opts, s0 = map_inputs(**kw)
@@ -198,12 +205,15 @@ def test_split_matches_serial_on_the_model(name, precision):
 
 EMU_CASES = ["fixed-gva-sigmoid", "varlen-ragged-zero-vk-bf16", "fp16-inputs", "V256"]
 # the fp32 state on two of them (the model's split runs every case in both precisions): each case and
-# precision is its own emulated build
+# precision is its own emulated build. The default run: varlen in the vk layout at the bf16 state and the
+# grouped heads at the fp32 state, on builds the other tests here share; the rest is a sweep
 EMU_PRECISIONS = [(name, "bf16") for name in EMU_CASES] + [(name, "fp32") for name in EMU_CASES[:2]]
+EMU_SAMPLE = {("varlen-ragged-zero-vk-bf16", "bf16"), ("fixed-gva-sigmoid", "fp32")}
 
 
 @needs_emu
-@pytest.mark.parametrize("name, precision", EMU_PRECISIONS)
+# (cover=False: fp16 inputs (4 builds) and V = 256 (3) are the sweep's; K = V = 256 splits by default below)
+@pytest.mark.parametrize("name, precision", sample(EMU_PRECISIONS, lambda n, p: (n, p) in EMU_SAMPLE, cover=False))
 def test_split_matches_serial_on_the_emulated_kernels(name, precision):
     """tests/seqpar_checks.py's check, the one the GPU suite runs: split against serial, against
     the model's split, and no less accurate than serial against the float64 reference."""
@@ -235,8 +245,10 @@ def segment_maps(x, opts, n, segments, launches):
 
 
 @needs_emu
-@pytest.mark.parametrize("K, V", [(64, 64), (64, 128)])  # merged into one launch; M and B apart
-@pytest.mark.parametrize("with_state", [False, True])
+# K = V: M and B merged into one launch; K != V: apart. The default run: the latter without a state, the
+# former from one (its fp32 maps: the builds of the emulated split above); the other two are a sweep
+@pytest.mark.parametrize("with_state, K, V", sample([(w, 64, v) for w in (False, True) for v in (64, 128)],
+                                                    lambda w, K, V: w == (V == K)))
 def test_the_split_runs_only_the_maps_its_scan_reads(K, V, with_state):
     """The last segment's maps and the first one's M map never reach the scan: no CTA runs them (the
     work list of kernels/kda_recurrence.cu), and every other map is the full run's bit for bit; with an

@@ -10,6 +10,10 @@ In the kernel's order (keys ascending from B = 0) the b TI - 1 ones before +2^25
 K - b TI - 1 ones after add exactly: K - 1 in every element. In any other order of the blocks,
 some row meets -2^25 first; below 2^25 fp32's unit is 2, so each later 1 is a tie that rounds
 back to even, and at least the 30 ones of those two blocks are lost.
+
+The scan's variants differ in K and V alone (not in the layout or S0's dtype): the default run takes the
+order-exposing maps at every layout and S0 dtype at K = 64 and one point at K = 128, and the double
+buffer at K = 128 under racecheck and at K = 256 under eager copies; the rest is a sweep (tests/sweeps.py).
 """
 import functools
 import itertools
@@ -21,6 +25,8 @@ from kdacupy.numerics.backward_arith import fma32
 from kdacupy.numerics.dtypes import BF16
 from kdacupy.numerics.scan_model import scan_model
 from kdacupy.ops.seqpar import split
+
+from ..sweeps import sample
 
 
 TI = split.scan_ti  # keys of M per staged block, per K
@@ -127,8 +133,11 @@ def order_model(K, V, with_s0):
 
 
 @pytest.mark.emulate  # skipped, with the reason, without a host compiler (tests/conftest.py)
-@pytest.mark.parametrize("K", [64, 128])
-@pytest.mark.parametrize("state_layout, s0_dtype", list(itertools.product(["kv", "vk"], [np.float32, BF16, None])))
+# the default run: every layout and S0 dtype at K = 64 (one build), the vk layout from a bf16 S0 at K = 128
+@pytest.mark.parametrize("state_layout, s0_dtype, K", sample(
+    [(lay, s0, K) for K in (64, 128) for lay, s0 in itertools.product(["kv", "vk"], [np.float32, BF16, None])],
+    lambda lay, s0, K: K == 64 or (lay, s0) == ("vk", BF16),
+    ids=lambda lay, s0, K: f"{lay}-{'None' if s0 is None else np.dtype(s0).name}-{K}"))
 def test_scan_kernel_keeps_the_key_order(K, state_layout, s0_dtype):
     """The order-exposing maps: K - 1 in every element of the product starts (0 for the first
     without an initial state), as the model has it; a reordered sum loses 30 or more."""
@@ -142,8 +151,9 @@ def test_scan_kernel_keeps_the_key_order(K, state_layout, s0_dtype):
 
 
 @pytest.mark.emulate  # skipped, with the reason, without a host compiler (tests/conftest.py)
-@pytest.mark.parametrize("mode", ["racecheck", "eager"])
-@pytest.mark.parametrize("K", [128, 256])  # staged blocks of 16 and 8 keys
+# staged blocks of 16 and 8 keys; the default run: K = 128 under racecheck, K = 256 under eager copies
+@pytest.mark.parametrize("K, mode", sample([(K, m) for m in ("racecheck", "eager") for K in (128, 256)],
+                                           lambda K, m: (K == 128) == (m == "racecheck")))
 def test_scan_kernel_double_buffers_m_under_checks(K, mode, monkeypatch):
     """The next block of M is in flight (cp.async, two buffers) while this one is read: under racecheck
     (a buffer read before its copies' wait, or refilled before every thread read it, is an error) and
