@@ -135,7 +135,8 @@ def probe(tree: Path, env: dict, m: dict | None, mutated: str | None) -> str | N
 def run_tests(tree: Path, env: dict, tests: list[str], timeout: float) -> tuple[int | None, str]:
     """(exit status, output) of pytest on ``tests`` in ``tree``; status None when it outlasted ``timeout``
     (its whole process group is killed: emulated modules run in forked children)."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    # --sweeps: a mutant's tests run whole, the points beyond the default run's sample included (tests/sweeps.py)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--sweeps", *tests]
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:

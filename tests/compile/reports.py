@@ -4,7 +4,7 @@ Every (kernel source, arch) pair a budget test needs is compiled once, by the
 first test that asks: it compiles its module's list at once on all CPUs
 (NVRTC releases the GIL inside its ctypes calls, nvdisasm is a subprocess), so
 on two cores the budgets cost half the wall time they cost one after the other.
-The list holds only the pairs of the points the session runs (``running``): the
+The list holds only the pairs of the points this run selects (``running``): the
 default run's sample of each matrix (tests/sweeps.py), every point with --sweeps.
 
 The SASS mix (nvdisasm, ~0.35 s a cubin on top of a ~0.55 s compile) is taken
@@ -61,13 +61,13 @@ def compile_all(jobs) -> None:
 
 
 def compile_for(jobs, pairs) -> None:
-    """``compile_all`` of the ``jobs`` whose (variant, arch) is one of ``pairs``, the points the session runs."""
+    """``compile_all`` of the ``jobs`` whose (variant, arch) is one of ``pairs``, the points this run selects."""
     want = {(v.label(), a) for v, a in pairs}
     compile_all([job for job in jobs if (job[0].label(), job[1]) in want])
 
 
 def running(request, test: str) -> list[dict]:
-    """The parameters of each point of ``test``, a function of ``request``'s module, that the session runs (after
+    """The parameters of each point of ``test``, a function of ``request``'s module, that this run selects (after
     the sweep's deselection, -m, -k and node ids): the batch builds what they check, no more."""
     return [item.callspec.params for item in request.session.items
             if item.module is request.module and item.originalname == test and hasattr(item, "callspec")]

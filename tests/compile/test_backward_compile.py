@@ -1,7 +1,7 @@
 """The backward's kernels compile on every arch (NVRTC on the CPU) within budget at the tuned
 shape K = V = 128: no spills and no local memory, the matmuls on the tensor cores, shared
 memory within the arch's limit; every option has its variant. The reports come from one parallel
-batch for the points the session runs (tests/compile/reports.py): the default run takes the Kimi
+batch for the points this run selects (tests/compile/reports.py): the default run takes the Kimi
 per-chunk kernel each arch runs, the rest is a sweep (tests/sweeps.py)."""
 import subprocess
 import sys
@@ -45,7 +45,7 @@ POINTS = every_arch(sample(CASES, lambda a, v: (a, v) in DEFAULT_RUN, lambda a, 
 
 @pytest.fixture(scope="module")
 def compiled(request):
-    """The reports of the points the session runs, compiled in one parallel batch before the first (the SASS mix
+    """The reports of the points this run selects, compiled in one parallel batch before the first (the SASS mix
     on every arch)."""
     pairs = [(p["var"], p["arch"]) for p in running(request, "test_backward_budget")]
     compile_for([(v, a, True) for a, v in CASES], pairs)

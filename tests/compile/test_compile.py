@@ -1,7 +1,7 @@
 """Every arch compiles the kernels on the CPU (NVRTC), within the resource budgets:
 no spills and no local memory in the recurrence at the default configurations,
 its matmuls on the tensor cores, shared memory within each arch's limit.
-The reports come from tests/compile/reports.py: one parallel batch for the points the session runs,
+The reports come from tests/compile/reports.py: one parallel batch for the points this run selects,
 the SASS mix on its SASS_ARCH (and on every arch for each kernel's first variant). The default run
 takes a sample of each matrix, every arch and the Kimi defaults; the rest is a sweep (tests/sweeps.py)."""
 import subprocess
@@ -116,7 +116,7 @@ def test_prepare_budget(arch, var):
 # a point in the default run and one in the sweep's, so that `-m sweep --sweeps` checks the swept points' SASS too
 @pytest.mark.parametrize("run", sample(["default", "sweep"], lambda run: run == "default", cover=False))
 def test_the_sass_mix_is_taken_where_the_budgets_read_it(compiled, run):
-    """On SASS_ARCH for every variant, on every arch for each kernel's first: of the points the session runs."""
+    """On SASS_ARCH for every variant, on every arch for each kernel's first: of the points this run selects."""
     if not HAVE_NVDISASM:
         pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
     firsts = {"recurrence": first_everywhere(DEFAULTS, EVERY_ARCH), "prepare": PREPARE_DEFAULTS[0],
@@ -190,7 +190,7 @@ def other_head_dims(K):
 
 @pytest.fixture(scope="module")
 def compiled(request):
-    """The (variant, arch) pairs of the budget points of this module that the session runs, by kernel, their
+    """The (variant, arch) pairs of the budget points of this module that this run selects, by kernel, their
     reports compiled in one parallel batch before its first test."""
     def pairs(test, arch=None):
         return [(p["var"], arch or p["arch"]) for p in running(request, test)]

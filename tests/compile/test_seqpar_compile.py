@@ -38,7 +38,7 @@ SCAN_SHAPES = [(64, 64), (128, 128), (256, 256)]
 
 @pytest.fixture(scope="module")
 def compiled(request):
-    """The reports of the points the session runs, compiled in one parallel batch (tests/compile/reports.py)."""
+    """The reports of the points this run selects, compiled in one parallel batch (tests/compile/reports.py)."""
     pairs = [(p["var"], p["arch"]) for p in running(request, "test_map_variant_budget")]
     pairs += [(p["var"], "sm_90a") for p in running(request, "test_wgmma_map_variant_budget")]
     pairs += [(scan_source(p["K"], p["V"]), p["arch"]) for p in running(request, "test_scan_kernel_budget")]

@@ -37,7 +37,7 @@ POINTS = every_arch(sample(JOBS, lambda v, a: (v, a) in DEFAULT_RUN, lambda v, a
 
 @pytest.fixture(scope="module")
 def compiled(request):
-    """The reports of the points the session runs, compiled in one parallel batch (tests/compile/reports.py)."""
+    """The reports of the points this run selects, compiled in one parallel batch (tests/compile/reports.py)."""
     pairs = [(p["var"], p["arch"]) for p in running(request, "test_budget")]
     compile_for(matrix(CHECKPOINTS, ARCHS) + matrix(STEPS, ["sm_90a"]), pairs)
 
