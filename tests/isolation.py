@@ -55,10 +55,20 @@ def _enabled(config) -> bool:
     return _memo["enabled"]
 
 
+WHOLE_MODULE_SCHEDULES = ("loadfile", "loadscope")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist, in the controller) Each worker learns the schedule: xdist sets a worker's own
+    ``--dist`` to "no", so the worker could not tell by-file from by-test scheduling itself."""
+    node.workerinput["kdacupy_dist"] = node.config.getoption("dist", "no")
+
+
 def _whole_modules(config) -> bool:
     """Whether this process runs every test of a module it runs one (not an xdist worker, or one
     under a by-file / by-scope schedule): then one child serves the whole module."""
-    return not hasattr(config, "workerinput") or config.getoption("dist", "no") in ("loadfile", "loadscope")
+    return not hasattr(config, "workerinput") or config.workerinput.get("kdacupy_dist") in WHOLE_MODULE_SCHEDULES
 
 
 def _no_gpu() -> bool:

@@ -70,6 +70,49 @@ def test_under_xdist_a_crash_fails_one_test_and_the_worker_goes_on(tmp_path):
     assert out.count("SIGSEGV") >= 2 and "test_probe_2.py::test_out_of_bounds_store" in out, out
 
 
+PIDS = """
+import os
+import kdacupy.emulate  # noqa: F401  (a module of the emulation's: its tests run in a forked child)
+
+
+def record():
+    with open(os.environ["KDA_TEST_PIDS"], "a") as f:
+        f.write(f"{__name__} {os.getpid()} {os.getppid()}\\n")
+
+
+def test_one():
+    record()
+
+
+def test_two():
+    record()
+
+
+def test_three():
+    record()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.skipif(why_no_gpu() is None, reason="a usable GPU here: emulated modules run in process")
+def test_under_xdist_by_file_one_child_runs_a_whole_module(tmp_path):
+    """xdist sets each worker's own --dist to "no"; the worker learns the README's by-file schedule from
+    the controller (pytest_configure_node), so a module's tests share one child and what it loaded."""
+    pytest.importorskip("xdist", reason="pytest-xdist is in the [test] extra")
+    log = tmp_path / "pids.txt"
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text(PIDS)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.isolation", "-p", "no:cacheprovider", "--rootdir",
+           str(tmp_path), str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py"), "-n", "2", "--dist", "loadfile"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "KDA_TEST_PIDS": str(log)})
+    assert r.returncode == 0 and "6 passed" in r.stdout, r.stdout + r.stderr
+    rows = [line.split() for line in log.read_text().splitlines()]
+    by_module = {m: {(pid, parent) for mm, pid, parent in rows if mm == m} for m in ("test_a", "test_b")}
+    assert all(len(pids) == 1 for pids in by_module.values()), by_module  # one child a module, three tests each
+    assert len(rows) == 6
+
+
 def test_in_process_the_same_bug_ends_the_run_without_a_summary(tmp_path):
     r = run_suite(tmp_path, "--emulate-in-process")
     assert r.returncode < 0 or r.returncode >= 128, r.stdout + r.stderr  # killed by a signal
