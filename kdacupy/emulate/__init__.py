@@ -4,8 +4,8 @@ with KDACUPY_EMULATE_PROFILE=1, hardware counters of every launch (profile_recor
 
 from .build import find_compiler
 from .errors import EmulationEnvError, EmulationError
-from .loader import EmulatedModule, pointer
+from .loader import EmulatedModule, launched, pointer
 from .profile import counting, hotspots, profile_records, profile_reset, source_text
 
-__all__ = ["EmulatedModule", "EmulationEnvError", "EmulationError", "counting", "find_compiler", "hotspots", "pointer",
-           "profile_records", "profile_reset", "source_text"]
+__all__ = ["EmulatedModule", "EmulationEnvError", "EmulationError", "counting", "find_compiler", "hotspots", "launched",
+           "pointer", "profile_records", "profile_reset", "source_text"]

@@ -6,6 +6,7 @@ import ctypes
 import os
 import re
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -24,6 +25,21 @@ _loaded: dict[tuple[str, tuple[str, ...], bool], tuple[ctypes.CDLL, Path]] = {}
 _lock = threading.Lock()
 _launch_lock = threading.Lock()  # not _lock: that one is held during compiles
 _last_launched: list = [None]  # the library whose launch came last keeps its cached fiber stacks
+_watchers: list[list] = []  # the lists of the open launched() blocks
+
+
+@contextmanager
+def launched():
+    """The kernel names of this process's emulated launches inside the block, in launch order: which
+    launches a call made, without the counters (counting()) and so without their instrumented builds."""
+    names: list[str] = []
+    with _launch_lock:
+        _watchers.append(names)
+    try:
+        yield names
+    finally:
+        with _launch_lock:
+            _watchers.remove(names)
 
 
 def _mode() -> int:
@@ -280,6 +296,10 @@ class EmulatedFunction:
             prev.kda_emu_release_stacks()
         if launch(cfg, argv, len(bufs), extv, len(ext) // 3, err, len(err)):  # ctypes releases the GIL meanwhile
             raise EmulationError(f"{self.name}: {self._explain(err.value.decode(errors='replace'), path)}")
+        if _watchers:
+            with _launch_lock:
+                for names in _watchers:
+                    names.append(self.name)
         if prof:
             by_arg = [(ext[3 * i + 2], argv_dram[3 * i + 1], argv_dram[3 * i + 2]) for i in range(len(ext) // 3)]
             profile.record(self.name, lib, path, self._module._source, g, b, int(shared_mem), counters,

@@ -3,12 +3,12 @@ that keeps its workspace and chunk states returns what the plain forward returns
 them runs three launches instead of five and gives the stateless backward's gradients to the bit (so the
 model's), the kept buffer is wholly written (checked runs start it as NaN bytes), and a KDASaved from any
 other call is refused before a launch. The default run takes each case and each state precision once
-(every pair builds its own counted variants); the other pairs are a sweep (tests/sweeps.py)."""
+(every pair builds its own variants); the other pairs are a sweep (tests/sweeps.py)."""
 import numpy as np
 import pytest
 
 import kdacupy
-from kdacupy.emulate import counting
+from kdacupy.emulate import launched
 from kdacupy.numerics.backward_model import kda_backward_model
 from kdacupy.numerics.dtypes import BF16
 
@@ -38,15 +38,15 @@ def test_kept_states_give_the_same_forward_and_gradients(name, precision):
     x, opts, do, ds = inputs(name)
     opts = dict(opts, state_precision=precision)
     o, final = forward(x, opts)
-    with counting() as recs:
+    with launched() as kernels_run:
         o_kept, final_kept, saved = forward(x, opts, save_for_backward=True)
-    assert [r["kernel"] for r in recs] == ["kda_prepare", "kda_recurrence"]
+    assert kernels_run == ["kda_prepare", "kda_recurrence"]
     np.testing.assert_array_equal(o_kept, o)
     np.testing.assert_array_equal(final_kept, final)
     assert isinstance(saved, kdacupy.KDASaved) and saved.nbytes > 0
-    with counting() as recs:
+    with launched() as kernels_run:
         got = backward(x, opts, do, ds, saved=saved)
-    assert [r["kernel"] for r in recs] == ["kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce"]
+    assert kernels_run == ["kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce"]
     assert_bitwise(got, backward(x, opts, do, ds))
     assert_bitwise(got, kda_backward_model(do, **x, dfinal_state=ds, **opts))
     assert_bitwise(backward(x, opts, do, ds, saved=saved), got)  # read, not consumed: a second backward agrees
@@ -103,9 +103,9 @@ def test_kept_bytes_are_the_workspace_and_a_state_per_chunk():
 
 
 def refused(x, opts, do, ds, saved, match, exc=ValueError):
-    with counting() as recs, pytest.raises(exc, match=match):
+    with launched() as kernels_run, pytest.raises(exc, match=match):
         backward(x, opts, do, ds, saved=saved)
-    assert recs == []  # refused before any launch
+    assert kernels_run == []  # refused before any launch
 
 
 def test_a_saved_of_another_call_is_refused():
@@ -123,9 +123,9 @@ def test_an_empty_saved_recomputes():
     """A NumPy backend's KDASaved (nothing kept) of the same call: the kernels' backward recomputes."""
     x, opts, do, ds = inputs(CASES[0])
     _, _, empty = kdacupy.kda_forward(**x, **opts, backend="model", save_for_backward=True)
-    with counting() as recs:
+    with launched() as kernels_run:
         got = backward(x, opts, do, ds, saved=empty)
-    assert [r["kernel"] for r in recs][:2] == ["kda_prepare", "kda_recurrence"]
+    assert kernels_run[:2] == ["kda_prepare", "kda_recurrence"]
     assert_bitwise(got, kda_backward_model(do, **x, dfinal_state=ds, **opts))
 
 
@@ -139,9 +139,9 @@ def test_an_empty_saved_recomputes():
 def test_the_forward_refuses_what_it_cannot_keep(extra, match):
     x, opts, _, _ = inputs(CASES[0])
     kw = dict(save_for_backward=True) | extra
-    with counting() as recs, pytest.raises((ValueError, TypeError), match=match):
+    with launched() as kernels_run, pytest.raises((ValueError, TypeError), match=match):
         kdacupy.kda_forward(**x, **opts, backend="emulate", **kw)
-    assert recs == []
+    assert kernels_run == []
 
 
 def test_the_forward_refuses_a_pool():

@@ -358,6 +358,30 @@ def test_reverse_order_exposes_a_missing_barrier(mod, monkeypatch):
         mod.get_function("missing_barrier")(1, 64, (out,), shared_mem=128)
 
 
+def test_launched_names_the_launches_in_order_with_no_instrumented_build(tmp_path, monkeypatch):
+    """kdacupy.emulate.launched(): the kernel names of the launches inside the block, nested blocks each
+    their own; plain launches stay plain (counting() would build the instrumented library)."""
+    from kdacupy.emulate import launched
+
+    monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
+    tag = uuid.uuid4().int % 1000
+    mod = EmulatedModule(kernel_source(f"""
+extern "C" __global__ void first(int* o) {{ o[threadIdx.x] = {tag}; }}
+extern "C" __global__ void second(int* o) {{ o[threadIdx.x] += 1; }}
+"""), ["first", "second"])
+    out = np.zeros(32, np.int32)
+    before = emu_build.stats["compiled"]
+    with launched() as outer:
+        mod.get_function("first")(1, 32, (out,))
+        with launched() as inner:
+            mod.get_function("second")(1, 32, (out,))
+        mod.get_function("second")(1, 32, (out,))
+    mod.get_function("first")(1, 32, (out,))  # after the block: not recorded
+    assert outer == ["first", "second", "second"] and inner == ["second"]
+    assert emu_build.stats["compiled"] == before and not list((tmp_path / "emulate").glob("*.cpp"))
+    np.testing.assert_array_equal(out, tag)
+
+
 def test_build_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
     src = kernel_source(f"""

@@ -307,17 +307,17 @@ def _grads(case, dtype, vmapped=False, **kw):
 def test_save_for_backward_gives_the_same_gradients(vmapped):
     """The forward's kept buffer as a residual (emulated kernels: the backward reads it, one call per vmap
     index) and on the NumPy reference (nothing kept): the gradients of the stateless backward, to the bit."""
-    from kdacupy.emulate import counting
+    from kdacupy.emulate import launched
     for backend, dtype in (("emulate", np.float32), (None, np.float64)):
         with jax.enable_x64(dtype == np.float64):
             want = _grads("sigmoid-gva-l2norm", dtype, vmapped, backend=backend)
-            with counting() as recs:
+            with launched() as kernels_run:
                 got = jax.block_until_ready(_grads("sigmoid-gva-l2norm", dtype, vmapped, backend=backend,
                                                    save_for_backward=True))
         for a, b in zip(got, want):
             assert np.array_equal(np.asarray(a), np.asarray(b)), backend
         if backend == "emulate":  # per example: the kept forward's two launches, then the backward's three
-            assert [r["kernel"] for r in recs] == (1 + vmapped) * ["kda_prepare", "kda_recurrence"] + (1 + vmapped) * [
+            assert kernels_run == (1 + vmapped) * ["kda_prepare", "kda_recurrence"] + (1 + vmapped) * [
                 "kda_bwd_chain", "kda_bwd_chunk", "kda_bwd_reduce"]
 
 
