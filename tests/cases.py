@@ -22,6 +22,10 @@ CASES = {
     "no-l2norm-neg-eigval": (dict(T=24, H=1, K=64, V=64), dict(qk_l2norm=False, allow_neg_eigval=True)),
     "g-and-beta-fp32": (dict(T=24, H=1, K=64, V=64), {}),
 }
+#: the cases the emulated parity suites run at the fp32 state by default (its own recurrence build a case):
+#: the grouped heads, varlen in the vk layout, V = 256; every case runs at the bf16 state, and the fp32 state's
+#: other cases are a sweep (tests/sweeps.py)
+FP32_SAMPLE = {"fixed-gva-sigmoid", "varlen-ragged-zero-vk-bf16", "V256"}
 
 
 def case_inputs(name, precision, **size):

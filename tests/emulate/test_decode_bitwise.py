@@ -12,7 +12,8 @@ from kdacupy.numerics.backward_arith import fma_chain
 from kdacupy.numerics.decode_model import warp_dot
 from kdacupy.numerics.precision import r32
 
-from ..decode_cases import DECODE_CASES, decode_case
+from ..decode_cases import DECODE_CASES, DECODE_SAMPLE, decode_case
+from ..sweeps import sample
 
 pytestmark = pytest.mark.emulate
 
@@ -26,7 +27,9 @@ def test_warp_dot_is_lane_chains_then_a_butterfly():
     np.testing.assert_array_equal(warp_dot(a, b), lanes[:, 0])
 
 
-@pytest.mark.parametrize("name", list(DECODE_CASES))
+# the parity suite's sample (test_decode_emulate.py, the same builds); the other cases are a sweep
+# (cover=False: the axis is the cases themselves)
+@pytest.mark.parametrize("name", sample(list(DECODE_CASES), lambda n: n in DECODE_SAMPLE, cover=False))
 def test_emulated_decode_is_bit_for_bit(name):
     x, opts, pool = decode_case(name)
     got_pool, want_pool = pool.copy(), pool.copy()

@@ -12,7 +12,7 @@ from kdacupy.numerics.dtypes import BF16
 from kdacupy.emulate import find_compiler
 from kdacupy.numerics.parity import EMULATE, mismatch
 
-from ..decode_cases import DECODE_CASES, decode_case, written_slots
+from ..decode_cases import DECODE_CASES, DECODE_SAMPLE, decode_case, written_slots
 from ..decode_checks import check_decode_step
 from ..decode_inputs import make_decode
 from ..sweeps import sample
@@ -42,12 +42,7 @@ def untouched(after, before, written):
     return np.array_equal(after[keep].view(np.uint8), before[keep].view(np.uint8))
 
 
-#: the default run: [N] and [N, T] indices, both layouts and pool dtypes, GVA, K = V = 128 (three of them the
-#: checked suite's cases, whose plain builds it makes too) and any-size keys and values; the rest is a sweep
-DECODE_SAMPLE = {"vk-fp32-pool-gva", "vk-bf16-pool-verify", "kv-fp32-pool-verify", "softplus-raw-beta-128",
-                 "K60-V100-kv-bf16-verify"}
-
-
+# the default run: DECODE_SAMPLE (tests/decode_cases.py); the other cases are a sweep
 # (cover=False: the axis is the cases themselves)
 @pytest.mark.parametrize("name", sample(list(DECODE_CASES), lambda n: n in DECODE_SAMPLE, cover=False))
 def test_emulated_decode_matches_the_model(name):

@@ -24,7 +24,8 @@ from kdacupy.numerics.precision import Chunks, beta_f32, gate_f32, scale_f32
 from kdacupy.numerics.reference import state_from_kv, state_to_kv
 from kdacupy.numerics.tiles import pad_to, tile_of
 
-from ..cases import CASES, case_inputs
+from ..cases import CASES, FP32_SAMPLE, case_inputs
+from ..sweeps import sample
 
 pytestmark = pytest.mark.emulate
 
@@ -72,8 +73,10 @@ def forward_exact(q, k, v, g, beta=None, *, scale=None, initial_state=None, outp
     return o, np.ascontiguousarray(round_to(state_from_kv(final, state_layout), state_dtype).astype(state_dtype))
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("name", list(CASES))
+# the parity suite's sample (tests/cases.py, the builds test_kernels_emulate.py makes): every case at the bf16
+# state, FP32_SAMPLE's at the fp32 state; the rest is a sweep (tests/sweeps.py)
+@pytest.mark.parametrize("name, precision", sample([(n, p) for p in ("bf16", "fp32") for n in CASES],
+                                                   lambda n, p: p == "bf16" or n in FP32_SAMPLE))
 def test_emulated_forward_is_bit_for_bit(name, precision):
     x, opts = case_inputs(name, precision)
     got = kdacupy.kda_forward(**x, **opts, backend="emulate")
@@ -106,7 +109,9 @@ def test_prepare_ctas_spanning_sequences_are_bit_for_bit(slots_per_cta, monkeypa
 WGMMA_RUNS = [("softplus-raw-beta", "bf16", 64), ("softplus-raw-beta", "fp32", 128), ("fp32-inputs", "bf16", 64)]
 
 
-@pytest.mark.parametrize("name, precision, BV", WGMMA_RUNS, ids=[f"{n}-{p}-BV{b}" for n, p, b in WGMMA_RUNS])
+# (cover=False: fp32 inputs' wgmma build is a sweep; its mma.sync forward is bit for bit above)
+@pytest.mark.parametrize("name, precision, BV", sample(WGMMA_RUNS, lambda n, p, b: n != "fp32-inputs",
+                                                       ids=lambda n, p, b: f"{n}-{p}-BV{b}", cover=False))
 def test_emulated_wgmma_forward_is_bit_for_bit(name, precision, BV, monkeypatch):
     import kdacupy.ops.forward.kernels as kernels
     from kdacupy.ops.forward.tuning import TileConfig

@@ -13,7 +13,7 @@ from kdacupy.numerics.parity import EMULATE, mismatch
 from kdacupy.numerics.precision import kda_model
 from kdacupy.ops.forward.tuning import TileConfig
 
-from ..cases import CASES, case_inputs, check_against_reference
+from ..cases import CASES, FP32_SAMPLE, case_inputs, check_against_reference
 from ..inputs import make_inputs, rmse_ratio
 from ..sweeps import sample
 
@@ -24,11 +24,7 @@ def close(x, ref):
     assert why is None, why
 
 
-# every case at the bf16 state by default, the fp32 state (its own recurrence build) on the grouped heads, varlen
-# in the vk layout and V = 256; the fp32 state's other cases are a sweep (tests/sweeps.py)
-FP32_SAMPLE = {"fixed-gva-sigmoid", "varlen-ragged-zero-vk-bf16", "V256"}
-
-
+# every case at the bf16 state by default, the fp32 state on FP32_SAMPLE's; the rest is a sweep (tests/sweeps.py)
 @pytest.mark.parametrize("name, precision", sample([(n, p) for p in ("bf16", "fp32") for n in CASES],
                                                    lambda n, p: p == "bf16" or n in FP32_SAMPLE))
 def test_emulated_kernels_match_the_model(name, precision):
