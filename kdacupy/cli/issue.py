@@ -172,8 +172,12 @@ def count(rec: dict, arch: str, source: str, ctas: int | None = None) -> IssueCo
     per_warp = []
     misfit = 0.0
     block_exec = np.zeros(len(fn.blocks))
+    fits: dict = {}  # warps whose anchors are met alike (most of a CTA's) share one fit: the same program
     for w in range(nwarps):
-        counts, miss = _fit(fn, reach, eqs, [e.host.get(w, 0.0) / ctas for e in eqs])
+        targets = tuple(e.host.get(w, 0.0) / ctas for e in eqs)
+        if targets not in fits:
+            fits[targets] = _fit(fn, reach, eqs, list(targets))
+        counts, miss = fits[targets]
         misfit += miss
         per_warp.append(float(sum(fn.blocks[b].size * counts[b] for b in reach)))
         block_exec += counts

@@ -157,3 +157,15 @@ def test_warpgroup_mmas_match_by_class_whatever_lines_ptxas_gives_them():
     assert [(e.kind, sorted(i for i, _ in e.terms), e.host) for e in wg] == [("coarse", [0, 1], {0: 128.0})]
     lds = [e for e in eqs if e.kind == "coarse" and any(instrs[i].base == "LDS" for i, _ in e.terms)]
     assert [e.host for e in lds] == [{0: 512.0}]
+
+
+def test_warps_met_alike_share_one_fit(module, monkeypatch):
+    """bulk_rows' warps 1-3 meet their anchors alike (only warp 0 copies): one fit serves the three."""
+    x = np.arange(1024, dtype=np.float32)
+    rec, _ = run(module, "bulk_rows", 2, 128, (x, np.zeros(2 * 128, np.float32), np.int32(12)), shared_mem=2048)
+    calls = []
+    real = issue._fit
+    monkeypatch.setattr(issue, "_fit", lambda *a: calls.append(a[3]) or real(*a))
+    got = issue.count(rec, "sm_90a", source_text(rec["source"]))
+    assert len(calls) == 2 and calls[0] != calls[1]
+    assert got.warps[1] == got.warps[2] == got.warps[3] < got.warps[0]
