@@ -35,41 +35,6 @@ def test_after():
     pass
 '''
 
-
-def run_suite(tmp_path, *flags, modules=("test_probe.py",)):
-    for name in modules:
-        (tmp_path / name).write_text(PROBE)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.isolation", "-p", "no:cacheprovider",
-           "--rootdir", str(tmp_path), *(str(tmp_path / name) for name in modules), *flags]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "KDACUPY_EMULATE_CHECK": ""})
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-@pytest.mark.skipif(why_no_gpu() is None, reason="a usable GPU here: emulated modules run in process (CUDA does not "
-                                                 "survive a fork; tests/isolation.py)")
-def test_a_crashing_emulated_kernel_fails_its_test_and_the_suite_goes_on(tmp_path):
-    r = run_suite(tmp_path, "-rf")
-    out = r.stdout + r.stderr
-    assert r.returncode == 1, out
-    assert "1 failed, 2 passed" in out, out
-    assert "FAILED" in out and "test_out_of_bounds_store" in out and "SIGSEGV" in out, out
-    assert "KDACUPY_EMULATE_CHECK=memcheck" in out  # the report says how to see what and where
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-@pytest.mark.skipif(why_no_gpu() is None, reason="a usable GPU here: emulated modules run in process")
-def test_under_xdist_a_crash_fails_one_test_and_the_worker_goes_on(tmp_path):
-    """The README's `-n auto --dist loadfile`: without the child, xdist would hand the crashing
-    test to a new worker again and again and never run the tests after it."""
-    pytest.importorskip("xdist", reason="pytest-xdist is in the [test] extra")
-    r = run_suite(tmp_path, "-rf", "-n", "2", "--dist", "loadfile", modules=("test_probe.py", "test_probe_2.py"))
-    out = r.stdout + r.stderr
-    assert r.returncode == 1, out
-    assert "2 failed, 4 passed" in out and "crashed" not in out, out
-    assert out.count("SIGSEGV") >= 2 and "test_probe_2.py::test_out_of_bounds_store" in out, out
-
-
 PIDS = """
 import os
 import kdacupy.emulate  # noqa: F401  (a module of the emulation's: its tests run in a forked child)
@@ -93,24 +58,49 @@ def test_three():
 """
 
 
+def run_suite(tmp_path, *flags, modules=("test_probe.py",), others=()):
+    """pytest on the probe written as each of ``modules`` and PIDS as each of ``others`` (its log: pids.txt)."""
+    for name in modules:
+        (tmp_path / name).write_text(PROBE)
+    for name in others:
+        (tmp_path / name).write_text(PIDS)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.isolation", "-p", "no:cacheprovider",
+           "--rootdir", str(tmp_path), *(str(tmp_path / name) for name in (*modules, *others)), *flags]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KDACUPY_EMULATE_CHECK": "", "KDA_TEST_PIDS": str(tmp_path / "pids.txt")})
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.skipif(why_no_gpu() is None, reason="a usable GPU here: emulated modules run in process (CUDA does not "
+                                                 "survive a fork; tests/isolation.py)")
+def test_a_crashing_emulated_kernel_fails_its_test_and_the_suite_goes_on(tmp_path):
+    r = run_suite(tmp_path, "-rf")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "1 failed, 2 passed" in out, out
+    assert "FAILED" in out and "test_out_of_bounds_store" in out and "SIGSEGV" in out, out
+    assert "KDACUPY_EMULATE_CHECK=memcheck" in out  # the report says how to see what and where
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 @pytest.mark.skipif(why_no_gpu() is None, reason="a usable GPU here: emulated modules run in process")
-def test_under_xdist_by_file_one_child_runs_a_whole_module(tmp_path):
-    """xdist sets each worker's own --dist to "no"; the worker learns the README's by-file schedule from
+def test_under_xdist_a_crash_fails_one_test_and_the_worker_goes_on(tmp_path):
+    """The README's `-n auto --dist loadfile`: without the child, xdist would hand the crashing
+    test to a new worker again and again and never run the tests after it. And one child runs a whole
+    module: xdist sets each worker's own --dist to "no", and the worker learns the by-file schedule from
     the controller (pytest_configure_node), so a module's tests share one child and what it loaded."""
     pytest.importorskip("xdist", reason="pytest-xdist is in the [test] extra")
-    log = tmp_path / "pids.txt"
-    for name in ("test_a.py", "test_b.py"):
-        (tmp_path / name).write_text(PIDS)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.isolation", "-p", "no:cacheprovider", "--rootdir",
-           str(tmp_path), str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py"), "-n", "2", "--dist", "loadfile"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "KDA_TEST_PIDS": str(log)})
-    assert r.returncode == 0 and "6 passed" in r.stdout, r.stdout + r.stderr
-    rows = [line.split() for line in log.read_text().splitlines()]
+    r = run_suite(tmp_path, "-rf", "-n", "2", "--dist", "loadfile", modules=("test_probe.py", "test_probe_2.py"),
+                  others=("test_a.py", "test_b.py"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "2 failed, 10 passed" in out and "crashed" not in out, out
+    assert out.count("SIGSEGV") >= 2 and "test_probe_2.py::test_out_of_bounds_store" in out, out
+    rows = [line.split() for line in (tmp_path / "pids.txt").read_text().splitlines()]
     by_module = {m: {(pid, parent) for mm, pid, parent in rows if mm == m} for m in ("test_a", "test_b")}
-    assert all(len(pids) == 1 for pids in by_module.values()), by_module  # one child a module, three tests each
-    assert len(rows) == 6
+    assert len(rows) == 6 and all(len(pids) == 1 for pids in by_module.values()), by_module  # a child a module
+
+
 
 
 def test_in_process_the_same_bug_ends_the_run_without_a_summary(tmp_path):
