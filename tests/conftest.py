@@ -26,7 +26,8 @@ MARKERS = {
     "fla": "needs fla-core 0.6.0 (and its Triton) for the kdacupy.compat.fla checks (pip install '.[test-frameworks]')",
 }
 #: not a resource: a point of a matrix beyond the default run's sample (tests/sweeps.py)
-SWEEP = "a point of a test matrix beyond the sample the default run takes; run with --sweeps (CI does)"
+SWEEP = ("a point of a test matrix beyond the sample the default run takes, or a larger form of a default test's "
+         "check; run with --sweeps (CI does)")
 AREAS = {"gpu": "gpu", "emulate": "emulate"}  # directory -> the marker all its tests carry
 
 

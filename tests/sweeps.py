@@ -5,7 +5,9 @@ cores, and most of it is builds: each emulated or NVRTC variant costs one to thr
 its first test. So a matrix whose points each build their own variant runs a sample by default,
 one that still takes every value of every axis at least once, and the rest of its points carry the
 ``sweep`` marker: deselected unless ``pytest --sweeps`` (CI runs ``pytest -m sweep --sweeps`` after
-the default suite, so every point runs before a change lands).
+the default suite, so every point runs before a change lands). A whole test may carry the marker too
+(``@pytest.mark.sweep``) where it checks on a larger case what a default test checks on a smaller one;
+its comment names that test.
 """
 from __future__ import annotations
 

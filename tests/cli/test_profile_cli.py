@@ -82,6 +82,10 @@ def backward_slice_and_full(shape, kernels, **options):
     return part, full
 
 
+# The backward's slices against their full emulations are a sweep (tests/sweeps.py: ~22 s of the cold run, the
+# full K = V = 128 backward emulated twice): the default run checks the forward's slices so and runs the
+# backward's slice in test_cli_tables_json_and_show
+@pytest.mark.sweep
 def test_a_scaled_backward_slice_reproduces_the_full_emulation(monkeypatch):
     """Grouped heads (the per-chunk kernel's grid is over query heads), a ragged tail."""
     monkeypatch.setattr(profile, "backward_inputs", backward_without_beta)
@@ -92,6 +96,7 @@ def test_a_scaled_backward_slice_reproduces_the_full_emulation(monkeypatch):
         assert a["grid"] == b["grid"]
 
 
+@pytest.mark.sweep
 def test_backward_with_kimi_options_only_the_narrow_per_head_arrays_differ():
     """beta, dbeta, A_log, dA_log and the per-chunk partial sums of dA_log: under 2% of each kernel's
     sectors and DRAM bytes, or a sector or two (dA_log's 4 bytes per head, in kda_bwd_reduce's 1 KB);

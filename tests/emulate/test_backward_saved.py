@@ -154,6 +154,8 @@ def test_the_forward_refuses_a_pool():
                             backend="emulate", save_for_backward=True)
 
 
+@pytest.mark.sweep  # (tests/sweeps.py) the default run keeps states on two cases above; any head dims'
+# backward runs by default in test_backward_any_dims.py
 def test_kept_states_at_any_head_dims_and_a_batch():
     """Head dims off the tiles (K = 16, V = 96: the kept buffer at the tiles' sizes, as the launchers lay it
     out) and a batch of two fixed-length sequences: the stateless gradients, to the bit."""
