@@ -132,11 +132,11 @@ def probe(tree: Path, env: dict, m: dict | None, mutated: str | None) -> str | N
     return None
 
 
-def run_tests(tree: Path, env: dict, tests: list[str], timeout: float) -> tuple[int | None, str]:
+def run_tests(tree: Path, env: dict, tests: list[str], timeout: float, sweeps: bool = True) -> tuple[int | None, str]:
     """(exit status, output) of pytest on ``tests`` in ``tree``; status None when it outlasted ``timeout``
-    (its whole process group is killed: emulated modules run in forked children)."""
-    # --sweeps: a mutant's tests run whole, the points beyond the default run's sample included (tests/sweeps.py)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--sweeps", *tests]
+    (its whole process group is killed: emulated modules run in forked children). ``sweeps``: the tests
+    whole, the points beyond the default run's sample included (tests/sweeps.py); else that sample alone."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(["--sweeps"] * sweeps), *tests]
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -148,7 +148,7 @@ def run_tests(tree: Path, env: dict, tests: list[str], timeout: float) -> tuple[
         return None, out
 
 
-def run_mutant(m: dict | None, tests: list[str], timeout: float) -> dict:
+def run_mutant(m: dict | None, tests: list[str], timeout: float, sweeps: bool = True) -> dict:
     """One mutant (None: the unmutated tree) in its own copy of the tree."""
     t0 = time.monotonic()
     res = dict(mutant=m["name"] if m else "(baseline)", file=m["file"] if m else None, tests=tests,
@@ -172,7 +172,7 @@ def run_mutant(m: dict | None, tests: list[str], timeout: float) -> dict:
         if why:
             res["detail"] = why
         else:
-            rc, out = run_tests(tree, env, tests, timeout)
+            rc, out = run_tests(tree, env, tests, timeout, sweeps)
             if rc is None:
                 res.update(status="timeout", detail=f"no verdict in {timeout:g} s")
             else:
@@ -226,6 +226,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests (default 600)")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--default-run", action="store_true",
+                    help="run the files of each mutant's tests as the default suite does: their sample, without the "
+                         "sweep's points (tests/sweeps.py)")
     ap.add_argument("--baseline", action="store_true",
                     help="first run the selected mutants' tests on the unmutated tree; stop if they fail there")
     ap.add_argument("--generate", metavar="REV_RANGE",
@@ -263,7 +266,10 @@ def main(argv=None) -> int:
             return 1
         print(f"baseline: the tests pass on the unmutated tree ({base['seconds']} s)", flush=True)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_mutant, m, m["tests"], args.timeout): m for m in todo}
+        # --default-run: a named point may be a sweep's, so the named tests' files, as the default run takes them
+        files = lambda m: list(dict.fromkeys(t.split("::")[0] for t in m["tests"]))  # noqa: E731
+        tests = {m["name"]: files(m) if args.default_run else m["tests"] for m in todo}
+        futures = {pool.submit(run_mutant, m, tests[m["name"]], args.timeout, not args.default_run): m for m in todo}
         for i, f in enumerate(as_completed(futures), 1):
             try:
                 r = f.result()
@@ -287,7 +293,8 @@ def main(argv=None) -> int:
     if args.json:
         doc = dict(commit=git("rev-parse", "HEAD"), uncommitted=(git("status", "--porcelain", "--", "kernels", "tests")
                                                                 or "").splitlines(),
-                   python=sys.version.split()[0], timeout_s=args.timeout, jobs=args.jobs, summary=s, results=ordered,
+                   python=sys.version.split()[0], timeout_s=args.timeout, jobs=args.jobs, default_run=args.default_run,
+                   summary=s, results=ordered,
                    generated=None if not args.generate else dict(range=args.generate, sample=args.sample,
                                                                  seed=args.seed))
         args.json.write_text(json.dumps(doc, indent=1) + "\n")

@@ -30,10 +30,11 @@ DECODE_CASES = {
     "K192-V192-kv": dict(N=1, T=1, H=1, K=192, V=192, layout="kv"),
 }
 #: the decode cases the emulated parity suites run by default: [N] and [N, T] indices, both layouts and pool
-#: dtypes, GVA, K = V = 128 (three of them the checked suite's cases, whose plain builds it makes too) and
-#: any-size keys and values; the other cases are a sweep (tests/sweeps.py)
+#: dtypes, GVA, K = V = 128 (four of them the checked suite's cases, whose plain builds it makes too),
+#: any-size keys and values, and two value heads a query head (log-gate-no-beta: the interleave a planted bug
+#: gets wrong, which the others pass); the other cases are a sweep (tests/sweeps.py)
 DECODE_SAMPLE = {"vk-fp32-pool-gva", "vk-bf16-pool-verify", "kv-fp32-pool-verify", "softplus-raw-beta-128",
-                 "K60-V100-kv-bf16-verify"}
+                 "K60-V100-kv-bf16-verify", "log-gate-no-beta"}
 
 #: the pool slots each case writes, by hand (not through decode_plan): [N] indices are slots
 #: 1, 3, ..., 2N - 1 (make_decode), each written once, after the last token; [N, T] indices are

@@ -56,11 +56,13 @@ PAIR_CHUNKS = {"gva-sigmoid-l2norm-neg-eigval": [], "varlen-gva-softplus-vk-f32-
                "K256-V64-l2norm-f32-gate": [0], "fp32-gva-l2norm-neg-eigval-pair-chunk": [1]}
 
 #: the default run's cases: the one whose builds the tests below share (its grouped heads, l2norm, negative
-#: eigenvalues), the Kimi shape (K = V = 128, bf16, a pair chunk among tensor-core ones) and varlen in the vk
-#: layout with fp32 gates and beta (its builds are test_backward_saved's and test_backward_rings' too). K = 256
-#: runs by default in test_backward_rings (the same call under eager copies); fp16 and fp32 inputs and the pair
-#: chunks at K = 64 are the sweep
-SAMPLE = {"gva-sigmoid-l2norm-neg-eigval", "K128-V128-batched-mixed-chunks", "varlen-gva-softplus-vk-f32-gate-and-beta"}
+#: eigenvalues), the Kimi shape (K = V = 128, bf16, a pair chunk among tensor-core ones), varlen in the vk
+#: layout with fp32 gates and beta (its builds are test_backward_saved's and test_backward_rings' too), and the
+#: three whose planted bugs no other default case catches (benchmarks/mutate.py --default-run): fp16 inputs with
+#: four value heads a query head (their order), fp32 inputs (their tiles) and K = 256 (its gate columns); the
+#: pair chunks at K = 64 are the sweep
+SAMPLE = {"gva-sigmoid-l2norm-neg-eigval", "K128-V128-batched-mixed-chunks", "varlen-gva-softplus-vk-f32-gate-and-beta",
+          "fp16-sigmoid-bias-only", "fp32-softplus-bare", "K256-V64-l2norm-f32-gate"}
 
 
 def inputs(name, state_dtype=np.float32, **over):
