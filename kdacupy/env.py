@@ -86,8 +86,8 @@ _TABLE = (
            "launches)", _choice("auto", "on", "off")),
     # the CPU emulation (kdacupy/emulate/)
     Switch("KDACUPY_CACHE_DIR", None, "a directory",
-           "where the emulation's compiled kernels and NVRTC's builds (their reports and cubins) are cached "
-           "(default ~/.cache/kdacupy)", _text),
+           "where the emulation's compiled kernels, NVRTC's builds (their reports and cubins) and nvdisasm's "
+           "disassemblies are cached (default ~/.cache/kdacupy)", _text),
     Switch("KDACUPY_EMULATE_ORDER", "forward", "forward or reverse",
            "order the emulated threads of a block run in between barriers; reverse exposes missing barriers",
            _choice("forward", "reverse")),

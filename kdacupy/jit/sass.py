@@ -1,9 +1,13 @@
 """The instruction mix of a cubin, from ``nvdisasm`` (pip's nvidia-cuda-nvdisasm)."""
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import subprocess
 import tempfile
+from functools import lru_cache
+from pathlib import Path
 
 #: mnemonics counted (before the first dot): mma.sync's HMMA and wgmma's HGMMA (WARPGROUP: its
 #: fence / wait), ldmatrix, local memory, global loads / stores, cp.async, bulk copies (UBLKCP,
@@ -23,15 +27,45 @@ def nvdisasm() -> str | None:
     return find_nvidia_binary_utility("nvdisasm")
 
 
+@lru_cache(maxsize=None)
+def _version(tool: str) -> str:
+    return subprocess.run([tool, "--version"], capture_output=True, text=True, check=True).stdout
+
+
+def cache_dir() -> Path:
+    """Where disassemblies are kept: ``$KDACUPY_CACHE_DIR/nvdisasm``, default ``~/.cache/kdacupy/nvdisasm``
+    (a kernel of the profile takes 0.3-3 s of nvdisasm with line tables, each run)."""
+    from .. import env
+
+    root = env.get("KDACUPY_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "kdacupy") / "nvdisasm"
+
+
 def disassemble(cubin: bytes, *flags: str) -> str:
-    """``nvdisasm`` of a cubin with ``flags``; RuntimeError when it is not installed."""
+    """``nvdisasm`` of a cubin with ``flags`` (kept on disk by the cubin, the flags and nvdisasm's version);
+    RuntimeError when it is not installed."""
     tool = nvdisasm()
     if tool is None:
         raise RuntimeError(NVDISASM_HINT)
+    key = hashlib.sha256("\0".join((_version(tool), *flags)).encode() + b"\0" + cubin).hexdigest()
+    path = cache_dir() / f"{key}.txt"
+    try:
+        return path.read_text()
+    except OSError:
+        pass
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kdacupy-", suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)  # a reader never sees half a file
+    except OSError:
+        pass  # a read-only cache: the disassembly stands
+    return text
 
 
 def sass_mix(cubin: bytes) -> dict:

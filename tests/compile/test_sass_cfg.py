@@ -163,3 +163,32 @@ def test_line_tables_leave_the_code_and_resources_alone():
             (lined.regs, lined.spill_stores, lined.spill_loads, lined.static_smem)
         plain_code, lined_code = pool.map(code, (plain.cubin, lined.cubin))
     assert plain_code == lined_code and len(plain_code) > 1000
+
+
+def test_a_disassembly_is_kept_by_its_cubin_and_flags(tmp_path, monkeypatch):
+    """nvdisasm runs once per cubin and flags: a second disassembly is read from the cache directory, other
+    flags or another cubin run it again, and a cache that cannot be written only costs the run."""
+    import subprocess
+
+    from kdacupy.jit import sass
+    from kdacupy.jit.nvrtc import nvrtc_compile
+
+    if sass.nvdisasm() is None:
+        pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
+    monkeypatch.setenv("KDACUPY_CACHE_DIR", str(tmp_path))
+    cubins = [nvrtc_compile(f'extern "C" __global__ void k(float* x) {{ x[threadIdx.x] *= {c}.0f; }}', "sm_90a").cubin
+              for c in (2, 3)]
+    runs = []
+    real = subprocess.run
+    monkeypatch.setattr(sass.subprocess, "run", lambda cmd, **kw: runs.append(cmd[1:-1]) or real(cmd, **kw))
+    first = sass.disassemble(cubins[0], "-c")
+    assert ".text.k" in first and sass.disassemble(cubins[0], "-c") == first
+    sass.disassemble(cubins[0], "-c", "-g")
+    sass.disassemble(cubins[1], "-c")
+    assert [r for r in runs if r != ["--version"]] == [["-c"], ["-c", "-g"], ["-c"]]
+    assert len(list((tmp_path / "nvdisasm").glob("*.txt"))) == 3
+    blocked = tmp_path / "a-file"  # no cache directory can be made under it: the disassembly stands, unkept
+    blocked.write_text("")
+    monkeypatch.setenv("KDACUPY_CACHE_DIR", str(blocked))
+    assert sass.disassemble(cubins[1], "-c") == sass.disassemble(cubins[1], "-c") != first
+    assert [r for r in runs if r != ["--version"]][3:] == [["-c"], ["-c"]]
