@@ -16,6 +16,7 @@ import os
 import shlex
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 
@@ -130,6 +131,13 @@ def get(name: str):
         return sw.parse(text)
     except ValueError:
         raise EnvError(f"{name}={text!r} is not valid: expected {sw.allowed} ({sw.doc})") from None
+
+
+def cache_dir(part: str) -> Path:
+    """``part``'s directory of the on-disk caches (the emulation's builds, NVRTC's, nvdisasm's):
+    ``$KDACUPY_CACHE_DIR/part``, default ``~/.cache/kdacupy/part``."""
+    root = get("KDACUPY_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "kdacupy") / part
 
 
 def check_all() -> None:

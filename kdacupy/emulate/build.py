@@ -85,9 +85,7 @@ def _version(cxx: str) -> str:
 
 
 def cache_dir() -> Path:
-    root = env.get("KDACUPY_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "kdacupy"
-    return base / "emulate"
+    return env.cache_dir("emulate")
 
 
 def full_source(source: str, names: Sequence[str]) -> str:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from .disk_cache import keep_file
 from .render import render
 
 #: NVRTC options of every GPU build; --fmad=false: only explicit fmaf() fuse, as in the emulation
@@ -87,8 +86,7 @@ def report_cache_dir() -> Path:
     unchanged variant then cost a file read, not a ptxas run."""
     from .. import env
 
-    root = env.get("KDACUPY_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "kdacupy") / "nvrtc"
+    return env.cache_dir("nvrtc")
 
 
 def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
@@ -105,16 +103,10 @@ def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
         pass
     res = _compile(source, opts)
     if res.ok:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            log = res.log.encode()
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kdacupy-", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(len(log).to_bytes(8, "little") + log + res.cubin)
-            os.replace(tmp, path)  # a reader never sees half a file
-        except OSError:
-            pass  # a read-only cache: the build stands
+        log = res.log.encode()
+        keep_file(path, len(log).to_bytes(8, "little") + log + res.cubin)
     return res
+
 
 
 def _compile(source: str, opts: tuple) -> CompileResult:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import subprocess
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+
+from .disk_cache import keep_file
 
 #: mnemonics counted (before the first dot): mma.sync's HMMA and wgmma's HGMMA (WARPGROUP: its
 #: fence / wait), ldmatrix, local memory, global loads / stores, cp.async, bulk copies (UBLKCP,
@@ -37,8 +38,7 @@ def cache_dir() -> Path:
     (a kernel of the profile takes 0.3-3 s of nvdisasm with line tables, each run)."""
     from .. import env
 
-    root = env.get("KDACUPY_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "kdacupy") / "nvdisasm"
+    return env.cache_dir("nvdisasm")
 
 
 def disassemble(cubin: bytes, *flags: str) -> str:
@@ -57,14 +57,7 @@ def disassemble(cubin: bytes, *flags: str) -> str:
         f.write(cubin)
         f.flush()
         text = subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kdacupy-", suffix=".tmp")
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(tmp, path)  # a reader never sees half a file
-    except OSError:
-        pass  # a read-only cache: the disassembly stands
+    keep_file(path, text.encode())
     return text
 
 

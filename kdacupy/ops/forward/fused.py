@@ -143,7 +143,7 @@ def pays(p, sm_count: int, arch: str | None, checkpoints: bool = False) -> bool:
     from TCGEN05_MIN_MEAN_CHUNKS a sequence on average: a consumer starts each of its head's sequences from its
     state in turn (the B200 model at 8 x 1024 tokens: 0.458 ms against 0.450 in two launches at H = 96, 0.996
     against 0.302 on half-row consumers at H = 64; at Kimi's six sequences, 85 chunks each on average, 0.314
-    against 0.450 at H = 96 and, half rows, 0.308 against 0.335 at H = 64; benchmarks/blackwell.md)."""
+    against 0.450 at H = 96 and, half rows, 0.255 against 0.335 at H = 64; benchmarks/blackwell.md)."""
     mma = FAMILY.get(arch)
     if mma is None:
         return False
