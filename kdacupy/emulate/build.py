@@ -43,12 +43,13 @@ HEADERS = ("cuda_emu.h", "ptx_twins.h")
 CHECK_FILES = ("checks.h", "profile.h", "tsan_hooks.cpp")
 #: compile-only flags of checked builds (the link gets none: no libtsan); -fno-tree-sra keeps a
 #: vector load one access (scalarised, its alignment would go unchecked)
-#: -O1 there: its inlining gives the checks' reports and the profile's anchors their calling contexts
-CHECK_FLAGS = ("-O1", "-fsanitize=thread", "-g1", "-DKDA_EMU_CHECK=1", "-fno-tree-sra")
-#: plain builds at -Og (CHECK_FLAGS' -O1 follows it in a checked build's flags): builds dominate a cold
-#: test run, and -Og compiles a kernel in ~30% less time than -O1 (which ran as fast as -O2 at a third
-#: less), the kernels then running ~30% slower (measured on the emulated test modules). IEEE arithmetic
-#: without contraction or fast-math at any level
+#: -Og as plain builds: __forceinline__ is always_inline (cuda_emu.h), which keeps the checks' reports and
+#: the profile's anchors in their calling contexts, and the profile groups a request by calling context
+#: (profile.h), so a call left out of line counts as ptxas' inlined copies do
+CHECK_FLAGS = ("-fsanitize=thread", "-g1", "-DKDA_EMU_CHECK=1", "-fno-tree-sra")
+#: every build at -Og: builds dominate a cold test run, and -Og compiles a kernel in ~30% less time than
+#: -O1 (which ran as fast as -O2 at a third less), the kernels then running ~30% slower (measured on the
+#: emulated test modules). IEEE arithmetic without contraction or fast-math at any level
 FLAGS = ("-Og", "-std=c++17", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-fast-math",
          "-Wno-unknown-pragmas", "-DKDA_EMULATE")
 NO_COMPILER = "backend='emulate' needs a C++17 compiler (g++ or clang++) on PATH, or set CXX"

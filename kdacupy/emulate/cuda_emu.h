@@ -60,7 +60,7 @@
 #define __device__
 #define __host__
 #define __constant__
-#define __forceinline__ inline
+#define __forceinline__ inline __attribute__((always_inline))  // as nvcc does, at -Og too (build.py)
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))

@@ -244,9 +244,10 @@ KDA_EMU_RT inline void group_grow(PWarp& p) {
   p.gcap = ncap;
 }
 
-KDA_EMU_RT inline PGroup& group_of(PWarp& p, uintptr_t key, unsigned k) {
+// The request (site, occurrence k) of a warp; `key` (pc * 4 + sub) is what the request records.
+KDA_EMU_RT inline PGroup& group_of(PWarp& p, uintptr_t site, unsigned k, uintptr_t key) {
   if (2 * (p.ng + 1) > p.gcap) group_grow(p);
-  unsigned j = (unsigned)mix64(key ^ ((unsigned long long)k << 40)) & (p.gcap - 1);
+  unsigned j = (unsigned)mix64(site ^ ((unsigned long long)k << 40)) & (p.gcap - 1);
   for (;; j = (j + 1) & (p.gcap - 1)) {
     PGroupEnt& e = p.gt[j];
     if (e.gen != p.gen || e.idx < 0) {
@@ -255,13 +256,13 @@ KDA_EMU_RT inline PGroup& group_of(PWarp& p, uintptr_t key, unsigned k) {
         p.g = (PGroup*)realloc(p.g, sizeof(PGroup) * p.gmax);
         if (!p.g) fail("profile: out of memory");
       }
-      e = PGroupEnt{key, k, p.gen, (int)p.ng};
+      e = PGroupEnt{site, k, p.gen, (int)p.ng};
       PGroup& g = p.g[p.ng++];
       g.key = key;
       g.mask = 0;
       return g;
     }
-    if (e.key == key && e.k == k) return p.g[e.idx];
+    if (e.key == site && e.k == k) return p.g[e.idx];
   }
 }
 
@@ -269,7 +270,11 @@ KDA_EMU_RT inline PGroup& group_of(PWarp& p, uintptr_t key, unsigned k) {
 KDA_EMU_RT inline void prof_lane(uintptr_t key, const PAcc& a) {
   Fiber* f = g_cur;
   PWarp& p = prof()->warps[f->warp];
-  PGroup& g = group_of(p, key, occurrence(p, key, f->lane));
+  // grouped by calling context too: a call the host compiler left out of line (a lambda at -Og) groups
+  // its lanes per call site, as the copies ptxas inlines at each site issue apart
+  const int d = f->depth < KDA_EMU_CALLERS ? f->depth : KDA_EMU_CALLERS;
+  const uintptr_t site = f->ctx[d] ? (uintptr_t)mix64(key ^ f->ctx[d]) : key;
+  PGroup& g = group_of(p, site, occurrence(p, site, f->lane), key);
   g.mask |= 1u << f->lane;
   g.acc[f->lane] = a;
 }

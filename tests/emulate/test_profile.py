@@ -119,8 +119,15 @@ extern "C" __global__ void cp_pipe(const float* g, float* out, int n) {
   cp_async_wait<0>();
   out[threadIdx.x] = acc;
 }
+// a call left out of line, from two sites (lanes 0-15 at one, 16-31 at the other): ptxas inlines it, so
+// each site's store is an instruction of its own, a request each
+__device__ __noinline__ void store_at(float* out, int i) { out[i] = 1.f; }
+extern "C" __global__ void two_sites(float* out) {
+  if (threadIdx.x < 16) store_at(out, threadIdx.x);
+  else store_at(out + 32, threadIdx.x);
+}
 """
-NAMES = ["smem_load", "smem_store", "smem_wide", "ldsm", "cp16", "gmem_load", "loop_store", "units", "mma_steps",
+NAMES = ["two_sites", "smem_load", "smem_store", "smem_wide", "ldsm", "cp16", "gmem_load", "loop_store", "units", "mma_steps",
          "two_loads", "bars", "cp_pipe"]
 
 
@@ -224,6 +231,11 @@ def test_loops_and_warps_group_by_occurrence_and_locals_are_not_device_memory(ru
     rec = run("loop_store", 1, 64, (np.zeros(4 * 64, np.float32), np.int32(4)))
     assert (rec["gmem_requests"], rec["gmem_sectors"], rec["gmem_bytes"]) == (8, 32, 1024)
     assert rec["smem_requests"] == 0 and rec["dram_bytes"] == 1024
+
+
+def test_a_call_left_out_of_line_counts_a_request_per_call_site(run):
+    rec = run("two_sites", 1, 32, (np.zeros(64, np.float32),))
+    assert (rec["gmem_requests"], rec["gmem_store_requests"], rec["gmem_bytes"]) == (2, 2, 128)
 
 
 def test_sfu_mma_barriers(run):
