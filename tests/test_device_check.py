@@ -177,9 +177,15 @@ exit 0
 """
 
 
-def run_stand_in(tmp_path, *args, **env):
+def run_stand_in(tmp_path, *args, real_profiler=False, **env):
+    """The script in its CPU rehearsal with python's stand-in; the profiler's predictions (six processes) are the
+    real ones only where asked for (``real_profiler``), else the stand-in's echo."""
+    text = STAND_IN
+    if not real_profiler:
+        text = text.replace('*kdacupy.profile*) exec "$REAL_PYTHON" "$@" ;;', '*kdacupy.profile*) echo "profile: $*"; exit 0 ;;')
+        assert text != STAND_IN
     py = tmp_path / "python"
-    py.write_text(STAND_IN)
+    py.write_text(text)
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": str(py), "REAL_PYTHON": sys.executable, **env}
@@ -193,7 +199,7 @@ def step_lines(summary):
 
 
 def test_the_harness_logs_live_records_boxes_and_failures_and_goes_on(tmp_path):
-    res, summary, log = run_stand_in(tmp_path, BOX_OVERRIDE="2")
+    res, summary, log = run_stand_in(tmp_path, BOX_OVERRIDE="2", real_profiler=True)
     n = len(steps())
     assert res.returncode == 1, res.stdout + res.stderr
     lines = step_lines(summary)
