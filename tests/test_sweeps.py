@@ -1,6 +1,4 @@
 """The default run's sample of a matrix (tests/sweeps.py) and the --sweeps option (tests/conftest.py)."""
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,11 +27,22 @@ def test_a_sample_must_take_every_value_of_every_argument():
     assert len(kept(sample(grid, lambda d, n: n == 64, cover=False))) == 2
 
 
+class _Collected:
+    def __init__(self):
+        self.ids = []
+
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+
+
 def collected(*args):
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "tests/test_sweeps.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return [line for line in out.stdout.splitlines() if "::" in line]
+    """The ids a run of tests/test_sweeps.py with ``args`` selects (a collection in this process: the repository's
+    conftest, its --sweeps option and its deselection, as a run from the command line has them)."""
+    got = _Collected()
+    rc = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
+                      str(ROOT / "tests" / "test_sweeps.py"), *args], plugins=[got])
+    assert rc == 0
+    return got.ids
 
 
 def test_the_default_run_deselects_the_sweep_and_the_option_brings_it_back():
