@@ -31,8 +31,9 @@ class _Collected:
     def __init__(self):
         self.ids = []
 
-    def pytest_collection_finish(self, session):
-        self.ids = [item.nodeid for item in session.items]
+    @pytest.hookimpl(trylast=True)  # after the conftest's deselection
+    def pytest_collection_modifyitems(self, items):
+        self.ids = [item.nodeid for item in items]
 
 
 def collected(*args):
