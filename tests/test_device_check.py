@@ -182,7 +182,8 @@ def run_stand_in(tmp_path, *args, real_profiler=False, **env):
     real ones only where asked for (``real_profiler``), else the stand-in's echo."""
     text = STAND_IN
     if not real_profiler:
-        text = text.replace('*kdacupy.profile*) exec "$REAL_PYTHON" "$@" ;;', '*kdacupy.profile*) echo "profile: $*"; exit 0 ;;')
+        text = text.replace('*kdacupy.profile*) exec "$REAL_PYTHON" "$@" ;;',
+                            '*kdacupy.profile*) echo "profile: $*"; exit 0 ;;')
         assert text != STAND_IN
     py = tmp_path / "python"
     py.write_text(text)

@@ -127,8 +127,8 @@ extern "C" __global__ void two_sites(float* out) {
   else store_at(out + 32, threadIdx.x);
 }
 """
-NAMES = ["two_sites", "smem_load", "smem_store", "smem_wide", "ldsm", "cp16", "gmem_load", "loop_store", "units", "mma_steps",
-         "two_loads", "bars", "cp_pipe"]
+NAMES = ["two_sites", "smem_load", "smem_store", "smem_wide", "ldsm", "cp16", "gmem_load", "loop_store", "units",
+         "mma_steps", "two_loads", "bars", "cp_pipe"]
 
 
 @pytest.fixture(scope="module")
