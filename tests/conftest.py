@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from . import isolation
-from .isolation import pytest_configure_node, pytest_runtest_protocol  # noqa: F401  (emulated modules in a forked child)
+from .isolation import pytest_configure_node, pytest_runtest_protocol  # noqa: F401  (emulated modules forked)
 
 MARKERS = {
     "gpu": "needs a CUDA GPU (benchmarks/device_check.sh runs these on one)",

@@ -108,7 +108,6 @@ def nvrtc_compile(source: str, arch: str, options=()) -> CompileResult:
     return res
 
 
-
 def _compile(source: str, opts: tuple) -> CompileResult:
     lib = _nvrtc()
     prog = ctypes.c_void_p()

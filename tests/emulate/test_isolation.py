@@ -101,8 +101,6 @@ def test_under_xdist_a_crash_fails_one_test_and_the_worker_goes_on(tmp_path):
     assert len(rows) == 6 and all(len(pids) == 1 for pids in by_module.values()), by_module  # a child a module
 
 
-
-
 def test_in_process_the_same_bug_ends_the_run_without_a_summary(tmp_path):
     r = run_suite(tmp_path, "--emulate-in-process")
     assert r.returncode < 0 or r.returncode >= 128, r.stdout + r.stderr  # killed by a signal
