@@ -82,8 +82,9 @@ _TABLE = (
            "and written by python -m kdacupy.tune", _text),
     # the forward's launches (kdacupy/ops/forward/fused.py)
     Switch("KDACUPY_FORWARD_FUSED", "auto", "auto, on or off",
-           "the serial forward as one fused launch where it serves the call: where the model says it pays on "
-           "sm_90a (auto), always (on, the emulation included) or never (off: the prepare and recurrence "
+           "the serial forward as one fused launch, and the split forward's final launch making its last "
+           "segments, where they serve the call: where the model says it pays on sm_90a (auto), always (on, the "
+           "emulation included; the split for fixed-length calls) or never (off: the prepare and recurrence "
            "launches)", _choice("auto", "on", "off")),
     # the CPU emulation (kdacupy/emulate/)
     Switch("KDACUPY_CACHE_DIR", None, "a directory",

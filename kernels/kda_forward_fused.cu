@@ -17,10 +17,20 @@
 // The slots between sequences (varlen: first_slot's spare ones, and a zero-length sequence's) are never
 // written: each consumer releases them when it passes them, so the ring's counts stay in step.
 //
+// KDA_FUSED_SPLIT = 1 (wgmma): the split forward's final launch (docs/design.md section 7.2; seg_n segments a
+// sequence of the call, the launch's sequences those segments). Blocks [0, nseq HV V / BV) consume one
+// (segment, value head, value rows) each, from the segment's start state; a segment but the last reads the
+// workspace ``ws`` the prepare launch wrote for the maps, the last one a stream of the ring (stream q HV + hv
+// of the call's sequence q, its chunk c at the segment's slot first + c), filled by the producers in
+// stream-group order (item i: group i / S of stream i % S, at most ``groups`` a stream). The same protocol,
+// each stream's counts from its first slot; the prepare launch skips the last segments (skip_last_of).
+//
 // Rendered configuration: kda_prepare's (KDA_WS_CORE = 1) and kda_recurrence's (KDA_MMA = KDA_MMA_WGMMA with
 // KDA_BV = 64: a warpgroup, the prepare's 128 threads; or KDA_MMA_TCGEN05 on sm_100a, KDA_BV = 64 or 128, its
-// 128 threads a tensor-memory lane each), KDA_RING (slots a value head), KDA_GROUP (slots an item). Flags (u32, zeroed before the launch): ready[HV R], consumed[HV R], the item counter, an error word
-// (nonzero: a consumer found its slot refilled before it released it, a broken protocol; the output is then wrong).
+// 128 threads a tensor-memory lane each), KDA_RING (slots a stream), KDA_GROUP (slots an item), KDA_FUSED_SPLIT.
+// Flags (u32, zeroed before the launch): ready[S R], consumed[S R] (S streams: HV, or the split's last segments'
+// heads), the item counter, an error word (nonzero: a consumer found its slot refilled before it released it, a
+// broken protocol; the output is then wrong).
 #include "common.cuh"
 #include "fragments.cuh"
 #include "gates.cuh"
@@ -39,10 +49,15 @@ namespace fused_recurrence {
 #include "kda_recurrence.cu"
 }
 
+#ifndef KDA_FUSED_SPLIT
+#define KDA_FUSED_SPLIT 0
+#endif
+
 namespace {
 using namespace kda;
 
 constexpr int R = KDA_RING;
+static_assert(!KDA_FUSED_SPLIT || KDA_MMA == KDA_MMA_WGMMA, "the split's final launch: the wgmma chain");
 constexpr int GROUP = KDA_GROUP;
 constexpr int VB = KDA_V / KDA_BV;  // consumers a value head
 static_assert(KDA_WS_CORE && ((KDA_MMA == KDA_MMA_WGMMA && KDA_BV == 64) || KDA_MMA == KDA_MMA_TCGEN05),
@@ -53,32 +68,38 @@ static_assert(2 * fused_recurrence::TC_COLS <= 512, "two consumers' tensor memor
 #endif
 static_assert(R >= KDA_STAGES, "a consumer releases a slot after acquiring STAGES - 1 more (deadlock-free)");
 
-// The ring: R blocks a value head; per slot its ready and consumed counts (chunk_ring.cuh).
+// The ring: R blocks a stream; per slot its ready and consumed counts (chunk_ring.cuh). The serial launch
+// has a stream a value head, its chunk c at slot c; the split's (seg_n > 0) a stream a (last segment, value
+// head), its chunk c at slot base + c, the streams of last segment q from q HV on (stream0).
 struct RingBlocks {
   unsigned char* ring;
-  u32* flags;  // ready[HV R], consumed[HV R], counter, error
-  int HV;
-  __device__ __forceinline__ int at(int hv, i64 slot) const { return hv * R + static_cast<int>(slot % R); }
+  u32* flags;  // ready[S R], consumed[S R], counter, error
+  int S, stream0;
+  i64 base;
+  __device__ __forceinline__ int at(int hv, i64 slot) const {
+    return (stream0 + hv) * R + static_cast<int>((slot - base) % R);
+  }
   __device__ __forceinline__ unsigned char* block(int hv, i64 slot) const {
     return ring + static_cast<i64>(at(hv, slot)) * WS_STRIDE;
   }
   // producer (every thread): wait until the slot's last chunk is released by every consumer of the head
   __device__ __forceinline__ void claim(int hv, int slot, int tid) const {
-    if (tid == 0) ring_wait_free(flags + HV * R + at(hv, slot), slot, R, VB);
+    if (tid == 0) ring_wait_free(flags + S * R + at(hv, slot), static_cast<int>(slot - base), R, VB);
     __syncthreads();
   }
   // producer (every thread): every store of the slot's block, then its flag
   __device__ __forceinline__ void publish(int hv, int slot, int tid) const {
     __syncthreads();
-    if (tid == 0) ring_publish(flags + at(hv, slot), slot);
+    if (tid == 0) ring_publish(flags + at(hv, slot), static_cast<int>(slot - base));
   }
   // consumer, the lane that issues the slot's copy: the block published, then visible to the bulk copy
   __device__ __forceinline__ void acquire(int hv, i64 slot) const {
-    if (!ring_wait_ready(flags + at(hv, slot), static_cast<int>(slot))) red_release_gpu_add(flags + 2 * HV * R + 1, 1u);
+    if (!ring_wait_ready(flags + at(hv, slot), static_cast<int>(slot - base)))
+      red_release_gpu_add(flags + 2 * S * R + 1, 1u);
     fence_proxy_async_global();
   }
   // consumer, thread 0, once the slot's copy landed
-  __device__ __forceinline__ void release(int hv, i64 slot) const { ring_release(flags + HV * R + at(hv, slot)); }
+  __device__ __forceinline__ void release(int hv, i64 slot) const { ring_release(flags + S * R + at(hv, slot)); }
 };
 
 // A consumer: value rows [v0, v0 + BV) of head hv through every sequence; the slots no sequence uses
@@ -118,7 +139,7 @@ __device__ __forceinline__ void consume(const fused_recurrence::RecurrenceIn& in
 __device__ __forceinline__ void produce(const fused_prepare::PrepareIn& in, const RingBlocks& blocks, int nslots) {
   __shared__ u32 item;
   const u32 groups = static_cast<u32>((nslots + GROUP - 1) / GROUP), items = groups * static_cast<u32>(in.HV);
-  u32* counter = blocks.flags + 2 * blocks.HV * R;
+  u32* counter = blocks.flags + 2 * blocks.S * R;
 #pragma unroll 1
   for (;;) {
     if (threadIdx.x == 0) item = atomicAdd(counter, 1u);
@@ -131,14 +152,81 @@ __device__ __forceinline__ void produce(const fused_prepare::PrepareIn& in, cons
   }
 }
 
+#if KDA_FUSED_SPLIT
+// The split forward (seg_n > 0; kdacupy/ops/seqpar/split.py): the segment batch's sequences, seg_n segments
+// of each of the call's, the segments' start states in s_in. A consumer runs one (segment, value head, value
+// rows); a segment but the last reads the workspace the prepare launch wrote (it also fed the maps), the last
+// reads the ring, its chunks made by the producers beside: the prepare launch skips them. Stream of last
+// segment q and head hv: q HV + hv; its chunk c at the segment's slot first + c.
+__device__ __forceinline__ RingBlocks last_segment_ring(const RingBlocks& r, const void* cu, int cu_is_i64, int n,
+                                                        int seg_n, int HV, int T, int chunks_per_seq) {
+  const Seq seq = sequence(cu, cu_is_i64, n, T);
+  return RingBlocks{r.ring, r.flags, r.S, (n / seg_n) * HV, first_slot(cu, n, seq.bos, chunks_per_seq)};
+}
+
+// A split consumer's blocks: the ring's (its last segment) or the workspace's, one body for both (two
+// instantiations of the chain cost the fp32 state's builds spills).
+struct SegmentBlocks {
+  RingBlocks ring;
+  const unsigned char* ws;
+  int nslots;
+  bool last;
+  __device__ __forceinline__ const unsigned char* block(int hv, i64 slot) const {
+    return last ? ring.block(hv, slot) : ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+  }
+  __device__ __forceinline__ void acquire(int hv, i64 slot) const {
+    if (last) ring.acquire(hv, slot);
+  }
+  __device__ __forceinline__ void release(int hv, i64 slot) const {
+    if (last) ring.release(hv, slot);
+  }
+};
+
+__device__ __forceinline__ void consume_segment(const fused_recurrence::RecurrenceIn& in, const RingBlocks& ring,
+                                                const unsigned char* ws, int seg_n, int n, int hv, int v0) {
+  fused_recurrence::init_stage_barriers(dynamic_smem(), threadIdx.x);
+  const bool last = n % seg_n == seg_n - 1;
+  const RingBlocks r = last ? last_segment_ring(ring, in.cu_seqlens, in.cu_is_i64, n, seg_n, in.HV, in.T,
+                                                in.chunks_per_seq)
+                            : ring;
+  fused_recurrence::recurrence_sequence(in, n, v0, hv, 0, SegmentBlocks{r, ws, in.nslots, last});
+}
+
+// A producer of the split: items of GROUP chunks of one stream, group-major (item i: group i / S of stream
+// i % S), ``groups`` a stream at most (a shorter segment's items past its end are skipped).
+__device__ __forceinline__ void produce_segments(const fused_prepare::PrepareIn& in, const RingBlocks& ring, int seg_n,
+                                                 int groups) {
+  __shared__ u32 item;
+  const u32 items = static_cast<u32>(groups) * static_cast<u32>(ring.S);
+  u32* counter = ring.flags + 2 * ring.S * R;
+#pragma unroll 1
+  for (;;) {
+    if (threadIdx.x == 0) item = atomicAdd(counter, 1u);
+    __syncthreads();
+    const u32 it = item;
+    __syncthreads();  // every thread has it before thread 0 takes the next
+    if (it >= items) break;
+    const int stream = static_cast<int>(it % ring.S), q = stream / in.HV, hv = stream % in.HV;
+    const int n = q * seg_n + seg_n - 1;
+    const RingBlocks r = last_segment_ring(ring, in.cu_seqlens, in.cu_is_i64, n, seg_n, in.HV, in.T, in.chunks_per_seq);
+    const int len = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T).len;
+    const int first = static_cast<int>(it / ring.S) * GROUP, nchunks = (len + CHUNK - 1) / CHUNK;
+    if (first >= nchunks) continue;
+    const int last = first + GROUP < nchunks ? first + GROUP : nchunks;
+    fused_prepare::prepare_slots(in, hv, static_cast<int>(r.base) + first, static_cast<int>(r.base) + last, r);
+  }
+}
+#endif
+
 }  // namespace
 
 // Three blocks an SM: the wgmma chain and the prepare fit 168 registers (K = 128: 164); fp32 inputs with
 // the fp32 state spilled 4 bytes there at V = 64, so two (their shared memory allows three at most anyway).
 // tcgen05: two, as the launch's shared memory allows (kdacupy/ops/forward/fused.py: two consumers' tensor
 // memory must fit an SM's 512 columns, or a third's tcgen05.alloc would wait for a consumer that waits for
-// producers that wait for it).
-#define KDA_FUSED_MIN_BLOCKS (KDA_TCGEN05_PATH || (KDA_DT == KDA_F32 && KDA_STATE_FP32 && KDA_K > 64) ? 2 : 3)
+// producers that wait for it). The split's with the fp32 state at K = 128: two (it spilled 8-56 bytes at 168).
+#define KDA_FUSED_MIN_BLOCKS                                                                          \
+  (KDA_TCGEN05_PATH || (KDA_STATE_FP32 && KDA_K > 64 && (KDA_DT == KDA_F32 || KDA_FUSED_SPLIT)) ? 2 : 3)
 extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forward_fused(
     const void* q, const void* k, const void* g, const void* beta, const void* v, void* o,
     i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
@@ -146,21 +234,34 @@ extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forw
     const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
     int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, float scale, float lb2,
     const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
-    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* ring, u32* flags) {
-  const RingBlocks blocks{ring, flags, HV};
-  if (blockIdx.x < static_cast<unsigned>(HV * VB)) {
+    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* ring, u32* flags,
+    const unsigned char* ws, int seg_n, int groups) {
+  // the consumers: every (value head, value rows) through every sequence; the split's, every (segment, head, rows)
+  const int consumers = KDA_FUSED_SPLIT ? HV * VB * nseq : HV * VB;
+  const RingBlocks blocks{ring, flags, KDA_FUSED_SPLIT ? nseq / seg_n * HV : HV, 0, 0};
+  if (blockIdx.x < static_cast<unsigned>(consumers)) {
     const fused_recurrence::RecurrenceIn in{v,       v_sb,         v_st,       v_sh,       o,        o_sb,
                                             o_st,    o_sh,         s_in,       s_in_dtype, s_out,    s_out_dtype,
                                             layout_vk, cu_seqlens, cu_is_i64,  T,          HV,       nslots,
                                             chunks_per_seq, pool_idx, pool_idx_i64, pool_slots, nullptr, nullptr,
                                             0,       nullptr,      0,          0,          0,        1,
                                             KDA_K,   KDA_V};
-    consume(in, blocks, nseq, blockIdx.x / VB, (blockIdx.x % VB) * KDA_BV);
+    const int b = blockIdx.x, v0 = (b % VB) * KDA_BV;
+#if KDA_FUSED_SPLIT
+    consume_segment(in, blocks, ws, seg_n, b / (VB * HV), b / VB % HV, v0);
+#else
+    (void)ws, (void)seg_n, (void)groups;
+    consume(in, blocks, nseq, b / VB, v0);
+#endif
   } else {
     const fused_prepare::PrepareIn in{q,    k,    g,    beta, q_sb,  q_st,    q_sh, k_sb,
                                       k_st, k_sh, g_sb, g_st, g_sh,  b_sb,    b_st,      b_sh,
                                       A_log, dt_bias, cu_seqlens, cu_is_i64, T, H, HV, nseq, chunks_per_seq, scale, lb2,
-                                      KDA_K};
+                                      KDA_K, 0};
+#if KDA_FUSED_SPLIT
+    produce_segments(in, blocks, seg_n, groups);
+#else
     produce(in, blocks, nslots);
+#endif
   }
 }

@@ -133,6 +133,8 @@ struct PrepareIn {
   int cu_is_i64, T, H, HV, nseq, chunks_per_seq;
   float scale, lb2;
   int k_true;
+  int skip_last_of;  // > 0: the slots of every skip_last_of-th sequence's last are not written (the split forward's
+                     // last segments, which its fused forward makes itself: kda_forward_fused.cu)
 };
 
 // Where slot ``slot`` of value head hv goes: the plain launch's workspace, every slot a block of its own;
@@ -191,6 +193,7 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
     At at{0, 0, 0};
     if (slot >= last) return at;
     const int n = slot_walk_to(walk, cu_seqlens, cu_is_i64, slot, nseq, T, chunks_per_seq);
+    if (in.skip_last_of > 0 && n % in.skip_last_of == in.skip_last_of - 1) return at;
     const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
     const i64 c0 = (slot - first_slot(cu_seqlens, n, seq.bos, chunks_per_seq)) * CHUNK;
     if (c0 < 0 || c0 >= seq.len) return at;  // an unused slot (varlen padding)
@@ -497,10 +500,10 @@ extern "C" __global__ void __launch_bounds__(128, KDA_PREPARE_MIN_BLOCKS) kda_pr
     i64 b_sb, i64 b_st, i64 b_sh,
     const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
     int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, int slots_per_cta, float scale, float lb2,
-    unsigned char* ws, int k_true) {
+    unsigned char* ws, int k_true, int skip_last_of) {
   const PrepareIn in{q,    k,    g,    beta, q_sb,  q_st,  q_sh,    k_sb,      k_st, k_sh, g_sb,  g_st,
                      g_sh, b_sb, b_st, b_sh, A_log, dt_bias, cu_seqlens, cu_is_i64, T,    H,    HV,    nseq,
-                     chunks_per_seq, scale, lb2, k_true};
+                     chunks_per_seq, scale, lb2, k_true, skip_last_of};
   const int first = blockIdx.x * slots_per_cta;
   prepare_slots(in, blockIdx.y, first, first + slots_per_cta < nslots ? first + slots_per_cta : nslots,
                 WorkspaceBlocks{ws, nslots});

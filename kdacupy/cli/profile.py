@@ -160,21 +160,42 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
                     tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
         return [rec], info
     if n > 1:
-        from ..api import kda_forward
-
-        select = tuning.select_tiles  # the split's launches ask for tiles per segment batch: the GPU's
-        tuning.select_tiles = lambda p, **kw: tuning.heuristic(p, sms, arch)
-        try:
-            with counting() as recs:
-                kda_forward(**{**arrays, **opts}, sequence_parallel=n, backend="emulate")
-        finally:
-            tuning.select_tiles = select
-    else:
-        p, a = validated(arrays, opts, "emulate")
-        with counting() as recs:
-            forward(p, a, tiles)
+        fuse_last = one_launch.split_pays(full, n, sms, arch) if fused is None else fused
+        recs = [scaled(r, factor) for r in split_forward_records(arrays, opts, n, sms, arch, fuse_last)]
+        info = dict(heads_emulated=hv, scale=factor, segments=n,
+                    tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
+        for rec in recs:
+            if rec["kernel"] == FUSED_KERNEL:  # its consumers' chains: the plain split's final launch's
+                plain = split_forward_records(arrays, opts, n, sms, arch, False)
+                rec["consumer"] = scaled([r for r in plain if r["kernel"] == "kda_recurrence"][-1], factor)
+                rec["chain_chunks"] = -(-chunks_of(shape) // n)  # a consumer's: one segment
+                rec["consumers"] = shape.B * n * one_launch.consumers(full)
+                info["fused_last"] = True
+        return recs, info
+    p, a = validated(arrays, opts, "emulate")
+    with counting() as recs:
+        forward(p, a, tiles)
     info = dict(heads_emulated=hv, scale=factor, segments=n, tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
     return [scaled(r, factor) for r in recs], info
+
+
+def split_forward_records(arrays, opts, n: int, sms: int, arch: str | None, fuse_last: bool) -> list[dict]:
+    """The emulated split forward's records at the tiles the GPU's heuristic gives each segment batch, its last
+    segments made in the final launch (``fuse_last``, ops/forward/fused.py: where it serves the call) or by the
+    prepare: the GPU's choices, made here in the emulation."""
+    from ..api import kda_forward
+    from ..ops.forward import fused, tuning
+    from ..ops.seqpar import split
+
+    select, choose = tuning.select_tiles, split.fused_last
+    tuning.select_tiles = lambda p, **kw: tuning.heuristic(p, sms, arch)
+    split.fused_last = lambda p, n: fused.split_groups(p.T, n, fused.GROUP) if fuse_last and not p.varlen else None
+    try:
+        with counting() as recs:
+            kda_forward(**{**arrays, **opts}, sequence_parallel=n, backend="emulate")
+    finally:
+        tuning.select_tiles, split.fused_last = select, choose
+    return recs
 
 
 def backward_inputs(shape: Shape):

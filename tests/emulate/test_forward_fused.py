@@ -119,3 +119,94 @@ def test_the_fused_prepare_build_on_the_pair_form_and_its_gate_rows(precision):
     assert pair_form_chunks(gc, gr).all()
     assert kernels.fused_variant(validated(x, opts, "emulate")[0], TileConfig(64, 2, "wgmma")).prepare.g_pairs == (precision == "bf16")
     identical(forward(x, opts, True)[1], forward(x, opts, False)[1])
+
+
+# ---- the split forward's last segments in the final launch (kdacupy/ops/seqpar/split.py) ----------------------
+
+#: name: (batch, tokens, segments, stages, ring slots, slots an item, producers, check mode)
+SPLIT_CASES = {
+    # two sequences (the prepare's grid whole, their last segments between the others), ragged tails, a shallow
+    # ring refilled many times, items longer than a segment's remainder, under racecheck
+    "two-sequences-racecheck": (2, 150, 3, 2, 3, 3, 2, "all"),
+    # one sequence (the prepare's grid trimmed at the last segment), three stages
+    "one-sequence": (1, 120, 2, 3, 4, 2, 1, None),
+}
+
+
+def split_run(monkeypatch, x, opts, n, stages, fuse):
+    monkeypatch.setattr(kernels, "select_tiles", lambda p, **kw: TileConfig(64, stages, "wgmma"))
+    monkeypatch.setenv("KDACUPY_FORWARD_FUSED", "on" if fuse else "off")
+    import kdacupy
+
+    return kdacupy.kda_forward(**x, **opts, sequence_parallel=n, backend="emulate")
+
+
+def split_expected_flags(B, T, n, R, G, producers, HV, ncons):
+    """ready, consumed a stream's slots (a last segment's value head), the item counter, the error word."""
+    c = -(-T // CHUNK)
+    last = c - (n - 1) * c // n  # chunks of a last segment (split.segment_cu_seqlens)
+    ready = [max([s + 1 for s in range(last) if s % R == r], default=0) for r in range(R)]
+    consumed = [ncons * sum(1 for s in range(last) if s % R == r) for r in range(R)]
+    items = fused.split_groups(T, n, G) * B * HV
+    return np.array(ready * B * HV + consumed * B * HV + [items + producers, 0], np.uint32)
+
+
+# the default run: two sequences under racecheck (its waits and barriers are the mutants' to find); one sequence is
+# a sweep (cover=False: the axis is the cases)
+@pytest.mark.parametrize("name", sample(list(SPLIT_CASES), lambda n: n == "two-sequences-racecheck", cover=False))
+def test_the_split_makes_its_last_segments_in_the_final_launch(monkeypatch, name):
+    """The split forward with its final launch fused: the segments but the last read the prepare launch's
+    workspace, the last ones a ring the producers fill. Bit for bit the split's two launches (whose suites
+    hold them to the precision model); the prepare leaves the last segments' slots unwritten; the ring's
+    flags end where the protocol says."""
+    from kdacupy.ops.seqpar import split
+
+    B, T, n, stages, R, G, producers, check = SPLIT_CASES[name]
+    x, opts = make_inputs(B=B, T=T, H=1, HV=2, K=64, V=128, state=np.float32)
+    opts["output_final_state"] = True
+    plain = split_run(monkeypatch, x, opts, n, stages, False)
+    monkeypatch.setattr(fused, "RING_SLOTS", R)
+    monkeypatch.setattr(fused, "GROUP", G)
+    monkeypatch.setattr(fused, "EMULATED_PRODUCERS", producers)
+    if check:
+        monkeypatch.setenv("KDACUPY_EMULATE_CHECK", check)
+    seen = {}
+    split_scratch = fused.split_scratch
+
+    def poisoned(p, *args):
+        ws, ring, flags, a = split_scratch(p, *args)
+        ws.fill(0xA5)
+        seen.update(ws=ws, flags=flags, p=p)
+        return ws, ring, flags, a
+
+    monkeypatch.setattr(fused, "split_scratch", poisoned)
+    identical(split_run(monkeypatch, x, opts, n, stages, True), plain)
+    p = seen["p"]
+    np.testing.assert_array_equal(seen["flags"], split_expected_flags(B, T, n, R, G, producers, p.HV, p.V // 64))
+    # the workspace: a block per slot and head; the last segments' slots untouched, every other written
+    cu = split.segment_cu_seqlens(np.arange(B + 1) * T, n)
+    blocks = seen["ws"].reshape(p.HV, kernels.slots(p)[0], -1)
+    for s in range(B * n):
+        first = s + cu[s] // CHUNK
+        chunks = range(first, first + -(-int(cu[s + 1] - cu[s]) // CHUNK))
+        untouched = [bool((blocks[:, c] == 0xA5).all()) for c in chunks]
+        assert untouched == [s % n == n - 1] * len(chunks), f"segment {s}"
+
+
+def test_the_split_fuses_its_last_segments_where_the_model_says():
+    """fused.split_pays (the H200's issue-aware model): the serving shape T = 8192, H = 12 in 4 segments on
+    132 SMs (96 chains, 36 SMs free for the last segments' prepare); not where the chains fill the SMs, not
+    off sm_90a, not for varlen calls; and split_groups counts a last segment's items as the boundaries do."""
+    from kdacupy.cli.shapes import Shape
+    from kdacupy.cli.profile import shape_problem
+    from kdacupy.ops.seqpar import split
+
+    few = shape_problem(Shape("h12", 8192, 12))
+    assert fused.split_pays(few, 4, 132, "sm_90a")
+    assert not fused.split_pays(few, 4, 132, "sm_100a") and not fused.split_pays(few, 4, None, "sm_90a")
+    assert not fused.split_pays(few, 6, 132, "sm_90a")  # 144 chains on 132 SMs
+    assert not fused.split_pays(shape_problem(Shape("h64", 8192, 64)), 2, 132, "sm_90a")
+    assert not fused.split_pays(shape_problem(Shape("v", 8192, 12, lens=(4096, 4096))), 4, 132, "sm_90a")
+    for T, n, G in [(8192, 4, 4), (150, 3, 3), (17, 2, 4), (1000, 7, 2)]:
+        cu = split.segment_cu_seqlens(np.array([0, T]), n)
+        assert fused.split_groups(T, n, G) == -(-(-(-int(cu[n] - cu[n - 1]) // CHUNK)) // G)

@@ -51,12 +51,14 @@ class FusedVariant:
     recurrence: object  # kernels.RecurrenceVariant (wgmma, BV = 64)
     ring: int  # slots a head (RING_SLOTS)
     group: int  # slots an item (GROUP)
+    split: bool = False  # the split forward's final launch (KDA_FUSED_SPLIT: the last segments from the ring)
 
     def config(self) -> dict:
         a, b = self.prepare.config(), self.recurrence.config()
         clash = {k for k in a.keys() & b.keys() if a[k] != b[k]}
         assert not clash, f"the prepare and the recurrence disagree on {sorted(clash)}"
-        return {**a, **b, "KDA_RING": self.ring, "KDA_GROUP": self.group}
+        split = {"KDA_FUSED_SPLIT": 1} if self.split else {}
+        return {**a, **b, "KDA_RING": self.ring, "KDA_GROUP": self.group, **split}
 
     @property
     def smem(self) -> int:
@@ -73,7 +75,8 @@ class FusedVariant:
         t = self.recurrence.tiles
         return (f"kda_forward_fused {self.prepare.label().removeprefix('kda_prepare ')} "
                 f"V={self.recurrence.V} state={'fp32' if self.recurrence.state_fp32 else 'bf16'} stages={t.stages} "
-                f"ring={self.ring} group={self.group}" + ("" if t.mma == "wgmma" else f" {t.mma} BV={t.BV}"))
+                f"ring={self.ring} group={self.group}" + ("" if t.mma == "wgmma" else f" {t.mma} BV={t.BV}")
+                + (" split" if self.split else ""))
 
 
 def g_pairs(state_fp32: bool) -> bool:
@@ -125,12 +128,12 @@ def tiles_of(tiles: TileConfig, p, sm_count: int | None = None) -> TileConfig:
     return TileConfig(BV, tiles.stages if tiles.mma == "wgmma" else 3, "wgmma")
 
 
-def blocks_per_sm(p, mma: str = "wgmma") -> int:
+def blocks_per_sm(p, mma: str = "wgmma", split: bool = False) -> int:
     """The kernel's minimum-blocks figure (kernels/kda_forward_fused.cu): what its registers allow an SM
-    (tcgen05: what its shared memory allows, TCGEN05_SMEM_FLOOR)."""
+    (tcgen05: what its shared memory allows, TCGEN05_SMEM_FLOOR; ``split``: the split's build)."""
     if mma == "tcgen05":
         return 2
-    return 2 if p.dtype == np.float32 and p.state_precision == "fp32" and p.K > 64 else 3
+    return 2 if p.state_precision == "fp32" and p.K > 64 and (p.dtype == np.float32 or split) else 3
 
 
 def pays(p, sm_count: int, arch: str | None, checkpoints: bool = False) -> bool:
@@ -160,15 +163,18 @@ def consumers(p, bv: int = BV) -> int:
     return p.HV * (p.V // bv)
 
 
-def ring_bytes(p, ring: int) -> tuple[int, int]:
-    """(bytes of a ring of ``ring`` blocks a head, bytes of its flags: ready and consumed per slot, the item
-    counter, the error word)."""
-    slots = p.HV * ring
+def ring_bytes(p, ring: int, streams: int | None = None) -> tuple[int, int]:
+    """(bytes of a ring of ``ring`` blocks a stream, bytes of its flags: ready and consumed per slot, the item
+    counter, the error word); ``streams``: a value head's (None, the serial launch) or split_streams'."""
+    slots = (p.HV if streams is None else streams) * ring
     return slots * layouts.workspace(p.K)["WS_STRIDE"], (2 * slots + 2) * 4
 
 
-def launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var: FusedVariant, producers: int):
-    """One fused launch; ``ring`` and ``flags`` from ``ring_bytes``, flags zeroed on the stream before."""
+def launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var: FusedVariant, producers: int,
+                 ws=None, seg_n: int = 0, groups: int = 0):
+    """One fused launch; ``ring`` and ``flags`` from ``ring_bytes``, flags zeroed on the stream before. The
+    split's (``seg_n`` > 0, ``p`` its segment batch): ``ws`` the prepare launch's workspace (every segment but
+    the last), ``groups`` a last segment's items at most (split_groups)."""
     fn = run.get(var.kernel, var.config(), var.kernel)
     args = [ptr(a["q"]), ptr(a["k"]), ptr(a["g"]), ptr(a["beta"]), ptr(a["v"]), ptr(o),
             *strides(a["q"]), *strides(a["k"]), *strides(a["g"]), *strides(a["beta"]), *strides(a["v"]), *strides(o),
@@ -177,9 +183,9 @@ def launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var: FusedVa
             np.float32(p.scale), lower_bound_log2(p),
             ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
-            *pool_args(a), ptr(ring), ptr(flags)]
-    run.launch(fn, (consumers(p, var.recurrence.tiles.BV) + producers, 1), (THREADS,), tuple(args), var.smem,
-               cooperative=True)
+            *pool_args(a), ptr(ring), ptr(flags), ptr(ws), np.int32(seg_n), np.int32(groups)]
+    chains = consumers(p, var.recurrence.tiles.BV) * (p.N if seg_n else 1)
+    run.launch(fn, (chains + producers, 1), (THREADS,), tuple(args), var.smem, cooperative=True)
 
 
 def scratch(p, a, xp, ring: int):
@@ -213,3 +219,64 @@ def forward_fused(run, p, a, o, s_out, nslots, per_seq, var: FusedVariant, produ
         raise ValueError(f"fused forward: a ring of {var.ring} slots under {var.recurrence.tiles.stages} stages")
     ring, flags, a = scratch(p, a, xp, var.ring)
     launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var, producers)
+
+
+# ---- the split forward's last segments (kdacupy/ops/seqpar/split.py, docs/design.md section 7.2) ----------------
+# Its final launch as this kernel: a consumer a (segment, value head, 64 value rows); a segment but the last reads
+# the workspace the prepare launch wrote for the maps, the last segment its head's stream of the ring, made by the
+# producers on the SMs the chains leave free, so the prepare launch skips the last segments.
+
+#: the prepare's own launch against the split forward's chains, per chain an SM: on the H200's issue-aware profile
+#: at T = 8192, H = 12 and 4 segments, 34.6 us of prepare (132 SMs) against 33.8 us of 96 chains (1.02 at 96 / 132)
+PREPARE_PER_CHAIN = 1.41
+
+
+def split_streams(p, seg_n: int) -> int:
+    """The ring's streams of a segment batch ``p`` of ``seg_n`` segments a sequence: a last segment's value head."""
+    return p.N // seg_n * p.HV
+
+
+def split_groups(T: int, seg_n: int, group: int) -> int:
+    """Items of ``group`` chunks a last segment of a T-token sequence takes (ops/seqpar/split.py's boundaries:
+    segment s of c chunks holds chunks floor(s c / n) to floor((s + 1) c / n))."""
+    c = -(-T // layouts.CHUNK)
+    return -(-(c - (seg_n - 1) * c // seg_n) // group)
+
+
+def split_supported(p, tiles: TileConfig) -> bool:
+    """Whether the split's final launch can be this kernel: its forward on the wgmma recurrence (sm_90a's choice;
+    ``p`` the segment batch, ``tiles`` its forward's) at one warpgroup a consumer."""
+    return tiles.mma == "wgmma" and supported(p, TileConfig(BV, tiles.stages, "wgmma"))
+
+
+def split_pays(p, seg_n: int, sm_count: int | None, arch: str | None) -> bool:
+    """Whether kda_forward's split of the fixed-length call ``p`` in ``seg_n`` segments a sequence makes its last
+    segments in the final launch, by the issue-aware model on the H200: on sm_90a, when the chains leave SMs free
+    and those take the last segments' share of the prepare (1 / seg_n of a launch PREPARE_PER_CHAIN times the
+    chains' time per chain an SM) within the chains' time. Varlen calls keep the two launches (a last segment's
+    length is on the device)."""
+    if arch != "sm_90a" or sm_count is None or p.varlen:
+        return False
+    chains = p.B * seg_n * consumers(p)
+    free = sm_count - chains
+    return free > 0 and PREPARE_PER_CHAIN * chains <= seg_n * free
+
+
+def split_scratch(p, a, xp, nslots: int, ring: int, seg_n: int):
+    """(workspace of every slot of the segment batch ``p``, the ring of ``ring`` slots a stream, its flags zeroed
+    on the stream, ``a`` with a strided ``cu_seqlens`` copied after them): one scratch buffer."""
+    ws_bytes = p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"]
+    blocks, flag_bytes = ring_bytes(p, ring, split_streams(p, seg_n))
+    buf, a = workspace.scratch(p, a, ws_bytes + blocks + flag_bytes, xp)
+    flags = buf[ws_bytes + blocks:ws_bytes + blocks + flag_bytes].view(np.uint32)
+    flags.fill(0)
+    return buf[:ws_bytes], buf[ws_bytes:ws_bytes + blocks], flags, a
+
+
+def split_producers(run, p, var: FusedVariant, seg_n: int) -> int:
+    """The split's producer blocks: on the GPU every block the device holds beside the chains (as the serial
+    launch), in the emulation EMULATED_PRODUCERS."""
+    if not p.device:
+        return EMULATED_PRODUCERS
+    fn = run.get(var.kernel, var.config(), var.kernel)
+    return run.resident_blocks(fn, THREADS, var.smem) - consumers(p) * p.N

@@ -164,12 +164,13 @@ def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_stat
                              checkpoints, any_dims)
 
 
-def fused_variant(p, tiles: TileConfig) -> one_launch.FusedVariant:
+def fused_variant(p, tiles: TileConfig, split: bool = False) -> one_launch.FusedVariant:
     """The fused launch's variant (ops/forward/fused.py): the core-matrix prepare and the consumers' chain at
     ``tiles`` (one_launch.tiles_of: the wgmma warpgroup, or tcgen05's 128 threads), at the ring's current
-    depth and item size."""
+    depth and item size; ``split``: the split forward's final launch (its own build)."""
     prepare = replace(prepare_variant(p, ws_core=True), g_pairs=one_launch.g_pairs(p.state_precision == "fp32"))
-    return one_launch.FusedVariant(prepare, recurrence_variant(p, tiles), one_launch.RING_SLOTS, one_launch.GROUP)
+    return one_launch.FusedVariant(prepare, recurrence_variant(p, tiles), one_launch.RING_SLOTS, one_launch.GROUP,
+                                   split)
 
 
 def slots(p) -> tuple[int, int]:
@@ -178,16 +179,21 @@ def slots(p) -> tuple[int, int]:
     return (p.N + per_seq if p.varlen else p.B * per_seq), per_seq
 
 
-def launch_prepare(run, p, a, ws, nslots, per_seq, ws_core=False):
+def launch_prepare(run, p, a, ws, nslots, per_seq, ws_core=False, skip_last_of=0, slot_end=None):
+    """``skip_last_of`` (> 0): the slots of every ``skip_last_of``-th sequence's last are left unwritten (the
+    split forward's last segments, which its fused forward makes itself); ``slot_end``: no CTA starts at or
+    past that slot (every slot from it on is skipped anyway)."""
     var = prepare_variant(p, ws_core)
     fn = run.get("kda_prepare", var.config(), "kda_prepare")
+    spc = layouts.prepare_slots_per_cta(nslots)
     args = [ptr(a["q"]), ptr(a["k"]), ptr(a["g"]), ptr(a["beta"]),
             *strides(a["q"]), *strides(a["k"]), *strides(a["g"]), *strides(a["beta"]),
             ptr(a["A_log"]), ptr(a["dt_bias"]), *cu_args(a["cu_seqlens"]),
             np.int32(p.T), np.int32(p.H), np.int32(p.HV), np.int32(p.N), np.int32(nslots), np.int32(per_seq),
-            np.int32(spc := layouts.prepare_slots_per_cta(nslots)), np.float32(p.scale), lower_bound_log2(p), ptr(ws),
-            np.int32(p.K)]
-    run.launch(fn, (-(-nslots // spc), p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
+            np.int32(spc), np.float32(p.scale), lower_bound_log2(p), ptr(ws), np.int32(p.K), np.int32(skip_last_of)]
+    end = nslots if slot_end is None else min(nslots, slot_end)
+    if end > 0:
+        run.launch(fn, (-(-end // spc), p.HV), (layouts.PREPARE_THREADS,), tuple(args), var.smem)
 
 
 def checkpoint_args(ck):

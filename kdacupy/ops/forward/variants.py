@@ -75,10 +75,11 @@ def fused_variants():
     serves, value dim, state precision, stage count and (tcgen05) consumer tile, at each input dtype with
     sigmoid gates and betas and the l2norm; then, at V = 128 and 3 stages, every gate, q / k and g dtype and
     l2norm choice (its prepare build is its own: with the bf16 state KDA_G_PAIRS, and every build at the fused
-    kernel's registers, not kda_prepare's 128)."""
-    def variant(K, V, fp32, tiles, options):
+    kernel's registers, not kda_prepare's 128); and the split forward's final launch (wgmma), every key dim,
+    value dim, state precision and stage count at Kimi's input options."""
+    def variant(K, V, fp32, tiles, options, split=False):
         return FusedVariant(PrepareVariant(K, *options, ws_core=True, g_pairs=fused.g_pairs(fp32)),
-                            RecurrenceVariant(K, V, options[0], fp32, tiles), fused.RING_SLOTS, fused.GROUP)
+                            RecurrenceVariant(K, V, options[0], fp32, tiles), fused.RING_SLOTS, fused.GROUP, split)
 
     def consumer_tiles(K, V, fp32, stages):
         yield TileConfig(fused.BV, stages, "wgmma")
@@ -98,6 +99,10 @@ def fused_variants():
             if b_dt == dt and beta == "sigmoid" and not (g_dt == dt and gate == "sigmoid" and l2):
                 for tiles in consumer_tiles(K, 128, fp32, 3):
                     yield variant(K, 128, fp32, tiles, options)
+    default = next(o for o in input_option_space()  # Kimi's: bf16 inputs, sigmoid gates and betas, l2norm
+                   if o[0] == BF16 and o[1:3] == (BF16, BF16) and o[3:] == ("sigmoid", "sigmoid", True))
+    for K, V, fp32, stages in itertools.product((64, 128), (64, 128, 256), (False, True), (2, 3)):
+        yield variant(K, V, fp32, TileConfig(fused.BV, stages, "wgmma"), default, split=True)
 
 
 registry.register("kda_prepare", prepare_variants)

@@ -89,7 +89,7 @@ def forward_split(p, a, n):
     xp = _xp(p)
     ps, b = _flatten(p, a, n)
     if p.backend in ("cuda", "emulate"):
-        run = KernelRun(ps, b, segments=n)
+        run = KernelRun(ps, b, segments=n, fused_last=fused_last(p, n))
         M, Bm = run.maps()
         starts = run.scan(M, Bm, a["initial_state"], p.state_in_dtype, n)
         out = a["out"]
@@ -129,7 +129,7 @@ class KernelRun:
     the batch is that many segments a sequence of the split forward, whose
     scan reads only the maps it needs; None (``state_maps``): every map."""
 
-    def __init__(self, p, a, segments=None):
+    def __init__(self, p, a, segments=None, fused_last=None):
         from ...jit.loaders import loader
         from ..forward import kernels
         from ..forward.tuning import CORE_FAMILIES
@@ -154,11 +154,34 @@ class KernelRun:
             self.tiles = {"maps": self.tiles["B"], "forward": self.tiles["forward"]}
         self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) in CORE_FAMILIES
                            for n, (q, no_output, _) in self.launches.items())
+        self.fused = None
+        if fused_last is not None and self.ws_core:
+            from ..forward import fused
+
+            q, tiles = self.launches["forward"][0], self.tiles["forward"]
+            if fused.split_supported(q, tiles):  # (else the plain launch, as the serial forward's "on" does)
+                self.fused = (kernels.fused_variant(q, fused.tiles_of(tiles, q), split=True), fused_last)
         # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
         # allocation), a strided cu_seqlens copied to its end; the emulation takes a fresh one
-        self.ws, self.a = kernels.workspace(p, a, self.nslots, self.xp)
+        if self.fused is None:
+            self.ws, self.a = kernels.workspace(p, a, self.nslots, self.xp)
+        else:
+            from ..forward import fused
+
+            self.ws, self.ring, self.flags, self.a = fused.split_scratch(p, a, self.xp, self.nslots,
+                                                                         self.fused[0].ring, segments)
         if self.nslots:
-            kernels.launch_prepare(self.run, p, self.a, self.ws, self.nslots, self.per_seq, self.ws_core)
+            skip = {} if self.fused is None else dict(skip_last_of=segments, slot_end=self._last_first_slot())
+            kernels.launch_prepare(self.run, p, self.a, self.ws, self.nslots, self.per_seq, self.ws_core, **skip)
+
+    def _last_first_slot(self):
+        """With one sequence of fixed length, the first slot of its last segment (first_slot: n + bos / 16 of
+        segment n; every slot from it on the last segment's, so no prepare CTA starts there), else None."""
+        n = self.segments
+        if self.p.N != n:
+            return None
+        c = -(-self.p.T // CHUNK)
+        return n - 1 + (n - 1) * c // n
 
     def _recurrence(self, name, a, o, s_out, maps=None):
         from ..forward.kernels import launch_recurrence
@@ -213,15 +236,40 @@ class KernelRun:
 
     def forward(self, starts, o=None):
         """The ordinary forward of the segments from ``starts`` (fp32, the call's
-        layout), into ``o`` when given."""
+        layout), into ``o`` when given: the fused launch with ``fused_last``."""
         p, a, xp = self.p, self.a, self.xp
         if o is None:
             o = empty(xp, a["v"].shape, p.dtype)
         s_out = None
         if p.state_out_dtype is not None:
             s_out = empty(xp, starts.shape, p.state_out_dtype)
-        self._recurrence("forward", dict(a, initial_state=starts), o, s_out)
+        if self.fused is None:
+            self._recurrence("forward", dict(a, initial_state=starts), o, s_out)
+            return o, s_out
+        from ..forward import fused
+
+        var, groups = self.fused
+        q = self.launches["forward"][0]
+        fused.launch_fused(self.run, q, dict(a, initial_state=starts), self.ring, self.flags, o, s_out, self.nslots,
+                           self.per_seq, var, fused.split_producers(self.run, q, var, self.segments), ws=self.ws,
+                           seg_n=self.segments, groups=groups)
         return o, s_out
+
+
+def fused_last(p, n):
+    """For kda_forward's split of the validated call ``p`` in ``n`` segments: a last segment's items when the
+    final launch may make the last segments itself (ops/forward/fused.py), else None. As KDACUPY_FORWARD_FUSED
+    says: on, for fixed-length calls (the emulation too); auto, on the GPU where ``fused.split_pays``; off,
+    never. KernelRun takes it where the split's tiles serve it (its forward on the wgmma recurrence)."""
+    from ... import env
+    from ..forward import fused, tuning
+
+    mode = env.get("KDACUPY_FORWARD_FUSED")
+    if mode == "off" or p.varlen or p.backend not in ("cuda", "emulate"):
+        return None
+    if mode == "auto" and not (p.device and fused.split_pays(p, n, tuning.device_facts()[2], tuning.current_arch())):
+        return None
+    return fused.split_groups(p.T, n, fused.GROUP)
 
 
 #: the scan kernel's tiling: SC value columns per CTA, CPT of them per thread, RG row groups (SC / CPT * RG
