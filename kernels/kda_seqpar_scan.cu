@@ -9,8 +9,9 @@
 // the state evolve independently, so the slice stays in shared memory for the
 // whole chain and only M and B stream in. Each thread owns a register tile of
 // CPT columns and K/RG rows: per key, K/RG words of M and CPT of the slice feed
-// (K/RG) CPT FMAs, each load one wavefront for the warp (broadcasts, no bank
-// conflicts); every product is a chain of fp32 FMAs in key order, B first: the
+// (K/RG) CPT FMAs, read as 16-byte loads (K <= 128: a row's M four keys at a time,
+// the slice's CPT columns at once), broadcasts with no bank conflicts; every
+// product is a chain of fp32 FMAs in key order, B first: the
 // key blocks of TI staged in ascending order into the same accumulators, no
 // partial sums (the rounding points, bit for bit: kdacupy/numerics/scan_model.py).
 // The starts are written in the call's state layout, ready for the forward; the
@@ -52,6 +53,7 @@ static_assert(TI % 4 == 0 && (TI == 16 || TI == 8), "16-byte copies; MS's banks"
 constexpr int NBLK = K / TI;          // staged blocks of M per step
 static_assert(V % SC == 0 && SC % CPT == 0 && K % RG == 0 && K % TI == 0 && NT <= 1024, "scan tiling");
 static_assert((SC & (SC - 1)) == 0 && SC <= 32 && NT % 32 == 0 && 32 % CG == 0, "the slice's swizzle");
+static_assert(SC == 16 && CPT == 4 && TI >= 8, "the FMA loop's 16-byte loads: a thread's columns one aligned group");
 
 // (dk, dv: the true extents, the tiles without ANY)
 __device__ __forceinline__ i64 state_at(int layout_vk, i64 nh, int k, int v, int dk, int dv) {
@@ -157,16 +159,45 @@ extern "C" __global__ void __launch_bounds__(NT, 4) kda_seqpar_scan(
         cp_async_wait<1>();  // this thread's copies of this block have landed
       }
       __syncthreads();  // everyone's
+      if constexpr (ROWS <= 4) {
+        // 16-byte loads: a row's four M words (keys ii .. ii + 3) and a key's four slice columns, which the
+        // swizzle keeps in one aligned group (slice_at: column j0 + q of key k = i0 + ii at word
+        // (j0 ^ (x & 12)) + (q ^ (x & 3)), x = (k >> 1) & 15 = (i0 >> 1) | (ii >> 1), two disjoint bit sets: i0
+        // is a multiple of TI >= 8, ii < TI); the block unrolled whole, so each key's group is one of two row
+        // pointers (i0's bits in both, ii's bit 4 choosing) and its permutation (ii's x & 3) the registers'
+        // naming. K = 256 (eight rows a thread) keeps word loads: its registers spilled with these on sm_80.
+        const int col = j0 ^ ((i0 >> 1) & 12);
+        const float* rows[2] = {S + i0 * SC + col, S + i0 * SC + (col ^ 4)};
+#pragma unroll
+        for (int i4 = 0; i4 < TI; i4 += 4) {
+          float4 m4[ROWS];
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) m4[r] = *reinterpret_cast<const float4*>(Mb + (rg + RG * r) * MS + i4);
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const int ii = i4 + w, x = ii >> 1;  // the key's swizzle bits from ii
+            const float4 g4 = *reinterpret_cast<const float4*>(rows[(x >> 2) & 1] + ii * SC);
+            const float gv[4] = {g4.x, g4.y, g4.z, g4.w};
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+              const float m = w == 0 ? m4[r].x : w == 1 ? m4[r].y : w == 2 ? m4[r].z : m4[r].w;
+#pragma unroll
+              for (int q = 0; q < CPT; ++q) acc[r][q] = fmaf(m, gv[q ^ (x & 3)], acc[r][q]);
+            }
+          }
+        }
+      } else {
 #pragma unroll 4
-      for (int ii = 0; ii < TI; ++ii) {
-        float sv[CPT];
+        for (int ii = 0; ii < TI; ++ii) {
+          float sv[CPT];
 #pragma unroll
-        for (int q = 0; q < CPT; ++q) sv[q] = S[slice_at(i0 + ii, j0 + q)];
+          for (int q = 0; q < CPT; ++q) sv[q] = S[slice_at(i0 + ii, j0 + q)];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          const float m = Mb[(rg + RG * r) * MS + ii];
+          for (int r = 0; r < ROWS; ++r) {
+            const float m = Mb[(rg + RG * r) * MS + ii];
 #pragma unroll
-          for (int q = 0; q < CPT; ++q) acc[r][q] = fmaf(m, sv[q], acc[r][q]);
+            for (int q = 0; q < CPT; ++q) acc[r][q] = fmaf(m, sv[q], acc[r][q]);
+          }
         }
       }
     }
