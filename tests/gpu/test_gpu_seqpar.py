@@ -99,3 +99,38 @@ def test_auto_choice_on_this_device():
     x, opts = make_inputs(T=16, H=1, K=64, V=64)
     n, why = seqpar.explain(**to_dev(x), **to_dev(opts))
     assert n == 1 and why.startswith("off")  # 16 tokens never pay
+
+
+@pytest.mark.parametrize("producers", [None, 1])
+def test_the_split_makes_its_last_segments_in_the_final_launch(producers, monkeypatch):
+    """sm_90a: the split's final launch as the fused forward's split build (its last segments made by
+    producers beside the chains, through the ring; a cooperative launch) is the plain split bit for bit, with
+    every block the device holds beside the chains producing and with one producer; two sequences of ragged
+    length, so two streams a head and the prepare's grid whole."""
+    import kdacupy.ops.forward.fused as fused
+    import kdacupy.ops.forward.kernels as kernels
+    from kdacupy.jit import targets
+    from kdacupy.ops.forward.tuning import TileConfig
+
+    if targets.runtime_arch(targets.device_cc()) != "sm_90a":
+        pytest.skip("the split's fused final launch is sm_90a's (the wgmma chain)")
+    x, opts = make_inputs(B=2, T=1500, H=2, HV=4, K=128, V=128, state=np.float32)
+    monkeypatch.setattr(kernels, "select_tiles", lambda p, **kw: TileConfig(64, 3, "wgmma"))
+    d = dict(to_dev(x), **to_dev(opts))
+
+    def run():
+        o, s = kdacupy.kda_forward(**d, output_final_state=True, sequence_parallel=4)
+        return host(o), host(s)
+
+    monkeypatch.setenv("KDACUPY_FORWARD_FUSED", "off")
+    plain = run()
+    launched = []
+    real = fused.launch_fused
+    monkeypatch.setattr(fused, "launch_fused", lambda *a, **kw: launched.append(kw.get("seg_n")) or real(*a, **kw))
+    if producers is not None:
+        monkeypatch.setattr(fused, "split_producers", lambda *a: producers)
+    monkeypatch.setenv("KDACUPY_FORWARD_FUSED", "on")
+    got = run()
+    assert launched == [4]
+    np.testing.assert_array_equal(got[0].view(np.uint16), plain[0].view(np.uint16))
+    np.testing.assert_array_equal(got[1].view(np.uint32), plain[1].view(np.uint32))
