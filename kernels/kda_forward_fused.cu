@@ -25,9 +25,18 @@
 // stream-group order (item i: group i / S of stream i % S, at most ``groups`` a stream). The same protocol,
 // each stream's counts from its first slot; the prepare launch skips the last segments (skip_last_of).
 //
+// KDA_FUSED_MAPS = 1 (wgmma, KDA_NO_OUTPUT = 1): the split's maps with the prepare of what they read, so no
+// prepare launch at all. Blocks [0, HV items) run the maps' work list (kda_recurrence.cu's map_work_item, the
+// merged [K, K + V] fp32 state, value rows below K the M part's with v = 0), each chunk's block bulk-copied
+// from the workspace ``ws`` once its ready flag is set; the producers write every segment's but the last into
+// that workspace (the final launch reads them too), each slot once, and set its flag: flags ready[HV nslots],
+// the item counter, an error word. A producer never waits, so its items' order is free: group-major over the
+// (sequence, segment, head) streams, as the chains walk every segment at once.
+//
 // Rendered configuration: kda_prepare's (KDA_WS_CORE = 1) and kda_recurrence's (KDA_MMA = KDA_MMA_WGMMA with
 // KDA_BV = 64: a warpgroup, the prepare's 128 threads; or KDA_MMA_TCGEN05 on sm_100a, KDA_BV = 64 or 128, its
-// 128 threads a tensor-memory lane each), KDA_RING (slots a stream), KDA_GROUP (slots an item), KDA_FUSED_SPLIT.
+// 128 threads a tensor-memory lane each), KDA_RING (slots a stream), KDA_GROUP (slots an item), KDA_FUSED_SPLIT,
+// KDA_FUSED_MAPS.
 // Flags (u32, zeroed before the launch): ready[S R], consumed[S R] (S streams: HV, or the split's last segments'
 // heads), the item counter, an error word (nonzero: a consumer found its slot refilled before it released it, a
 // broken protocol; the output is then wrong).
@@ -52,17 +61,22 @@ namespace fused_recurrence {
 #ifndef KDA_FUSED_SPLIT
 #define KDA_FUSED_SPLIT 0
 #endif
+#ifndef KDA_FUSED_MAPS
+#define KDA_FUSED_MAPS 0
+#endif
 
 namespace {
 using namespace kda;
 
 constexpr int R = KDA_RING;
 static_assert(!KDA_FUSED_SPLIT || KDA_MMA == KDA_MMA_WGMMA, "the split's final launch: the wgmma chain");
+static_assert(!KDA_FUSED_MAPS || (KDA_MMA == KDA_MMA_WGMMA && !KDA_FUSED_SPLIT), "the split's maps: the wgmma chain");
 constexpr int GROUP = KDA_GROUP;
 constexpr int VB = KDA_V / KDA_BV;  // consumers a value head
 static_assert(KDA_WS_CORE && ((KDA_MMA == KDA_MMA_WGMMA && KDA_BV == 64) || KDA_MMA == KDA_MMA_TCGEN05),
               "the wgmma chain of one warpgroup, or the tcgen05 chain of 128 threads");
-static_assert(!KDA_ANY_DIMS && !KDA_NO_OUTPUT && !KDA_STORE_STATES && !KDA_CHECKPOINTS, "the plain forward");
+static_assert(!KDA_ANY_DIMS && KDA_NO_OUTPUT == KDA_FUSED_MAPS && !KDA_STORE_STATES && !KDA_CHECKPOINTS,
+              "the plain forward, or the split's maps without the output");
 #if KDA_TCGEN05_PATH
 static_assert(2 * fused_recurrence::TC_COLS <= 512, "two consumers' tensor memory on an SM (fused.py: tcgen05_columns)");
 #endif
@@ -74,28 +88,33 @@ static_assert(R >= KDA_STAGES, "a consumer releases a slot after acquiring STAGE
 struct RingBlocks {
   unsigned char* ring;
   u32* flags;  // ready[S R], consumed[S R], counter, error
-  int S, stream0;
+  int S;
+#if KDA_FUSED_SPLIT
+  int stream0;
   i64 base;
-  __device__ __forceinline__ int at(int hv, i64 slot) const {
-    return (stream0 + hv) * R + static_cast<int>((slot - base) % R);
-  }
+  // the stream's chunk in ``slot`` and its place in the ring
+  __device__ __forceinline__ int chunk(i64 slot) const { return static_cast<int>(slot - base); }
+  __device__ __forceinline__ int at(int hv, i64 slot) const { return (stream0 + hv) * R + chunk(slot) % R; }
+#else  // (the serial build's arithmetic as it was: ptxas spilled the fp32 state's builds with the split's)
+  __device__ __forceinline__ int chunk(i64 slot) const { return static_cast<int>(slot); }
+  __device__ __forceinline__ int at(int hv, i64 slot) const { return hv * R + static_cast<int>(slot % R); }
+#endif
   __device__ __forceinline__ unsigned char* block(int hv, i64 slot) const {
     return ring + static_cast<i64>(at(hv, slot)) * WS_STRIDE;
   }
   // producer (every thread): wait until the slot's last chunk is released by every consumer of the head
   __device__ __forceinline__ void claim(int hv, int slot, int tid) const {
-    if (tid == 0) ring_wait_free(flags + S * R + at(hv, slot), static_cast<int>(slot - base), R, VB);
+    if (tid == 0) ring_wait_free(flags + S * R + at(hv, slot), chunk(slot), R, VB);
     __syncthreads();
   }
   // producer (every thread): every store of the slot's block, then its flag
   __device__ __forceinline__ void publish(int hv, int slot, int tid) const {
     __syncthreads();
-    if (tid == 0) ring_publish(flags + at(hv, slot), static_cast<int>(slot - base));
+    if (tid == 0) ring_publish(flags + at(hv, slot), chunk(slot));
   }
   // consumer, the lane that issues the slot's copy: the block published, then visible to the bulk copy
   __device__ __forceinline__ void acquire(int hv, i64 slot) const {
-    if (!ring_wait_ready(flags + at(hv, slot), static_cast<int>(slot - base)))
-      red_release_gpu_add(flags + 2 * S * R + 1, 1u);
+    if (!ring_wait_ready(flags + at(hv, slot), chunk(slot))) red_release_gpu_add(flags + 2 * S * R + 1, 1u);
     fence_proxy_async_global();
   }
   // consumer, thread 0, once the slot's copy landed
@@ -218,15 +237,81 @@ __device__ __forceinline__ void produce_segments(const fused_prepare::PrepareIn&
 }
 #endif
 
+#if KDA_FUSED_MAPS
+// The split's maps with the prepare of the segments they read (seg_n > 0; kdacupy/ops/seqpar/split.py): the
+// consumers run the maps' work list (kda_recurrence.cu's map_work_item, value rows below K the M part's,
+// v = 0) of every value head, each chunk's block read from the workspace once its producer published it there;
+// the producers make every segment's but the last (the final launch makes those), each slot once, into the
+// workspace the final launch reads too. Flags: ready[HV nslots] (1: the slot's block is written), the item
+// counter. A producer never waits, so any order of its items is deadlock-free; slot-group order keeps them
+// just ahead of the chains, which walk all segments at once.
+struct FlaggedWorkspace {
+  unsigned char* ws;
+  u32* flags;
+  int nslots;
+  __device__ __forceinline__ unsigned char* block(int hv, i64 slot) const {
+    return ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+  }
+  __device__ __forceinline__ void claim(int, int, int) const {}  // (written once)
+  __device__ __forceinline__ void publish(int hv, int slot, int tid) const {
+    __syncthreads();
+    if (tid == 0) st_release_gpu(flags + static_cast<i64>(hv) * nslots + slot, 1u);
+  }
+  __device__ __forceinline__ void acquire(int hv, i64 slot) const {
+    wait_acquire_gpu_geq(flags + static_cast<i64>(hv) * nslots + slot, 1u);
+    fence_proxy_async_global();
+  }
+  __device__ __forceinline__ void release(int, i64) const {}
+};
+
+// Consumer b: work item b % items of value head b / items (the plain maps' grid is (items, HV)).
+__device__ __forceinline__ void consume_map(fused_recurrence::RecurrenceIn in, const FlaggedWorkspace& blocks,
+                                            int seg_n, int v_from, int items, int b) {
+  int n, v0;
+  const int hv = b / items;
+  fused_recurrence::map_work_item(b % items, seg_n, v_from / KDA_BV, VB, n, v0);
+  if (v_from > 0)
+    in.v = v0 < v_from ? nullptr : static_cast<const unsigned char*>(in.v) - static_cast<i64>(v_from) * fused_recurrence::ES;
+  fused_recurrence::init_stage_barriers(dynamic_smem(), threadIdx.x);
+  fused_recurrence::recurrence_sequence(in, n, v0, hv, 0, blocks);
+}
+
+// A producer: items of GROUP chunks of one (sequence, segment but the last, value head) stream, group-major.
+__device__ __forceinline__ void produce_maps(const fused_prepare::PrepareIn& in, const FlaggedWorkspace& blocks,
+                                             u32* counter, int seg_n, int groups) {
+  __shared__ u32 item;
+  const int S = in.nseq / seg_n * (seg_n - 1) * in.HV;
+  const u32 items = static_cast<u32>(groups) * static_cast<u32>(S);
+#pragma unroll 1
+  for (;;) {
+    if (threadIdx.x == 0) item = atomicAdd(counter, 1u);
+    __syncthreads();
+    const u32 it = item;
+    __syncthreads();  // every thread has it before thread 0 takes the next
+    if (it >= items) break;
+    const int stream = static_cast<int>(it % S), hv = stream % in.HV, qs = stream / in.HV;
+    const int n = qs / (seg_n - 1) * seg_n + qs % (seg_n - 1);
+    const Seq seq = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T);
+    const int base = static_cast<int>(first_slot(in.cu_seqlens, n, seq.bos, in.chunks_per_seq));
+    const int first = static_cast<int>(it / S) * GROUP, nchunks = (seq.len + CHUNK - 1) / CHUNK;
+    if (first >= nchunks) continue;
+    fused_prepare::prepare_slots(in, hv, base + first, base + (first + GROUP < nchunks ? first + GROUP : nchunks),
+                                 blocks);
+  }
+}
+#endif
+
 }  // namespace
 
-// Three blocks an SM: the wgmma chain and the prepare fit 168 registers (K = 128: 164); fp32 inputs with
-// the fp32 state spilled 4 bytes there at V = 64, so two (their shared memory allows three at most anyway).
-// tcgen05: two, as the launch's shared memory allows (kdacupy/ops/forward/fused.py: two consumers' tensor
-// memory must fit an SM's 512 columns, or a third's tcgen05.alloc would wait for a consumer that waits for
-// producers that wait for it). The split's with the fp32 state at K = 128: two (it spilled 8-56 bytes at 168).
-#define KDA_FUSED_MIN_BLOCKS                                                                          \
-  (KDA_TCGEN05_PATH || (KDA_STATE_FP32 && KDA_K > 64 && (KDA_DT == KDA_F32 || KDA_FUSED_SPLIT)) ? 2 : 3)
+// Three blocks an SM: the wgmma chain and the prepare fit 168 registers (K = 128: 164); fp32 inputs at K = 128
+// spilled 4 bytes there (either state), so two (their shared memory allows three at most anyway). tcgen05: two,
+// as the launch's shared memory allows (kdacupy/ops/forward/fused.py: two consumers' tensor memory must fit an
+// SM's 512 columns, or a third's tcgen05.alloc would wait for a consumer that waits for producers that wait for
+// it). The split's builds with the fp32 state at K = 128 (the maps' always): two (they spilled 8-72 bytes at 168).
+#define KDA_FUSED_MIN_BLOCKS                                                                                  \
+  (KDA_TCGEN05_PATH || (KDA_K > 64 && (KDA_DT == KDA_F32 || (KDA_STATE_FP32 && (KDA_FUSED_SPLIT || KDA_FUSED_MAPS)))) \
+       ? 2                                                                                                    \
+       : 3)
 extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forward_fused(
     const void* q, const void* k, const void* g, const void* beta, const void* v, void* o,
     i64 q_sb, i64 q_st, i64 q_sh, i64 k_sb, i64 k_st, i64 k_sh, i64 g_sb, i64 g_st, i64 g_sh,
@@ -234,11 +319,41 @@ extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forw
     const float* A_log, const float* dt_bias, const void* cu_seqlens, int cu_is_i64,
     int T, int H, int HV, int nseq, int nslots, int chunks_per_seq, float scale, float lb2,
     const void* s_in, int s_in_dtype, void* s_out, int s_out_dtype, int layout_vk,
-    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* ring, u32* flags,
-    const unsigned char* ws, int seg_n, int groups) {
+    const void* pool_idx, int pool_idx_i64, i64 pool_slots, unsigned char* ring, u32* flags
+#if KDA_FUSED_SPLIT || KDA_FUSED_MAPS
+    , const unsigned char* ws, int seg_n, int groups  // the split's builds: the workspace, segments, items a stream
+#endif
+    ) {
+#if KDA_FUSED_MAPS
+  // the split's maps: every value head's work list (the merged state's value rows below K the M part's, v = 0);
+  // the producers every segment's but the last
+  constexpr int v_from = KDA_K;
+  const int items = nseq / seg_n * ((seg_n - 2) * (v_from / KDA_BV) + (seg_n - 1) * (VB - v_from / KDA_BV));
+  const FlaggedWorkspace flagged{const_cast<unsigned char*>(ws), flags, nslots};
+  if (blockIdx.x < static_cast<unsigned>(HV * items)) {
+    const fused_recurrence::RecurrenceIn in{v,       v_sb,         v_st,       v_sh,       o,        o_sb,
+                                            o_st,    o_sh,         s_in,       s_in_dtype, s_out,    s_out_dtype,
+                                            layout_vk, cu_seqlens, cu_is_i64,  T,          HV,       nslots,
+                                            chunks_per_seq, pool_idx, pool_idx_i64, pool_slots, nullptr, nullptr,
+                                            0,       nullptr,      0,          0,          0,        1,
+                                            KDA_K,   KDA_V};
+    consume_map(in, flagged, seg_n, v_from, items, blockIdx.x);
+  } else {
+    const fused_prepare::PrepareIn in{q,    k,    g,    beta, q_sb,  q_st,    q_sh, k_sb,
+                                      k_st, k_sh, g_sb, g_st, g_sh,  b_sb,    b_st,      b_sh,
+                                      A_log, dt_bias, cu_seqlens, cu_is_i64, T, H, HV, nseq, chunks_per_seq, scale, lb2,
+                                      KDA_K, 0};
+    produce_maps(in, flagged, flags + static_cast<i64>(HV) * nslots, seg_n, groups);
+  }
+  (void)ring;
+#else
   // the consumers: every (value head, value rows) through every sequence; the split's, every (segment, head, rows)
   const int consumers = KDA_FUSED_SPLIT ? HV * VB * nseq : HV * VB;
-  const RingBlocks blocks{ring, flags, KDA_FUSED_SPLIT ? nseq / seg_n * HV : HV, 0, 0};
+#if KDA_FUSED_SPLIT
+  const RingBlocks blocks{ring, flags, nseq / seg_n * HV, 0, 0};
+#else
+  const RingBlocks blocks{ring, flags, HV};
+#endif
   if (blockIdx.x < static_cast<unsigned>(consumers)) {
     const fused_recurrence::RecurrenceIn in{v,       v_sb,         v_st,       v_sh,       o,        o_sb,
                                             o_st,    o_sh,         s_in,       s_in_dtype, s_out,    s_out_dtype,
@@ -250,7 +365,6 @@ extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forw
 #if KDA_FUSED_SPLIT
     consume_segment(in, blocks, ws, seg_n, b / (VB * HV), b / VB % HV, v0);
 #else
-    (void)ws, (void)seg_n, (void)groups;
     consume(in, blocks, nseq, b / VB, v0);
 #endif
   } else {
@@ -264,4 +378,5 @@ extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forw
     produce(in, blocks, nslots);
 #endif
   }
+#endif
 }

@@ -662,7 +662,6 @@ __device__ __forceinline__ void recurrence_sequence(const RecurrenceIn& in, int 
 }
 #endif
 
-#ifndef KDA_RECURRENCE_BODY_ONLY  // (the fused forward includes the body alone)
 constexpr bool MAP_WORK_LIST = !OUTPUT && !KDA_STORE_STATES && K <= 128;  // (kdacupy/ops/seqpar/split.py: work_list)
 // The maps' work list (seg_n > 0: kdacupy/ops/seqpar/split.py): per sequence of seg_n segments, the M
 // map's value tiles [0, mtiles) of segments [1, seg_n - 1), then the B map's tiles [mtiles, VB) of
@@ -680,6 +679,7 @@ __device__ __forceinline__ void map_work_item(int i, int seg_n, int mtiles, int 
   n = q * seg_n + seg, v0 = tile * BV;
 }
 
+#ifndef KDA_RECURRENCE_BODY_ONLY  // (the fused forward includes the body alone)
 // A minimum-blocks figure that allows 256 registers per thread makes ptxas use what it needs; left
 // to itself it settles short and spills a few bytes: at 128 with the fp32 state (twice the
 // registers), at 80 for the state store on sm_100a and, since the whole-sector state I/O, for the

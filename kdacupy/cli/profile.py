@@ -164,13 +164,17 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
         recs = [scaled(r, factor) for r in split_forward_records(arrays, opts, n, sms, arch, fuse_last)]
         info = dict(heads_emulated=hv, scale=factor, segments=n,
                     tiles=dict(BV=tiles.BV, stages=tiles.stages, mma=tiles.mma))
-        for rec in recs:
-            if rec["kernel"] == FUSED_KERNEL:  # its consumers' chains: the plain split's final launch's
-                plain = split_forward_records(arrays, opts, n, sms, arch, False)
-                rec["consumer"] = scaled([r for r in plain if r["kernel"] == "kda_recurrence"][-1], factor)
+        fused_recs = [r for r in recs if r["kernel"] == FUSED_KERNEL]  # [the maps' (where fused), the final]
+        if fused_recs:  # their consumers' chains: the plain split's launches (one segment a chain)
+            plain = [r for r in split_forward_records(arrays, opts, n, sms, arch, False) if r["kernel"] == "kda_recurrence"]
+            chains = [shape.B * ((n - 2) * full.K // one_launch.BV + (n - 1) * full.V // one_launch.BV) * full.HV,
+                      shape.B * n * one_launch.consumers(full)]
+            for rec, chain, count in zip(fused_recs, plain[-len(fused_recs):], chains[-len(fused_recs):]):
+                rec["consumer"] = scaled(chain, factor)
                 rec["chain_chunks"] = -(-chunks_of(shape) // n)  # a consumer's: one segment
-                rec["consumers"] = shape.B * n * one_launch.consumers(full)
-                info["fused_last"] = True
+                rec["consumers"] = count
+            info["fused_last"] = True
+            info["fused_maps"] = len(fused_recs) == 2
         return recs, info
     p, a = validated(arrays, opts, "emulate")
     with counting() as recs:
@@ -184,12 +188,12 @@ def split_forward_records(arrays, opts, n: int, sms: int, arch: str | None, fuse
     segments made in the final launch (``fuse_last``, ops/forward/fused.py: where it serves the call) or by the
     prepare: the GPU's choices, made here in the emulation."""
     from ..api import kda_forward
-    from ..ops.forward import fused, tuning
+    from ..ops.forward import tuning
     from ..ops.seqpar import split
 
     select, choose = tuning.select_tiles, split.fused_last
     tuning.select_tiles = lambda p, **kw: tuning.heuristic(p, sms, arch)
-    split.fused_last = lambda p, n: fused.split_groups(p.T, n, fused.GROUP) if fuse_last and not p.varlen else None
+    split.fused_last = lambda p, n: p.T if fuse_last and not p.varlen else None
     try:
         with counting() as recs:
             kda_forward(**{**arrays, **opts}, sequence_parallel=n, backend="emulate")

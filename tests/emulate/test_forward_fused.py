@@ -123,13 +123,16 @@ def test_the_fused_prepare_build_on_the_pair_form_and_its_gate_rows(precision):
 
 # ---- the split forward's last segments in the final launch (kdacupy/ops/seqpar/split.py) ----------------------
 
-#: name: (batch, tokens, segments, stages, ring slots, slots an item, producers, check mode)
+#: name: (batch, tokens, value dim, segments, stages, ring slots, slots an item, producers, check mode)
 SPLIT_CASES = {
-    # two sequences (the prepare's grid whole, their last segments between the others), ragged tails, a shallow
-    # ring refilled many times, items longer than a segment's remainder, under racecheck
-    "two-sequences-racecheck": (2, 150, 3, 2, 3, 3, 2, "all"),
-    # one sequence (the prepare's grid trimmed at the last segment), three stages
-    "one-sequence": (1, 120, 2, 3, 4, 2, 1, None),
+    # two sequences (their last segments between the others), ragged tails, a shallow ring refilled many times,
+    # items longer than a segment's remainder; V = K: the maps run merged on one warpgroup, so the maps' launch
+    # makes the other segments (no prepare launch); under racecheck
+    "two-sequences-maps-racecheck": (2, 150, 64, 3, 2, 3, 3, 2, "all"),
+    # V = 2 K: separate M and B maps, so a prepare launch makes the other segments (its grid whole)
+    "two-sequences-prepare": (2, 150, 128, 3, 3, 3, 3, 2, None),
+    # one sequence: the prepare's grid trimmed at the last segment
+    "one-sequence": (1, 120, 128, 2, 3, 4, 2, 1, None),
 }
 
 
@@ -151,18 +154,20 @@ def split_expected_flags(B, T, n, R, G, producers, HV, ncons):
     return np.array(ready * B * HV + consumed * B * HV + [items + producers, 0], np.uint32)
 
 
-# the default run: two sequences under racecheck (its waits and barriers are the mutants' to find); one sequence is
-# a sweep (cover=False: the axis is the cases)
-@pytest.mark.parametrize("name", sample(list(SPLIT_CASES), lambda n: n == "two-sequences-racecheck", cover=False))
+# the default run: two sequences both ways (the maps' launch making the other segments under racecheck, whose
+# waits and barriers are the mutants' to find; the prepare launch skipping the last ones); one sequence is a
+# sweep (cover=False: the axis is the cases)
+@pytest.mark.parametrize("name", sample(list(SPLIT_CASES), lambda n: n.startswith("two-"), cover=False))
 def test_the_split_makes_its_last_segments_in_the_final_launch(monkeypatch, name):
-    """The split forward with its final launch fused: the segments but the last read the prepare launch's
-    workspace, the last ones a ring the producers fill. Bit for bit the split's two launches (whose suites
-    hold them to the precision model); the prepare leaves the last segments' slots unwritten; the ring's
-    flags end where the protocol says."""
+    """The split forward with its final launch fused: the segments but the last read the workspace, the last
+    ones a ring the producers fill; the workspace written by the maps' launch's producers where the maps run
+    merged (no prepare launch), else by a prepare launch that skips the last segments. Bit for bit the split's
+    plain launches (whose suites hold them to the precision model); the last segments' slots unwritten; the
+    ring's and the maps' flags end where their protocols say."""
     from kdacupy.ops.seqpar import split
 
-    B, T, n, stages, R, G, producers, check = SPLIT_CASES[name]
-    x, opts = make_inputs(B=B, T=T, H=1, HV=2, K=64, V=128, state=np.float32)
+    B, T, V, n, stages, R, G, producers, check = SPLIT_CASES[name]
+    x, opts = make_inputs(B=B, T=T, H=1, HV=2, K=64, V=V, state=np.float32)
     opts["output_final_state"] = True
     plain = split_run(monkeypatch, x, opts, n, stages, False)
     monkeypatch.setattr(fused, "RING_SLOTS", R)
@@ -171,32 +176,43 @@ def test_the_split_makes_its_last_segments_in_the_final_launch(monkeypatch, name
     if check:
         monkeypatch.setenv("KDACUPY_EMULATE_CHECK", check)
     seen = {}
-    split_scratch = fused.split_scratch
+    split_scratch, launch_prepare = fused.split_scratch, kernels.launch_prepare
 
-    def poisoned(p, *args):
-        ws, ring, flags, a = split_scratch(p, *args)
+    def poisoned(p, *args, **kw):
+        ws, ring, flags, map_flags, a = split_scratch(p, *args, **kw)
         ws.fill(0xA5)
-        seen.update(ws=ws, flags=flags, p=p)
-        return ws, ring, flags, a
+        seen.update(ws=ws, flags=flags, map_flags=map_flags, p=p)
+        return ws, ring, flags, map_flags, a
 
     monkeypatch.setattr(fused, "split_scratch", poisoned)
+    monkeypatch.setattr(kernels, "launch_prepare", lambda *a, **kw: seen.update(prepare=True) or launch_prepare(*a, **kw))
     identical(split_run(monkeypatch, x, opts, n, stages, True), plain)
-    p = seen["p"]
+    p, maps = seen["p"], V == 64
+    assert seen.get("prepare", False) != maps and (seen["map_flags"] is not None) == maps
     np.testing.assert_array_equal(seen["flags"], split_expected_flags(B, T, n, R, G, producers, p.HV, p.V // 64))
-    # the workspace: a block per slot and head; the last segments' slots untouched, every other written
+    # the workspace: a block per slot and head; the last segments' slots untouched, every other written (and with
+    # the maps' launch, flagged: 1 a slot it wrote, 0 elsewhere; its counter at every item and producer)
     cu = split.segment_cu_seqlens(np.arange(B + 1) * T, n)
-    blocks = seen["ws"].reshape(p.HV, kernels.slots(p)[0], -1)
+    nslots = kernels.slots(p)[0]
+    blocks = seen["ws"].reshape(p.HV, nslots, -1)
+    written = np.zeros(nslots, bool)
     for s in range(B * n):
         first = s + cu[s] // CHUNK
         chunks = range(first, first + -(-int(cu[s + 1] - cu[s]) // CHUNK))
         untouched = [bool((blocks[:, c] == 0xA5).all()) for c in chunks]
         assert untouched == [s % n == n - 1] * len(chunks), f"segment {s}"
+        written[list(chunks)] = s % n != n - 1
+    if maps:
+        items = fused.split_map_groups(T, n, G) * B * (n - 1) * p.HV
+        want = np.concatenate([np.tile(written.astype(np.uint32), p.HV), [items + producers, 0]])
+        np.testing.assert_array_equal(seen["map_flags"], want)
 
 
 def test_the_split_fuses_its_last_segments_where_the_model_says():
     """fused.split_pays (the H200's issue-aware model): the serving shape T = 8192, H = 12 in 4 segments on
     132 SMs (96 chains, 36 SMs free for the last segments' prepare); not where the chains fill the SMs, not
-    off sm_90a, not for varlen calls; and split_groups counts a last segment's items as the boundaries do."""
+    off sm_90a, not for varlen calls; split_groups and split_map_groups count a last segment's items and the
+    longest other one's as the boundaries do."""
     from kdacupy.cli.shapes import Shape
     from kdacupy.cli.profile import shape_problem
     from kdacupy.ops.seqpar import split
@@ -207,6 +223,7 @@ def test_the_split_fuses_its_last_segments_where_the_model_says():
     assert not fused.split_pays(few, 6, 132, "sm_90a")  # 144 chains on 132 SMs
     assert not fused.split_pays(shape_problem(Shape("h64", 8192, 64)), 2, 132, "sm_90a")
     assert not fused.split_pays(shape_problem(Shape("v", 8192, 12, lens=(4096, 4096))), 4, 132, "sm_90a")
-    for T, n, G in [(8192, 4, 4), (150, 3, 3), (17, 2, 4), (1000, 7, 2)]:
+    for T, n, G in [(8192, 4, 4), (150, 3, 3), (17, 2, 4), (1000, 7, 2), (70, 3, 1)]:
         cu = split.segment_cu_seqlens(np.array([0, T]), n)
-        assert fused.split_groups(T, n, G) == -(-(-(-int(cu[n] - cu[n - 1]) // CHUNK)) // G)
+        groups = [-(-(-(-int(cu[s + 1] - cu[s]) // CHUNK)) // G) for s in range(n)]
+        assert fused.split_groups(T, n, G) == groups[-1] and fused.split_map_groups(T, n, G) == max(groups[:-1])

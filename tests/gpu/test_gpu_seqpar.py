@@ -103,10 +103,10 @@ def test_auto_choice_on_this_device():
 
 @pytest.mark.parametrize("producers", [None, 1])
 def test_the_split_makes_its_last_segments_in_the_final_launch(producers, monkeypatch):
-    """sm_90a: the split's final launch as the fused forward's split build (its last segments made by
-    producers beside the chains, through the ring; a cooperative launch) is the plain split bit for bit, with
-    every block the device holds beside the chains producing and with one producer; two sequences of ragged
-    length, so two streams a head and the prepare's grid whole."""
+    """sm_90a: the split with its maps' launch and its final launch as the fused forward's builds (the maps'
+    producers writing the workspace of every segment but the last, the final launch's making the last segments
+    through the ring; cooperative launches; no prepare launch) is the plain split bit for bit, with every block
+    the device holds beside the chains producing and with one producer; two sequences, so two streams a head."""
     import kdacupy.ops.forward.fused as fused
     import kdacupy.ops.forward.kernels as kernels
     from kdacupy.jit import targets
@@ -131,6 +131,6 @@ def test_the_split_makes_its_last_segments_in_the_final_launch(producers, monkey
         monkeypatch.setattr(fused, "split_producers", lambda *a: producers)
     monkeypatch.setenv("KDACUPY_FORWARD_FUSED", "on")
     got = run()
-    assert launched == [4]
+    assert launched == [4, 4]  # the maps' launch, then the final one
     np.testing.assert_array_equal(got[0].view(np.uint16), plain[0].view(np.uint16))
     np.testing.assert_array_equal(got[1].view(np.uint32), plain[1].view(np.uint32))

@@ -52,12 +52,13 @@ class FusedVariant:
     ring: int  # slots a head (RING_SLOTS)
     group: int  # slots an item (GROUP)
     split: bool = False  # the split forward's final launch (KDA_FUSED_SPLIT: the last segments from the ring)
+    maps: bool = False  # the split forward's maps with their prepare (KDA_FUSED_MAPS; the recurrence's no_output)
 
     def config(self) -> dict:
         a, b = self.prepare.config(), self.recurrence.config()
         clash = {k for k in a.keys() & b.keys() if a[k] != b[k]}
         assert not clash, f"the prepare and the recurrence disagree on {sorted(clash)}"
-        split = {"KDA_FUSED_SPLIT": 1} if self.split else {}
+        split = {"KDA_FUSED_SPLIT": 1} if self.split else {"KDA_FUSED_MAPS": 1} if self.maps else {}
         return {**a, **b, "KDA_RING": self.ring, "KDA_GROUP": self.group, **split}
 
     @property
@@ -76,7 +77,7 @@ class FusedVariant:
         return (f"kda_forward_fused {self.prepare.label().removeprefix('kda_prepare ')} "
                 f"V={self.recurrence.V} state={'fp32' if self.recurrence.state_fp32 else 'bf16'} stages={t.stages} "
                 f"ring={self.ring} group={self.group}" + ("" if t.mma == "wgmma" else f" {t.mma} BV={t.BV}")
-                + (" split" if self.split else ""))
+                + (" split" if self.split else "") + (" maps" if self.maps else ""))
 
 
 def g_pairs(state_fp32: bool) -> bool:
@@ -128,12 +129,12 @@ def tiles_of(tiles: TileConfig, p, sm_count: int | None = None) -> TileConfig:
     return TileConfig(BV, tiles.stages if tiles.mma == "wgmma" else 3, "wgmma")
 
 
-def blocks_per_sm(p, mma: str = "wgmma", split: bool = False) -> int:
-    """The kernel's minimum-blocks figure (kernels/kda_forward_fused.cu): what its registers allow an SM
-    (tcgen05: what its shared memory allows, TCGEN05_SMEM_FLOOR; ``split``: the split's build)."""
+def blocks_per_sm(p, mma: str = "wgmma") -> int:
+    """The serial build's minimum-blocks figure (kernels/kda_forward_fused.cu): what its registers allow an SM
+    (tcgen05: what its shared memory allows, TCGEN05_SMEM_FLOOR)."""
     if mma == "tcgen05":
         return 2
-    return 2 if p.state_precision == "fp32" and p.K > 64 and (p.dtype == np.float32 or split) else 3
+    return 2 if p.dtype == np.float32 and p.K > 64 else 3
 
 
 def pays(p, sm_count: int, arch: str | None, checkpoints: bool = False) -> bool:
@@ -174,7 +175,9 @@ def launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var: FusedVa
                  ws=None, seg_n: int = 0, groups: int = 0):
     """One fused launch; ``ring`` and ``flags`` from ``ring_bytes``, flags zeroed on the stream before. The
     split's (``seg_n`` > 0, ``p`` its segment batch): ``ws`` the prepare launch's workspace (every segment but
-    the last), ``groups`` a last segment's items at most (split_groups)."""
+    the last), ``groups`` a last segment's items at most (split_groups); its maps' (``var.maps``, ``p`` the
+    merged maps' problem, ``ring`` None): ``ws`` the workspace they fill, ``flags`` split_scratch's maps' flags,
+    ``groups`` a segment's items at most (split_map_groups)."""
     fn = run.get(var.kernel, var.config(), var.kernel)
     args = [ptr(a["q"]), ptr(a["k"]), ptr(a["g"]), ptr(a["beta"]), ptr(a["v"]), ptr(o),
             *strides(a["q"]), *strides(a["k"]), *strides(a["g"]), *strides(a["beta"]), *strides(a["v"]), *strides(o),
@@ -183,8 +186,11 @@ def launch_fused(run, p, a, ring, flags, o, s_out, nslots, per_seq, var: FusedVa
             np.float32(p.scale), lower_bound_log2(p),
             ptr(a["initial_state"]), np.int32(STATE_DTYPE_CODE[p.state_in_dtype]),
             ptr(s_out), np.int32(STATE_DTYPE_CODE[p.state_out_dtype]), np.int32(p.state_layout == "vk"),
-            *pool_args(a), ptr(ring), ptr(flags), ptr(ws), np.int32(seg_n), np.int32(groups)]
-    chains = consumers(p, var.recurrence.tiles.BV) * (p.N if seg_n else 1)
+            *pool_args(a), ptr(ring), ptr(flags)]
+    if var.split or var.maps:  # (the serial build has no such arguments)
+        args += [ptr(ws), np.int32(seg_n), np.int32(groups)]
+    chains = (map_consumers(p, seg_n) if var.maps else
+              consumers(p, var.recurrence.tiles.BV) * (p.N if seg_n else 1))
     run.launch(fn, (chains + producers, 1), (THREADS,), tuple(args), var.smem, cooperative=True)
 
 
@@ -243,6 +249,21 @@ def split_groups(T: int, seg_n: int, group: int) -> int:
     return -(-(c - (seg_n - 1) * c // seg_n) // group)
 
 
+def split_map_groups(T: int, seg_n: int, group: int) -> int:
+    """Items of ``group`` chunks the longest segment but the last of a T-token sequence takes (the maps' build)."""
+    c = -(-T // layouts.CHUNK)
+    return -(-max((s + 1) * c // seg_n - s * c // seg_n for s in range(seg_n - 1)) // group)
+
+
+def split_maps_supported(p, tiles: TileConfig) -> bool:
+    """Whether the split's maps launch can make their own workspace (the maps build): ``p`` the merged maps'
+    problem (a [K, K + V] fp32 state, no output), run on one warpgroup of the wgmma chain (``tiles``)."""
+    from .kernels import recurrence_mma
+
+    return (tiles.mma == "wgmma" and tiles.BV == BV and exact_dims(p.K, p.V) and p.K <= 128 and p.V % BV == 0
+            and recurrence_mma(p, tiles, no_output=True) == "wgmma")
+
+
 def split_supported(p, tiles: TileConfig) -> bool:
     """Whether the split's final launch can be this kernel: its forward on the wgmma recurrence (sm_90a's choice;
     ``p`` the segment batch, ``tiles`` its forward's) at one warpgroup a consumer."""
@@ -254,7 +275,8 @@ def split_pays(p, seg_n: int, sm_count: int | None, arch: str | None) -> bool:
     segments in the final launch, by the issue-aware model on the H200: on sm_90a, when the chains leave SMs free
     and those take the last segments' share of the prepare (1 / seg_n of a launch PREPARE_PER_CHAIN times the
     chains' time per chain an SM) within the chains' time. Varlen calls keep the two launches (a last segment's
-    length is on the device)."""
+    length is on the device). Where it pays, the maps' launch makes the other segments too when it can
+    (split_maps_supported; then there is no prepare launch): at T = 8192, H = 12 that took 0.091 -> 0.084 ms."""
     if arch != "sm_90a" or sm_count is None or p.varlen:
         return False
     chains = p.B * seg_n * consumers(p)
@@ -262,21 +284,31 @@ def split_pays(p, seg_n: int, sm_count: int | None, arch: str | None) -> bool:
     return free > 0 and PREPARE_PER_CHAIN * chains <= seg_n * free
 
 
-def split_scratch(p, a, xp, nslots: int, ring: int, seg_n: int):
-    """(workspace of every slot of the segment batch ``p``, the ring of ``ring`` slots a stream, its flags zeroed
-    on the stream, ``a`` with a strided ``cu_seqlens`` copied after them): one scratch buffer."""
+def split_scratch(p, a, xp, nslots: int, ring: int, seg_n: int, maps: bool = False):
+    """(workspace of every slot of the segment batch ``p``, the ring of ``ring`` slots a stream, its flags, the
+    maps' flags (``maps``; else None), ``a`` with a strided ``cu_seqlens`` copied after them): one scratch
+    buffer, the flags zeroed on the stream."""
     ws_bytes = p.HV * nslots * layouts.workspace(p.K)["WS_STRIDE"]
     blocks, flag_bytes = ring_bytes(p, ring, split_streams(p, seg_n))
-    buf, a = workspace.scratch(p, a, ws_bytes + blocks + flag_bytes, xp)
-    flags = buf[ws_bytes + blocks:ws_bytes + blocks + flag_bytes].view(np.uint32)
+    map_bytes = (p.HV * nslots + 2) * 4 if maps else 0
+    buf, a = workspace.scratch(p, a, ws_bytes + blocks + flag_bytes + map_bytes, xp)
+    flags = buf[ws_bytes + blocks:ws_bytes + blocks + flag_bytes + map_bytes].view(np.uint32)
     flags.fill(0)
-    return buf[:ws_bytes], buf[ws_bytes:ws_bytes + blocks], flags, a
+    ring_flags, map_flags = flags[:flag_bytes // 4], (flags[flag_bytes // 4:] if maps else None)
+    return buf[:ws_bytes], buf[ws_bytes:ws_bytes + blocks], ring_flags, map_flags, a
 
 
-def split_producers(run, p, var: FusedVariant, seg_n: int) -> int:
-    """The split's producer blocks: on the GPU every block the device holds beside the chains (as the serial
-    launch), in the emulation EMULATED_PRODUCERS."""
+def map_consumers(p, seg_n: int) -> int:
+    """The split's maps' chains (kernels/kda_recurrence.cu, map_work_item) over every value head: ``p`` the merged
+    maps' problem (a [K, K + V] state), value rows below K the M part's."""
+    mtiles, vb = p.K // BV, p.V // BV
+    return p.HV * (p.N // seg_n) * ((seg_n - 2) * mtiles + (seg_n - 1) * (vb - mtiles))
+
+
+def split_producers(run, p, var: FusedVariant, chains: int) -> int:
+    """The split's producer blocks beside ``chains`` consumers: on the GPU every block the device holds beside
+    them (as the serial launch), in the emulation EMULATED_PRODUCERS."""
     if not p.device:
         return EMULATED_PRODUCERS
     fn = run.get(var.kernel, var.config(), var.kernel)
-    return run.resident_blocks(fn, THREADS, var.smem) - consumers(p) * p.N
+    return run.resident_blocks(fn, THREADS, var.smem) - chains

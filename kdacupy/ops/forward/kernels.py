@@ -164,13 +164,14 @@ def recurrence_variant(p, tiles: TileConfig, no_output: bool = False, store_stat
                              checkpoints, any_dims)
 
 
-def fused_variant(p, tiles: TileConfig, split: bool = False) -> one_launch.FusedVariant:
+def fused_variant(p, tiles: TileConfig, split: bool = False, maps: bool = False) -> one_launch.FusedVariant:
     """The fused launch's variant (ops/forward/fused.py): the core-matrix prepare and the consumers' chain at
     ``tiles`` (one_launch.tiles_of: the wgmma warpgroup, or tcgen05's 128 threads), at the ring's current
-    depth and item size; ``split``: the split forward's final launch (its own build)."""
+    depth and item size; ``split``: the split forward's final launch, ``maps``: its maps with their prepare
+    (``p`` the merged maps' problem; no output): each its own build."""
     prepare = replace(prepare_variant(p, ws_core=True), g_pairs=one_launch.g_pairs(p.state_precision == "fp32"))
-    return one_launch.FusedVariant(prepare, recurrence_variant(p, tiles), one_launch.RING_SLOTS, one_launch.GROUP,
-                                   split)
+    return one_launch.FusedVariant(prepare, recurrence_variant(p, tiles, no_output=maps), one_launch.RING_SLOTS,
+                                   one_launch.GROUP, split, maps)
 
 
 def slots(p) -> tuple[int, int]:

@@ -76,7 +76,8 @@ def fused_variants():
     sigmoid gates and betas and the l2norm; then, at V = 128 and 3 stages, every gate, q / k and g dtype and
     l2norm choice (its prepare build is its own: with the bf16 state KDA_G_PAIRS, and every build at the fused
     kernel's registers, not kda_prepare's 128); and the split forward's final launch (wgmma), every key dim,
-    value dim, state precision and stage count at Kimi's input options."""
+    value dim, state precision and stage count at Kimi's input options, and its maps with their prepare (the
+    merged maps of K = V, the only ones on one warpgroup) at every key dim and stage count."""
     def variant(K, V, fp32, tiles, options, split=False):
         return FusedVariant(PrepareVariant(K, *options, ws_core=True, g_pairs=fused.g_pairs(fp32)),
                             RecurrenceVariant(K, V, options[0], fp32, tiles), fused.RING_SLOTS, fused.GROUP, split)
@@ -103,6 +104,10 @@ def fused_variants():
                    if o[0] == BF16 and o[1:3] == (BF16, BF16) and o[3:] == ("sigmoid", "sigmoid", True))
     for K, V, fp32, stages in itertools.product((64, 128), (64, 128, 256), (False, True), (2, 3)):
         yield variant(K, V, fp32, TileConfig(fused.BV, stages, "wgmma"), default, split=True)
+    for K, stages in itertools.product((64, 128), (2, 3)):  # the merged maps' [K, 2 K] fp32 state (K = V)
+        yield FusedVariant(PrepareVariant(K, *default, ws_core=True, g_pairs=fused.g_pairs(True)),
+                           RecurrenceVariant(K, 2 * K, default[0], True, TileConfig(fused.BV, stages, "wgmma"),
+                                             no_output=True), fused.RING_SLOTS, fused.GROUP, maps=True)
 
 
 registry.register("kda_prepare", prepare_variants)

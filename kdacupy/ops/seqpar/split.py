@@ -154,13 +154,19 @@ class KernelRun:
             self.tiles = {"maps": self.tiles["B"], "forward": self.tiles["forward"]}
         self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) in CORE_FAMILIES
                            for n, (q, no_output, _) in self.launches.items())
-        self.fused = None
+        # fused_last (the call's tokens a sequence): the final launch makes the last segments (fused.py's split
+        # build) and, where the maps run merged on one warpgroup, the maps' launch makes the others (its maps build)
+        self.fused = self.fused_maps = None
         if fused_last is not None and self.ws_core:
             from ..forward import fused
 
             q, tiles = self.launches["forward"][0], self.tiles["forward"]
             if fused.split_supported(q, tiles):  # (else the plain launch, as the serial forward's "on" does)
-                self.fused = (kernels.fused_variant(q, fused.tiles_of(tiles, q), split=True), fused_last)
+                self.fused = (kernels.fused_variant(q, fused.tiles_of(tiles, q), split=True),
+                              fused.split_groups(fused_last, segments, fused.GROUP))
+                if "maps" in self.launches and fused.split_maps_supported(self.launches["maps"][0], self.tiles["maps"]):
+                    self.fused_maps = (kernels.fused_variant(self.launches["maps"][0], self.tiles["maps"], maps=True),
+                                       fused.split_map_groups(fused_last, segments, fused.GROUP))
         # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
         # allocation), a strided cu_seqlens copied to its end; the emulation takes a fresh one
         if self.fused is None:
@@ -168,9 +174,9 @@ class KernelRun:
         else:
             from ..forward import fused
 
-            self.ws, self.ring, self.flags, self.a = fused.split_scratch(p, a, self.xp, self.nslots,
-                                                                         self.fused[0].ring, segments)
-        if self.nslots:
+            self.ws, self.ring, self.flags, self.map_flags, self.a = fused.split_scratch(
+                p, a, self.xp, self.nslots, self.fused[0].ring, segments, maps=self.fused_maps is not None)
+        if self.nslots and self.fused_maps is None:
             skip = {} if self.fused is None else dict(skip_last_of=segments, slot_end=self._last_first_slot())
             kernels.launch_prepare(self.run, p, self.a, self.ws, self.nslots, self.per_seq, self.ws_core, **skip)
 
@@ -211,7 +217,17 @@ class KernelRun:
                 by_seq(S)[:, 0, :, :, K:] = first
             m_tiles = K // self.tiles["maps"].BV
             work = (0 if n is None else n, m_tiles)  # 0: every map (state_maps)
-            self._recurrence("maps", dict(a, initial_state=S), None, S, maps=work)
+            if self.fused_maps is None:
+                self._recurrence("maps", dict(a, initial_state=S), None, S, maps=work)
+            else:  # with the prepare of every segment but the last (fused.py's maps build)
+                from ..forward import fused
+
+                var, groups = self.fused_maps
+                q = self.launches["maps"][0]
+                chains = fused.map_consumers(q, n)
+                fused.launch_fused(self.run, q, dict(a, initial_state=S), None, self.map_flags, None, S, self.nslots,
+                                   self.per_seq, var, fused.split_producers(self.run, q, var, chains), ws=self.ws,
+                                   seg_n=n, groups=groups)
             return S[..., :K], S[..., K:]
         M = xp.zeros((p.N, p.HV, K, K), dtype=F32)
         M.reshape(-1, K * K)[:, ::K + 1] = 1  # the identity in place: no temporary
@@ -250,15 +266,17 @@ class KernelRun:
 
         var, groups = self.fused
         q = self.launches["forward"][0]
+        chains = fused.consumers(q) * p.N
         fused.launch_fused(self.run, q, dict(a, initial_state=starts), self.ring, self.flags, o, s_out, self.nslots,
-                           self.per_seq, var, fused.split_producers(self.run, q, var, self.segments), ws=self.ws,
+                           self.per_seq, var, fused.split_producers(self.run, q, var, chains), ws=self.ws,
                            seg_n=self.segments, groups=groups)
         return o, s_out
 
 
 def fused_last(p, n):
-    """For kda_forward's split of the validated call ``p`` in ``n`` segments: a last segment's items when the
-    final launch may make the last segments itself (ops/forward/fused.py), else None. As KDACUPY_FORWARD_FUSED
+    """For kda_forward's split of the validated call ``p`` in ``n`` segments: its tokens a sequence when the
+    final launch may make the last segments itself (ops/forward/fused.py; the maps' launch the others, where
+    they run merged on the wgmma chain), else None. As KDACUPY_FORWARD_FUSED
     says: on, for fixed-length calls (the emulation too); auto, on the GPU where ``fused.split_pays``; off,
     never. KernelRun takes it where the split's tiles serve it (its forward on the wgmma recurrence)."""
     from ... import env
@@ -269,7 +287,7 @@ def fused_last(p, n):
         return None
     if mode == "auto" and not (p.device and fused.split_pays(p, n, tuning.device_facts()[2], tuning.current_arch())):
         return None
-    return fused.split_groups(p.T, n, fused.GROUP)
+    return p.T
 
 
 #: the scan kernel's tiling: SC value columns per CTA, CPT of them per thread, RG row groups (SC / CPT * RG
