@@ -358,9 +358,9 @@ $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-backward2.json --meas
 echo "the training step with kept states (save_for_backward) next to step 10's kept f+b:" >> "$SUMMARY"
 $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-train.json --measured "$OUT/bench-backward.json" \
   >> "$SUMMARY" 2>&1
-echo "few heads: the default call (sm_90a: the split on wgmma, its last segments in the final launch) next to step 3m's:" \
-  >> "$SUMMARY"
-$PY -m kdacupy.profile --show benchmarks/profile-fewhead-h200-step3m.json --measured "$OUT/bench-fewhead.json" \
+echo "few heads: the default call (sm_90a: the split on wgmma, the prepare's work in the maps' and final launches)" \
+  "next to step 3n's:" >> "$SUMMARY"
+$PY -m kdacupy.profile --show benchmarks/profile-fewhead-h200-step3n.json --measured "$OUT/bench-fewhead.json" \
   >> "$SUMMARY" 2>&1
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
 [ "$MODE" = cpu ] && rm -rf "$SITE"
