@@ -255,13 +255,12 @@ def split_map_groups(T: int, seg_n: int, group: int) -> int:
     return -(-max((s + 1) * c // seg_n - s * c // seg_n for s in range(seg_n - 1)) // group)
 
 
-def split_maps_supported(p, tiles: TileConfig) -> bool:
+def split_maps_supported(p, tiles: TileConfig, mma: str) -> bool:
     """Whether the split's maps launch can make their own workspace (the maps build): ``p`` the merged maps'
-    problem (a [K, K + V] fp32 state, no output), run on one warpgroup of the wgmma chain (``tiles``)."""
-    from .kernels import recurrence_mma
-
+    problem (a [K, K + V] fp32 state, no output), run on one warpgroup of the wgmma chain (``tiles``; ``mma``
+    the family its launch runs, kernels.recurrence_mma's)."""
     return (tiles.mma == "wgmma" and tiles.BV == BV and exact_dims(p.K, p.V) and p.K <= 128 and p.V % BV == 0
-            and recurrence_mma(p, tiles, no_output=True) == "wgmma")
+            and mma == "wgmma")
 
 
 def split_supported(p, tiles: TileConfig) -> bool:

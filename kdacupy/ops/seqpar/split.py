@@ -164,8 +164,10 @@ class KernelRun:
             if fused.split_supported(q, tiles):  # (else the plain launch, as the serial forward's "on" does)
                 self.fused = (kernels.fused_variant(q, fused.tiles_of(tiles, q), split=True),
                               fused.split_groups(fused_last, segments, fused.GROUP))
-                if "maps" in self.launches and fused.split_maps_supported(self.launches["maps"][0], self.tiles["maps"]):
-                    self.fused_maps = (kernels.fused_variant(self.launches["maps"][0], self.tiles["maps"], maps=True),
+                maps = self.launches.get("maps", (None,))[0]
+                if maps is not None and fused.split_maps_supported(
+                        maps, self.tiles["maps"], kernels.recurrence_mma(maps, self.tiles["maps"], no_output=True)):
+                    self.fused_maps = (kernels.fused_variant(maps, self.tiles["maps"], maps=True),
                                        fused.split_map_groups(fused_last, segments, fused.GROUP))
         # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
         # allocation), a strided cu_seqlens copied to its end; the emulation takes a fresh one
