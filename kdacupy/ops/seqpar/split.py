@@ -127,7 +127,11 @@ class KernelRun:
     """The kernel launches of one segment batch on "cuda" or "emulate": one
     prepare, shared by the map launches and the final forward. ``segments``:
     the batch is that many segments a sequence of the split forward, whose
-    scan reads only the maps it needs; None (``state_maps``): every map."""
+    scan reads only the maps it needs; None (``state_maps``): every map.
+    ``fused_last`` (with ``segments``; the call's tokens a sequence): the final
+    launch makes the last segments' workspace blocks itself (ops/forward/fused.py's
+    split build), so the prepare skips them, and where the maps run merged on one
+    warpgroup their launch makes the others (its maps build: no prepare launch)."""
 
     def __init__(self, p, a, segments=None, fused_last=None):
         from ...jit.loaders import loader
@@ -154,21 +158,7 @@ class KernelRun:
             self.tiles = {"maps": self.tiles["B"], "forward": self.tiles["forward"]}
         self.ws_core = all(kernels.recurrence_mma(q, self.tiles[n], no_output) in CORE_FAMILIES
                            for n, (q, no_output, _) in self.launches.items())
-        # fused_last (the call's tokens a sequence): the final launch makes the last segments (fused.py's split
-        # build) and, where the maps run merged on one warpgroup, the maps' launch makes the others (its maps build)
-        self.fused = self.fused_maps = None
-        if fused_last is not None and self.ws_core:
-            from ..forward import fused
-
-            q, tiles = self.launches["forward"][0], self.tiles["forward"]
-            if fused.split_supported(q, tiles):  # (else the plain launch, as the serial forward's "on" does)
-                self.fused = (kernels.fused_variant(q, fused.tiles_of(tiles, q), split=True),
-                              fused.split_groups(fused_last, segments, fused.GROUP))
-                maps = self.launches.get("maps", (None,))[0]
-                if maps is not None and fused.split_maps_supported(
-                        maps, self.tiles["maps"], kernels.recurrence_mma(maps, self.tiles["maps"], no_output=True)):
-                    self.fused_maps = (kernels.fused_variant(maps, self.tiles["maps"], maps=True),
-                                       fused.split_map_groups(fused_last, segments, fused.GROUP))
+        self.fused, self.fused_maps = self._fused_builds(fused_last) if fused_last is not None else (None, None)
         # the forward's workspace: on the GPU the stream's persistent buffer (no per-call
         # allocation), a strided cu_seqlens copied to its end; the emulation takes a fresh one
         if self.fused is None:
@@ -181,6 +171,24 @@ class KernelRun:
         if self.nslots and self.fused_maps is None:
             skip = {} if self.fused is None else dict(skip_last_of=segments, slot_end=self._last_first_slot())
             kernels.launch_prepare(self.run, p, self.a, self.ws, self.nslots, self.per_seq, self.ws_core, **skip)
+
+    def _fused_builds(self, tokens):
+        """(the final launch's split build, the maps' build), each with its items a stream at most, or None where
+        it does not serve (the plain launch, as the serial forward's "on" does): the split build where the final
+        launch runs the wgmma chain, the maps' where the maps run merged on one warpgroup too."""
+        from ..forward import fused, kernels
+
+        q, tiles = self.launches["forward"][0], self.tiles["forward"]
+        if not (self.ws_core and fused.split_supported(q, tiles)):
+            return None, None
+        last = (kernels.fused_variant(q, fused.tiles_of(tiles, q), split=True),
+                fused.split_groups(tokens, self.segments, fused.GROUP))
+        maps = self.launches.get("maps", (None,))[0]
+        if maps is None or not fused.split_maps_supported(
+                maps, self.tiles["maps"], kernels.recurrence_mma(maps, self.tiles["maps"], no_output=True)):
+            return last, None
+        return last, (kernels.fused_variant(maps, self.tiles["maps"], maps=True),
+                      fused.split_map_groups(tokens, self.segments, fused.GROUP))
 
     def _last_first_slot(self):
         """With one sequence of fixed length, the first slot of its last segment (first_slot: n + bos / 16 of
