@@ -227,3 +227,26 @@ def test_the_split_fuses_its_last_segments_where_the_model_says():
         cu = split.segment_cu_seqlens(np.array([0, T]), n)
         groups = [-(-(-(-int(cu[s + 1] - cu[s]) // CHUNK)) // G) for s in range(n)]
         assert fused.split_groups(T, n, G) == groups[-1] and fused.split_map_groups(T, n, G) == max(groups[:-1])
+
+
+def test_the_split_counts_its_producers_and_refuses_no_room_for_one():
+    """On the GPU the split's launches take every block the device holds beside their chains as producers
+    (fused.split_producers, from the loader's resident count); none left is an error naming the chains, not a
+    launch that could never finish (its consumers wait on producers)."""
+    import dataclasses
+
+    x, opts = make_inputs(T=40, H=1, HV=2, K=64, V=64)
+    p = dataclasses.replace(validated(x, opts, "emulate")[0], device=True)
+    var = kernels.fused_variant(p, TileConfig(64, 2, "wgmma"), split=True)
+
+    class Run:  # a loader that answers the resident count only
+        def get(self, *args):
+            return None
+
+        def resident_blocks(self, fn, threads, smem):
+            assert threads == fused.THREADS and smem == var.smem
+            return 10
+
+    assert fused.split_producers(Run(), p, var, 7) == 3
+    with pytest.raises(ValueError, match="split's 10 consumer blocks leave no room for a producer"):
+        fused.split_producers(Run(), p, var, 10)

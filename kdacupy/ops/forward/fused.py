@@ -310,4 +310,7 @@ def split_producers(run, p, var: FusedVariant, chains: int) -> int:
     if not p.device:
         return EMULATED_PRODUCERS
     fn = run.get(var.kernel, var.config(), var.kernel)
-    return run.resident_blocks(fn, THREADS, var.smem) - chains
+    producers = run.resident_blocks(fn, THREADS, var.smem) - chains
+    if producers < 1:  # (split_pays leaves SMs free; a caller forcing the launch on may not)
+        raise ValueError(f"fused forward: the split's {chains} consumer blocks leave no room for a producer")
+    return producers
