@@ -154,11 +154,11 @@ __device__ __forceinline__ void consume(const fused_recurrence::RecurrenceIn& in
 #endif
 }
 
-// A producer: items of GROUP slots of one head, in slot-group order, until none is left.
-__device__ __forceinline__ void produce(const fused_prepare::PrepareIn& in, const RingBlocks& blocks, int nslots) {
+// A producer's loop: item after item from the launch's counter (thread 0 takes one, the block's barrier hands it
+// to every thread) until ``items`` are taken; ``run(it)`` makes item it.
+template <class Run>
+__device__ __forceinline__ void take_items(u32* counter, u32 items, const Run& run) {
   __shared__ u32 item;
-  const u32 groups = static_cast<u32>((nslots + GROUP - 1) / GROUP), items = groups * static_cast<u32>(in.HV);
-  u32* counter = blocks.flags + 2 * blocks.S * R;
 #pragma unroll 1
   for (;;) {
     if (threadIdx.x == 0) item = atomicAdd(counter, 1u);
@@ -166,9 +166,17 @@ __device__ __forceinline__ void produce(const fused_prepare::PrepareIn& in, cons
     const u32 it = item;
     __syncthreads();  // every thread has it before thread 0 takes the next
     if (it >= items) break;
+    run(it);
+  }
+}
+
+// A producer: items of GROUP slots of one head, in slot-group order, until none is left.
+__device__ __forceinline__ void produce(const fused_prepare::PrepareIn& in, const RingBlocks& blocks, int nslots) {
+  const u32 groups = static_cast<u32>((nslots + GROUP - 1) / GROUP);
+  take_items(blocks.flags + 2 * blocks.S * R, groups * static_cast<u32>(in.HV), [&](u32 it) {
     const int first = static_cast<int>(it / in.HV) * GROUP, hv = static_cast<int>(it % in.HV);
     fused_prepare::prepare_slots(in, hv, first, first + GROUP < nslots ? first + GROUP : nslots, blocks);
-  }
+  });
 }
 
 #if KDA_FUSED_SPLIT
@@ -215,25 +223,15 @@ __device__ __forceinline__ void consume_segment(const fused_recurrence::Recurren
 // i % S), ``groups`` a stream at most (a shorter segment's items past its end are skipped).
 __device__ __forceinline__ void produce_segments(const fused_prepare::PrepareIn& in, const RingBlocks& ring, int seg_n,
                                                  int groups) {
-  __shared__ u32 item;
-  const u32 items = static_cast<u32>(groups) * static_cast<u32>(ring.S);
-  u32* counter = ring.flags + 2 * ring.S * R;
-#pragma unroll 1
-  for (;;) {
-    if (threadIdx.x == 0) item = atomicAdd(counter, 1u);
-    __syncthreads();
-    const u32 it = item;
-    __syncthreads();  // every thread has it before thread 0 takes the next
-    if (it >= items) break;
-    const int stream = static_cast<int>(it % ring.S), q = stream / in.HV, hv = stream % in.HV;
-    const int n = q * seg_n + seg_n - 1;
+  take_items(ring.flags + 2 * ring.S * R, static_cast<u32>(groups) * static_cast<u32>(ring.S), [&](u32 it) {
+    const int stream = static_cast<int>(it % ring.S), hv = stream % in.HV, n = stream / in.HV * seg_n + seg_n - 1;
     const RingBlocks r = last_segment_ring(ring, in.cu_seqlens, in.cu_is_i64, n, seg_n, in.HV, in.T, in.chunks_per_seq);
     const int len = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T).len;
     const int first = static_cast<int>(it / ring.S) * GROUP, nchunks = (len + CHUNK - 1) / CHUNK;
-    if (first >= nchunks) continue;
+    if (first >= nchunks) return;
     const int last = first + GROUP < nchunks ? first + GROUP : nchunks;
     fused_prepare::prepare_slots(in, hv, static_cast<int>(r.base) + first, static_cast<int>(r.base) + last, r);
-  }
+  });
 }
 #endif
 
@@ -279,25 +277,17 @@ __device__ __forceinline__ void consume_map(fused_recurrence::RecurrenceIn in, c
 // A producer: items of GROUP chunks of one (sequence, segment but the last, value head) stream, group-major.
 __device__ __forceinline__ void produce_maps(const fused_prepare::PrepareIn& in, const FlaggedWorkspace& blocks,
                                              u32* counter, int seg_n, int groups) {
-  __shared__ u32 item;
   const int S = in.nseq / seg_n * (seg_n - 1) * in.HV;
-  const u32 items = static_cast<u32>(groups) * static_cast<u32>(S);
-#pragma unroll 1
-  for (;;) {
-    if (threadIdx.x == 0) item = atomicAdd(counter, 1u);
-    __syncthreads();
-    const u32 it = item;
-    __syncthreads();  // every thread has it before thread 0 takes the next
-    if (it >= items) break;
+  take_items(counter, static_cast<u32>(groups) * static_cast<u32>(S), [&](u32 it) {
     const int stream = static_cast<int>(it % S), hv = stream % in.HV, qs = stream / in.HV;
     const int n = qs / (seg_n - 1) * seg_n + qs % (seg_n - 1);
     const Seq seq = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T);
     const int base = static_cast<int>(first_slot(in.cu_seqlens, n, seq.bos, in.chunks_per_seq));
     const int first = static_cast<int>(it / S) * GROUP, nchunks = (seq.len + CHUNK - 1) / CHUNK;
-    if (first >= nchunks) continue;
+    if (first >= nchunks) return;
     fused_prepare::prepare_slots(in, hv, base + first, base + (first + GROUP < nchunks ? first + GROUP : nchunks),
                                  blocks);
-  }
+  });
 }
 #endif
 

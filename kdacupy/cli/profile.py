@@ -167,8 +167,8 @@ def forward_records(shape: Shape, heads: int | None, sms: int, arch: str | None 
         fused_recs = [r for r in recs if r["kernel"] == FUSED_KERNEL]  # [the maps' (where fused), the final]
         if fused_recs:  # their consumers' chains: the plain split's launches (one segment a chain)
             plain = [r for r in split_forward_records(arrays, opts, n, sms, arch, False) if r["kernel"] == "kda_recurrence"]
-            chains = [shape.B * ((n - 2) * full.K // one_launch.BV + (n - 1) * full.V // one_launch.BV) * full.HV,
-                      shape.B * n * one_launch.consumers(full)]
+            merged = dataclasses.replace(full, V=full.K + full.V, N=shape.B * n)  # the maps' [K, K + V] state
+            chains = [one_launch.map_consumers(merged, n), shape.B * n * one_launch.consumers(full)]
             for rec, chain, count in zip(fused_recs, plain[-len(fused_recs):], chains[-len(fused_recs):]):
                 rec["consumer"] = scaled(chain, factor)
                 rec["chain_chunks"] = -(-chunks_of(shape) // n)  # a consumer's: one segment

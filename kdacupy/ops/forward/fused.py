@@ -242,17 +242,21 @@ def split_streams(p, seg_n: int) -> int:
     return p.N // seg_n * p.HV
 
 
-def split_groups(T: int, seg_n: int, group: int) -> int:
-    """Items of ``group`` chunks a last segment of a T-token sequence takes (ops/seqpar/split.py's boundaries:
-    segment s of c chunks holds chunks floor(s c / n) to floor((s + 1) c / n))."""
+def segment_chunks(T: int, seg_n: int) -> list[int]:
+    """The chunks of each of ``seg_n`` segments of a T-token sequence, as ops/seqpar/split.py cuts it (segment s
+    of c chunks: chunks floor(s c / n) to floor((s + 1) c / n))."""
     c = -(-T // layouts.CHUNK)
-    return -(-(c - (seg_n - 1) * c // seg_n) // group)
+    return [(s + 1) * c // seg_n - s * c // seg_n for s in range(seg_n)]
+
+
+def split_groups(T: int, seg_n: int, group: int) -> int:
+    """Items of ``group`` chunks a last segment of a T-token sequence takes (the final launch's build)."""
+    return -(-segment_chunks(T, seg_n)[-1] // group)
 
 
 def split_map_groups(T: int, seg_n: int, group: int) -> int:
     """Items of ``group`` chunks the longest segment but the last of a T-token sequence takes (the maps' build)."""
-    c = -(-T // layouts.CHUNK)
-    return -(-max((s + 1) * c // seg_n - s * c // seg_n for s in range(seg_n - 1)) // group)
+    return -(-max(segment_chunks(T, seg_n)[:-1]) // group)
 
 
 def split_maps_supported(p, tiles: TileConfig, mma: str) -> bool:

@@ -193,11 +193,10 @@ class KernelRun:
     def _last_first_slot(self):
         """With one sequence of fixed length, the first slot of its last segment (first_slot: n + bos / 16 of
         segment n; every slot from it on the last segment's, so no prepare CTA starts there), else None."""
+        from ..forward.fused import segment_chunks
+
         n = self.segments
-        if self.p.N != n:
-            return None
-        c = -(-self.p.T // CHUNK)
-        return n - 1 + (n - 1) * c // n
+        return n - 1 + sum(segment_chunks(self.p.T, n)[:-1]) if self.p.N == n else None
 
     def _recurrence(self, name, a, o, s_out, maps=None):
         from ..forward.kernels import launch_recurrence
