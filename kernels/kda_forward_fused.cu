@@ -195,11 +195,10 @@ __device__ __forceinline__ RingBlocks last_segment_ring(const RingBlocks& r, con
 // instantiations of the chain cost the fp32 state's builds spills).
 struct SegmentBlocks {
   RingBlocks ring;
-  const unsigned char* ws;
-  int nslots;
+  fused_recurrence::WorkspaceBlocks ws;
   bool last;
   __device__ __forceinline__ const unsigned char* block(int hv, i64 slot) const {
-    return last ? ring.block(hv, slot) : ws + (static_cast<i64>(hv) * nslots + slot) * WS_STRIDE;
+    return last ? ring.block(hv, slot) : ws.block(hv, slot);
   }
   __device__ __forceinline__ void acquire(int hv, i64 slot) const {
     if (last) ring.acquire(hv, slot);
@@ -216,7 +215,7 @@ __device__ __forceinline__ void consume_segment(const fused_recurrence::Recurren
   const RingBlocks r = last ? last_segment_ring(ring, in.cu_seqlens, in.cu_is_i64, n, seg_n, in.HV, in.T,
                                                 in.chunks_per_seq)
                             : ring;
-  fused_recurrence::recurrence_sequence(in, n, v0, hv, 0, SegmentBlocks{r, ws, in.nslots, last});
+  fused_recurrence::recurrence_sequence(in, n, v0, hv, 0, SegmentBlocks{r, {ws, in.nslots}, last});
 }
 
 // A producer of the split: items of GROUP chunks of one stream, group-major (item i: group i / S of stream
