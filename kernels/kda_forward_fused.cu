@@ -225,11 +225,11 @@ __device__ __forceinline__ void produce_segments(const fused_prepare::PrepareIn&
   take_items(ring.flags + 2 * ring.S * R, static_cast<u32>(groups) * static_cast<u32>(ring.S), [&](u32 it) {
     const int stream = static_cast<int>(it % ring.S), hv = stream % in.HV, n = stream / in.HV * seg_n + seg_n - 1;
     const RingBlocks r = last_segment_ring(ring, in.cu_seqlens, in.cu_is_i64, n, seg_n, in.HV, in.T, in.chunks_per_seq);
-    const int len = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T).len;
-    const int first = static_cast<int>(it / ring.S) * GROUP, nchunks = (len + CHUNK - 1) / CHUNK;
+    const Seq seq = sequence(in.cu_seqlens, in.cu_is_i64, n, in.T);
+    const int first = static_cast<int>(it / ring.S) * GROUP, nchunks = (seq.len + CHUNK - 1) / CHUNK;
     if (first >= nchunks) return;
-    const int last = first + GROUP < nchunks ? first + GROUP : nchunks;
-    fused_prepare::prepare_slots(in, hv, static_cast<int>(r.base) + first, static_cast<int>(r.base) + last, r);
+    const int last = first + GROUP < nchunks ? first + GROUP : nchunks, base = static_cast<int>(r.base);
+    fused_prepare::prepare_slots(in, hv, base + first, base + last, r, fused_prepare::KnownSeq{seq.bos, seq.len, n, base});
   });
 }
 #endif
@@ -285,7 +285,7 @@ __device__ __forceinline__ void produce_maps(const fused_prepare::PrepareIn& in,
     const int first = static_cast<int>(it / S) * GROUP, nchunks = (seq.len + CHUNK - 1) / CHUNK;
     if (first >= nchunks) return;
     fused_prepare::prepare_slots(in, hv, base + first, base + (first + GROUP < nchunks ? first + GROUP : nchunks),
-                                 blocks);
+                                 blocks, fused_prepare::KnownSeq{seq.bos, seq.len, n, base});
   });
 }
 #endif

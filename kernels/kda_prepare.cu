@@ -81,9 +81,39 @@ __device__ __forceinline__ float2 g_pair(const float* g, int r, int c) {
   return make_float2(g[gx(r, c)], g[gx(r, c + 1)]);
 }
 
+// gates c .. c + 3 of row r into sG (as two channel pairs with KDA_G_PAIRS)
+__device__ __forceinline__ void store_gate_quad(float* sG, int r, int c, const float (&gl)[4]) {
+  if constexpr (G_PAIRS) {
+    *reinterpret_cast<float2*>(sG + gx(r, c)) = make_float2(gl[0], gl[1]);
+    *reinterpret_cast<float2*>(sG + gx(r, c + 2)) = make_float2(gl[2], gl[3]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = gl[e];
+  }
+}
+// a compile-time flag for a generic lambda's branches
+template <bool B> struct Flag {
+  static constexpr bool value = B;
+};
+
 // [16, 16] fp32 tiles (L, Mf): row i's 16 words permuted by an XOR of i's bits 1 and 2, so the
 // mma accumulator stores of bf16_abt and a warp's 32 consecutive elements are conflict-free.
 __device__ __forceinline__ int sw(int i, int j) { return i * CHUNK + (j ^ ((i >> 1 & 1) | (i >> 2 & 1) << 3)); }
+
+// Row i of a [16, 16] fp32 tile in sw's layout, words j < i in logical order into l: ceil(i / 4) 16-byte loads
+// (sw's XOR swaps words within a quad's pairs and quads two apart, both known once i is unrolled)
+__device__ __forceinline__ void sw_row(const float* t, int i, float (&l)[CHUNK]) {
+  const int m = sw(i, 0) - i * CHUNK;  // the row's XOR
+#pragma unroll
+  for (int q = 0; q < CHUNK / 4; ++q) {
+    if (4 * q < i) {
+      const float4 v = *reinterpret_cast<const float4*>(t + i * CHUNK + 4 * (q ^ (m >> 2)));
+      const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int p = 0; p < 4; ++p) l[4 * q + p] = e[p ^ (m & 1)];
+    }
+  }
+}
 
 // 16x16 fp32 = A(16xK bf16 tile) B^T (B: 16xK bf16 tile), one warp, to dst [6] (kda_bwd_chunk has
 // its own: its [16, 16] tiles use another swizzle and 8-byte stores). With al, bl (the operands' low
@@ -149,10 +179,20 @@ struct WorkspaceBlocks {
   __device__ __forceinline__ void publish(int, int, int) const {}
 };
 
+// The one sequence a caller knows slots [first, last) lie in (the fused forward's split producers: an item is
+// GROUP slots of one segment): where it starts, its length, its number and its first slot. n < 0: not known,
+// each slot's found by the walk (and its bounds loaded) as it comes.
+struct KnownSeq {
+  i64 bos;
+  int len, n, base;
+};
+constexpr KnownSeq UNKNOWN_SEQ{0, 0, -1, 0};
+
 // Slots [first, last) of value head hv, in a software pipeline; ``blocks`` places each slot's block
 // (claim: before its first store, by every thread; publish: after its last, by every thread).
 template <class Blocks>
-__device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int first, int last, const Blocks& blocks) {
+__device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int first, int last, const Blocks& blocks,
+                                              const KnownSeq known = UNKNOWN_SEQ) {
   const void *const q = in.q, *const k = in.k, *const g = in.g, *const beta = in.beta;
   const i64 q_sb = in.q_sb, q_st = in.q_st, q_sh = in.q_sh, k_sb = in.k_sb, k_st = in.k_st, k_sh = in.k_sh;
   const i64 g_sb = in.g_sb, g_st = in.g_st, g_sh = in.g_sh, b_sb = in.b_sb, b_st = in.b_st, b_sh = in.b_sh;
@@ -188,10 +228,17 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
     i64 t0;
     int b, rows;
   };
-  SlotWalk walk = slot_walk_start(cu_seqlens, cu_is_i64, first, nseq, T, chunks_per_seq);
+  SlotWalk walk = known.n >= 0 ? SlotWalk{known.n} : slot_walk_start(cu_seqlens, cu_is_i64, first, nseq, T, chunks_per_seq);
   const auto locate = [&](int slot) {  // slots asked in non-decreasing order
     At at{0, 0, 0};
     if (slot >= last) return at;
+    if (known.n >= 0) {  // (no skip_last_of with a known sequence: its callers make only slots to be written)
+      const int c0 = (slot - known.base) * CHUNK;
+      at.rows = known.len - c0 < CHUNK ? known.len - c0 : CHUNK;
+      at.b = cu_seqlens == nullptr ? known.n : 0;
+      at.t0 = (cu_seqlens == nullptr ? 0 : known.bos) + c0;
+      return at;
+    }
     const int n = slot_walk_to(walk, cu_seqlens, cu_is_i64, slot, nseq, T, chunks_per_seq);
     if (in.skip_last_of > 0 && n % in.skip_last_of == in.skip_last_of - 1) return at;
     const Seq seq = sequence(cu_seqlens, cu_is_i64, n, T);
@@ -274,39 +321,47 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
       l2norm_qk_rows<E, PPS, OWNED>(qv, kv, s, iq, ik);
     }
 
-    // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time
+    // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time. The stage holds zeros for a
+    // padded row, whose gates are then set to 0 after the loop (the loop itself unmasked: a full chunk's way).
+    // The bias read as aligned quads where it can be (decided once, not a quad; any-size builds per channel).
     {
       const float a = gate_a<KDA_GATE>(A_log, hv);
       const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv, kdim);
-      const bool bias_vec = bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
+      const bool bias_vec = !ANY && bias_row != nullptr && (reinterpret_cast<u64>(bias_row) & 15) == 0;
       const unsigned char* grow = sInG + r * PSM_GROW;
+      const auto gates = [&](auto vec) {
 #pragma unroll
-      for (int v = 0; v < K / 32; ++v) {
-        const int c = 4 * (s + 8 * v);
-        // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
-        float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
-        if (live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
-        if (bias_vec && (!ANY || c + 4 <= kdim)) {
-          load_quad<KDA_F32>(bias_row + c, bq);
-        } else if (bias_row != nullptr) {
+        for (int v = 0; v < K / 32; ++v) {
+          const int c = 4 * (s + 8 * v);
+          // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
+          float gq[4], bq[4] = {0.f, 0.f, 0.f, 0.f};
+          load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
+          if constexpr (decltype(vec)::value) {
+            load_quad<KDA_F32>(bias_row + c, bq);
+          } else if (bias_row != nullptr) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) bq[e] = !ANY || c + e < kdim ? bias_row[c + e] : 0.f;
+            for (int e = 0; e < 4; ++e) bq[e] = !ANY || c + e < kdim ? bias_row[c + e] : 0.f;
+          }
+          // [2]; a padded channel's gate is 0 (no decay), as a padded row's
+          float gl[4];
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {  // two channels a pair instruction
+            const float2 x = gate_log2_pair<KDA_GATE>(make_float2(gq[e], gq[e + 1]), a, make_float2(bq[e], bq[e + 1]), lb2);
+            gl[e] = !ANY || c + e < kdim ? x.x : 0.f;
+            gl[e + 1] = !ANY || c + e + 1 < kdim ? x.y : 0.f;
+          }
+          store_gate_quad(sG, r, c, gl);
         }
-        // [2]; a padded channel's gate is 0 (no decay), as a padded row's
-        float gl[4];
+      };
+      if (bias_vec) {
+        gates(Flag<true>{});
+      } else {
+        gates(Flag<false>{});
+      }
+      if (!live) {
+        const float zero[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {  // two channels a pair instruction
-          const float2 x = gate_log2_pair<KDA_GATE>(make_float2(gq[e], gq[e + 1]), a, make_float2(bq[e], bq[e + 1]), lb2);
-          gl[e] = live && (!ANY || c + e < kdim) ? x.x : 0.f;
-          gl[e + 1] = live && (!ANY || c + e + 1 < kdim) ? x.y : 0.f;
-        }
-        if constexpr (G_PAIRS) {
-          *reinterpret_cast<float2*>(sG + gx(r, c)) = make_float2(gl[0], gl[1]);
-          *reinterpret_cast<float2*>(sG + gx(r, c + 2)) = make_float2(gl[2], gl[3]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = gl[e];
-        }
+        for (int v = 0; v < K / 32; ++v) store_gate_quad(sG, r, 4 * (s + 8 * v), zero);
       }
     }
     // [3] beta
@@ -470,10 +525,11 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
 #if KDA_WS_CORE
       // core layout: column lane's rows 8 elements apart from its first, ws_core_off(0, lane) (the
       // helper writes inv[i * ROW + col])
-      inverse_column<8>(sL, [](int i, int j) { return sw(i, j); },
+      inverse_column<8>([&](int i, float (&l)[CHUNK]) { sw_row(sL, i, l); },
                         reinterpret_cast<u16*>(blk + WS_INV + ws_core_off(0, lane)) - lane, lane);
 #else
-      inverse_column<CHUNK>(sL, [](int i, int j) { return sw(i, j); }, reinterpret_cast<u16*>(blk + WS_INV), lane);
+      inverse_column<CHUNK>([&](int i, float (&l)[CHUNK]) { sw_row(sL, i, l); }, reinterpret_cast<u16*>(blk + WS_INV),
+                            lane);
 #endif
     }
     blocks.publish(hv, slot, tid);

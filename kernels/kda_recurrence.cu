@@ -165,12 +165,12 @@ struct WorkspaceBlocks {
 };
 
 #if KDA_WGMMA_PATH || KDA_TCGEN05_PATH
-// Chunk c's copies into stage c % STAGES of the bulk-copy ring (the wgmma and tcgen05 paths): a lane of
-// warp 0 arms the stage's barrier with their bytes and issues the workspace block (one copy; without the output
-// q_dec and Mqk are never read: the block's two other runs, k_dec to INV and gexp with beta); the value
-// rows go one a lane, CHUNK / warps lanes of every warp (ptxas issues a bulk copy once per active lane:
-// spread, no warp's scheduler carries all 16). A row may land before the arm: the transaction count goes
-// below zero and the phase still waits for the arrival (the stage was freed by the last chunk's barrier).
+// Chunk c's copies into stage c % STAGES of the bulk-copy ring (the wgmma and tcgen05 paths): an elected lane
+// of warp ``lead`` (the callers rotate it chunk by chunk: warp w of every CTA shares scheduler w mod 4) arms the
+// stage's barrier with their bytes and issues the workspace block (one copy; without the output q_dec and Mqk
+// are never read: the block's two other runs, k_dec to INV and gexp with beta), then the value rows, a copy
+// a row: their operands are warp-uniform, so ptxas issues each once from uniform registers (a copy from a lane
+// of each warp's own rows cost a loop over the active lanes a copy, ~4x the instructions).
 // A ragged tail's value rows are zeroed by the threads (0 * garbage could be NaN); v = 0: none copied.
 // ``blocks`` places slot slot0 + c of value head hv (the plain launch: the workspace; the fused forward: its
 // ring, acquired by the issuing lane first); ``c0``: the chunks this CTA ran before (the ring's stage of
@@ -179,8 +179,6 @@ template <class Blocks>
 __device__ __forceinline__ void issue_bulk_chunk(unsigned char* sm, u64* bars, const Blocks& blocks, int hv, i64 slot0,
                                                  const unsigned char* vbase, i64 v_st, int c, int c0, int nchunks,
                                                  int seq_len, bool v_zero, int tid, int lead = 0) {
-  constexpr int ROWS_PER_WARP = CHUNK / (NT / 32);
-  static_assert(CHUNK % (NT / 32) == 0, "whole value rows per warp");
   if (c >= nchunks) return;
   unsigned char* stg = sm + ((c0 + c) % STAGES) * RSM_STAGE;
   u64* bar = &bars[2 * ((c0 + c) % STAGES)];
@@ -197,12 +195,13 @@ __device__ __forceinline__ void issue_bulk_chunk(unsigned char* sm, u64* bars, c
       cp_async_bulk_g2s(stg + WS_KDEC, blk + WS_KDEC, WS_MQK - WS_KDEC, bar);
       cp_async_bulk_g2s(stg + WS_GEXP, blk + WS_GEXP, WS_STRIDE - WS_GEXP, bar);
     }
+    if (!v_zero) {
+      const unsigned char* vrow = vbase + static_cast<i64>(c) * CHUNK * v_st * ES;
+      for (int row = 0; row < rows; ++row, vrow += v_st * ES)
+        cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vrow, BV * ES, bar);
+    }
   }
   if (!v_zero) {
-    const int lane = tid & 31, row = (tid >> 5) * ROWS_PER_WARP + lane;
-    if (lane < ROWS_PER_WARP && row < rows)
-      cp_async_bulk_g2s(stg + RSM_VT + row * RSM_VROW, vbase + (static_cast<i64>(c) * CHUNK + row) * v_st * ES,
-                        BV * ES, bar);
     for (int p = tid; p < (CHUNK - rows) * VCH; p += NT)
       reinterpret_cast<Vec16*>(stg + RSM_VT + (rows + p / VCH) * RSM_VROW)[p % VCH] = Vec16{};
   }
@@ -330,7 +329,7 @@ __device__ __forceinline__ void recurrence_sequence(const RecurrenceIn& in, int 
 #if KDA_WGMMA_PATH
   u64* bars = reinterpret_cast<u64*>(sm + RSM_BAR);  // (init_stage_barriers)
   auto issue = [&](int c) {
-    issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, v_st, c, c0, nchunks, seq.len, v_zero, tid);
+    issue_bulk_chunk(sm, bars, blocks, hv, slot0, vbase, v_st, c, c0, nchunks, seq.len, v_zero, tid, c % (NT / 32));
   };
   if (v_zero) zero_value_rows(sm, tid);
 #pragma unroll 1

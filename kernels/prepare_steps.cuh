@@ -64,17 +64,19 @@ __device__ __forceinline__ void split_bf16x2(float2 x, u32& hi, u32& lo) {
   lo = pack_bf16x2(rest.x, rest.y);
 }
 
-// [8] column ``col`` of (I + Lb)^-1 by forward substitution in fp32 (Lb strictly lower, [16, 16]
-// at sw(i, j)): X_i = e_i - sum_j<i Lb_ij X_j, FMAs in j order, each X_i to inv[i * ROW + col] as
-// bf16. Unlike a power series of Lb it has no large intermediates, so repeated keys (Lb near an
-// all-beta triangle) neither cancel nor overflow. Entries above the diagonal come out exactly 0.
-template <int ROW, class Sw> __device__ __forceinline__ void inverse_column(const float* lb, Sw sw, u16* inv, int col) {
+// [8] column ``col`` of (I + Lb)^-1 by forward substitution in fp32 (Lb strictly lower, [16, 16]):
+// X_i = e_i - sum_j<i Lb_ij X_j, FMAs in j order, each X_i to inv[i * ROW + col] as bf16. Unlike a power
+// series of Lb it has no large intermediates, so repeated keys (Lb near an all-beta triangle) neither cancel
+// nor overflow. Entries above the diagonal come out exactly 0. ``row(i, l)`` puts Lb_ij in l[j], j < i.
+template <int ROW, class Row> __device__ __forceinline__ void inverse_column(Row row, u16* inv, int col) {
   float x[CHUNK];
 #pragma unroll
   for (int i = 0; i < CHUNK; ++i) {
+    float l[CHUNK];
+    row(i, l);
     float acc = i == col ? 1.f : 0.f;
 #pragma unroll
-    for (int j = 0; j < i; ++j) acc = fmaf(-lb[sw(i, j)], x[j], acc);
+    for (int j = 0; j < i; ++j) acc = fmaf(-l[j], x[j], acc);
     x[i] = acc;
     inv[i * ROW + col] = f32_to_bf16(acc);
   }

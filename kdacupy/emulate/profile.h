@@ -22,9 +22,11 @@
 //    the lanes asked for. Sectors are counted from the start of each launch
 //    array (a GPU allocation is 256-byte aligned; a NumPy array need not be).
 //    dram: distinct sectors the launch touched (read, written, either), i.e.
-//    the traffic with an ideal L2. Memory reached through a raw address (no
-//    array passed) counts from absolute addresses; stack and local arrays are
-//    not device memory.
+//    the traffic with an ideal L2: a sector counts as read if a read reached it
+//    before any write of the launch (a sector the launch wrote first is read
+//    from L2). Memory reached through a raw address (no array passed) counts
+//    from absolute addresses, read and written alike; stack and local arrays
+//    are not device memory.
 //  - sfu: warp-level .approx instructions (ex2, lg2, rsqrt, rcp, tanh), and the
 //    active lanes they ran for.
 //  - the dependent path (docs/design.md section 11.1): per warp, a clock of its
@@ -408,6 +410,9 @@ KDA_EMU_RT inline void smem_cost(const PGroup& g, unsigned mask, long long* wf, 
 KDA_EMU_RT inline void mark(unsigned long long* bits, unsigned long long s) {
   __atomic_fetch_or(&bits[s >> 6], 1ull << (s & 63), __ATOMIC_RELAXED);
 }
+KDA_EMU_RT inline bool marked(const unsigned long long* bits, unsigned long long s) {
+  return __atomic_load_n(&bits[s >> 6], __ATOMIC_RELAXED) >> (s & 63) & 1;
+}
 
 KDA_EMU_RT inline bool set_add(PSet& t, unsigned long long sector, unsigned char bits) {
   if (2 * (t.live + 1) > t.cap) {
@@ -447,11 +452,7 @@ KDA_EMU_RT inline void gmem_cost(const PGroup& g, unsigned mask, long long* sect
     unsigned long long s0 = a.addr >> 5, s1 = (a.addr + a.size - 1) >> 5;
     for (unsigned long long s = s0; s <= s1 && s < s0 + MAX_WORDS; s++) {
       keys[ns++] = tag | s;
-      if (a.region >= 0) {
-        const PRegion& r = L->prof_regions[a.region];
-        if (!a.write || a.atomic) mark(r.rd, s);
-        if (a.write) mark(r.wr, s);
-      } else if (!set_add(prof()->loose, s, (!a.write || a.atomic ? 1 : 0) | (a.write ? 2 : 0))) {
+      if (a.region < 0 && !set_add(prof()->loose, s, (!a.write || a.atomic ? 1 : 0) | (a.write ? 2 : 0))) {
         fail("profile: out of memory");
       }
     }
@@ -663,7 +664,7 @@ KDA_EMU_RT inline void path_wgmma_fence(int warp0) {
   for (int k = 0; k < 4; k++) path_of(warp0 + k).wgres = path_of(warp0 + k).results;
 }
 // cp.async.bulk issued by the current thread: its source's sectors are DRAM reads of the launch
-// (no warp request: the async proxy reads them); it takes a load issue slot of its warp, its bytes
+// where the launch did not write them first (no warp request: the async proxy reads them); it takes a load issue slot of its warp, its bytes
 // are in flight a DRAM latency, and its mbarrier's 16-byte slot of Prof::land lands then, so a
 // wait on it (prof_cp_land) waits for the latest copy it completes.
 KDA_EMU_RT inline int region_of(uintptr_t a);
@@ -675,8 +676,11 @@ KDA_EMU_RT inline void path_bulk(const u64* bar, const void* src, long long byte
   const int r = region_of(a);
   const uintptr_t rel = r < 0 ? a : a - w->L->prof_regions[r].lo;
   for (unsigned long long sec = rel >> 5; sec <= (rel + bytes - 1) >> 5; sec++) {
-    if (r >= 0) mark(w->L->prof_regions[r].rd, sec);
-    else if (!set_add(P->loose, sec, 1)) fail("profile: out of memory");
+    if (r >= 0) {
+      if (!marked(w->L->prof_regions[r].wr, sec)) mark(w->L->prof_regions[r].rd, sec);
+    } else if (!set_add(P->loose, sec, 1)) {
+      fail("profile: out of memory");
+    }
   }
   PT s = load_issue(path_of(g_cur->warp), true, true);
   path_in_flight(s, bytes);
@@ -949,6 +953,15 @@ KDA_EMU_RT inline void prof_access(uintptr_t a, unsigned n, unsigned fl, uintptr
     x.space = SP_GMEM;
     x.region = r;
     x.addr = r < 0 ? a : a - g_worker->L->prof_regions[r].lo;
+    if (r >= 0) {  // a region's sectors marked as the access happens (a request is costed later)
+      const PRegion& reg = g_worker->L->prof_regions[r];
+      const unsigned long long s0 = x.addr >> 5, s1 = (x.addr + (n ? n : 1) - 1) >> 5;
+      for (unsigned long long sec = s0; sec <= s1 && sec < s0 + MAX_WORDS; sec++) {  // (gmem_cost's sectors)
+        // read from DRAM unless the launch wrote the sector first: an ideal L2 holds what was written
+        if ((!x.write || x.atomic) && !marked(reg.wr, sec)) mark(reg.rd, sec);
+        if (x.write) mark(reg.wr, sec);
+      }
+    }
   }
   prof_lane(pc * 4 + sub, x);
   if (sub == SUB_PLAIN) prof_anchor(x.atomic ? AN_atomic : x.write ? AN_store : AN_load, pc, n);

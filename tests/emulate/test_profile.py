@@ -62,6 +62,30 @@ extern "C" __global__ void cp16(const float* g, float* out, int stride) {
 extern "C" __global__ void gmem_load(const float* x, float* out, int stride) {
   out[blockIdx.x * 32 + threadIdx.x] = x[threadIdx.x * stride];
 }
+// x[l] += 1 in place; then the block writes y[l] and reads its neighbour's back into out[l]
+extern "C" __global__ void write_read(float* x, float* y, float* out) {
+  x[threadIdx.x] += 1.f;
+  y[threadIdx.x] = 2.f;
+  __syncthreads();
+  out[threadIdx.x] = y[threadIdx.x ^ 1];
+}
+// the block writes x; then one bulk copy of x (written first) and one of y (not) into shared memory
+extern "C" __global__ void bulk_after_write(float* x, const float* y, float* out) {
+  unsigned char* s = dynamic_smem();
+  u64* bar = reinterpret_cast<u64*>(s);
+  float* buf = reinterpret_cast<float*>(s + 128);
+  x[threadIdx.x] = 1.f;
+  if (threadIdx.x == 0) mbarrier_init(bar, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fence_proxy_async_global();
+    mbarrier_arrive_expect_tx(bar, 256);
+    cp_async_bulk_g2s(buf, x, 128, bar);
+    cp_async_bulk_g2s(buf + 32, y, 128, bar);
+  }
+  mbarrier_wait_parity(bar, 0);
+  out[threadIdx.x] = buf[threadIdx.x] + buf[32 + threadIdx.x];
+}
 // n stores per lane in a loop (one request per iteration and warp); a local array is not device memory
 extern "C" __global__ void loop_store(float* out, int n) {
   volatile float local[8];
@@ -128,7 +152,7 @@ extern "C" __global__ void two_sites(float* out) {
 }
 """
 NAMES = ["two_sites", "smem_load", "smem_store", "smem_wide", "ldsm", "cp16", "gmem_load", "loop_store", "units",
-         "mma_steps", "two_loads", "bars", "cp_pipe"]
+         "mma_steps", "two_loads", "bars", "cp_pipe", "write_read", "bulk_after_write"]
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +240,23 @@ def test_an_array_read_twice_is_read_once_from_dram(run):
     assert (rec["dram_read_bytes"], rec["dram_write_bytes"], rec["dram_bytes"]) == (128, 384, 512)
     assert rec["dram_by_argument"] == {"x": [128, 0], "out": [0, 384]}
     assert (rec["ctas"], rec["warps"]) == (3, 3)
+
+
+def test_a_sector_written_first_is_read_from_l2_one_read_first_from_dram(run):
+    x, y, out = np.zeros(32, np.float32), np.zeros(32, np.float32), np.zeros(32, np.float32)
+    rec = run("write_read", 1, 32, (x, y, out))
+    # x read then written in place: both ways; y written then read back: written only
+    assert rec["dram_by_argument"] == {"x": [128, 128], "y": [0, 128], "out": [0, 128]}
+    assert (rec["dram_read_bytes"], rec["dram_write_bytes"], rec["dram_bytes"]) == (128, 384, 384)
+    assert rec["gmem_load_sectors"] == 8  # the requests still count every sector they touch
+
+
+def test_a_bulk_copy_of_sectors_written_first_reads_them_from_l2(run):
+    x, y, out = np.zeros(32, np.float32), np.full(32, 2, np.float32), np.zeros(32, np.float32)
+    rec = run("bulk_after_write", 1, 32, (x, y, out), 512)
+    np.testing.assert_array_equal(out, 3)
+    assert rec["dram_by_argument"] == {"x": [0, 128], "y": [128, 0], "out": [0, 128]}
+    assert rec["bulk_copy_bytes"] == 256
 
 
 def test_sectors_count_from_the_allocation_not_the_view(run):
