@@ -360,7 +360,7 @@ $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-train.json --measured
   >> "$SUMMARY" 2>&1
 echo "few heads: the default call (sm_90a: the split on wgmma, the prepare's work in the maps' and final launches)" \
   "next to step 3n's:" >> "$SUMMARY"
-$PY -m kdacupy.profile --show benchmarks/profile-fewhead-h200-step3n.json --measured "$OUT/bench-fewhead.json" \
+$PY -m kdacupy.profile --show benchmarks/profile-fewhead-h200-step3o.json --measured "$OUT/bench-fewhead.json" \
   >> "$SUMMARY" 2>&1
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
 [ "$MODE" = cpu ] && rm -rf "$SITE"
