@@ -349,7 +349,7 @@ echo "predictions (the emulation profiler's, per kernel) next to the measured me
 echo "issue-aware (docs/design.md section 11.4; the wgmma recurrence, sm_90a's heuristic and tuned choice):" >> "$SUMMARY"
 $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-backward2.json --measured "$OUT/bench.json" >> "$SUMMARY" 2>&1
 echo "the fused forward (sm_90a's serial default where fused.pays; one launch, the workspace in L2):" >> "$SUMMARY"
-$PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-step3e.json --measured "$OUT/bench.json" >> "$SUMMARY" 2>&1
+$PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-step3o.json --measured "$OUT/bench.json" >> "$SUMMARY" 2>&1
 echo "before the issue term (datasheet HBM, no schedulers; the wgmma recurrence):" >> "$SUMMARY"
 $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-step2.json --measured "$OUT/bench.json" >> "$SUMMARY" 2>&1
 echo "the backward and forward + backward next to step 10's (issue-aware):" >> "$SUMMARY"
