@@ -118,7 +118,7 @@ def test_the_figures_are_those_of_the_recorded_results():
 def test_the_readme_quotes_the_recorded_figures():
     text = README.read_text()
     runs = {(r["name"], r["kind"]): r for r in _doc("profile-kimi-h200-backward2.json")["runs"]}
-    forward = {r["name"]: r for r in _doc("profile-kimi-h200-step3i.json")["runs"]}  # the forward's latest
+    forward = {r["name"]: r for r in _doc("profile-kimi-h200-step3o.json")["runs"]}  # the forward's latest
     for h in (96, 64):
         fwd, bwd = forward[f"kimi-T8192-H{h}"], runs[(f"kimi-T8192-H{h} backward", "backward")]
         for what, seconds in (("forward", fwd["predicted_s"]), ("backward", bwd["predicted_s"]),
