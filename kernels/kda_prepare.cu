@@ -91,6 +91,13 @@ __device__ __forceinline__ void store_gate_quad(float* sG, int r, int c, const f
     for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = gl[e];
   }
 }
+// Whether the gate loop is compiled twice, with the bias's quad loads and without, so no quad asks which: in
+// the fused forward's producers (their registers have room); kda_prepare's 128 spilled 4-12 bytes on sm_100a.
+#ifdef KDA_PREPARE_BODY_ONLY
+constexpr bool BIAS_ONCE = true;
+#else
+constexpr bool BIAS_ONCE = false;
+#endif
 // a compile-time flag for a generic lambda's branches
 template <bool B> struct Flag {
   static constexpr bool value = B;
@@ -323,7 +330,7 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
 
     // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time. The stage holds zeros for a
     // padded row, whose gates are then set to 0 after the loop (the loop itself unmasked: a full chunk's way).
-    // The bias read as aligned quads where it can be (decided once, not a quad; any-size builds per channel).
+    // The bias read as aligned quads where it can be (any-size builds per channel); BIAS_ONCE: decided once.
     {
       const float a = gate_a<KDA_GATE>(A_log, hv);
       const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv, kdim);
@@ -336,7 +343,7 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
           // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
           float gq[4], bq[4] = {0.f, 0.f, 0.f, 0.f};
           load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
-          if constexpr (decltype(vec)::value) {
+          if (decltype(vec)::value || (!BIAS_ONCE && bias_vec)) {
             load_quad<KDA_F32>(bias_row + c, bq);
           } else if (bias_row != nullptr) {
 #pragma unroll
@@ -353,7 +360,7 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
           store_gate_quad(sG, r, c, gl);
         }
       };
-      if (bias_vec) {
+      if (BIAS_ONCE && bias_vec) {
         gates(Flag<true>{});
       } else {
         gates(Flag<false>{});
