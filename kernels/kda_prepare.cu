@@ -91,12 +91,14 @@ __device__ __forceinline__ void store_gate_quad(float* sG, int r, int c, const f
     for (int e = 0; e < 4; ++e) sG[gx(r, c + e)] = gl[e];
   }
 }
-// Whether the gate loop is compiled twice, with the bias's quad loads and without, so no quad asks which: in
-// the fused forward's producers (their registers have room); kda_prepare's 128 spilled 4-12 bytes on sm_100a.
+// The gate loop the fused forward's producers' way (their registers have room; kda_prepare at its 128 spilled
+// 4-12 bytes with it on sm_100a): unmasked, a padded row's gates zeroed after it (the stage holds zeros for the
+// row, but a zero input's gate is not 0), and compiled twice, with the bias's quad loads and without, so no
+// quad asks which.
 #ifdef KDA_PREPARE_BODY_ONLY
-constexpr bool BIAS_ONCE = true;
+constexpr bool LEAN_GATES = true;
 #else
-constexpr bool BIAS_ONCE = false;
+constexpr bool LEAN_GATES = false;
 #endif
 // a compile-time flag for a generic lambda's branches
 template <bool B> struct Flag {
@@ -328,9 +330,8 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
       l2norm_qk_rows<E, PPS, OWNED>(qv, kv, s, iq, ik);
     }
 
-    // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time. The stage holds zeros for a
-    // padded row, whose gates are then set to 0 after the loop (the loop itself unmasked: a full chunk's way).
-    // The bias read as aligned quads where it can be (any-size builds per channel); BIAS_ONCE: decided once.
+    // [2] gate, zero on padded rows; four channels 4 (s + 8 v) .. + 3 at a time; the bias read as aligned
+    // quads where it can be (any-size builds per channel). LEAN_GATES: the loop unmasked and in two copies.
     {
       const float a = gate_a<KDA_GATE>(A_log, hv);
       const float* bias_row = gate_bias_row<KDA_GATE, K>(dt_bias, hv, kdim);
@@ -341,9 +342,9 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
         for (int v = 0; v < K / 32; ++v) {
           const int c = 4 * (s + 8 * v);
           // (kda_bwd_chunk's [2] reads the same; a shared helper cost the fp32 variants up to 14 registers on sm_100a)
-          float gq[4], bq[4] = {0.f, 0.f, 0.f, 0.f};
-          load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
-          if (decltype(vec)::value || (!BIAS_ONCE && bias_vec)) {
+          float gq[4] = {0.f, 0.f, 0.f, 0.f}, bq[4] = {0.f, 0.f, 0.f, 0.f};
+          if (LEAN_GATES || live) load_quad<KDA_G_DT>(grow + c * elem_bytes<KDA_G_DT>(), gq);
+          if (decltype(vec)::value || (!LEAN_GATES && bias_vec)) {
             load_quad<KDA_F32>(bias_row + c, bq);
           } else if (bias_row != nullptr) {
 #pragma unroll
@@ -354,18 +355,18 @@ __device__ __forceinline__ void prepare_slots(const PrepareIn& in, int hv, int f
 #pragma unroll
           for (int e = 0; e < 4; e += 2) {  // two channels a pair instruction
             const float2 x = gate_log2_pair<KDA_GATE>(make_float2(gq[e], gq[e + 1]), a, make_float2(bq[e], bq[e + 1]), lb2);
-            gl[e] = !ANY || c + e < kdim ? x.x : 0.f;
-            gl[e + 1] = !ANY || c + e + 1 < kdim ? x.y : 0.f;
+            gl[e] = (LEAN_GATES || live) && (!ANY || c + e < kdim) ? x.x : 0.f;
+            gl[e + 1] = (LEAN_GATES || live) && (!ANY || c + e + 1 < kdim) ? x.y : 0.f;
           }
           store_gate_quad(sG, r, c, gl);
         }
       };
-      if (BIAS_ONCE && bias_vec) {
+      if (LEAN_GATES && bias_vec) {
         gates(Flag<true>{});
       } else {
         gates(Flag<false>{});
       }
-      if (!live) {
+      if (LEAN_GATES && !live) {
         const float zero[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int v = 0; v < K / 32; ++v) store_gate_quad(sG, r, 4 * (s + 8 * v), zero);
