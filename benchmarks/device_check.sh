@@ -359,7 +359,7 @@ echo "the training step with kept states (save_for_backward) next to step 10's k
 $PY -m kdacupy.profile --show benchmarks/profile-kimi-h200-train.json --measured "$OUT/bench-backward.json" \
   >> "$SUMMARY" 2>&1
 echo "few heads: the default call (sm_90a: the split on wgmma, the prepare's work in the maps' and final launches)" \
-  "next to step 3n's:" >> "$SUMMARY"
+  "next to step 3o's:" >> "$SUMMARY"
 $PY -m kdacupy.profile --show benchmarks/profile-fewhead-h200-step3o.json --measured "$OUT/bench-fewhead.json" \
   >> "$SUMMARY" 2>&1
 echo "total $((SECONDS - start)) s" | tee -a "$SUMMARY"
