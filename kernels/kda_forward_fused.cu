@@ -313,6 +313,21 @@ extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forw
     , const unsigned char* ws, int seg_n, int groups  // the split's builds: the workspace, segments, items a stream
 #endif
     ) {
+  // what a consumer's chain and a producer's prepare read (each role builds its own, in its branch)
+  const auto recurrence_in = [&] {
+    return fused_recurrence::RecurrenceIn{v,       v_sb,         v_st,       v_sh,       o,        o_sb,
+                                          o_st,    o_sh,         s_in,       s_in_dtype, s_out,    s_out_dtype,
+                                          layout_vk, cu_seqlens, cu_is_i64,  T,          HV,       nslots,
+                                          chunks_per_seq, pool_idx, pool_idx_i64, pool_slots, nullptr, nullptr,
+                                          0,       nullptr,      0,          0,          0,        1,
+                                          KDA_K,   KDA_V};
+  };
+  const auto prepare_in = [&] {
+    return fused_prepare::PrepareIn{q,    k,    g,    beta, q_sb,  q_st,    q_sh, k_sb,
+                                    k_st, k_sh, g_sb, g_st, g_sh,  b_sb,    b_st,      b_sh,
+                                    A_log, dt_bias, cu_seqlens, cu_is_i64, T, H, HV, nseq, chunks_per_seq, scale, lb2,
+                                    KDA_K, 0};
+  };
 #if KDA_FUSED_MAPS
   // the split's maps: every value head's work list (the merged state's value rows below K the M part's, v = 0);
   // the producers every segment's but the last
@@ -320,18 +335,10 @@ extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forw
   const int items = nseq / seg_n * ((seg_n - 2) * (v_from / KDA_BV) + (seg_n - 1) * (VB - v_from / KDA_BV));
   const FlaggedWorkspace flagged{const_cast<unsigned char*>(ws), flags, nslots};
   if (blockIdx.x < static_cast<unsigned>(HV * items)) {
-    const fused_recurrence::RecurrenceIn in{v,       v_sb,         v_st,       v_sh,       o,        o_sb,
-                                            o_st,    o_sh,         s_in,       s_in_dtype, s_out,    s_out_dtype,
-                                            layout_vk, cu_seqlens, cu_is_i64,  T,          HV,       nslots,
-                                            chunks_per_seq, pool_idx, pool_idx_i64, pool_slots, nullptr, nullptr,
-                                            0,       nullptr,      0,          0,          0,        1,
-                                            KDA_K,   KDA_V};
+    const fused_recurrence::RecurrenceIn in = recurrence_in();
     consume_map(in, flagged, seg_n, v_from, items, blockIdx.x);
   } else {
-    const fused_prepare::PrepareIn in{q,    k,    g,    beta, q_sb,  q_st,    q_sh, k_sb,
-                                      k_st, k_sh, g_sb, g_st, g_sh,  b_sb,    b_st,      b_sh,
-                                      A_log, dt_bias, cu_seqlens, cu_is_i64, T, H, HV, nseq, chunks_per_seq, scale, lb2,
-                                      KDA_K, 0};
+    const fused_prepare::PrepareIn in = prepare_in();
     produce_maps(in, flagged, flags + static_cast<i64>(HV) * nslots, seg_n, groups);
   }
   (void)ring;
@@ -344,12 +351,7 @@ extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forw
   const RingBlocks blocks{ring, flags, HV};
 #endif
   if (blockIdx.x < static_cast<unsigned>(consumers)) {
-    const fused_recurrence::RecurrenceIn in{v,       v_sb,         v_st,       v_sh,       o,        o_sb,
-                                            o_st,    o_sh,         s_in,       s_in_dtype, s_out,    s_out_dtype,
-                                            layout_vk, cu_seqlens, cu_is_i64,  T,          HV,       nslots,
-                                            chunks_per_seq, pool_idx, pool_idx_i64, pool_slots, nullptr, nullptr,
-                                            0,       nullptr,      0,          0,          0,        1,
-                                            KDA_K,   KDA_V};
+    const fused_recurrence::RecurrenceIn in = recurrence_in();
     const int b = blockIdx.x, v0 = (b % VB) * KDA_BV;
 #if KDA_FUSED_SPLIT
     consume_segment(in, blocks, ws, seg_n, b / (VB * HV), b / VB % HV, v0);
@@ -357,10 +359,7 @@ extern "C" __global__ void __launch_bounds__(128, KDA_FUSED_MIN_BLOCKS) kda_forw
     consume(in, blocks, nseq, b / VB, v0);
 #endif
   } else {
-    const fused_prepare::PrepareIn in{q,    k,    g,    beta, q_sb,  q_st,    q_sh, k_sb,
-                                      k_st, k_sh, g_sb, g_st, g_sh,  b_sb,    b_st,      b_sh,
-                                      A_log, dt_bias, cu_seqlens, cu_is_i64, T, H, HV, nseq, chunks_per_seq, scale, lb2,
-                                      KDA_K, 0};
+    const fused_prepare::PrepareIn in = prepare_in();
 #if KDA_FUSED_SPLIT
     produce_segments(in, blocks, seg_n, groups);
 #else
